@@ -1,0 +1,207 @@
+"""Frozen hardware specifications with units in field names.
+
+A :class:`ClusterSpec` is everything the simulator knows about a machine: the
+GPU, the scale-up domain (NVLink/NVSwitch or PCIe), the NICs, the scale-out
+fabric, and the communication tuning (latency and efficiency per link tier and
+protocol). Specs are plain data; performance models live in
+:mod:`hardware.compute` and :mod:`hardware.network`.
+
+Presets are TOML files in ``hardware/catalog`` (see :mod:`hardware.catalog`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from hardware.units import gbit_per_s_to_bytes_per_s
+
+#: Link tiers a transfer can cross, from the fastest to the slowest.
+TIERS = ("nvlink", "pcie", "network")
+#: NCCL's three wire protocols: LL (8-byte flag+data stores, lowest latency),
+#: LL128 (128-byte lines with 8 bytes of flags), Simple (bulk copies + fences).
+PROTOCOLS = ("LL", "LL128", "Simple")
+#: Collective algorithm families the tuning tables are keyed by.
+ALGORITHM_FAMILIES = ("ring", "tree", "nvls", "direct")
+
+SCALE_UP_KINDS = ("nvswitch", "nvlink-mesh", "pcie")
+NIC_KINDS = ("ib", "roce", "efa", "tcp")
+FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    """One accelerator.
+
+    Attributes:
+        name: marketing name, e.g. ``"H100-SXM5-80GB"``.
+        peak_flops_per_s: dense peak FLOP/s per dtype (no sparsity).
+        hbm_bytes: HBM capacity in bytes.
+        hbm_bytes_per_s: peak HBM bandwidth in bytes/s.
+        matmul_profile: key of the measured GEMM efficiency table used by the
+            compute model (``hardware/data``), e.g. ``"sm_90"``.
+        matmul_peak_efficiency: best fraction of peak a tuned GEMM reaches
+            (maximum achievable matmul FLOP/s / peak).
+        memory_efficiency: achievable fraction of ``hbm_bytes_per_s`` for
+            streaming kernels.
+        kernel_launch_s: fixed cost per kernel, in seconds.
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    hbm_bytes: int
+    hbm_bytes_per_s: float
+    matmul_profile: str
+    matmul_peak_efficiency: float
+    memory_efficiency: float
+    kernel_launch_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleUpSpec:
+    """The scale-up (intra-domain) interconnect.
+
+    Attributes:
+        kind: ``nvswitch`` (all-to-all non-blocking through NVSwitch),
+            ``nvlink-mesh`` (direct GPU-GPU links) or ``pcie`` (no NVLink).
+        domain_gpus: GPUs that share one NVLink domain (8 for DGX, 72 for
+            NVL72). Equal to or a multiple of the node's GPU count.
+        nvlink_generation: 2..5, 0 when there is no NVLink.
+        nvlink_links_per_gpu: NVLink links per GPU.
+        nvlink_bytes_per_s_per_link: unidirectional data rate of one link.
+        link_efficiency: fraction of the raw rate that carries payload with
+            NCCL's Simple protocol (packet headers, flow control).
+        nvls: NVLink SHARP (in-switch reduction, NCCL's NVLS) available.
+        nvls_efficiency: NVLS all-reduce algorithm bandwidth as a fraction of
+            the raw per-GPU NVLink rate (in-switch reduction throughput).
+        pcie_generation: PCIe generation between GPU and host/NIC.
+        pcie_lanes: PCIe lanes per GPU.
+        pcie_bytes_per_s: unidirectional PCIe data rate per GPU.
+    """
+
+    kind: str
+    domain_gpus: int
+    nvlink_generation: int
+    nvlink_links_per_gpu: int
+    nvlink_bytes_per_s_per_link: float
+    link_efficiency: float
+    nvls: bool
+    nvls_efficiency: float
+    pcie_generation: int
+    pcie_lanes: int
+    pcie_bytes_per_s: float
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:
+        """Raw unidirectional NVLink bandwidth of one GPU, bytes/s."""
+        return self.nvlink_links_per_gpu * self.nvlink_bytes_per_s_per_link
+
+
+@dataclass(frozen=True, kw_only=True)
+class NicSpec:
+    """Scale-out network adapters of one node.
+
+    Attributes:
+        count_per_node: NICs per node (8 on DGX: one per GPU, rail-aligned).
+        gbit_per_s: line rate of one NIC in Gb/s (1e9 bits/s).
+        kind: ``ib``, ``roce``, ``efa`` or ``tcp``.
+        gpudirect_rdma: the NIC reads/writes GPU memory directly; otherwise
+            traffic bounces through host memory (two PCIe crossings).
+        link_efficiency: achievable fraction of the line rate for large
+            transfers (encoding, headers, congestion control).
+    """
+
+    count_per_node: int
+    gbit_per_s: float
+    kind: str
+    gpudirect_rdma: bool
+    link_efficiency: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Raw unidirectional rate of one NIC in bytes/s."""
+        return gbit_per_s_to_bytes_per_s(self.gbit_per_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricSpec:
+    """Scale-out switch fabric.
+
+    Attributes:
+        topology: ``fat-tree`` (every NIC of a node on the same leaf group) or
+            ``rail-optimized`` (NIC *i* of every node in a scalable unit on
+            leaf *i*).
+        tiers: switch tiers (1 = single leaf, 2 = leaf-spine, 3 = + core).
+        nodes_per_leaf: nodes below one leaf (or one rail group of leaves).
+        leaves_per_spine_group: leaf groups joined by one spine group (tier 2);
+            beyond it traffic crosses the core (tier 3).
+        oversubscription: downlink:uplink bandwidth ratio at each leaf and
+            spine (1.0 = non-blocking).
+        switch_hop_latency_s: latency of one switch traversal, seconds.
+    """
+
+    topology: str
+    tiers: int
+    nodes_per_leaf: int
+    leaves_per_spine_group: int
+    oversubscription: float
+    switch_hop_latency_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommTuningSpec:
+    """Communication latency and efficiency per link tier and protocol.
+
+    The collective cost model is (DESIGN.md; NCCL's tuning model has the same
+    shape): ``time = base_latency[algorithm][protocol]
+    + steps * hop_latency[tier][protocol] + bytes / (bw[tier] * eff[tier][protocol])``.
+
+    Attributes:
+        base_latency_s: ``{algorithm family: {protocol: seconds}}`` fixed
+            cost of one collective call (launch, synchronisation).
+        hop_latency_s: ``{tier: {protocol: seconds}}`` per pipeline step.
+        protocol_efficiency: ``{tier: {protocol: fraction}}`` of the tier's
+            payload bandwidth that a protocol delivers (LL: 8 B of every 16 B
+            carry data; LL128: 120 of 128 B).
+        p2p_efficiency: ``{tier: fraction}`` of the tier's payload bandwidth
+            that point-to-point send/recv reaches (NCCL drives p2p with fewer
+            channels than collectives).
+        protocol_max_bytes: ``{protocol: bytes}`` largest message a protocol is
+            considered for (0 = no limit).
+    """
+
+    base_latency_s: Mapping[str, Mapping[str, float]]
+    hop_latency_s: Mapping[str, Mapping[str, float]]
+    protocol_efficiency: Mapping[str, Mapping[str, float]]
+    p2p_efficiency: Mapping[str, float]
+    protocol_max_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """A cluster preset: node hardware, interconnects and size.
+
+    Attributes:
+        name: preset name, e.g. ``"dgx-h100"``.
+        description: one line for ``trainsim hardware list``.
+        gpu: the accelerator.
+        gpus_per_node: GPUs in one node (server / compute tray).
+        max_nodes: nodes the cluster has (an upper bound for jobs).
+        scale_up: NVLink / NVSwitch / PCIe domain.
+        nic: scale-out adapters.
+        fabric: scale-out switches.
+        comm: communication tuning.
+        sources: ``{field path: citation}`` for every number in the preset.
+    """
+
+    name: str
+    description: str
+    gpu: GpuSpec
+    gpus_per_node: int
+    max_nodes: int
+    scale_up: ScaleUpSpec
+    nic: NicSpec
+    fabric: FabricSpec
+    comm: CommTuningSpec
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)

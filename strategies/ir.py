@@ -1,0 +1,152 @@
+"""The Program IR: what each rank does, never how long it takes.
+
+A :class:`Program` maps every rank to an ordered list of ops. Ops carry shapes,
+bytes and FLOPs; durations come from the hardware models when the engine
+replays the program (DESIGN.md: "a Program carries shapes, bytes and FLOPs,
+never durations"). Because of that, ``validate`` can run the very same
+Program on real GPUs.
+
+Ordering rules (the same as CUDA streams):
+
+* ops of one rank on one stream run in list order, one at a time;
+* ``deps`` add explicit edges to earlier ops of the *same rank* (by index in
+  that rank's list), typically across streams (communication waiting for the
+  gradient a compute op produced);
+* cross-rank ordering comes only from communication: a collective starts when
+  every member of its group has reached it; a recv completes when the
+  matching send's data has arrived.
+
+Collective sizes follow nccl-tests (DESIGN.md principle 8): ``size_bytes`` is
+the per-rank buffer for all_reduce, broadcast, reduce and alltoall, the total
+*output* for all_gather and the total *input* for reduce_scatter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence, Union
+
+COMPUTE_STREAM = "compute"
+COMM_STREAM = "comm"
+
+COLLECTIVE_KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "sendrecv",
+)
+COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "direct")
+COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeOp:
+    """Work on one GPU.
+
+    Attributes:
+        name: label shown in timelines, e.g. ``"layer3.mlp.fc1.fwd"``.
+        kind: one of :data:`COMPUTE_KINDS`; selects the efficiency model.
+        flops: floating-point operations (a multiply-add counts 2).
+        bytes: HBM traffic in bytes (reads + writes).
+        shape: the op's defining shape, e.g. ``(b, m, n, k)`` for a GEMM.
+        dtype: element type, e.g. ``"bf16"``.
+        stream: stream the op runs on.
+        deps: indices of earlier ops of the same rank this op waits for.
+    """
+
+    name: str
+    kind: str = "other"
+    flops: float = 0.0
+    bytes: float = 0.0
+    shape: tuple[int, ...] = ()
+    dtype: str = "bf16"
+    stream: str = COMPUTE_STREAM
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveOp:
+    """One rank's part in a collective.
+
+    Every member of ``group`` holds a CollectiveOp with the same ``key``; the
+    engine matches them by key.
+
+    Attributes:
+        name: label shown in timelines.
+        key: identifies this collective instance across the group's ranks.
+        kind: one of :data:`COLLECTIVE_KINDS`.
+        group: global ranks taking part, in communicator order.
+        size_bytes: nccl-tests size (see module docstring).
+        algorithm: one of :data:`COLLECTIVE_ALGORITHMS`.
+        dtype: element type (for element counts in reports).
+        root: root rank (global) for broadcast and reduce.
+        stream: stream the op runs on.
+        deps: indices of earlier ops of the same rank this op waits for.
+    """
+
+    name: str
+    key: str
+    kind: str
+    group: tuple[int, ...]
+    size_bytes: int
+    algorithm: str = "auto"
+    dtype: str = "fp32"
+    root: int | None = None
+    stream: str = COMM_STREAM
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendOp:
+    """Send ``size_bytes`` to ``peer``; matched with the RecvOp of the same tag."""
+
+    name: str
+    peer: int
+    size_bytes: int
+    tag: str
+    stream: str = COMM_STREAM
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecvOp:
+    """Receive ``size_bytes`` from ``peer``; completes when the data has arrived."""
+
+    name: str
+    peer: int
+    size_bytes: int
+    tag: str
+    stream: str = COMM_STREAM
+    deps: tuple[int, ...] = ()
+
+
+Op = Union[ComputeOp, CollectiveOp, SendOp, RecvOp]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Program:
+    """Per-rank op lists for one simulated interval (a step, a benchmark).
+
+    Attributes:
+        ops_by_rank: ``{global rank: ops in issue order}``. Ranks that do
+            nothing may be absent.
+        world_size: number of ranks of the job (ranks are ``0..world_size-1``).
+        name: label for reports.
+        metadata: free-form provenance (model, plan, ...), copied to results.
+    """
+
+    ops_by_rank: Mapping[int, Sequence[Op]]
+    world_size: int
+    name: str = "program"
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+    def ranks(self) -> list[int]:
+        """Ranks with at least one op, ascending."""
+        return sorted(self.ops_by_rank)
+
+    def num_ops(self) -> int:
+        """Total number of ops over all ranks."""
+        return sum(len(ops) for ops in self.ops_by_rank.values())
