@@ -1,0 +1,265 @@
+"""Where every GPU sits and which links a transfer between two GPUs crosses.
+
+A :class:`ClusterLayout` places ``nodes x gpus_per_node`` ranks on a preset
+(rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``) and
+describes the links of the machine as capacities (payload bytes/s, one
+direction) grouped in tiers:
+
+* ``nvlink`` (or ``pcie`` when the scale-up domain is PCIe): one egress and
+  one ingress port per GPU. NVSwitch is non-blocking, so these ports are the
+  only NVLink resources (an NVLink "path" is egress(src) -> ingress(dst)).
+* ``network``: one egress and one ingress per NIC; for multi-tier fabrics the
+  aggregate uplink/downlink of every leaf (and spine group), sized from the
+  NICs below it and the oversubscription ratio. Aggregating a switch's
+  uplinks into one link assumes ideal ECMP load balancing.
+* ``pcie`` host bounce: without GPUDirect RDMA, network traffic crosses PCIe
+  to host memory and back at each end.
+
+Rails: NIC ``i`` of a node serves the GPUs ``i * gpus_per_node / nics`` onward
+(DGX: GPU *i* uses NIC *i*). On a rail-optimized fabric, traffic between
+different rails is first moved over NVLink to the GPU that sits on the
+destination rail (NCCL's PXN), so it never crosses the spine for a rail change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from hardware.spec import ClusterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Path:
+    """Links crossed by one transfer, and how far it travels.
+
+    Attributes:
+        links: link ids in order of traversal.
+        tier: ``"local"`` (same GPU), ``"nvlink"``, ``"pcie"`` or ``"network"``.
+        switch_hops: scale-out switches crossed (0 inside a domain).
+    """
+
+    links: tuple[int, ...]
+    tier: str
+    switch_hops: int
+
+
+class ClusterLayout:
+    """Placement of ranks on a cluster and the link graph between them.
+
+    Args:
+        spec: the cluster preset.
+        nodes: nodes used by the job.
+        gpus_per_node: GPUs used per node (at most ``spec.gpus_per_node``).
+
+    Raises:
+        ValueError: naming the field when ``nodes`` or ``gpus_per_node`` are out
+            of range for the preset.
+    """
+
+    def __init__(self, spec: ClusterSpec, nodes: int, gpus_per_node: int) -> None:
+        if not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"nodes: {nodes!r} is not valid; give an integer >= 1")
+        if nodes > spec.max_nodes:
+            raise ValueError(
+                f"nodes: {nodes} exceeds the {spec.max_nodes} nodes of cluster "
+                f"{spec.name!r}; give 1..{spec.max_nodes} or override max_nodes"
+            )
+        if not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= spec.gpus_per_node:
+            raise ValueError(
+                f"gpus_per_node: {gpus_per_node!r} is not valid for cluster {spec.name!r}; "
+                f"give 1..{spec.gpus_per_node}"
+            )
+        self.spec = spec
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.world_size = nodes * gpus_per_node
+        self._nodes_per_domain = max(1, spec.scale_up.domain_gpus // spec.gpus_per_node)
+        self._build_links()
+
+    # ----------------------------------------------------------------- placement
+    def node_of(self, rank: int) -> int:
+        """Node index of a global rank."""
+        return rank // self.gpus_per_node
+
+    def local_of(self, rank: int) -> int:
+        """GPU index of a rank inside its node."""
+        return rank % self.gpus_per_node
+
+    def domain_of(self, rank: int) -> int:
+        """Scale-up (NVLink) domain of a rank; a DGX node is one domain, NVL72 is 18 nodes."""
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            return rank
+        return self.node_of(rank) // self._nodes_per_domain
+
+    def rail_of(self, rank: int) -> int:
+        """NIC index (rail) serving a rank's GPU."""
+        return self.local_of(rank) * self.spec.nic.count_per_node // self.spec.gpus_per_node
+
+    def leaf_of(self, node: int, rail: int) -> int:
+        """Leaf switch (group) of a node's NIC; rail-optimized fabrics have one leaf per rail."""
+        fabric = self.spec.fabric
+        unit = node // fabric.nodes_per_leaf
+        if fabric.topology == "rail-optimized":
+            return unit * self.spec.nic.count_per_node + rail
+        return unit
+
+    def spine_group_of(self, leaf: int) -> int:
+        """Spine group above a leaf (tier-3 fabrics route between groups through the core)."""
+        fabric = self.spec.fabric
+        leaves_per_unit = (
+            self.spec.nic.count_per_node if fabric.topology == "rail-optimized" else 1
+        )
+        unit = leaf // leaves_per_unit
+        return unit // fabric.leaves_per_spine_group
+
+    # --------------------------------------------------------------------- links
+    @cached_property
+    def nvlink_bytes_per_s(self) -> float:
+        """Payload bandwidth of one GPU's scale-up port, one direction (bytes/s)."""
+        up = self.spec.scale_up
+        if up.kind == "pcie":
+            return up.pcie_bytes_per_s * up.link_efficiency
+        return up.nvlink_bytes_per_s * up.link_efficiency
+
+    @cached_property
+    def scale_up_tier(self) -> str:
+        """``"pcie"`` when GPUs of a node talk over PCIe, else ``"nvlink"``."""
+        return "pcie" if self.spec.scale_up.kind == "pcie" else "nvlink"
+
+    @cached_property
+    def nic_bytes_per_s(self) -> float:
+        """Payload bandwidth of one NIC, one direction (bytes/s)."""
+        return self.spec.nic.bytes_per_s * self.spec.nic.link_efficiency
+
+    def _build_links(self) -> None:
+        spec = self.spec
+        gpus = self.world_size
+        nics = spec.nic.count_per_node
+        capacities: list[float] = []
+        tiers: list[str] = []
+        self._link_ranges: list[tuple[int, int, str]] = []
+
+        def add(label: str, count: int, capacity: float, tier: str) -> int:
+            first = len(capacities)
+            capacities.extend([capacity] * count)
+            tiers.extend([tier] * count)
+            self._link_ranges.append((first, count, label))
+            return first
+
+        self._gpu_out = add("gpu_out", gpus, self.nvlink_bytes_per_s, self.scale_up_tier)
+        self._gpu_in = add("gpu_in", gpus, self.nvlink_bytes_per_s, self.scale_up_tier)
+        self._nic_out = add("nic_out", self.nodes * nics, self.nic_bytes_per_s, "network")
+        self._nic_in = add("nic_in", self.nodes * nics, self.nic_bytes_per_s, "network")
+        self._host_d2h = self._host_h2d = -1
+        if not spec.nic.gpudirect_rdma:
+            pcie = spec.scale_up.pcie_bytes_per_s
+            self._host_d2h = add("pcie_d2h", gpus, pcie, "pcie")
+            self._host_h2d = add("pcie_h2d", gpus, pcie, "pcie")
+
+        fabric = spec.fabric
+        self._leaf_up = self._leaf_down = self._spine_up = self._spine_down = -1
+        if fabric.tiers >= 2:
+            nics_per_leaf = fabric.nodes_per_leaf * (
+                1 if fabric.topology == "rail-optimized" else nics
+            )
+            leaf_capacity = nics_per_leaf * self.nic_bytes_per_s / fabric.oversubscription
+            leaves = self.leaf_of(self.nodes - 1, nics - 1) + 1
+            self._leaf_up = add("leaf_up", leaves, leaf_capacity, "network")
+            self._leaf_down = add("leaf_down", leaves, leaf_capacity, "network")
+            if fabric.tiers >= 3:
+                groups = self.spine_group_of(leaves - 1) + 1
+                spine_capacity = (
+                    leaf_capacity * fabric.leaves_per_spine_group
+                    * (nics if fabric.topology == "rail-optimized" else 1)
+                    / fabric.oversubscription
+                )
+                self._spine_up = add("spine_up", groups, spine_capacity, "network")
+                self._spine_down = add("spine_down", groups, spine_capacity, "network")
+        self.capacity_bytes_per_s = np.asarray(capacities, dtype=np.float64)
+        self.link_tier = tuple(tiers)
+
+    @property
+    def num_links(self) -> int:
+        """Number of links in the graph."""
+        return len(self.link_tier)
+
+    def gpu_out_link(self, rank: int) -> int:
+        """Scale-up egress port of a GPU."""
+        return self._gpu_out + rank
+
+    def gpu_in_link(self, rank: int) -> int:
+        """Scale-up ingress port of a GPU."""
+        return self._gpu_in + rank
+
+    def nic_out_link(self, node: int, rail: int) -> int:
+        """Egress of NIC ``rail`` of ``node``."""
+        return self._nic_out + node * self.spec.nic.count_per_node + rail
+
+    def nic_in_link(self, node: int, rail: int) -> int:
+        """Ingress of NIC ``rail`` of ``node``."""
+        return self._nic_in + node * self.spec.nic.count_per_node + rail
+
+    def link_name(self, link: int) -> str:
+        """Human-readable name of a link id, e.g. ``"nic_out[12]"``, for reports."""
+        for start, count, label in self._link_ranges:
+            if start <= link < start + count:
+                return f"{label}[{link - start}]"
+        raise ValueError(f"link: {link} is not a link id; valid: 0..{self.num_links - 1}")
+
+    # --------------------------------------------------------------------- paths
+    def path(self, src: int, dst: int, *, rail: int | None = None) -> Path:
+        """Links crossed by a transfer from GPU ``src`` to GPU ``dst``.
+
+        Args:
+            src, dst: global ranks.
+            rail: for transfers between domains, the NIC index to leave and
+                enter by (a ring channel pins its rail); default: the rail of
+                ``dst``'s GPU, reached over NVLink from ``src`` when it differs
+                (PXN) on rail-optimized fabrics, or ``src``'s own NIC otherwise.
+        """
+        if src == dst:
+            return Path((), "local", 0)
+        if self.domain_of(src) == self.domain_of(dst):
+            return Path((self.gpu_out_link(src), self.gpu_in_link(dst)), self.scale_up_tier, 0)
+        src_node, dst_node = self.node_of(src), self.node_of(dst)
+        rail_mode = self.spec.fabric.topology == "rail-optimized"
+        if rail is None:
+            rail = self.rail_of(dst) if rail_mode else self.rail_of(src)
+        links: list[int] = []
+        if not self.spec.nic.gpudirect_rdma:
+            links.append(self._host_d2h + src)
+        elif self.rail_of(src) != rail and self.gpus_per_node > 1:
+            relay = self._gpu_on_rail(src_node, rail)
+            if relay is not None and relay != src:
+                links += [self.gpu_out_link(src), self.gpu_in_link(relay)]
+        links.append(self.nic_out_link(src_node, rail))
+        dst_rail = rail if rail_mode else self.rail_of(dst)
+        hops = 1
+        src_leaf, dst_leaf = self.leaf_of(src_node, rail), self.leaf_of(dst_node, dst_rail)
+        if src_leaf != dst_leaf and self._leaf_up >= 0:
+            hops = 3
+            links.append(self._leaf_up + src_leaf)
+            src_group, dst_group = self.spine_group_of(src_leaf), self.spine_group_of(dst_leaf)
+            if src_group != dst_group and self._spine_up >= 0:
+                hops = 5
+                links += [self._spine_up + src_group, self._spine_down + dst_group]
+            links.append(self._leaf_down + dst_leaf)
+        links.append(self.nic_in_link(dst_node, dst_rail))
+        if not self.spec.nic.gpudirect_rdma:
+            links.append(self._host_h2d + dst)
+        elif self.rail_of(dst) != dst_rail and self.gpus_per_node > 1:
+            relay = self._gpu_on_rail(dst_node, dst_rail)
+            if relay is not None and relay != dst:
+                links += [self.gpu_out_link(relay), self.gpu_in_link(dst)]
+        return Path(tuple(links), "network", hops)
+
+    def _gpu_on_rail(self, node: int, rail: int) -> int | None:
+        """First used GPU of ``node`` whose NIC is ``rail`` (None if no used GPU is)."""
+        nics, gpn = self.spec.nic.count_per_node, self.spec.gpus_per_node
+        local = -(-rail * gpn // nics)  # ceil(rail * gpn / nics)
+        if local >= self.gpus_per_node:
+            return None
+        return node * self.gpus_per_node + local

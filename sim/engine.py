@@ -1,0 +1,219 @@
+"""Replay a Program on the hardware models inside one SimPy environment.
+
+The :class:`Engine` owns all simulation state for one run (DESIGN.md
+principle 5's "one Environment"); nothing is kept in module globals. Time is
+integer nanoseconds.
+
+Execution rules (strategies/ir.py): each (rank, stream) is one SimPy process
+that walks its ops in order; an op also waits for its explicit ``deps``. A
+collective starts when the last member of its group reaches it and ends for
+all members at once; a send/recv pair starts when both sides have reached it.
+A span's start is when its rank issued the op (so time spent waiting for
+peers shows up in the span, as a CUDA-event measurement would show it).
+
+Determinism: processes are created in (rank, stream) order and SimPy breaks
+ties between events scheduled for the same instant in creation order, so a
+run is identical for identical inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import simpy
+
+from hardware.network import CommPlan, make_fabric
+from hardware.spec import ClusterSpec
+from hardware.topology import ClusterLayout
+from sim.timeline import Timeline
+from strategies.collectives.algorithms import point_to_point
+from strategies.collectives.planner import CollectivePlanner
+from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
+
+
+class ComputeTimer(Protocol):
+    """Anything that prices a compute op (hardware.compute.ComputeModel)."""
+
+    def duration_ns(self, op: ComputeOp) -> int: ...
+
+
+@dataclass
+class _Rendezvous:
+    """Meeting point of the ranks taking part in one collective or send/recv."""
+
+    expected: int
+    arrived: int = 0
+    done: simpy.Event | None = None
+
+
+@dataclass
+class SimulationResult:
+    """What a run produced.
+
+    Attributes:
+        timeline: one span per executed op.
+        makespan_ns: end of the last op minus start of the first.
+        fidelity: network fidelity used.
+        plans: ``{collective key: "algorithm/protocol"}`` chosen per collective.
+        stats: counters (ops, events, flow-rate solves).
+        inputs: the resolved inputs (cluster, layout, fidelity), for provenance.
+    """
+
+    timeline: Timeline
+    makespan_ns: int
+    fidelity: str
+    plans: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, object] = field(default_factory=dict)
+
+
+class Engine:
+    """One simulation of one Program.
+
+    Args:
+        program: what every rank does.
+        layout: where ranks sit on the cluster (its world size must cover the
+            program's ranks).
+        fidelity: ``analytic`` or ``flow`` (network model).
+        compute: prices compute ops; required when the program has any.
+
+    Raises:
+        ValueError: when the program does not fit the layout or the fidelity
+            is unknown.
+    """
+
+    def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "analytic",
+                 compute: ComputeTimer | None = None,
+                 planner: CollectivePlanner | None = None) -> None:
+        if program.world_size > layout.world_size:
+            raise ValueError(
+                f"world_size: the program has {program.world_size} ranks but the cluster "
+                f"layout has {layout.world_size} GPUs; give more nodes or GPUs per node")
+        self.program = program
+        self.layout = layout
+        self.env = simpy.Environment()
+        self.planner = planner or CollectivePlanner(layout, layout.spec.comm)
+        self.fabric = make_fabric(fidelity, self.env, self.planner.model)
+        self.fidelity = fidelity
+        self.compute = compute
+        self.timeline = Timeline()
+        self._done: dict[int, list[simpy.Event]] = {}
+        self._meetings: dict[object, _Rendezvous] = {}
+        self._plans: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> SimulationResult:
+        """Run to completion and return the result.
+
+        Raises:
+            RuntimeError: if some op never finished (a deadlock the program
+                validator should have rejected).
+        """
+        for rank in self.program.ranks():
+            ops = self.program.ops_by_rank[rank]
+            self._done[rank] = [self.env.event() for _ in ops]
+            streams: dict[str, list[int]] = {}
+            for index, op in enumerate(ops):
+                streams.setdefault(op.stream, []).append(index)
+            for stream in sorted(streams):
+                self.env.process(self._stream(rank, stream, streams[stream]))
+        self.env.run()
+        unfinished = [(r, i) for r, events in self._done.items()
+                      for i, e in enumerate(events) if not e.triggered]
+        if unfinished:
+            rank, index = unfinished[0]
+            op = self.program.ops_by_rank[rank][index]
+            raise RuntimeError(
+                f"deadlock: {len(unfinished)} ops never finished, first rank {rank} op "
+                f"{index} ({op.name!r}); check the program with strategies.program_check")
+        stats = {"ops": self.program.num_ops(), "spans": len(self.timeline)}
+        network = getattr(self.fabric, "network", None)
+        if network is not None:
+            stats["flow_rate_solves"] = network.rate_solves
+            stats["flows_completed"] = network.flows_completed
+        return SimulationResult(
+            timeline=self.timeline,
+            makespan_ns=self.timeline.makespan_ns(),
+            fidelity=self.fidelity,
+            plans=dict(self._plans),
+            stats=stats,
+            inputs={"cluster": self.layout.spec.name, "nodes": self.layout.nodes,
+                    "gpus_per_node": self.layout.gpus_per_node, "fidelity": self.fidelity},
+        )
+
+    def _stream(self, rank: int, stream: str, indices: list[int]) -> Iterator[simpy.Event]:
+        ops = self.program.ops_by_rank[rank]
+        done = self._done[rank]
+        for index in indices:
+            op = ops[index]
+            if op.deps:
+                pending = [done[d] for d in op.deps if not done[d].triggered]
+                if pending:
+                    yield self.env.all_of(pending)
+            start = self.env.now
+            yield from self._execute(rank, op)
+            self._record(rank, op, start, self.env.now)
+            done[index].succeed()
+
+    def _execute(self, rank: int, op: Op) -> Iterator[simpy.Event]:
+        if isinstance(op, ComputeOp):
+            if self.compute is None:
+                raise ValueError(
+                    f"compute: op {op.name!r} needs a compute model; pass compute=ComputeModel(gpu)")
+            yield self.env.timeout(self.compute.duration_ns(op))
+        elif isinstance(op, CollectiveOp):
+            yield self._meet(op.key, len(op.group), lambda: self._collective_plan(op))
+        elif isinstance(op, SendOp):
+            yield self._meet(("p2p", rank, op.peer, op.tag), 2,
+                             lambda: point_to_point(self.layout, rank, op.peer, op.size_bytes))
+        elif isinstance(op, RecvOp):
+            yield self._meet(("p2p", op.peer, rank, op.tag), 2,
+                             lambda: point_to_point(self.layout, op.peer, rank, op.size_bytes))
+        else:
+            raise TypeError(f"op: {type(op).__name__} is not a Program op")
+
+    def _collective_plan(self, op: CollectiveOp) -> CommPlan:
+        plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
+        self._plans[op.key] = f"{plan.label}/{plan.protocol}"
+        return plan
+
+    def _meet(self, key: object, expected: int, make_plan) -> simpy.Event:
+        """Arrive at a rendezvous; the last to arrive starts the communication."""
+        meeting = self._meetings.get(key)
+        if meeting is None:
+            meeting = _Rendezvous(expected, 0, self.env.event())
+            self._meetings[key] = meeting
+        meeting.arrived += 1
+        if meeting.arrived == meeting.expected:
+            del self._meetings[key]
+            self.env.process(self._communicate(make_plan(), meeting.done))
+        return meeting.done
+
+    def _communicate(self, plan: CommPlan, done: simpy.Event) -> Iterator[simpy.Event]:
+        yield from self.fabric.run(plan)
+        done.succeed()
+
+    def _record(self, rank: int, op: Op, start_ns: int, end_ns: int) -> None:
+        if isinstance(op, ComputeOp):
+            self.timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns,
+                                 op.bytes, op.flops, "compute")
+        elif isinstance(op, CollectiveOp):
+            self.timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns,
+                                 op.size_bytes, 0.0, "comm")
+        else:
+            kind = "send" if isinstance(op, SendOp) else "recv"
+            self.timeline.record(rank, op.stream, op.name, kind, start_ns, end_ns,
+                                 op.size_bytes, 0.0, "comm")
+
+
+def simulate(program: Program, cluster: ClusterSpec, *, nodes: int, gpus_per_node: int,
+             fidelity: str = "analytic", compute: ComputeTimer | None = None) -> SimulationResult:
+    """Place ``program`` on ``nodes x gpus_per_node`` GPUs of ``cluster`` and run it.
+
+    Raises:
+        ValueError: for a layout the cluster cannot hold, an unknown fidelity,
+            or a program that does not fit.
+    """
+    layout = ClusterLayout(cluster, nodes, gpus_per_node)
+    return Engine(program, layout, fidelity=fidelity, compute=compute).run()

@@ -1,0 +1,277 @@
+"""Collective algorithms expressed as pipelined transfer phases.
+
+Each builder turns (collective kind, group, size) into the transfers that move
+over the machine, grouped in phases (see :mod:`hardware.network`). Transfers
+of a phase run concurrently and are pipelined in chunks, so a phase's time is
+the sum of its per-step hop latencies plus the time its most loaded link needs
+for the payload (Thakur, Rabenseifner & Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 2005, for the ring and tree costs).
+
+How the ring is laid on the machine (as NCCL does it): members are visited
+domain by domain; with ``L`` members per NVLink domain the data is split over
+``L`` channels; channel ``c`` enters every domain at its ``c``-th member,
+walks the domain over NVLink, hands the data over NVLink to the ``c``-th member
+again (PXN) and leaves through that member's own NIC to the ``c``-th member of
+the next domain, so each channel stays on one rail.
+
+Sizes are nccl-tests sizes (see :mod:`strategies.ir`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from hardware.network import CommPlan, Phase, Transfer
+from hardware.topology import ClusterLayout
+
+
+@dataclass(frozen=True)
+class GroupGeometry:
+    """A communicator laid on the machine.
+
+    Attributes:
+        group: ranks in communicator order.
+        domains: members of each NVLink domain the group touches, domains in
+            ascending order, members ascending.
+        switch_hops: most scale-out switches between consecutive domains.
+    """
+
+    group: tuple[int, ...]
+    domains: tuple[tuple[int, ...], ...]
+    switch_hops: int
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.group)
+
+    @property
+    def num_domains(self) -> int:
+        """NVLink domains spanned."""
+        return len(self.domains)
+
+    @property
+    def local_size(self) -> int:
+        """Fewest members any domain has (channels a ring can use)."""
+        return min(len(d) for d in self.domains)
+
+    @property
+    def uniform(self) -> bool:
+        """Every domain holds the same number of members."""
+        return len({len(d) for d in self.domains}) == 1
+
+
+def group_geometry(layout: ClusterLayout, group: Sequence[int]) -> GroupGeometry:
+    """Split a group by NVLink domain and measure its network distance.
+
+    Raises:
+        ValueError: for an empty group, duplicate ranks or ranks outside the layout.
+    """
+    if not group:
+        raise ValueError("group: empty; give at least one rank")
+    if len(set(group)) != len(group):
+        raise ValueError(f"group: {tuple(group)} repeats a rank; give distinct ranks")
+    bad = [r for r in group if not 0 <= r < layout.world_size]
+    if bad:
+        raise ValueError(
+            f"group: rank {bad[0]} is outside the cluster; valid: 0..{layout.world_size - 1}")
+    by_domain: dict[int, list[int]] = {}
+    for rank in sorted(group):
+        by_domain.setdefault(layout.domain_of(rank), []).append(rank)
+    domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
+    hops = 0
+    for here, there in zip(domains, domains[1:] + domains[:1]):
+        if here is not there:
+            hops = max(hops, layout.path(here[0], there[0]).switch_hops)
+    return GroupGeometry(tuple(group), domains, hops)
+
+
+# ---------------------------------------------------------------------- rings
+def _ring_transfers(geometry: GroupGeometry, edge_bytes: float) -> list[Transfer]:
+    """Transfers of one ring pass moving ``edge_bytes`` out of every member."""
+    domains = geometry.domains
+    if len(domains) == 1:
+        members = domains[0]
+        if len(members) == 1:
+            return []
+        return [Transfer(m, members[(i + 1) % len(members)], edge_bytes)
+                for i, m in enumerate(members)]
+    channels = geometry.local_size
+    per_channel = edge_bytes / channels
+    transfers: list[Transfer] = []
+    for d, members in enumerate(domains):
+        following = domains[(d + 1) % len(domains)]
+        width = len(members)
+        for c in range(channels):
+            if width > 1:
+                order = [members[(c + i) % width] for i in range(width)]
+                transfers += [Transfer(a, b, per_channel) for a, b in zip(order, order[1:])]
+                transfers.append(Transfer(order[-1], order[0], per_channel))  # PXN hand-over
+            transfers.append(Transfer(members[c], following[c], per_channel))
+    return transfers
+
+
+def _ring_steps(geometry: GroupGeometry, steps: int, boundaries: int) -> tuple[int, int]:
+    """Split a chunk's ``steps`` hops into (intra-domain, inter-domain) hops."""
+    inter = min(boundaries, steps) if geometry.num_domains > 1 else 0
+    return steps - inter, inter
+
+
+def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: float,
+                boundaries: int) -> Phase:
+    intra, inter = _ring_steps(geometry, steps, boundaries)
+    return Phase(name, tuple(_ring_transfers(geometry, edge_bytes)), intra, inter,
+                 geometry.switch_hops)
+
+
+def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """Ring all-reduce = reduce-scatter then all-gather, each (n-1) steps of S/n."""
+    n, N = geometry.size, geometry.num_domains
+    edge = (n - 1) / n * size_bytes
+    return [_ring_phase("reduce_scatter", geometry, n - 1, edge, N),
+            _ring_phase("all_gather", geometry, n - 1, edge, N)]
+
+
+def ring_gather_scatter(name: str) -> Callable[[GroupGeometry, int], list[Phase]]:
+    """Ring all-gather / reduce-scatter: (n-1) steps of S/n, S the total size."""
+    def build(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+        n = geometry.size
+        return [_ring_phase(name, geometry, n - 1, (n - 1) / n * size_bytes,
+                            geometry.num_domains)]
+    return build
+
+
+def ring_chain(name: str) -> Callable[[GroupGeometry, int], list[Phase]]:
+    """Pipelined chain for broadcast / reduce: every edge carries all S bytes."""
+    def build(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+        n = geometry.size
+        return [_ring_phase(name, geometry, n - 1, float(size_bytes),
+                            geometry.num_domains - 1)]
+    return build
+
+
+# ---------------------------------------------------------------------- trees
+def _binary_tree(order: Sequence[int]) -> tuple[dict[int, int], int]:
+    """Balanced binary tree over ``order`` (in-order layout).
+
+    Returns ``({node: parent}, height in edges)``; the root has no entry.
+    """
+    parent: dict[int, int] = {}
+    height = 0
+    stack = [(0, len(order) - 1, None, 0)]
+    while stack:
+        lo, hi, up, depth = stack.pop()
+        if lo > hi:
+            continue
+        mid = (lo + hi + 1) // 2
+        node = order[mid]
+        if up is not None:
+            parent[node] = up
+            height = max(height, depth)
+        stack.append((lo, mid - 1, node, depth + 1))
+        stack.append((mid + 1, hi, node, depth + 1))
+    return parent, height
+
+
+def double_binary_trees(num: int) -> tuple[list[dict[int, int]], int]:
+    """Two complementary binary trees over ``num`` nodes (NCCL's double binary
+    tree, Sanders, Speck & Träff, Parallel Computing 2009): the second tree is
+    the mirror of the first, so a leaf of one is an inner node of the other and
+    both halves of the data keep every node's links busy.
+
+    Returns ``([parents of tree 0, parents of tree 1], max height in edges)``.
+    """
+    order = list(range(num))
+    first, h1 = _binary_tree(order)
+    second, h2 = _binary_tree(order[::-1])
+    return [first, second], max(h1, h2)
+
+
+def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """Double binary tree across domains, chains inside them; reduce and
+    broadcast run pipelined at the same time, each tree carries half the data."""
+    domains = geometry.domains
+    channels = geometry.local_size
+    trees, height = double_binary_trees(len(domains))
+    chunk = size_bytes / (2 * channels)
+    transfers: list[Transfer] = []
+    for parents in trees:
+        for c in range(channels):
+            for d, members in enumerate(domains):
+                width = len(members)
+                order = [members[(c + i) % width] for i in range(width)]
+                for a, b in zip(order, order[1:]):
+                    transfers += [Transfer(b, a, chunk), Transfer(a, b, chunk)]
+                if d in parents:
+                    up = domains[parents[d]][c]
+                    transfers += [Transfer(members[c], up, chunk),
+                                  Transfer(up, members[c], chunk)]
+    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
+    return [Phase("reduce_broadcast", tuple(transfers), intra, 2 * height,
+                  geometry.switch_hops)]
+
+
+# ----------------------------------------------------------------- NVLS, hier
+def nvls_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """NVLink SHARP: every GPU pushes S into the switch, which reduces and
+    multicasts S back (one pass each way through the GPU's NVLink ports)."""
+    members = geometry.domains[0]
+    transfers = tuple(Transfer(m, m, float(size_bytes), "nvls") for m in members)
+    return [Phase("nvls", transfers, 2, 0, 0)]
+
+
+def hierarchical_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """Reduce-scatter inside each domain, all-reduce of the 1/L shards across
+    domains (one ring per local index, on its own rail), all-gather inside."""
+    domains = geometry.domains
+    width, num = geometry.local_size, len(domains)
+    inner = [GroupGeometry(d, (d,), 0) for d in domains]
+    phases = []
+    intra_edge = (width - 1) / width * size_bytes
+
+    def inside(name: str) -> Phase:
+        transfers = tuple(t for g in inner for t in _ring_transfers(g, intra_edge))
+        return Phase(name, transfers, width - 1, 0, 0)
+
+    if width > 1:
+        phases.append(inside("intra_reduce_scatter"))
+    shard_edge = 2 * (num - 1) / num * size_bytes / width
+    across = tuple(
+        Transfer(domains[d][i], domains[(d + 1) % num][i], shard_edge)
+        for i in range(width) for d in range(num)
+    )
+    phases.append(Phase("inter_all_reduce", across, 0, 2 * (num - 1), geometry.switch_hops))
+    if width > 1:
+        phases.append(inside("intra_all_gather"))
+    return phases
+
+
+# --------------------------------------------------------------------- direct
+def direct_alltoall(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """Every member sends S/n to every other member at once."""
+    group, n = geometry.group, geometry.size
+    share = size_bytes / n
+    transfers = tuple(Transfer(a, b, share) for a in group for b in group if a != b)
+    crosses = geometry.num_domains > 1
+    return [Phase("alltoall", transfers, 0 if crosses else 1, 1 if crosses else 0,
+                  geometry.switch_hops)]
+
+
+def direct_sendrecv(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """nccl-tests sendrecv: member i sends S to member i+1 and receives from i-1."""
+    group, n = geometry.group, geometry.size
+    transfers = tuple(Transfer(group[i], group[(i + 1) % n], float(size_bytes), "p2p")
+                      for i in range(n))
+    crosses = geometry.num_domains > 1
+    return [Phase("sendrecv", transfers, 0 if crosses else 1, 1 if crosses else 0,
+                  geometry.switch_hops)]
+
+
+def point_to_point(layout: ClusterLayout, src: int, dst: int, size_bytes: int) -> CommPlan:
+    """A single send/recv between two ranks (pipeline-parallel edges)."""
+    path = layout.path(src, dst)
+    crosses = path.tier == "network"
+    phase = Phase("p2p", (Transfer(src, dst, float(size_bytes), "p2p"),),
+                  0 if crosses or src == dst else 1, 1 if crosses else 0, path.switch_hops)
+    return CommPlan("direct", "Simple", (phase,), "p2p")

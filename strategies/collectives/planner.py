@@ -1,0 +1,152 @@
+"""Choose and build the communication plan of a collective.
+
+``auto`` does what NCCL does: evaluate every algorithm the collective and the
+machine allow, under every protocol, with the cost model, and take the
+fastest (NCCL: src/enqueue.cc, topoGetAlgoInfo). Hierarchical is never picked
+by ``auto`` (NCCL has no such algorithm) but can be asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from hardware.network import CommPlan, NetworkModel, Phase
+from hardware.spec import PROTOCOLS, CommTuningSpec
+from hardware.topology import ClusterLayout
+from strategies.collectives import algorithms as alg
+from strategies.ir import COLLECTIVE_KINDS
+
+Builder = Callable[[alg.GroupGeometry, int], list[Phase]]
+
+#: Algorithms each collective can run with, in ``auto``'s tie-break order.
+BUILDERS: dict[str, dict[str, Builder]] = {
+    "all_reduce": {
+        "ring": alg.ring_all_reduce,
+        "tree": alg.tree_all_reduce,
+        "nvls": alg.nvls_all_reduce,
+        "hierarchical": alg.hierarchical_all_reduce,
+    },
+    "all_gather": {"ring": alg.ring_gather_scatter("all_gather")},
+    "reduce_scatter": {"ring": alg.ring_gather_scatter("reduce_scatter")},
+    "broadcast": {"ring": alg.ring_chain("broadcast")},
+    "reduce": {"ring": alg.ring_chain("reduce")},
+    "alltoall": {"direct": alg.direct_alltoall},
+    "sendrecv": {"direct": alg.direct_sendrecv},
+}
+#: Base-latency family of each algorithm.
+FAMILY = {"ring": "ring", "tree": "tree", "nvls": "nvls", "hierarchical": "ring",
+          "direct": "direct"}
+_NOT_AUTO = {"hierarchical"}
+
+
+def valid_algorithms(kind: str) -> list[str]:
+    """Algorithms (plus ``auto``) that a collective kind accepts.
+
+    Raises:
+        ValueError: for an unknown kind, listing the valid ones.
+    """
+    if kind not in BUILDERS:
+        raise ValueError(f"op: {kind!r} is not a collective; valid: {', '.join(COLLECTIVE_KINDS)}")
+    return ["auto", *BUILDERS[kind]]
+
+
+class CollectivePlanner:
+    """Builds (and remembers) the plan of every collective of one simulation.
+
+    Args:
+        layout: ranks placed on the cluster.
+        comm: communication tuning (latency/efficiency tables).
+    """
+
+    def __init__(self, layout: ClusterLayout, comm: CommTuningSpec) -> None:
+        self.layout = layout
+        self.model = NetworkModel(layout, comm)
+        self._plans: dict[tuple, CommPlan] = {}
+        self._geometry: dict[tuple[int, ...], alg.GroupGeometry] = {}
+
+    def geometry(self, group: Sequence[int]) -> alg.GroupGeometry:
+        """Cached :func:`strategies.collectives.algorithms.group_geometry`."""
+        key = tuple(group)
+        found = self._geometry.get(key)
+        if found is None:
+            found = alg.group_geometry(self.layout, key)
+            self._geometry[key] = found
+        return found
+
+    def _available(self, kind: str, algorithm: str, geometry: alg.GroupGeometry) -> str | None:
+        """Why an algorithm cannot run here (None when it can)."""
+        spec = self.layout.spec
+        if algorithm == "nvls":
+            if not spec.scale_up.nvls:
+                return f"cluster {spec.name!r} has no NVLink SHARP (NVLS)"
+            if geometry.num_domains > 1:
+                return "NVLS reduces inside one NVLink domain; the group spans several"
+        if algorithm == "hierarchical" and not geometry.uniform:
+            return "hierarchical needs the same number of ranks in every NVLink domain"
+        return None
+
+    def plan(self, kind: str, group: Sequence[int], size_bytes: int,
+             algorithm: str = "auto", protocol: str = "auto") -> CommPlan:
+        """The plan a collective runs with.
+
+        Args:
+            kind: collective kind (:data:`strategies.ir.COLLECTIVE_KINDS`).
+            group: ranks in communicator order.
+            size_bytes: nccl-tests size.
+            algorithm: ``auto`` or one of :func:`valid_algorithms`.
+            protocol: ``auto`` or one of ``LL``, ``LL128``, ``Simple``.
+
+        Raises:
+            ValueError: naming the field for an unknown kind, algorithm or
+                protocol, or an algorithm this machine or group cannot run.
+        """
+        key = (kind, tuple(group), size_bytes, algorithm, protocol)
+        found = self._plans.get(key)
+        if found is None:
+            found = self._build(kind, group, size_bytes, algorithm, protocol)
+            self._plans[key] = found
+        return found
+
+    def _build(self, kind: str, group: Sequence[int], size_bytes: int, algorithm: str,
+               protocol: str) -> CommPlan:
+        choices = valid_algorithms(kind)
+        if algorithm not in choices:
+            raise ValueError(
+                f"algorithm: {algorithm!r} is not available for {kind}; valid: {', '.join(choices)}")
+        if protocol != "auto" and protocol not in PROTOCOLS:
+            raise ValueError(
+                f"protocol: {protocol!r} is not valid; valid: auto, {', '.join(PROTOCOLS)}")
+        if size_bytes < 0:
+            raise ValueError(f"size: {size_bytes} is negative; give a size >= 0 bytes")
+        geometry = self.geometry(group)
+        if geometry.size == 1 or size_bytes == 0:
+            return CommPlan(FAMILY[choices[1]], "Simple", (), choices[1])
+        if algorithm == "auto":
+            candidates = [a for a in BUILDERS[kind]
+                          if a not in _NOT_AUTO and self._available(kind, a, geometry) is None]
+        else:
+            reason = self._available(kind, algorithm, geometry)
+            if reason is not None:
+                raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
+            candidates = [algorithm]
+        best: tuple[int, CommPlan] | None = None
+        for name in candidates:
+            phases = tuple(BUILDERS[kind][name](geometry, size_bytes))
+            for proto in self._protocols(name, protocol, size_bytes):
+                plan = CommPlan(FAMILY[name], proto, phases, name)
+                time_ns = self.model.plan_time_ns(plan)
+                if best is None or time_ns < best[0]:
+                    best = (time_ns, plan)
+        if best is None:
+            raise ValueError(
+                f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes here; "
+                f"valid: auto, {', '.join(PROTOCOLS)}")
+        return best[1]
+
+    def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
+        if algorithm == "nvls":
+            return ["Simple"] if protocol in ("auto", "Simple") else []
+        if protocol != "auto":
+            return [protocol]
+        limits = self.model.comm.protocol_max_bytes
+        return [p for p in PROTOCOLS if not limits.get(p) or size_bytes <= limits[p]]
