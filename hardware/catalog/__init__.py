@@ -1,0 +1,612 @@
+"""Cluster presets: load, merge, validate and describe hardware TOML files.
+
+A preset is a TOML file in this folder (``dgx-h100.toml`` is the preset
+``dgx-h100``; files starting with ``_`` are not presets). Its tables mirror
+:class:`hardware.spec.ClusterSpec`: top-level ``name``, ``description``,
+``gpus_per_node``, ``max_nodes``, then ``[gpu]`` (with
+``[gpu.peak_flops_per_s]``), ``[scale_up]``, ``[nic]``, ``[fabric]`` and an
+optional ``[comm]``.
+
+Merge order (later wins; tables are merged key by key, so a file only states
+what it changes)::
+
+    _defaults.toml  <  extended preset(s)  <  the file  <  overrides
+
+A file may say ``extends = "dgx-h100"`` (a built-in name, or a path relative
+to the file) to inherit another preset; chains are followed base-first.
+``name`` and ``extends`` are never inherited: a file without ``name`` is named
+after its file stem.
+
+Units: TOML keys carry their unit and are converted once, here, into the SI
+fields of :mod:`hardware.spec`. GB = 1e9 bytes (``hbm_gb``), GB/s = 1e9
+bytes/s (``*_gb_per_s*``), Gb/s = 1e9 bits/s (``nic.gbit_per_s``), ``*_us`` =
+microseconds, ``peak_flops_per_s`` = FLOP/s. Override keys use the same TOML
+names, e.g. ``{"nic.gbit_per_s": 200, "comm.hop_latency_us.network.Simple": 10}``.
+
+Every number in a built-in preset carries a ``# source:`` comment (same line,
+or the comment line directly above); :func:`preset_sources` returns them and
+:func:`load_cluster` puts them into ``ClusterSpec.sources``.
+
+All problems raise :class:`ValueError` with a one-line message that names the
+field, the bad value and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from hardware.spec import (
+    ALGORITHM_FAMILIES,
+    DTYPES,
+    FABRIC_TOPOLOGIES,
+    NIC_KINDS,
+    PROTOCOLS,
+    SCALE_UP_KINDS,
+    TIERS,
+    ClusterSpec,
+    CommTuningSpec,
+    FabricSpec,
+    GpuSpec,
+    NicSpec,
+    ScaleUpSpec,
+)
+from hardware.units import GB
+
+__all__ = [
+    "list_presets",
+    "load_cluster",
+    "parse_override",
+    "cluster_to_dict",
+    "preset_sources",
+    "CATALOG_DIR",
+]
+
+CATALOG_DIR = Path(__file__).resolve().parent
+_DEFAULTS = CATALOG_DIR / "_defaults.toml"
+
+#: Per-lane PCIe data rate in GB/s per direction after line encoding (PCI-SIG
+#: base specs: gen1/2 8b/10b at 2.5/5 GT/s, gen3-5 128b/130b at 8/16/32 GT/s,
+#: gen6 64 GT/s PAM4 with 242/256-byte FLITs). Used when a preset gives
+#: ``pcie_generation`` and ``pcie_lanes`` but no ``pcie_gb_per_s``.
+PCIE_GB_PER_S_PER_LANE = {
+    1: 2.5 * 8 / 10 / 8,
+    2: 5.0 * 8 / 10 / 8,
+    3: 8.0 * 128 / 130 / 8,
+    4: 16.0 * 128 / 130 / 8,
+    5: 32.0 * 128 / 130 / 8,
+    6: 64.0 * 242 / 256 / 8,
+}
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One TOML leaf: its Python type, range check and whether it is required."""
+
+    kind: type
+    check: str = ""  # "", "positive", "nonnegative", "fraction", "at_least_1"
+    choices: tuple = ()
+    required: bool = True
+
+
+def _same(keys: tuple[str, ...], leaf: Any) -> dict[str, Any]:
+    return {key: leaf for key in keys}
+
+
+_STR = _Field(str)
+_POS_INT = _Field(int, "positive")
+_POS = _Field(float, "positive")
+_FRAC = _Field(float, "fraction")
+_US = _Field(float, "nonnegative")
+
+#: The TOML layout of a preset; a dict is a table, a _Field a value.
+SCHEMA: dict[str, Any] = {
+    "extends": _Field(str, required=False),
+    "name": _STR,
+    "description": _STR,
+    "gpus_per_node": _POS_INT,
+    "max_nodes": _POS_INT,
+    "gpu": {
+        "name": _STR,
+        "peak_flops_per_s": _same(DTYPES, _Field(float, "positive", required=False)),
+        "hbm_gb": _POS,
+        "hbm_gb_per_s": _POS,
+        "matmul_profile": _STR,
+        "matmul_peak_efficiency": _FRAC,
+        "memory_efficiency": _FRAC,
+        "kernel_launch_us": _US,
+    },
+    "scale_up": {
+        "kind": _Field(str, choices=SCALE_UP_KINDS),
+        "domain_gpus": _POS_INT,
+        "nvlink_generation": _Field(int, "nonnegative", required=False),
+        "nvlink_links_per_gpu": _Field(int, "nonnegative", required=False),
+        "nvlink_gb_per_s_per_link": _Field(float, "nonnegative", required=False),
+        "link_efficiency": _FRAC,
+        "nvls": _Field(bool),
+        "nvls_efficiency": _Field(float, "fraction", required=False),
+        "pcie_generation": _POS_INT,
+        "pcie_lanes": _POS_INT,
+        "pcie_gb_per_s": _Field(float, "positive", required=False),
+    },
+    "nic": {
+        "count_per_node": _POS_INT,
+        "gbit_per_s": _POS,
+        "kind": _Field(str, choices=NIC_KINDS),
+        "gpudirect_rdma": _Field(bool),
+        "link_efficiency": _FRAC,
+    },
+    "fabric": {
+        "topology": _Field(str, choices=FABRIC_TOPOLOGIES),
+        "tiers": _Field(int, choices=(1, 2, 3)),
+        "nodes_per_leaf": _POS_INT,
+        "leaves_per_spine_group": _POS_INT,
+        "oversubscription": _Field(float, "at_least_1"),
+        "switch_hop_latency_us": _US,
+    },
+    "comm": {
+        "base_latency_us": _same(ALGORITHM_FAMILIES, _same(PROTOCOLS, _US)),
+        "hop_latency_us": _same(TIERS, _same(PROTOCOLS, _US)),
+        "protocol_efficiency": _same(TIERS, _same(PROTOCOLS, _FRAC)),
+        "p2p_efficiency": _same(TIERS, _FRAC),
+        "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False)),
+    },
+}
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_GOT_WORDS = {int: "an integer", float: "a float", bool: "a boolean", str: "a string", dict: "a table", list: "an array"}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def list_presets() -> list[str]:
+    """Names of the built-in presets, sorted (``*.toml`` here not starting with ``_``)."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.toml") if not p.name.startswith("_"))
+
+
+def load_cluster(
+    name_or_path: str | os.PathLike[str], overrides: Mapping[str, object] | None = None
+) -> ClusterSpec:
+    """Load a cluster preset and return a validated :class:`ClusterSpec`.
+
+    Args:
+        name_or_path: a built-in preset name (see :func:`list_presets`) or the
+            path of a TOML file, which may ``extends`` a built-in preset.
+        overrides: ``{dotted TOML key: value}`` applied last, with the TOML
+            (unit-suffixed) key names, e.g. ``{"nic.gbit_per_s": 200}`` (Gb/s),
+            ``{"fabric.switch_hop_latency_us": 0.5}`` (microseconds). String
+            values are converted as by :func:`parse_override`. A Mapping value
+            for a table key is merged into that table.
+
+    Returns:
+        The spec with SI fields (bytes, bytes/s, FLOP/s, seconds) and
+        ``sources`` mapping dotted TOML keys to their citation.
+
+    Raises:
+        ValueError: one line naming the field, the bad value and what is valid:
+            unknown preset or missing file, invalid TOML, unknown key, wrong
+            type, missing required field, non-positive bandwidth, efficiency
+            outside (0, 1], unknown kind/topology, ``scale_up.domain_gpus`` not
+            a multiple of ``gpus_per_node``, an ``extends`` cycle.
+    """
+    data, sources = _resolve(name_or_path)
+    if overrides:
+        for key, value in overrides.items():
+            _apply_override(data, sources, str(key), value)
+    return _build(data, sources)
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """Split a CLI override ``"KEY=VALUE"`` into ``(key, value)``.
+
+    ``VALUE`` becomes a bool (``true``/``false``, any case), an int, a float
+    (``1e15``, ``0.5``), or else a string (surrounding quotes removed). The key
+    is a dotted TOML path such as ``nic.gbit_per_s``; it is checked by
+    :func:`load_cluster`, not here.
+
+    Raises:
+        ValueError: when the text has no ``=`` or an empty key.
+    """
+    key, sep, raw = str(text).partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(
+            f"override: {text!r} is not KEY=VALUE; give e.g. nic.gbit_per_s=200"
+        )
+    return key, _parse_scalar(raw.strip())
+
+
+def cluster_to_dict(spec: ClusterSpec) -> dict[str, Any]:
+    """A JSON-serialisable dict of ``spec``: SI field names and units as in
+    :mod:`hardware.spec` (bytes, bytes/s, FLOP/s, seconds), including
+    ``sources``. Mappings become plain dicts."""
+    return _plain(spec)
+
+
+def preset_sources(name: str | os.PathLike[str]) -> dict[str, str]:
+    """``{dotted TOML key: citation}`` for a preset name or TOML path.
+
+    Citations are the ``# source:`` comments of the file and of every preset
+    it extends (the nearest file wins); keys that come from
+    ``_defaults.toml`` point at that file's table comment. Keys are leaf TOML
+    paths with their unit suffix, e.g. ``"scale_up.nvlink_gb_per_s_per_link"``.
+
+    Raises:
+        ValueError: for an unknown preset, a missing file or invalid TOML.
+    """
+    return dict(_resolve(name)[1])
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _locate(ref: str | os.PathLike[str], relative_to: Path | None) -> Path:
+    text = os.fspath(ref)
+    if text in list_presets():
+        return CATALOG_DIR / f"{text}.toml"
+    looks_like_path = text.endswith(".toml") or "/" in text or os.sep in text
+    if looks_like_path:
+        path = Path(text).expanduser()
+        if not path.is_absolute() and relative_to is not None:
+            path = relative_to / path
+        if path.is_file():
+            return path.resolve()
+        raise ValueError(f"cluster: file {str(path)!r} not found; give a preset name or a TOML file")
+    raise ValueError(
+        f"cluster: {text!r} is not a preset; valid: {', '.join(list_presets())} "
+        "(or a path to a .toml file)"
+    )
+
+
+def _read(path: Path) -> tuple[dict[str, Any], str]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"cluster: {path} is not valid TOML: {err}") from None
+
+
+def _resolve(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merged data and sources of ``ref``: defaults, then bases, then the file."""
+    chain: list[tuple[Path, dict[str, Any], str]] = []
+    path = _locate(ref, None)
+    while True:
+        if path in [p for p, _, _ in chain]:
+            names = " -> ".join(p.stem for p in [*(c[0] for c in chain), path])
+            raise ValueError(f"extends: cycle {names}; a preset cannot extend itself")
+        layer, text = _read(path)
+        _check_tree(layer, SCHEMA, "", where=f"in {path}")
+        chain.append((path, layer, text))
+        parent = layer.pop("extends", None)
+        if parent is None:
+            break
+        path = _locate(parent, path.parent)
+
+    data, text = _read(_DEFAULTS)
+    _check_tree(data, SCHEMA, "", where=f"in {_DEFAULTS}")
+    headers = [".".join(_split_key(m.group(1))) for m in map(_HEADER_RE.match, text.splitlines()) if m]
+    sources = {}
+    for leaf in _leaves(data):
+        table = max((h for h in headers if leaf.startswith(h + ".")), key=len, default="")
+        sources[leaf] = f"hardware/catalog/_defaults.toml, comment of [{table}]"
+    for path, layer, text in reversed(chain):  # base first
+        data = _merge(data, layer)
+        sources.update(_file_sources(layer, text))
+    top_path, top, _ = chain[0]
+    data["name"] = top.get("name", top_path.stem)
+    if "name" not in top:
+        sources["name"] = f"file name of {top_path}"
+    return data, sources
+
+
+def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        keys += _leaves(value, path + ".") if isinstance(value, Mapping) else [path]
+    return keys
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def _apply_override(data: dict[str, Any], sources: dict[str, str], key: str, value: object) -> None:
+    parts = key.split(".")
+    if parts == ["extends"]:
+        raise ValueError("extends: cannot be overridden; load the other preset instead")
+    schema: Any = SCHEMA
+    table: dict[str, Any] = data
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "top level"
+        if not isinstance(schema, dict):
+            raise ValueError(f"{key}: {'.'.join(parts[:depth])} is a value, not a table; drop '.{part}'")
+        if part not in schema:
+            valid = ", ".join(k for k in schema if k != "extends")
+            raise ValueError(f"{key}: unknown override key; valid keys of [{where}]: {valid}")
+        schema = schema[part]
+        if depth < len(parts) - 1:
+            table = table.setdefault(part, {})
+    leaf = parts[-1]
+    if isinstance(schema, dict):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key}: {value!r} given, but [{key}] is a table; give a leaf key such as {key}.{next(iter(schema))}")
+        _check_tree(value, schema, key + ".", where="override")
+        table[leaf] = _merge(table.get(leaf, {}), value)
+        for sub in _leaves(value, key + "."):
+            sources[sub] = "override"
+        return
+    if isinstance(value, str) and schema.kind is not str:
+        value = _parse_scalar(value)  # CLI text such as "200" or "false"
+    elif schema.kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # e.g. gpu.name=100 parsed as a number by parse_override
+    table[leaf] = _coerce(value, schema, key, where="override")
+    sources[key] = f"override: {key}={value!r}"
+
+
+def _parse_scalar(raw: str) -> object:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+        return raw[1:-1]
+    return raw
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _check_tree(data: Mapping[str, Any], schema: Mapping[str, Any], prefix: str, where: str) -> None:
+    """Reject unknown keys and wrong types in one layer (file or override)."""
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            table = prefix.rstrip(".") or "top level"
+            valid = ", ".join(schema)
+            raise ValueError(f"{path}: unknown key; valid keys of [{table}]: {valid} ({where})")
+        sub = schema[key]
+        if isinstance(sub, dict):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{path}: {value!r} is not a table; give [{path}] with keys {', '.join(sub)} ({where})")
+            _check_tree(value, sub, path + ".", where)
+        else:
+            _coerce(value, sub, path, where)
+
+
+def _coerce(value: object, field: _Field, path: str, where: str = "") -> Any:
+    """Type-check and convert one value (int -> float where a number is wanted)."""
+    suffix = f" ({where})" if where else ""
+    kind = field.kind
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok:
+        got = _GOT_WORDS.get(type(value), f"a {type(value).__name__}")
+        raise ValueError(f"{path}: {value!r} is {got}; expected {_TYPE_WORDS[kind]}{suffix}")
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"{path}: {value!r} is not finite; give a finite number{suffix}")
+    if field.choices and value not in field.choices:
+        raise ValueError(f"{path}: {value!r} is not valid; valid: {', '.join(map(str, field.choices))}{suffix}")
+    problem = {
+        "positive": (lambda v: v > 0, "must be > 0"),
+        "nonnegative": (lambda v: v >= 0, "must be >= 0"),
+        "fraction": (lambda v: 0 < v <= 1, "is outside (0, 1]; give an efficiency 0 < x <= 1"),
+        "at_least_1": (lambda v: v >= 1, "is below 1; give a ratio >= 1 (1.0 = non-blocking)"),
+    }.get(field.check)
+    if problem and not problem[0](value):
+        raise ValueError(f"{path}: {value!r} {problem[1]}{suffix}")
+    return value
+
+
+def _table(data: Mapping[str, Any], schema: Mapping[str, Any], path: str, name: str) -> dict[str, Any]:
+    """The validated table at ``path``: required keys present, values coerced."""
+    out: dict[str, Any] = {}
+    for key, sub in schema.items():
+        full = f"{path}.{key}" if path else key
+        if key not in data:
+            if isinstance(sub, _Field) and sub.required:
+                raise ValueError(f"{full}: missing required field in cluster {name!r}; add it to [{path or 'top level'}]")
+            if isinstance(sub, dict) and any(_required_leaves(sub)):
+                raise ValueError(f"{full}: missing required table in cluster {name!r}; add [{full}]")
+            continue
+        value = data[key]
+        out[key] = _table(value, sub, full, name) if isinstance(sub, dict) else _coerce(value, sub, full)
+    return out
+
+
+def _required_leaves(schema: Mapping[str, Any]) -> list[bool]:
+    flags = []
+    for sub in schema.values():
+        flags += _required_leaves(sub) if isinstance(sub, dict) else [sub.required]
+    return flags
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
+    name = data.get("name", "?")
+    d = _table(data, SCHEMA, "", str(name))
+    gpu, up, nic, fab, comm = d["gpu"], d["scale_up"], d["nic"], d["fabric"], d["comm"]
+
+    if not gpu.get("peak_flops_per_s"):
+        raise ValueError(f"gpu.peak_flops_per_s: empty in cluster {name!r}; give FLOP/s for at least one of {', '.join(DTYPES)}")
+    if up["domain_gpus"] % d["gpus_per_node"]:
+        raise ValueError(
+            f"scale_up.domain_gpus: {up['domain_gpus']} is not a multiple of gpus_per_node "
+            f"({d['gpus_per_node']}); valid: {d['gpus_per_node']}, {2 * d['gpus_per_node']}, ..."
+        )
+    if up["kind"] != "pcie":
+        for key in ("nvlink_generation", "nvlink_links_per_gpu", "nvlink_gb_per_s_per_link"):
+            if up.get(key, 0) <= 0:
+                raise ValueError(
+                    f"scale_up.{key}: {up.get(key, 'missing')!r} must be > 0 when scale_up.kind is "
+                    f"{up['kind']!r} (only kind 'pcie' has no NVLink)"
+                )
+    if up["nvls"] and "nvls_efficiency" not in up:
+        raise ValueError("scale_up.nvls_efficiency: missing required field when scale_up.nvls is true; give 0 < x <= 1")
+    pcie_gb_per_s = up.get("pcie_gb_per_s")
+    if pcie_gb_per_s is None:
+        per_lane = PCIE_GB_PER_S_PER_LANE.get(up["pcie_generation"])
+        if per_lane is None:
+            raise ValueError(
+                f"scale_up.pcie_gb_per_s: missing and pcie_generation {up['pcie_generation']} has no "
+                f"known rate (known: {', '.join(map(str, PCIE_GB_PER_S_PER_LANE))}); give pcie_gb_per_s"
+            )
+        pcie_gb_per_s = per_lane * up["pcie_lanes"]
+
+    us = 1e-6
+    return ClusterSpec(
+        name=d["name"],
+        description=d["description"],
+        gpus_per_node=d["gpus_per_node"],
+        max_nodes=d["max_nodes"],
+        gpu=GpuSpec(
+            name=gpu["name"],
+            peak_flops_per_s=dict(gpu["peak_flops_per_s"]),
+            hbm_bytes=int(round(gpu["hbm_gb"] * GB)),
+            hbm_bytes_per_s=gpu["hbm_gb_per_s"] * GB,
+            matmul_profile=gpu["matmul_profile"],
+            matmul_peak_efficiency=gpu["matmul_peak_efficiency"],
+            memory_efficiency=gpu["memory_efficiency"],
+            kernel_launch_s=gpu["kernel_launch_us"] * us,
+        ),
+        scale_up=ScaleUpSpec(
+            kind=up["kind"],
+            domain_gpus=up["domain_gpus"],
+            nvlink_generation=up.get("nvlink_generation", 0),
+            nvlink_links_per_gpu=up.get("nvlink_links_per_gpu", 0),
+            nvlink_bytes_per_s_per_link=up.get("nvlink_gb_per_s_per_link", 0.0) * GB,
+            link_efficiency=up["link_efficiency"],
+            nvls=up["nvls"],
+            nvls_efficiency=up.get("nvls_efficiency", 0.0) if up["nvls"] else 0.0,
+            pcie_generation=up["pcie_generation"],
+            pcie_lanes=up["pcie_lanes"],
+            pcie_bytes_per_s=pcie_gb_per_s * GB,
+        ),
+        nic=NicSpec(
+            count_per_node=nic["count_per_node"],
+            gbit_per_s=nic["gbit_per_s"],
+            kind=nic["kind"],
+            gpudirect_rdma=nic["gpudirect_rdma"],
+            link_efficiency=nic["link_efficiency"],
+        ),
+        fabric=FabricSpec(
+            topology=fab["topology"],
+            tiers=fab["tiers"],
+            nodes_per_leaf=fab["nodes_per_leaf"],
+            leaves_per_spine_group=fab["leaves_per_spine_group"],
+            oversubscription=fab["oversubscription"],
+            switch_hop_latency_s=fab["switch_hop_latency_us"] * us,
+        ),
+        comm=CommTuningSpec(
+            base_latency_s={a: {p: v * us for p, v in t.items()} for a, t in comm["base_latency_us"].items()},
+            hop_latency_s={a: {p: v * us for p, v in t.items()} for a, t in comm["hop_latency_us"].items()},
+            protocol_efficiency={a: dict(t) for a, t in comm["protocol_efficiency"].items()},
+            p2p_efficiency=dict(comm["p2p_efficiency"]),
+            protocol_max_bytes=dict(comm.get("protocol_max_bytes", {})),
+        ),
+        sources=dict(sorted(sources.items())),
+    )
+
+
+def _plain(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- source comments
+
+_HEADER_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
+_SOURCE_RE = re.compile(r"#\s*source:\s*(.*?)\s*$", re.IGNORECASE)
+
+
+def _comment(line: str) -> str | None:
+    """The comment part of a TOML line (``#`` outside quotes), or None."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[i:]
+    return None
+
+
+def _split_key(key: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in key.split(".")]
+
+
+def _file_sources(layer: Mapping[str, Any], text: str) -> dict[str, str]:
+    """``{leaf dotted key: citation}`` from the ``# source:`` comments of one file.
+
+    A comment applies to the key on its own line or to the line directly
+    below it; on a table header or an inline table it covers every leaf below.
+    """
+    by_prefix: dict[str, str] = {}
+    table: list[str] = []
+    pending: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            match = _SOURCE_RE.search(stripped)
+            pending = match.group(1) if match else None
+            continue
+        comment = _comment(line)
+        match = _SOURCE_RE.search(comment) if comment else None
+        source = match.group(1) if match else pending
+        pending = None
+        header = _HEADER_RE.match(line)
+        if header:
+            table = _split_key(header.group(1))
+            if source:
+                by_prefix[".".join(table)] = source
+            continue
+        key = _KEY_RE.match(line)
+        if key and source:
+            by_prefix[".".join(table + _split_key(key.group(1)))] = source
+    out = {}
+    for leaf in _leaves(layer):
+        parts = leaf.split(".")
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in by_prefix:
+                out[leaf] = by_prefix[".".join(parts[:n])]
+                break
+    return out
