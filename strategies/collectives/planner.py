@@ -73,14 +73,17 @@ class CollectivePlanner:
             self._geometry[key] = found
         return found
 
-    def _available(self, kind: str, algorithm: str, geometry: alg.GroupGeometry) -> str | None:
-        """Why an algorithm cannot run here (None when it can)."""
+    def _available(self, kind: str, algorithm: str, geometry: alg.GroupGeometry,
+                   explicit: bool = False) -> str | None:
+        """Why an algorithm cannot (or, under ``auto``, would not) run here; None if it can."""
         spec = self.layout.spec
         if algorithm == "nvls":
             if not spec.scale_up.nvls:
                 return f"cluster {spec.name!r} has no NVLink SHARP (NVLS)"
             if geometry.num_domains > 1:
                 return "NVLS reduces inside one NVLink domain; the group spans several"
+        if algorithm == "tree" and geometry.num_domains == 1 and not explicit:
+            return "inside one NVLink domain NCCL runs rings, not trees"
         if algorithm == "hierarchical" and not geometry.uniform:
             return "hierarchical needs the same number of ranks in every NVLink domain"
         return None
@@ -125,7 +128,7 @@ class CollectivePlanner:
             candidates = [a for a in BUILDERS[kind]
                           if a not in _NOT_AUTO and self._available(kind, a, geometry) is None]
         else:
-            reason = self._available(kind, algorithm, geometry)
+            reason = self._available(kind, algorithm, geometry, explicit=True)
             if reason is not None:
                 raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
             candidates = [algorithm]
