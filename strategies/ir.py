@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
+from hardware.compute import COMPUTE_KINDS, ELEMENT_BYTES, canonical_dtype
+
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
 
@@ -39,7 +41,6 @@ COLLECTIVE_KINDS = (
     "sendrecv",
 )
 COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "direct")
-COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,3 +151,29 @@ class Program:
     def num_ops(self) -> int:
         """Total number of ops over all ranks."""
         return sum(len(ops) for ops in self.ops_by_rank.values())
+
+
+def matmul_op(name: str, b: int, m: int, n: int, k: int, dtype: str = "bf16", **kwargs) -> ComputeOp:
+    """A GEMM ``C[b,m,n] = A[b,m,k] @ B[b,k,n]`` as a ComputeOp.
+
+    ``flops = 2*b*m*n*k``; ``bytes = element_size * (b*m*k + b*k*n + b*m*n)`` (read A and B,
+    write C once: the minimum HBM traffic of a well-tiled GEMM). Extra keyword arguments
+    (``stream``, ``deps``) are passed to :class:`ComputeOp`.
+
+    Raises:
+        ValueError: a dimension is not a positive integer, or the dtype is unknown.
+    """
+    for dim_name, value in (("b", b), ("m", m), ("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"matmul_op {name!r} {dim_name}: {value!r} must be a positive integer")
+    canon = canonical_dtype(dtype)
+    size = ELEMENT_BYTES[canon]
+    return ComputeOp(
+        name=name,
+        kind="matmul",
+        flops=2.0 * b * m * n * k,
+        bytes=float(size * (b * m * k + b * k * n + b * m * n)),
+        shape=(b, m, n, k),
+        dtype=canon,
+        **kwargs,
+    )
