@@ -1,0 +1,108 @@
+"""The trainsim CLI: nccl-tests-shaped output and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *args):
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_default_job_prints_an_nccl_tests_table(capsys):
+    code, out, err = run_cli(capsys, "collective", "all_reduce", "--cluster", "dgx-h100",
+                             "--nodes", "1", "--gpus-per-node", "8")
+    assert code == 0, err
+    for header in ("size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)",
+                   "busbw (GB/s)"):
+        assert header in out
+    lines = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    sizes = [int(line[0]) for line in lines]
+    assert sizes[0] == 8 and sizes[-1] == 16 << 30 and len(sizes) == 32
+
+
+def test_json_has_the_documented_keys(capsys):
+    code, out, _ = run_cli(capsys, "collective", "all_gather", "--nodes", "2",
+                           "--min-bytes", "1M", "--max-bytes", "64M", "--format", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["size_bytes"] for r in rows] == [1 << s for s in range(20, 27)]
+    for row in rows:
+        assert {"size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "count", "algorithm",
+                "protocol"} <= row.keys()
+        # nccl-tests: all_gather size is the total, busbw = algbw * (n-1)/n
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 15 / 16)
+        assert row["algbw_GBps"] == pytest.approx(row["size_bytes"] / row["time_us"] / 1e3)
+
+
+def test_csv_and_overrides(capsys):
+    base = run_cli(capsys, "collective", "all_reduce", "--nodes", "4", "--min-bytes", "1G",
+                   "--max-bytes", "1G", "--format", "csv")[1]
+    slow = run_cli(capsys, "collective", "all_reduce", "--nodes", "4", "--min-bytes", "1G",
+                   "--max-bytes", "1G", "--format", "csv", "--set", "nic.gbit_per_s=100")[1]
+    header, value = base.splitlines()
+    assert header.startswith("size_bytes,count,type")
+    busbw = header.split(",").index("busbw_GBps")
+    assert float(slow.splitlines()[1].split(",")[busbw]) < 0.5 * float(value.split(",")[busbw])
+
+
+@pytest.mark.parametrize("args,field", [
+    (["collective", "all_reduce", "--cluster", "dgx-h900"], "cluster"),
+    (["collective", "all_reduce", "--max-bytes", "-5"], "max-bytes"),
+    (["collective", "all_reduce", "--min-bytes", "12XB"], "min-bytes"),
+    (["collective", "all_reduce", "--gpus-per-node", "9"], "gpus_per_node"),
+    (["collective", "all_reduce", "--algorithm", "butterfly"], "algorithm"),
+    (["collective", "all_gather", "--algorithm", "tree"], "algorithm"),
+    (["collective", "allreduce"], "op"),
+    (["collective", "all_reduce", "--fidelity", "packet"], "fidelity"),
+    (["collective", "all_reduce", "--format", "xml"], "format"),
+    (["collective", "all_reduce", "--nodes", "abc"], "--nodes"),
+    (["collective", "all_reduce", "--nodes", "4096"], "nodes"),
+    (["collective", "all_reduce", "--set", "nic.warp_speed=9"], "nic.warp_speed"),
+    (["collective", "all_reduce", "--algorithm", "nvls", "--nodes", "2"], "algorithm"),
+    (["hardware", "show", "nope"], "cluster"),
+])
+def test_bad_input_exits_nonzero_with_one_line(capsys, args, field):
+    code, out, err = run_cli(capsys, *args)
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and field in lines[0]
+    assert "Traceback" not in err
+
+
+def test_installed_script_reports_errors_without_traceback():
+    """The same through a real process (what a user's shell sees)."""
+    done = subprocess.run([sys.executable, "-m", "sim.cli", "collective", "all_reduce",
+                           "--cluster", "dgx-h900"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: cluster: 'dgx-h900' is not a preset; valid: ")
+    assert "Traceback" not in done.stderr
+
+
+def test_hardware_list_and_show(capsys):
+    code, out, _ = run_cli(capsys, "hardware", "list", "--format", "json")
+    names = {row["name"] for row in json.loads(out)}
+    assert {"dgx-a100", "dgx-h100", "dgx-h100-roce", "hgx-h200", "dgx-b200",
+            "gb200-nvl72"} <= names
+    code, out, _ = run_cli(capsys, "hardware", "show", "dgx-h100")
+    shown = json.loads(out)
+    assert shown["nic"]["gbit_per_s"] == 400
+    code, out, _ = run_cli(capsys, "hardware", "show", "dgx-h100", "--format", "table")
+    assert code == 0 and "NVIDIA" in out  # sources are printed beside the values
