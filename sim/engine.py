@@ -30,6 +30,7 @@ from sim.timeline import Timeline
 from strategies.collectives.algorithms import point_to_point
 from strategies.collectives.planner import CollectivePlanner
 from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
+from strategies.program_check import check_program
 
 
 class ComputeTimer(Protocol):
@@ -77,19 +78,24 @@ class Engine:
             program's ranks).
         fidelity: ``analytic`` or ``flow`` (network model).
         compute: prices compute ops; required when the program has any.
+        planner: collective planner to reuse (its plan cache) across runs on
+            the same layout.
+        check: validate the program first (:func:`strategies.program_check.check_program`).
 
     Raises:
         ValueError: when the program does not fit the layout or the fidelity
-            is unknown.
+            is unknown; ProgramError (a ValueError) for a malformed program.
     """
 
     def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "analytic",
                  compute: ComputeTimer | None = None,
-                 planner: CollectivePlanner | None = None) -> None:
+                 planner: CollectivePlanner | None = None, check: bool = True) -> None:
         if program.world_size > layout.world_size:
             raise ValueError(
                 f"world_size: the program has {program.world_size} ranks but the cluster "
                 f"layout has {layout.world_size} GPUs; give more nodes or GPUs per node")
+        if check:
+            check_program(program, world_size=layout.world_size)
         self.program = program
         self.layout = layout
         self.env = simpy.Environment()

@@ -108,23 +108,31 @@ def _check_collective(op: CollectiveOp, rank: int, index: int, world_size: int) 
         if member in seen:
             raise _fail(
                 rank, index, op,
-                f"group {group} (key {op.key!r}) lists rank {member} twice; give each rank once",
+                f"group {_short(group)} (key {op.key!r}) lists rank {member} twice; give each rank once",
             )
         seen.add(member)
     if rank not in seen:
         raise _fail(
             rank, index, op,
-            f"rank {rank} holds collective key {op.key!r} but is not in its group {group}; "
+            f"rank {rank} holds collective key {op.key!r} but is not in its group {_short(group)}; "
             "only group members may issue it",
         )
     if op.kind in _ROOTED_KINDS:
         if op.root is None:
-            raise _fail(rank, index, op, f"{op.kind} needs a root; give root= one of the group {group}")
+            raise _fail(rank, index, op, f"{op.kind} needs a root; give root= one of the group {_short(group)}")
         if op.root not in seen:
             raise _fail(
                 rank, index, op,
-                f"root={op.root!r} is not in the group {group}; give root= one of the group",
+                f"root={op.root!r} is not in the group {_short(group)}; give root= one of the group",
             )
+
+
+def _short(group: Sequence[int]) -> str:
+    """A group for a one-line message: all ranks if few, else the ends and the size."""
+    members = tuple(group)
+    if len(members) <= 8:
+        return str(members)
+    return f"({members[0]}, {members[1]}, ..., {members[-1]}) [{len(members)} ranks]"
 
 
 def _check_deps(deps: object, rank: int, index: int, op: object) -> None:

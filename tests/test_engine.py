@@ -113,8 +113,12 @@ def test_deadlock_is_reported_not_hung():
         1: [RecvOp(name="r", peer=0, size_bytes=8, tag="b"),
             SendOp(name="s", peer=0, size_bytes=8, tag="a")],
     }
-    with pytest.raises(RuntimeError, match="deadlock"):
-        run(Program(ops_by_rank=ops, world_size=2), gpn=2)
+    program = Program(ops_by_rank=ops, world_size=2)
+    with pytest.raises(ValueError, match="deadlock"):  # the validator, before running
+        run(program, gpn=2)
+    layout = ClusterLayout(load_cluster("dgx-h100"), 1, 2)
+    with pytest.raises(RuntimeError, match="deadlock"):  # and the engine, if asked not to check
+        Engine(program, layout, check=False).run()
 
 
 def test_program_larger_than_the_layout_is_rejected():

@@ -27,7 +27,8 @@ def run_collectives(cluster, nodes, gpn, ops_by_group, fidelity):
     ops = {}
     for index, (kind, group, size, algorithm) in enumerate(ops_by_group):
         op = CollectiveOp(name=f"c{index}", key=f"c{index}", kind=kind, group=tuple(group),
-                          size_bytes=size, algorithm=algorithm)
+                          size_bytes=size, algorithm=algorithm,
+                          root=tuple(group)[0] if kind in ("broadcast", "reduce") else None)
         for rank in group:
             ops.setdefault(rank, []).append(op)
     program = Program(ops_by_rank=ops, world_size=layout.world_size)
@@ -104,6 +105,7 @@ def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
     ("dgx-h100", 4, 8, "reduce_scatter", "ring"),
     ("dgx-h100", 4, 8, "broadcast", "ring"),
     ("dgx-h100", 4, 8, "sendrecv", "direct"),
+    ("dgx-h100", 4, 8, "alltoall", "direct"),
     ("dgx-a100", 3, 8, "all_reduce", "auto"),
     ("dgx-h100-roce", 40, 8, "all_reduce", "ring"),
     ("gb200-nvl72", 36, 4, "all_reduce", "ring"),
