@@ -14,9 +14,13 @@ from typing import Mapping
 import pandas as pd
 
 from hardware.catalog import cluster_to_dict, list_presets, load_cluster
+from hardware.compute import ComputeModel
 from hardware.spec import ClusterSpec
+from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
 from sim.collective_bench import collective_sweep, sweep_sizes
+from sim.engine import Engine, SimulationResult
+from strategies.ir import Program
 
 
 def resolve_cluster(cluster: str | ClusterSpec,
@@ -70,6 +74,37 @@ def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int =
                             else gpus_per_node,
                             sizes=sizes, algorithm=algorithm, fidelity=fidelity, dtype=dtype,
                             on_row=on_row)
+
+
+def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100",
+                     nodes: int = 1, gpus_per_node: int | None = None,
+                     fidelity: str = "analytic", overrides: Mapping[str, object] | None = None,
+                     trace_path: str | None = None) -> SimulationResult:
+    """Replay a Program on a cluster; optionally write a Chrome/Perfetto trace.
+
+    Compute ops are priced by the roofline model of the cluster's GPU.
+
+    Args:
+        program: what every rank does (validated before it runs).
+        cluster: preset name, preset file, or spec.
+        nodes, gpus_per_node: job shape (default: all GPUs of each node).
+        fidelity: ``analytic`` or ``flow``.
+        overrides: dotted preset keys to change.
+        trace_path: where to write the trace JSON (atomically), if given.
+
+    Returns:
+        The :class:`sim.engine.SimulationResult` (timeline, makespan, plans).
+
+    Raises:
+        ValueError: for a malformed program or a layout the cluster cannot hold.
+    """
+    spec = resolve_cluster(cluster, overrides)
+    layout = ClusterLayout(spec, nodes, spec.gpus_per_node if gpus_per_node is None
+                           else gpus_per_node)
+    result = Engine(program, layout, fidelity=fidelity, compute=ComputeModel(spec.gpu)).run()
+    if trace_path is not None:
+        result.timeline.write_chrome_trace(trace_path)
+    return result
 
 
 def hardware_list() -> pd.DataFrame:

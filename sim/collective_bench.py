@@ -18,6 +18,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from hardware.catalog import cluster_to_dict
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
@@ -141,5 +142,10 @@ def collective_sweep(kind: str, cluster: ClusterSpec, *, nodes: int, gpus_per_no
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    return pd.DataFrame([r.__dict__ for r in rows],
-                        columns=list(SweepRow.__dataclass_fields__))
+    df = pd.DataFrame([r.__dict__ for r in rows], columns=list(SweepRow.__dataclass_fields__))
+    # Principle 6: every result carries the resolved inputs that produced it.
+    df.attrs["inputs"] = {"op": kind, "cluster": cluster.name, "nodes": nodes,
+                          "gpus_per_node": gpus_per_node, "ranks": ranks, "algorithm": algorithm,
+                          "fidelity": fidelity, "dtype": dtype,
+                          "cluster_spec": cluster_to_dict(cluster)}
+    return df

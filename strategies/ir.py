@@ -101,8 +101,17 @@ class CollectiveOp:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SendOp:
-    """Send ``size_bytes`` to ``peer``; matched with the RecvOp of the same tag."""
+class _PeerOp:
+    """Fields shared by :class:`SendOp` and :class:`RecvOp`.
+
+    Attributes:
+        name: label shown in timelines.
+        peer: the other rank.
+        size_bytes: bytes moved.
+        tag: matches a send with its recv (same src, dst and tag).
+        stream: stream the op runs on.
+        deps: indices of earlier ops of the same rank this op waits for.
+    """
 
     name: str
     peer: int
@@ -113,15 +122,14 @@ class SendOp:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RecvOp:
-    """Receive ``size_bytes`` from ``peer``; completes when the data has arrived."""
+class SendOp(_PeerOp):
+    """Send ``size_bytes`` to ``peer``; completes with the matching RecvOp
+    (NCCL's send/recv is a rendezvous)."""
 
-    name: str
-    peer: int
-    size_bytes: int
-    tag: str
-    stream: str = COMM_STREAM
-    deps: tuple[int, ...] = ()
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecvOp(_PeerOp):
+    """Receive ``size_bytes`` from ``peer``; completes when the data has arrived."""
 
 
 Op = Union[ComputeOp, CollectiveOp, SendOp, RecvOp]
