@@ -26,11 +26,11 @@ from hardware.compute import (
     matmul_efficiency,
     matmul_profiles,
 )
+from conftest import SHARED_DATA, require_shared_data
 from hardware.spec import GpuSpec
 from strategies.ir import ComputeOp, matmul_op
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 XLA_TABLE = SHARED_DATA / "xla_gpu_matmul_perf_table.csv"
 
 # H100 SXM5 80GB, dense peaks from the NVIDIA datasheet; max achievable matmul efficiency
@@ -93,8 +93,7 @@ def rel(a: float, b: float) -> float:
 
 
 def load_sm90_bf16_grid() -> list[tuple[int, int, int, int, float]]:
-    if not XLA_TABLE.exists():
-        pytest.skip(f"published data not found at {XLA_TABLE}")
+    require_shared_data(XLA_TABLE)
     with XLA_TABLE.open(newline="") as fh:
         rows = [
             (int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r["flops_per_s"]))
@@ -146,8 +145,7 @@ def test_whole_sm90_bf16_grid_error():
 
 def test_table_is_reproducible_from_published_data():
     """The CSV is what tools/derive_matmul_efficiency.py computes (no hand edits)."""
-    if not XLA_TABLE.exists():
-        pytest.skip(f"published data not found at {XLA_TABLE}")
+    require_shared_data(XLA_TABLE)
     result = subprocess.run(
         [sys.executable, str(REPO / "tools" / "derive_matmul_efficiency.py"), "--check", "--quiet"],
         capture_output=True,

@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import csv
 import statistics
-from pathlib import Path
-
 import pytest
 
+from conftest import SHARED_DATA, require_shared_data
 from hardware.catalog import load_cluster
 from sim.collective_bench import collective_sweep
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 MEDIAN_TOLERANCE = 0.10
 POINT_TOLERANCE = 0.10
 MiB = 1 << 20
 
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
-
-
 def _rows(name: str) -> list[dict[str, str]]:
-    with open(DATA / name, newline="") as handle:
+    with open(require_shared_data(DATA / name), newline="") as handle:
         return list(csv.DictReader(handle))
 
 
