@@ -51,7 +51,7 @@ def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int =
         cluster: preset name, preset file, or spec.
         nodes: nodes in the job.
         gpus_per_node: GPUs used per node (default: all of the preset's).
-        algorithm: ``auto``, ``ring``, ``tree``, ``nvls``, ``hierarchical``
+        algorithm: ``auto``, ``ring``, ``tree``, ``nvls``, ``nvls_tree``, ``hierarchical``
             (all_reduce) or ``direct`` (alltoall, sendrecv).
         min_bytes, max_bytes: sweep bounds in bytes or with a suffix ("16GiB").
         step_factor: multiply the size by this each step (nccl-tests -f).

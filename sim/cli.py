@@ -57,7 +57,7 @@ def collective(
     cluster: str = typer.Option("dgx-h100", help="Preset name or preset TOML file."),
     nodes: int = typer.Option(1, help="Nodes in the job."),
     gpus_per_node: Optional[int] = typer.Option(None, help="GPUs per node (default: all)."),
-    algorithm: str = typer.Option("auto", help="auto, ring, tree, nvls, hierarchical, direct."),
+    algorithm: str = typer.Option("auto", help="auto, ring, tree, nvls, nvls_tree, hierarchical, direct."),
     min_bytes: str = typer.Option("8", help="Smallest size (bytes; K/M/G suffixes binary)."),
     max_bytes: str = typer.Option("16GiB", help="Largest size."),
     step_factor: int = typer.Option(2, help="Size multiplier between lines (nccl-tests -f)."),

@@ -40,7 +40,7 @@ COLLECTIVE_KINDS = (
     "reduce",
     "sendrecv",
 )
-COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "direct")
+COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical", "direct")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -100,6 +100,8 @@ def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
     ("dgx-h100", 2, 8, "all_reduce", "ring"),
     ("dgx-h100", 4, 8, "all_reduce", "tree"),
     ("dgx-h100", 4, 8, "all_reduce", "hierarchical"),
+    ("dgx-h100", 2, 8, "all_reduce", "nvls_tree"),
+    ("dgx-b200", 8, 8, "all_reduce", "nvls_tree"),
     ("dgx-h100", 64, 8, "all_reduce", "ring"),
     ("dgx-h100", 4, 8, "all_gather", "ring"),
     ("dgx-h100", 4, 8, "reduce_scatter", "ring"),

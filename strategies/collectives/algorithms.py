@@ -221,6 +221,25 @@ def nvls_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     return [Phase("nvls", transfers, 2, 0, 0)]
 
 
+def nvls_tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
+    """NCCL's NVLS_TREE for several domains: NVLS reduces inside each domain so
+    that member ``i`` holds shard ``i`` (S/L), member ``i`` of every domain
+    all-reduces its shard over a double binary tree through its own NIC, and
+    NVLS multicasts the result back; the stages run pipelined, as one phase."""
+    domains = geometry.domains
+    width = geometry.local_size
+    trees, height = double_binary_trees(len(domains))
+    shard = size_bytes / width / 2  # each of the two trees carries half of a shard
+    transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
+                 for m in members]
+    for parents in trees:
+        for d, parent in parents.items():
+            for i in range(width):
+                below, above = domains[d][i], domains[parent][i]
+                transfers += [Transfer(below, above, shard), Transfer(above, below, shard)]
+    return [Phase("nvls_tree", tuple(transfers), 2, 2 * height, geometry.switch_hops)]
+
+
 def hierarchical_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     """Reduce-scatter inside each domain, all-reduce of the 1/L shards across
     domains (one ring per local index, on its own rail), all-gather inside."""

@@ -24,6 +24,7 @@ BUILDERS: dict[str, dict[str, Builder]] = {
         "ring": alg.ring_all_reduce,
         "tree": alg.tree_all_reduce,
         "nvls": alg.nvls_all_reduce,
+        "nvls_tree": alg.nvls_tree_all_reduce,
         "hierarchical": alg.hierarchical_all_reduce,
     },
     "all_gather": {"ring": alg.ring_gather_scatter("all_gather")},
@@ -34,7 +35,8 @@ BUILDERS: dict[str, dict[str, Builder]] = {
     "sendrecv": {"direct": alg.direct_sendrecv},
 }
 #: Base-latency family of each algorithm.
-FAMILY = {"ring": "ring", "tree": "tree", "nvls": "nvls", "hierarchical": "ring",
+FAMILY = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvls_tree": "nvls",
+          "hierarchical": "ring",
           "direct": "direct"}
 _NOT_AUTO = {"hierarchical"}
 
@@ -77,11 +79,18 @@ class CollectivePlanner:
                    explicit: bool = False) -> str | None:
         """Why an algorithm cannot (or, under ``auto``, would not) run here; None if it can."""
         spec = self.layout.spec
-        if algorithm == "nvls":
+        if algorithm in ("nvls", "nvls_tree"):
             if not spec.scale_up.nvls:
                 return f"cluster {spec.name!r} has no NVLink SHARP (NVLS)"
-            if geometry.num_domains > 1:
-                return "NVLS reduces inside one NVLink domain; the group spans several"
+            if geometry.local_size < 2:
+                return "NVLS needs at least 2 ranks in every NVLink domain"
+        if algorithm == "nvls" and geometry.num_domains > 1:
+            return "NVLS reduces inside one NVLink domain; use nvls_tree across domains"
+        if algorithm == "nvls_tree":
+            if geometry.num_domains == 1:
+                return "nvls_tree joins several NVLink domains; use nvls inside one"
+            if not geometry.uniform:
+                return "nvls_tree needs the same number of ranks in every NVLink domain"
         if algorithm == "tree" and geometry.num_domains == 1 and not explicit:
             return "inside one NVLink domain NCCL runs rings, not trees"
         if algorithm == "hierarchical" and not geometry.uniform:
@@ -147,7 +156,7 @@ class CollectivePlanner:
         return best[1]
 
     def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
-        if algorithm == "nvls":
+        if algorithm in ("nvls", "nvls_tree"):
             return ["Simple"] if protocol in ("auto", "Simple") else []
         if protocol != "auto":
             return [protocol]
