@@ -46,6 +46,7 @@ class _Rendezvous:
     expected: int
     arrived: int = 0
     done: simpy.Event | None = None
+    started_ns: int = 0
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Engine:
         self._done: dict[int, list[simpy.Event]] = {}
         self._meetings: dict[object, _Rendezvous] = {}
         self._plans: dict[str, str] = {}
+        self._present_cache: dict[tuple[int, ...], int] = {}
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -157,34 +159,51 @@ class Engine:
                 pending = [done[d] for d in op.deps if not done[d].triggered]
                 if pending:
                     yield self.env.all_of(pending)
-            start = self.env.now
-            yield from self._execute(rank, op)
-            self._record(rank, op, start, self.env.now)
+            issued = self.env.now
+            started = yield from self._execute(rank, op)
+            self._record(rank, op, issued if started is None else started, self.env.now)
             done[index].succeed()
 
-    def _execute(self, rank: int, op: Op) -> Iterator[simpy.Event]:
+    def _execute(self, rank: int, op: Op):
+        """Run one op; return when its work started (communication: when the last
+        participant arrived and data began to move), or None for compute."""
         if isinstance(op, ComputeOp):
             if self.compute is None:
                 raise ValueError(
                     f"compute: op {op.name!r} needs a compute model; pass compute=ComputeModel(gpu)")
             yield self.env.timeout(self.compute.duration_ns(op))
-        elif isinstance(op, CollectiveOp):
-            yield self._meet(op.key, len(op.group), lambda: self._collective_plan(op))
+            return None
+        if isinstance(op, CollectiveOp):
+            meeting = self._meet(op.key, self._members_present(op),
+                                 lambda: self._collective_plan(op))
         elif isinstance(op, SendOp):
-            yield self._meet(("p2p", rank, op.peer, op.tag), 2,
-                             lambda: point_to_point(self.layout, rank, op.peer, op.size_bytes))
+            meeting = self._meet(("p2p", rank, op.peer, op.tag), 2,
+                                 lambda: point_to_point(self.layout, rank, op.peer, op.size_bytes))
         elif isinstance(op, RecvOp):
-            yield self._meet(("p2p", op.peer, rank, op.tag), 2,
-                             lambda: point_to_point(self.layout, op.peer, rank, op.size_bytes))
+            meeting = self._meet(("p2p", op.peer, rank, op.tag), 2,
+                                 lambda: point_to_point(self.layout, op.peer, rank, op.size_bytes))
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
+        yield meeting.done
+        return meeting.started_ns
+
+    def _members_present(self, op: CollectiveOp) -> int:
+        """Members a collective waits for: all of them, or in a symmetry-reduced
+        program only those listed (the others mirror their representative)."""
+        if self.program.represents is None:
+            return len(op.group)
+        present = self._present_cache.get(op.group)
+        if present is None:
+            present = sum(1 for r in op.group if r in self.program.ops_by_rank)
+            self._present_cache[op.group] = present
+        return present
 
     def _collective_plan(self, op: CollectiveOp) -> CommPlan:
         plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
         self._plans[op.key] = f"{plan.label}/{plan.protocol}"
         return plan
 
-    def _meet(self, key: object, expected: int, make_plan) -> simpy.Event:
+    def _meet(self, key: object, expected: int, make_plan) -> _Rendezvous:
         """Arrive at a rendezvous; the last to arrive starts the communication."""
         meeting = self._meetings.get(key)
         if meeting is None:
@@ -193,8 +212,9 @@ class Engine:
         meeting.arrived += 1
         if meeting.arrived == meeting.expected:
             del self._meetings[key]
+            meeting.started_ns = self.env.now
             self.env.process(self._communicate(make_plan(), meeting.done))
-        return meeting.done
+        return meeting
 
     def _communicate(self, plan: CommPlan, done: simpy.Event) -> Iterator[simpy.Event]:
         yield from self.fabric.run(plan)

@@ -24,10 +24,11 @@ import json
 import math
 import operator
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+from sim.atomic_io import write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -458,35 +459,47 @@ class Timeline:
         return {name: tid for tid, name in enumerate(ordered, start=1)}
 
     @_gc_paused()
-    def to_chrome_trace(self) -> dict[str, Any]:
+    def to_chrome_trace(self, *, process_of: Callable[[int], int] | None = None,
+                        process_label: str = "node") -> dict[str, Any]:
         """The timeline in Chrome/Perfetto Trace Event Format.
 
         Returns ``{"traceEvents": [...], "displayTimeUnit": "ns",
-        "otherData": metadata}``. Metadata events (``"ph": "M"``) come first:
-        ``process_name`` ``"rank N"`` per rank (``pid`` = rank) and
-        ``thread_name`` per stream (integer ``tid``, the same for a stream
-        name on every rank: ``compute``, then ``comm``, then the rest
-        alphabetically), each with a sort index. Then one complete event
-        (``"ph": "X"``) per span in sorted order: ``ts``/``dur`` in
-        microseconds (floats), ``name`` = op, ``cat`` = category or kind,
-        ``args`` = ``{"bytes", "flops"}``.
+        "otherData": metadata}``. Metadata events (``"ph": "M"``) come first,
+        then one complete event (``"ph": "X"``) per span in sorted order:
+        ``ts``/``dur`` in microseconds (floats), ``name`` = op, ``cat`` =
+        category or kind, ``args`` = ``{"bytes", "flops"}``.
+
+        By default a process is a rank (``pid`` = rank, named ``"rank N"``) and
+        a thread is a stream (integer ``tid``, the same for a stream name on
+        every rank: ``compute``, then ``comm``, then the rest alphabetically).
+        With ``process_of`` (e.g. rank -> node), a process groups several ranks
+        (named ``"<process_label> P"``) and each (rank, stream) is a thread
+        named ``"rank R <stream>"``.
         """
         tids = self._stream_tids()
         rows = self._sorted_rows()
+        grouped = process_of is not None
+        pid_of = process_of if grouped else (lambda rank: rank)
+        width = len(tids) + 1
+
+        def tid_of(rank: int, stream: str) -> int:
+            return rank * width + tids[stream] if grouped else tids[stream]
+
         events: list[dict[str, Any]] = []
-        for rank in sorted({row[1] for row in rows}):
-            events.append(
-                {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}
-            )
-            events.append(
-                {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
-            )
-        for rank, stream in sorted({(row[1], row[2]) for row in rows}, key=lambda rs: (rs[0], tids[rs[1]])):
-            tid = tids[stream]
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": stream}})
-            events.append(
-                {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}}
-            )
+        for pid in sorted({pid_of(row[1]) for row in rows}):
+            name = f"{process_label} {pid}" if grouped else f"rank {pid}"
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": name}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": pid}})
+        for rank, stream in sorted({(row[1], row[2]) for row in rows},
+                                   key=lambda rs: (rs[0], tids[rs[1]])):
+            tid = tid_of(rank, stream)
+            label = f"rank {rank} {stream}" if grouped else stream
+            events.append({"ph": "M", "name": "thread_name", "pid": pid_of(rank), "tid": tid,
+                           "args": {"name": label}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid_of(rank),
+                           "tid": tid, "args": {"sort_index": tid}})
         plain = (int, float)
         events.extend(
             {
@@ -495,8 +508,8 @@ class Timeline:
                 "ph": "X",
                 "ts": start / 1000.0,
                 "dur": (end - start) / 1000.0,
-                "pid": rank,
-                "tid": tids[stream],
+                "pid": pid_of(rank),
+                "tid": tid_of(rank, stream),
                 "args": {
                     "bytes": nbytes if type(nbytes) in plain and math.isfinite(nbytes) else _jsonable(nbytes),
                     "flops": flops if type(flops) in plain and math.isfinite(flops) else _jsonable(flops),
@@ -506,44 +519,17 @@ class Timeline:
         )
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": _jsonable(self.metadata)}
 
-    def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+    def write_chrome_trace(self, path: str | os.PathLike[str], *,
+                           process_of: Callable[[int], int] | None = None,
+                           process_label: str = "node") -> Path:
         """Write :meth:`to_chrome_trace` as JSON to ``path`` atomically; return the path.
 
-        The JSON goes to a temporary file in the same directory, which is
-        flushed, fsynced and then renamed over ``path`` with :func:`os.replace`,
-        so readers see either the old file or the complete new one. The
-        temporary file is removed if anything fails.
+        Readers see either the old file or the complete new one
+        (:func:`sim.atomic_io.write_bytes_atomic`).
         """
-        target = Path(path)
-        directory = target.parent
         with _gc_paused():
-            data = json.dumps(self.to_chrome_trace(), separators=(",", ":")).encode("utf-8")
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            try:
-                os.unlink(tmp_name)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_directory(directory)
-        return target
+            trace = self.to_chrome_trace(process_of=process_of, process_label=process_label)
+            data = json.dumps(trace, separators=(",", ":")).encode("utf-8")
+        return write_bytes_atomic(path, data)
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Persist a rename on POSIX; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -145,12 +145,18 @@ class Program:
         world_size: number of ranks of the job (ranks are ``0..world_size-1``).
         name: label for reports.
         metadata: free-form provenance (model, plan, ...), copied to results.
+        represents: for a symmetry-reduced program (DESIGN.md principle 5),
+            ``{rank: number of ranks it stands for}`` over the ranks listed;
+            a collective then waits only for the group members present, the
+            absent ones behaving exactly like their representative. None for
+            a full program, where every group member must issue its part.
     """
 
     ops_by_rank: Mapping[int, Sequence[Op]]
     world_size: int
     name: str = "program"
     metadata: Mapping[str, object] = field(default_factory=dict)
+    represents: Mapping[int, int] | None = None
 
     def ranks(self) -> list[int]:
         """Ranks with at least one op, ascending."""

@@ -216,7 +216,8 @@ _SIGNATURE_FIELDS = ("kind", "group", "size_bytes", "algorithm", "dtype", "root"
 
 
 def _check_collectives(
-    collective_ops: list[tuple[int, int, CollectiveOp]], ops_by_rank: dict[int, Sequence[object]]
+    collective_ops: list[tuple[int, int, CollectiveOp]], ops_by_rank: dict[int, Sequence[object]],
+    reduced: bool = False,
 ) -> dict:
     """Match collectives by key; return ``{key: [(rank, index), ...]}``.
 
@@ -253,7 +254,9 @@ def _check_collectives(
                 )
         issued = {rank for rank, _ in holders}
         for member in ref.group:
-            if member not in issued:
+            # A reduced program (Program.represents) lists one rank per class:
+            # absent members behave like their representative.
+            if member not in issued and (not reduced or member in ops_by_rank):
                 raise _fail(
                     ref_rank, ref_index, ref,
                     f"unmatched collective: key {key!r} has group {tuple(ref.group)} but rank {member} never "
@@ -514,7 +517,8 @@ def check_program(program: Program, *, world_size: int | None = None) -> None:
         p2p_ops: list = []
         for rank in ranks:
             _check_local(rank, ops[rank], world_size, collective_ops, p2p_ops)
-        collectives = _check_collectives(collective_ops, ops)
+        collectives = _check_collectives(collective_ops, ops,
+                                         reduced=program.represents is not None)
         recv_to_send = _check_p2p(p2p_ops, ops)
         _check_deadlock(ranks, ops, collectives, recv_to_send)
     finally:
