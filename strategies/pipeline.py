@@ -1,0 +1,713 @@
+"""Pipeline-parallel schedules as per-rank action lists.
+
+Notation (PyTorch ``torch.distributed.pipelining`` ``_Action``): an action is
+``(stage, computation, microbatch)`` printed ``f"{stage}{comp}{mb}"``:
+
+* ``0F1``: forward of stage 0 on micro-batch 1;
+* ``3B0``: full backward of stage 3 on micro-batch 0;
+* ``2I1``: backward for the *input* only (activation gradient) — zero-bubble
+  schedules split B into I and W;
+* ``2W1``: backward for the *weights* only.
+
+Stages are GLOBAL virtual stage indices ``0 .. pp*vpp - 1``. With interleaving
+(``vpp > 1``) pipeline rank ``r`` holds stages ``r, r + pp, r + 2*pp, ...``
+(Megatron-LM's interleaved layout), so stage ``s`` lives on rank ``s % pp``.
+Micro-batches are ``0 .. m-1``.
+
+Schedules (:data:`PIPELINE_SCHEDULES`, the same names as
+``strategies.plan.SCHEDULES``):
+
+* ``gpipe``: every forward, then every backward (Huang et al. 2019).
+* ``1f1b``: PipeDream-flush / Megatron non-interleaved 1F1B (Narayanan et al.
+  2021): rank ``r`` does ``min(pp - r - 1, m)`` warm-up forwards, then
+  alternates one forward and one backward, then drains the backwards.
+* ``interleaved``: Megatron interleaved 1F1B (Narayanan et al. 2021,
+  arXiv 2104.04473 §2.2), ``vpp > 1`` model chunks per rank.
+* ``zb-h1``: Zero Bubble H1 (Qi et al. 2023, arXiv 2401.10241 §2.1): 1F1B
+  with B split into I and W; rank ``r`` defers up to ``r`` weight passes, so
+  every rank holds at most ``pp`` micro-batches between F and W (1F1B's
+  peak) and the deferred W passes fill the cool-down bubbles.
+
+Dependencies between actions (used by :func:`check_schedule` and
+:func:`simulate_unit_times`), with ``S = pp * vpp`` stages:
+
+* ``F(s, j)`` needs ``F(s-1, j)`` (for ``s > 0``);
+* ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, for ``s < S-1``, the
+  backward-input of stage ``s+1`` on ``j`` (its B or its I);
+* ``W(s, j)`` needs ``I(s, j)``;
+* actions of one rank run one at a time, in list order.
+
+Point-to-point transfers are assumed buffered (a send never waits for its
+receiver); only compute is ordered. Times in this module are in whatever unit
+the caller uses (the engine uses integer nanoseconds); with ``int`` or
+:class:`fractions.Fraction` durations every result is exact.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Rational, Real
+from typing import NamedTuple, Sequence, Union
+
+__all__ = [
+    "PIPELINE_SCHEDULES",
+    "COMPUTATIONS",
+    "Action",
+    "parse_action",
+    "parse_actions",
+    "format_schedule",
+    "schedule_actions",
+    "stage_of_rank",
+    "stages_of_rank",
+    "PeerStages",
+    "peer_stages",
+    "send_target",
+    "check_schedule",
+    "max_inflight_microbatches",
+    "ScheduleTiming",
+    "simulate_unit_times",
+]
+
+#: Pipeline schedules this module builds (kept equal to ``plan.SCHEDULES``).
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+#: Compute actions: Forward, full Backward, backward-Input, backward-Weight.
+COMPUTATIONS = ("F", "B", "I", "W")
+
+_ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One compute action of a pipeline rank.
+
+    Attributes:
+        stage: global virtual stage index (``0 .. pp*vpp - 1``).
+        comp: ``"F"`` forward, ``"B"`` full backward, ``"I"`` backward for
+            the input only, ``"W"`` backward for the weights only.
+        microbatch: micro-batch index (``0 .. m-1``).
+
+    ``str(Action(0, "F", 1)) == "0F1"`` (PyTorch pipelining notation).
+    """
+
+    stage: int
+    comp: str
+    microbatch: int
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.stage) or self.stage < 0:
+            raise ValueError(f"Action.stage={self.stage!r} is invalid; valid: an int >= 0")
+        if self.comp not in COMPUTATIONS:
+            raise ValueError(f"Action.comp={self.comp!r} is invalid; valid: one of {COMPUTATIONS}")
+        if not _is_int(self.microbatch) or self.microbatch < 0:
+            raise ValueError(f"Action.microbatch={self.microbatch!r} is invalid; valid: an int >= 0")
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.comp}{self.microbatch}"
+
+
+def parse_action(text: str) -> Action:
+    """Parse ``"0F1"`` (stage, computation, micro-batch) into an :class:`Action`.
+
+    Raises:
+        ValueError: if ``text`` is not ``<stage><F|B|I|W><microbatch>`` with
+            non-negative decimal integers.
+    """
+    match = _ACTION_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"action text={text!r} is invalid; valid: '<stage><F|B|I|W><microbatch>', e.g. '0F1'"
+        )
+    return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+def parse_actions(rows: Sequence[Sequence[str] | str]) -> list[list[Action]]:
+    """Parse per-rank action lists; a row may be a list of strings or one
+    whitespace-separated string (``"0F0 0F1 0B0"``)."""
+    out = []
+    for row in rows:
+        items = row.split() if isinstance(row, str) else row
+        out.append([parse_action(item) for item in items])
+    return out
+
+
+def format_schedule(actions: Sequence[Sequence[Action]]) -> str:
+    """One line per rank: ``"rank 0: 0F0 0F1 0B0 ..."``."""
+    return "\n".join(
+        f"rank {rank}: " + " ".join(str(a) for a in row) for rank, row in enumerate(actions)
+    )
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def stage_of_rank(stage: int, pp: int) -> int:
+    """The pipeline rank that holds global virtual stage ``stage``: ``stage % pp``.
+
+    (Named for the mapping "stage -> its rank" in the interleaved layout where
+    rank ``r`` holds stages ``r, r+pp, r+2pp, ...``.)
+
+    Raises:
+        ValueError: if ``pp < 1`` or ``stage < 0``.
+    """
+    _check_pos_int("pp", pp)
+    if not _is_int(stage) or stage < 0:
+        raise ValueError(f"stage={stage!r} is invalid; valid: an int >= 0")
+    return stage % pp
+
+
+def stages_of_rank(rank: int, pp: int, vpp: int = 1) -> list[int]:
+    """Global virtual stages held by pipeline rank ``rank``: ``rank + c*pp``
+    for model chunk ``c = 0 .. vpp-1``.
+
+    Raises:
+        ValueError: if ``rank`` is outside ``0 .. pp-1`` or pp/vpp < 1.
+    """
+    _check_pos_int("pp", pp)
+    _check_pos_int("vpp", vpp)
+    if not _is_int(rank) or not 0 <= rank < pp:
+        raise ValueError(f"rank={rank!r} is invalid; valid: 0 .. {pp - 1} (pp={pp})")
+    return [rank + chunk * pp for chunk in range(vpp)]
+
+
+class PeerStages(NamedTuple):
+    """Where a stage's outputs go (global stage indices; None at a pipeline end).
+
+    Attributes:
+        activations_to: stage receiving this stage's forward activations (s+1).
+        gradients_to: stage receiving this stage's input gradients (s-1).
+    """
+
+    activations_to: int | None
+    gradients_to: int | None
+
+
+def peer_stages(stage: int, pp: int, vpp: int = 1) -> PeerStages:
+    """Peers of ``stage`` in a pipeline of ``pp * vpp`` stages: the forward of
+    stage ``s`` sends activations to ``s+1`` (held by rank ``(s+1) % pp``), the
+    backward (B or I) sends gradients to ``s-1``.
+
+    Raises:
+        ValueError: if ``stage`` is outside ``0 .. pp*vpp-1``.
+    """
+    _check_pos_int("pp", pp)
+    _check_pos_int("vpp", vpp)
+    num_stages = pp * vpp
+    if not _is_int(stage) or not 0 <= stage < num_stages:
+        raise ValueError(
+            f"stage={stage!r} is invalid; valid: 0 .. {num_stages - 1} (pp*vpp={pp}*{vpp})"
+        )
+    return PeerStages(
+        activations_to=stage + 1 if stage + 1 < num_stages else None,
+        gradients_to=stage - 1 if stage > 0 else None,
+    )
+
+
+def send_target(action: Action, pp: int, vpp: int = 1) -> tuple[int, int] | None:
+    """``(stage, rank)`` the output of ``action`` is sent to, or None (W
+    actions, the last stage's F, the first stage's B/I).
+
+    The send is point-to-point only if the target rank differs from the
+    action's own rank (with ``pp == 1`` everything stays on rank 0).
+    """
+    peers = peer_stages(action.stage, pp, vpp)
+    if action.comp == "F":
+        target = peers.activations_to
+    elif action.comp in ("B", "I"):
+        target = peers.gradients_to
+    else:
+        target = None
+    return None if target is None else (target, target % pp)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_pos_int(name: str, value: object) -> None:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+
+
+def _validate_schedule_args(schedule: str, pp: int, microbatches: int, vpp: int) -> None:
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is invalid; valid: one of {PIPELINE_SCHEDULES}")
+    _check_pos_int("pp", pp)
+    _check_pos_int("microbatches", microbatches)
+    _check_pos_int("vpp", vpp)
+    if schedule == "interleaved":
+        if vpp < 2:
+            raise ValueError(
+                f"vpp={vpp} is invalid for schedule='interleaved'; valid: vpp >= 2 "
+                f"(use '1f1b' for vpp=1)"
+            )
+        if microbatches % pp != 0:
+            raise ValueError(
+                f"microbatches={microbatches} is invalid for schedule='interleaved' with pp={pp}; "
+                f"valid: a multiple of pp (e.g. {pp * max(1, -(-microbatches // pp))})"
+            )
+    elif vpp != 1:
+        raise ValueError(
+            f"vpp={vpp} is invalid for schedule={schedule!r}; valid: vpp=1 "
+            f"(virtual stages need schedule='interleaved')"
+        )
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def schedule_actions(schedule: str, pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
+    """The ordered compute actions of every pipeline rank (index = rank).
+
+    Args:
+        schedule: one of :data:`PIPELINE_SCHEDULES`.
+        pp: pipeline-parallel size (ranks), >= 1.
+        microbatches: micro-batches per step ``m``, >= 1. Any ``m >= 1`` is
+            valid for ``gpipe``, ``1f1b`` and ``zb-h1`` (with ``m < pp`` the
+            warm-up is simply cut short); ``interleaved`` needs ``m % pp == 0``.
+        vpp: model chunks (virtual stages) per rank; must be 1 except for
+            ``interleaved``, which needs ``vpp >= 2``.
+
+    Returns:
+        ``pp`` lists of :class:`Action`; stages are global virtual stage
+        indices. ``gpipe``, ``1f1b`` and ``interleaved`` use full backwards
+        (``B``); ``zb-h1`` uses ``I`` + ``W``.
+
+    Raises:
+        ValueError: on an unknown schedule or invalid pp/microbatches/vpp
+            (one line naming the field, its value and what is valid).
+    """
+    _validate_schedule_args(schedule, pp, microbatches, vpp)
+    builder = {
+        "gpipe": _gpipe,
+        "1f1b": _one_f_one_b,
+        "interleaved": _interleaved,
+        "zb-h1": _zb_h1,
+    }[schedule]
+    return [builder(rank, pp, microbatches, vpp) for rank in range(pp)]
+
+
+def _gpipe(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    return [Action(rank, "F", j) for j in range(m)] + [Action(rank, "B", j) for j in range(m)]
+
+
+def _one_f_one_b(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    warmup = min(pp - rank - 1, m)
+    out = [Action(rank, "F", j) for j in range(warmup)]
+    for k in range(m - warmup):  # steady state: one forward, one backward
+        out.append(Action(rank, "F", warmup + k))
+        out.append(Action(rank, "B", k))
+    out += [Action(rank, "B", j) for j in range(m - warmup, m)]  # cool-down
+    return out
+
+
+def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    """Megatron interleaved 1F1B for one rank.
+
+    The rank walks ``m * vpp`` "virtual micro-batches" k. Micro-batches go in
+    groups of ``pp``: within a round of ``pp * vpp`` consecutive k, the first
+    ``pp`` run chunk 0 on micro-batches ``g*pp .. g*pp+pp-1``, the next ``pp``
+    run chunk 1 on the same micro-batches, and so on. Backwards walk the
+    chunks in reverse order (last chunk first). Warm-up is
+    ``(pp - rank - 1) * 2 + (vpp - 1) * pp`` forwards (all of them when
+    ``m == pp``, as Megatron does), then one forward + one backward per step,
+    then the remaining backwards.
+    """
+    total = m * vpp
+    group = pp * vpp
+
+    def chunk_and_mb(k: int, forward: bool) -> tuple[int, int]:
+        chunk = (k % group) // pp
+        if not forward:
+            chunk = vpp - 1 - chunk
+        microbatch = (k // group) * pp + k % pp
+        return chunk, microbatch
+
+    def fwd(k: int) -> Action:
+        chunk, mb = chunk_and_mb(k, True)
+        return Action(rank + chunk * pp, "F", mb)
+
+    def bwd(k: int) -> Action:
+        chunk, mb = chunk_and_mb(k, False)
+        return Action(rank + chunk * pp, "B", mb)
+
+    if m == pp:
+        warmup = total
+    else:
+        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+    out = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        out.append(fwd(warmup + k))
+        out.append(bwd(k))
+    out += [bwd(k) for k in range(total - warmup, total)]
+    return out
+
+
+def _zb_h1(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    """ZB-H1 for one rank: 1F1B's F / backward order with B split into I and
+    W; after each I, a W is issued only if more than ``rank`` weight passes are
+    pending, and the deferred W passes close the schedule (filling the
+    cool-down bubbles). The last rank thus starts its I passes earliest."""
+    warmup = min(pp - rank - 1, m)
+    out = [Action(rank, "F", j) for j in range(warmup)]
+    next_f, next_i, next_w = warmup, 0, 0
+
+    def input_then_maybe_weight() -> None:
+        nonlocal next_i, next_w
+        out.append(Action(rank, "I", next_i))
+        next_i += 1
+        if next_i - next_w > rank:
+            out.append(Action(rank, "W", next_w))
+            next_w += 1
+
+    while next_f < m:
+        out.append(Action(rank, "F", next_f))
+        next_f += 1
+        input_then_maybe_weight()
+    while next_i < m:
+        input_then_maybe_weight()
+    out += [Action(rank, "W", j) for j in range(next_w, m)]
+    return out
+
+
+# --------------------------------------------------------------------------- checking & timing
+
+Number = Union[int, float, Fraction]
+Durations = Union[Number, Sequence[Number]]
+
+
+def _structure(
+    actions: Sequence[Sequence[Action]], pp: int, vpp: int, microbatches: int | None
+) -> int:
+    """Check placement and completeness; return the number of micro-batches."""
+    _check_pos_int("pp", pp)
+    _check_pos_int("vpp", vpp)
+    if len(actions) != pp:
+        raise ValueError(f"actions has {len(actions)} rank lists; valid: exactly pp={pp}")
+    num_stages = pp * vpp
+    seen: dict[tuple[int, str, int], int] = {}
+    mbs = set()
+    for rank, row in enumerate(actions):
+        for index, action in enumerate(row):
+            if not isinstance(action, Action):
+                raise ValueError(
+                    f"actions[{rank}][{index}]={action!r} is invalid; valid: an Action"
+                )
+            if action.stage >= num_stages:
+                raise ValueError(
+                    f"action {action} on rank {rank}: stage={action.stage} is invalid; "
+                    f"valid: 0 .. {num_stages - 1} (pp*vpp={pp}*{vpp})"
+                )
+            if action.stage % pp != rank:
+                raise ValueError(
+                    f"action {action} is on rank {rank}; valid: rank {action.stage % pp} "
+                    f"(stage % pp) holds stage {action.stage}"
+                )
+            key = (action.stage, action.comp, action.microbatch)
+            if key in seen:
+                raise ValueError(f"action {action} appears twice on rank {rank}; valid: once")
+            seen[key] = rank
+            mbs.add(action.microbatch)
+    if microbatches is None:
+        microbatches = max(mbs) + 1 if mbs else 0
+        if microbatches == 0:
+            raise ValueError("actions are empty; valid: at least one micro-batch")
+    else:
+        _check_pos_int("microbatches", microbatches)
+        if mbs and max(mbs) >= microbatches:
+            bad = next(a for row in actions for a in row if a.microbatch >= microbatches)
+            raise ValueError(
+                f"action {bad}: microbatch={bad.microbatch} is invalid; "
+                f"valid: 0 .. {microbatches - 1}"
+            )
+    for stage in range(num_stages):
+        for j in range(microbatches):
+            has = {c: (stage, c, j) in seen for c in COMPUTATIONS}
+            where = f"stage {stage} (rank {stage % pp}), micro-batch {j}"
+            if not has["F"]:
+                raise ValueError(f"{where} has no forward {stage}F{j}; valid: exactly one F")
+            if has["B"] and (has["I"] or has["W"]):
+                raise ValueError(
+                    f"{where} has both {stage}B{j} and a split I/W; valid: one B, or one I and one W"
+                )
+            if not has["B"] and not (has["I"] and has["W"]):
+                missing = " and ".join(f"{stage}{c}{j}" for c in "IW" if not has[c])
+                raise ValueError(
+                    f"{where} lacks a backward ({missing} missing); valid: one B, or one I and one W"
+                )
+    return microbatches
+
+
+def _dependencies(action: Action, num_stages: int, has_split: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
+    """Keys (stage, comp, mb) of the actions ``action`` waits for ("B" in a
+    key means "the stage's backward-input": B or I, resolved via has_split)."""
+    s, c, j = action.stage, action.comp, action.microbatch
+
+    def bwd_key(stage: int) -> tuple[int, str, int]:
+        return (stage, "I" if (stage, j) in has_split else "B", j)
+
+    if c == "F":
+        return [(s - 1, "F", j)] if s > 0 else []
+    if c in ("B", "I"):
+        deps = [(s, "F", j)]
+        if s + 1 < num_stages:
+            deps.append(bwd_key(s + 1))
+        return deps
+    return [(s, "I", j)]  # W
+
+
+def _as_stage_durations(name: str, value: Durations, num_stages: int) -> list[Number]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_stages:
+            raise ValueError(
+                f"{name} has {len(value)} entries; valid: a number or one per stage "
+                f"({num_stages} = pp*vpp)"
+            )
+        values = list(value)
+    else:
+        values = [value] * num_stages
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0:
+            raise ValueError(f"{name}={value!r} is invalid; valid: durations >= 0")
+    return values
+
+
+def _run(
+    actions: Sequence[Sequence[Action]],
+    pp: int,
+    num_stages: int,
+    duration,
+    t_comm: Number,
+):
+    """Execute the action lists in dependency order.
+
+    Returns per rank a list of (action, start, end); raises ValueError naming
+    the first stuck action (lowest rank) if the lists deadlock.
+    """
+    has_split = {
+        (a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"
+    }
+    finish: dict[tuple[int, str, int], object] = {}
+    pos = [0] * pp
+    free_at: list[Number] = [0] * pp
+    spans: list[list[tuple[Action, Number, Number]]] = [[] for _ in range(pp)]
+    remaining = sum(len(row) for row in actions)
+    while remaining:
+        progressed = False
+        for rank in range(pp):
+            row = actions[rank]
+            while pos[rank] < len(row):
+                action = row[pos[rank]]
+                deps = _dependencies(action, num_stages, has_split)
+                if any(d not in finish for d in deps):
+                    break
+                start = free_at[rank]
+                for d in deps:
+                    ready = finish[d]
+                    if d[0] % pp != rank:
+                        ready = ready + t_comm
+                    if ready > start:
+                        start = ready
+                end = start + duration(action)
+                finish[(action.stage, action.comp, action.microbatch)] = end
+                spans[rank].append((action, start, end))
+                free_at[rank] = end
+                pos[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            for rank in range(pp):
+                if pos[rank] < len(actions[rank]):
+                    action = actions[rank][pos[rank]]
+                    missing = [
+                        f"{d[0]}{d[1]}{d[2]}"
+                        for d in _dependencies(action, num_stages, has_split)
+                        if d not in finish
+                    ]
+                    raise ValueError(
+                        f"schedule deadlocks: action {action} (rank {rank}, position "
+                        f"{pos[rank]}) waits for {', '.join(missing)}, which can never run first"
+                    )
+    return spans
+
+
+def check_schedule(
+    actions: Sequence[Sequence[Action]], pp: int, vpp: int = 1, microbatches: int | None = None
+) -> None:
+    """Check that per-rank action lists form a complete, deadlock-free step.
+
+    Complete: every action sits on the rank holding its stage
+    (``stage % pp``), stages are in ``0 .. pp*vpp-1``, and every stage ×
+    micro-batch has exactly one F and either exactly one B or exactly one I
+    and one W (micro-batches ``0 .. microbatches-1``; inferred as max + 1 when
+    None). Deadlock-free: executing each rank's list in order under the
+    module's dependency rules finishes every action.
+
+    Raises:
+        ValueError: naming the first problem found; for a deadlock, the
+            stuck action of the lowest rank and the actions it waits for.
+    """
+    _structure(actions, pp, vpp, microbatches)
+    _run(actions, pp, pp * vpp, lambda a: 0, 0)
+
+
+def max_inflight_microbatches(
+    actions: Sequence[Sequence[Action]], *, release: str = "input"
+) -> list[int]:
+    """Peak number of (stage, micro-batch) activations each rank holds, from
+    the order of its actions alone.
+
+    An activation is held from the end of its F until the end of its
+    release action:
+
+    * ``release="input"`` (default, what the memory model uses): released by
+      the B or the I of the same stage and micro-batch;
+    * ``release="weight"``: released by the B or the W (an I keeps the
+      inputs the W still needs — the zero-bubble paper's accounting).
+
+    With ``vpp > 1`` the count is in virtual-stage units (each holds the
+    activations of ``1/vpp`` of the rank's layers).
+    """
+    if release not in ("input", "weight"):
+        raise ValueError(f"release={release!r} is invalid; valid: 'input' or 'weight'")
+    freeing = ("B", "I") if release == "input" else ("B", "W")
+    peaks = []
+    for row in actions:
+        held = peak = 0
+        for action in row:
+            if action.comp == "F":
+                held += 1
+                peak = max(peak, held)
+            elif action.comp in freeing:
+                held -= 1
+        peaks.append(peak)
+    return peaks
+
+
+@dataclass(frozen=True)
+class ScheduleTiming:
+    """Result of :func:`simulate_unit_times` (times in the caller's unit).
+
+    Attributes:
+        makespan: end of the last action; every rank starts at time 0.
+        busy: per rank, total duration of its actions.
+        bubble_fraction: per rank, ``1 - busy[r] / makespan`` — the share of
+            the step the rank is idle (warm-up, cool-down and waits). Exact
+            :class:`~fractions.Fraction` when all durations are ``int`` or
+            ``Fraction``, else ``float``.
+        max_inflight: per rank, peak activations held between F and B/I (see
+            :func:`max_inflight_microbatches`, ``release="input"``).
+        max_inflight_until_w: per rank, peak held between F and B/W
+            (``release="weight"``).
+        spans: per rank, ``(action, start, end)`` in execution order.
+    """
+
+    makespan: Number
+    busy: tuple[Number, ...]
+    bubble_fraction: tuple[Number, ...]
+    max_inflight: tuple[int, ...]
+    max_inflight_until_w: tuple[int, ...]
+    spans: tuple[tuple[tuple[Action, Number, Number], ...], ...]
+
+    @property
+    def mean_bubble_fraction(self) -> Number:
+        """Bubble fraction averaged over ranks (= 1 - sum(busy) / (pp * makespan))."""
+        return sum(self.bubble_fraction) / len(self.bubble_fraction)
+
+
+def simulate_unit_times(
+    actions: Sequence[Sequence[Action]],
+    pp: int,
+    vpp: int,
+    t_f: Durations,
+    t_b: Durations,
+    t_w: Durations | None = None,
+    t_comm: Number = 0,
+) -> ScheduleTiming:
+    """Exact event simulation of per-rank action lists with fixed durations.
+
+    Each action starts when its rank has finished the previous action of its
+    list and all its dependencies (module docstring) have finished; a
+    dependency produced on another rank arrives ``t_comm`` later (a
+    point-to-point transfer that does not occupy either rank's compute).
+    There is no other contention, so the result is the earliest-start
+    timing of the given order.
+
+    Args:
+        actions: per-rank action lists (checked with :func:`check_schedule`).
+        pp, vpp: pipeline ranks and virtual stages per rank.
+        t_f: forward duration of one virtual stage on one micro-batch; a
+            number, or a sequence with one entry per global stage.
+        t_b: duration of the FULL backward (input + weight gradients) of one
+            virtual stage on one micro-batch; B actions take ``t_b``.
+        t_w: weight-gradient part of the backward. Required when the lists
+            contain I/W actions: W takes ``t_w`` and I takes ``t_b - t_w``, so
+            split and unsplit schedules do the same total work. Ignored for
+            lists with only B.
+        t_comm: point-to-point latency between ranks (>= 0).
+
+    Returns:
+        :class:`ScheduleTiming`.
+
+    Raises:
+        ValueError: on incomplete or deadlocking lists, negative durations,
+            missing ``t_w`` for split lists, or ``t_w > t_b``.
+    """
+    _structure(actions, pp, vpp, None)
+    num_stages = pp * vpp
+    tf = _as_stage_durations("t_f", t_f, num_stages)
+    tb = _as_stage_durations("t_b", t_b, num_stages)
+    split = any(a.comp in ("I", "W") for row in actions for a in row)
+    if split:
+        if t_w is None:
+            raise ValueError(
+                "t_w=None is invalid for lists with I/W actions; valid: the weight-gradient "
+                "duration, 0 <= t_w <= t_b"
+            )
+        tw = _as_stage_durations("t_w", t_w, num_stages)
+        for s in range(num_stages):
+            if tw[s] > tb[s]:
+                raise ValueError(
+                    f"t_w={tw[s]!r} exceeds t_b={tb[s]!r} at stage {s}; valid: 0 <= t_w <= t_b "
+                    f"(I takes t_b - t_w)"
+                )
+    else:
+        tw = [0] * num_stages
+    if isinstance(t_comm, bool) or not isinstance(t_comm, Real) or not t_comm >= 0:
+        raise ValueError(f"t_comm={t_comm!r} is invalid; valid: a duration >= 0")
+
+    def duration(action: Action) -> Number:
+        s = action.stage
+        if action.comp == "F":
+            return tf[s]
+        if action.comp == "B":
+            return tb[s]
+        if action.comp == "I":
+            return tb[s] - tw[s]
+        return tw[s]
+
+    spans = _run(actions, pp, num_stages, duration, t_comm)
+    ends = [row[-1][2] for row in spans if row]
+    makespan = max(ends) if ends else 0
+    busy = tuple(sum((end - start for _, start, end in row), 0) for row in spans)
+    exact = all(
+        isinstance(v, Rational) for v in [*tf, *tb, *tw, t_comm]
+    )
+    if makespan == 0:
+        bubble = tuple(0 for _ in busy)
+    elif exact:
+        bubble = tuple(1 - Fraction(b) / Fraction(makespan) for b in busy)
+    else:
+        bubble = tuple(1 - b / makespan for b in busy)
+    return ScheduleTiming(
+        makespan=makespan,
+        busy=busy,
+        bubble_fraction=bubble,
+        max_inflight=tuple(max_inflight_microbatches(actions, release="input")),
+        max_inflight_until_w=tuple(max_inflight_microbatches(actions, release="weight")),
+        spans=tuple(tuple(row) for row in spans),
+    )
