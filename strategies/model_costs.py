@@ -1,0 +1,825 @@
+"""What one transformer step costs: kernels (FLOPs, HBM bytes), parameters, activations.
+
+Everything here is arithmetic on a :class:`~strategies.model_spec.ModelSpec`; no durations
+(the hardware models price the kernels). Units: FLOPs (a multiply-add counts 2), bytes,
+parameter counts (elements).
+
+Notation used in the docstrings: ``b`` micro-batch (sequences), ``s`` sequence length,
+``h`` hidden size, ``a`` query heads, ``g`` key/value heads, ``d`` head dim, ``f`` FFN hidden
+size, ``V`` vocabulary, ``t`` tensor-parallel size, ``c`` context-parallel size, ``e`` element
+bytes of the dtype, ``n = b*s/c`` tokens on one rank and ``n_sp = n/t`` with sequence
+parallelism (``n`` without).
+
+Sources
+-------
+* Transformer FLOPs and the Megatron layer layout: Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", arXiv 2104.04473
+  (Section 3 and Appendix: a matmul of ``m x k`` by ``k x n`` costs ``2mnk``; its backward
+  costs twice the forward: one matmul for the input gradient, one for the weight gradient).
+* Activation memory, sequence parallelism, selective recompute: Korthikanti et al. 2022,
+  "Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198
+  (Section 4, Table 2).
+* Model FLOPs for MFU: Chowdhery et al. 2022 (PaLM), arXiv 2204.02311, Appendix B:
+  ``6N + 12*L*H*Q*T`` per token.
+* Attention: FlashAttention (Dao et al. 2022, arXiv 2205.14135; FlashAttention-2, Dao 2023,
+  arXiv 2307.08691). Its benchmark (Dao-AILab/flash-attention,
+  ``benchmarks/benchmark_flash_attention.py``, function ``flops``) counts the forward as
+  ``4*b*s^2*a*d``, halved for a causal mask, and the backward as 2.5x the forward
+  (recompute of ``QK^T`` plus the ``dV``, ``dP``, ``dQ``, ``dK`` matmuls: 5 matmuls vs 2).
+
+Assumptions (each is a choice, stated once here)
+------------------------------------------------
+* Attention is FlashAttention: one fused ``attention`` kernel; the ``s x s`` scores are never
+  written to HBM nor kept for the backward.
+* **Kernel FLOPs are executed FLOPs.** A causal flash kernel skips the masked half, so the
+  attention kernel counts ``CAUSAL_FLOP_FRACTION = 0.5`` of the full ``4*b*s^2*a*d`` (the
+  diagonal blocks' extra work is ignored). :func:`model_flops_per_token` is the *model*
+  FLOPs of the MFU convention (Megatron, PaLM) that count the full ``s^2`` matmuls: the two
+  differ on purpose.
+* Linear layers carry no bias; learned position embeddings are not modelled (rotary has no
+  weights). For GPT-3 that omits 0.02 % of the parameters.
+* Norm weights: LayerNorm has ``2h`` (gain, bias), RMSNorm ``h``; they are replicated over
+  TP. Every layer has two norms; the model has a final norm before the LM head.
+* Dropout is on by default (``dropout=True``) as in Korthikanti et al.: a 1-byte mask of
+  ``n_sp*h`` after attention and after the MLP (and after the embedding), so the activation
+  formulas reproduce their Table 2. Modern LLM recipes train without dropout: pass
+  ``dropout=False`` to drop those bytes.
+* Matmuls run in the given dtype: with ``fp8`` only the linear layers run in fp8 (operands
+  read at 1 byte, results written in bf16, as Transformer Engine does); attention, norms,
+  elementwise kernels and stored activations stay bf16.
+* TP (Megatron): attention heads and the FFN (and every expert's FFN) are split over ``t``;
+  KV heads are split when ``t`` divides them, and replicated (one per rank) when ``t`` is a
+  multiple of them. The vocabulary is split in ``ceil(V/t)`` rows per rank (no padding to
+  128*t). Norms, the router and residuals act on ``n_sp`` tokens with sequence parallelism.
+* CP: each rank holds ``s/c`` queries of every sequence and attends to all ``s`` keys
+  (ring attention, load-balanced so causal work is even), so attention FLOPs and all
+  per-token work divide by ``c``.
+* MoE (balanced routing): a rank with ``E/ep`` experts processes ``n * top_k * cf``
+  token-expert pairs (``cf = capacity_factor``, 1 when 0 = dropless), as one grouped GEMM
+  per expert matmul; expert FFNs are also split over TP (expert-TP = TP). Shared experts are
+  a dense MLP of ``shared_experts * expert_ffn_hidden_size``. The router (``h x E``) is
+  replicated.
+* Vector kernels: FLOPs per element are small documented constants (they are memory bound);
+  their backward reads the saved input and the upstream gradient and writes the input
+  gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from hardware.compute import ELEMENT_BYTES, canonical_dtype
+from strategies.model_spec import ModelSpec
+
+__all__ = [
+    "BLOCKS",
+    "CAUSAL_FLOP_FRACTION",
+    "FLASH_BWD_FLOP_FACTOR",
+    "Kernel",
+    "ParamCounts",
+    "RankParams",
+    "RECOMPUTE_MODES",
+    "activation_bytes_per_layer",
+    "embedding_activation_bytes",
+    "embedding_kernels",
+    "head_activation_bytes",
+    "head_kernels",
+    "layer_kernels",
+    "layer_params",
+    "model_flops_per_token",
+    "param_counts",
+    "rank_params",
+]
+
+#: Values of :attr:`Kernel.block`.
+BLOCKS = ("embedding", "attention", "mlp", "moe", "head")
+
+#: Recompute modes accepted by :func:`activation_bytes_per_layer` (as ParallelPlan.recompute).
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+#: Fraction of the full ``4*b*s^2*a*d`` a causal flash-attention kernel executes
+#: (flash-attention's benchmark halves causal FLOPs; masked blocks are skipped).
+CAUSAL_FLOP_FRACTION = 0.5
+
+#: Flash-attention backward FLOPs / forward FLOPs (Dao-AILab/flash-attention
+#: benchmarks/benchmark_flash_attention.py: ``2.5 * f`` for ``mode="bwd"``).
+FLASH_BWD_FLOP_FACTOR = 2.5
+
+#: Forward FLOPs per element of a norm: LayerNorm mean (1), variance (3), normalise (2),
+#: affine (2); RMSNorm square-sum (2), normalise (1), gain (1). Backward input: 2x.
+NORM_FWD_FLOPS_PER_ELEMENT = {"layernorm": 8.0, "rmsnorm": 4.0}
+
+#: Forward FLOPs per output element of the MLP activation: tanh-GELU ~8; SiLU(gate)*up ~6.
+#: Backward: 2x.
+ACT_FWD_FLOPS_PER_ELEMENT = {"gelu": 8.0, "swiglu": 6.0}
+
+#: Cross-entropy FLOPs per logit: max, subtract, exp, sum, divide (forward), 2 (backward).
+CROSS_ENTROPY_FWD_FLOPS_PER_ELEMENT = 5.0
+
+#: Bytes of a dropout mask element (torch stores bool masks, 1 byte; Korthikanti et al.).
+DROPOUT_MASK_BYTES = 1
+
+#: Bytes per fp32 value (softmax log-sum-exp, router probabilities, loss logits).
+FP32_BYTES = 4
+
+#: Bytes of a token id (int64).
+TOKEN_ID_BYTES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernel:
+    """One forward kernel on one GPU, with the cost of its backward.
+
+    Attributes:
+        name: e.g. ``"attn.qkv"``, ``"mlp.fc1"``, ``"moe.experts.down"``.
+        block: one of :data:`BLOCKS`.
+        kind: one of :data:`hardware.compute.COMPUTE_KINDS`.
+        shape: ``(groups, m, n, k)`` for a (grouped) GEMM ``[m, k] @ [k, n]`` (``m`` of a
+            grouped GEMM is the average rows per group, rounded); ``(b, a, g, s_q, s_k, d)``
+            for attention (local heads); ``(rows, cols)`` for vector kernels.
+        dtype: compute dtype (canonical, e.g. ``"bf16"``).
+        fwd_flops: forward FLOPs.
+        fwd_bytes: forward HBM traffic (read inputs and weights, write outputs), bytes.
+        bwd_input_flops: FLOPs of the input-gradient part of the backward (the whole
+            backward for ops without weights).
+        bwd_input_bytes: HBM bytes of that part.
+        bwd_weight_flops: FLOPs of the weight-gradient part (0 for weightless ops).
+        bwd_weight_bytes: HBM bytes of that part.
+        selective_recompute: re-run in the backward under Megatron's selective recompute
+            (the attention core; with flash attention, the attention kernel).
+        params: weights this kernel owns on this rank (elements).
+        expert: a routed-expert kernel (``moe.experts.*``): its weights are sharded by
+            ``ep`` and its gradients reduce over the expert-data-parallel group
+            (``dp*cp/ep``), not the data-parallel one.
+    """
+
+    name: str
+    block: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    fwd_flops: float
+    fwd_bytes: float
+    bwd_input_flops: float
+    bwd_input_bytes: float
+    bwd_weight_flops: float
+    bwd_weight_bytes: float
+    selective_recompute: bool = False
+    params: int = 0
+    expert: bool = False
+
+    @property
+    def bwd_flops(self) -> float:
+        """Backward FLOPs: input plus weight gradient."""
+        return self.bwd_input_flops + self.bwd_weight_flops
+
+    @property
+    def bwd_bytes(self) -> float:
+        """Backward HBM bytes: input plus weight gradient."""
+        return self.bwd_input_bytes + self.bwd_weight_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamCounts:
+    """Parameters of a whole (unsharded) model, in elements.
+
+    Attributes:
+        embedding: input embedding, ``V*h``.
+        head: LM head, ``V*h``; 0 when tied to the embedding.
+        final_norm: the norm before the head (``h`` or ``2h``).
+        layers: parameters of each transformer layer, in order.
+        dense_layer: parameters of one dense layer (attention + MLP + 2 norms).
+        moe_layer: parameters of one MoE layer (attention + router + all experts + shared
+            experts + 2 norms); 0 for a dense model.
+        total: embedding + head + final_norm + sum(layers).
+        active_per_token: parameters one token touches: total minus, in each MoE layer, the
+            routed experts it is not sent to (``(E - top_k)`` experts). Includes the
+            embedding and the head (MoE papers' "activated parameters" convention).
+    """
+
+    embedding: int
+    head: int
+    final_norm: int
+    layers: tuple[int, ...]
+    dense_layer: int
+    moe_layer: int
+    total: int
+    active_per_token: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankParams:
+    """Parameters one rank holds (elements).
+
+    Attributes:
+        dense_params: replicated over the data-parallel group (everything but routed
+            experts).
+        expert_params: routed-expert weights, replicated over ``dp / ep`` ranks.
+    """
+
+    dense_params: int
+    expert_params: int
+
+    @property
+    def total(self) -> int:
+        """dense_params + expert_params."""
+        return self.dense_params + self.expert_params
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _pos_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{field}: {value!r} must be a positive integer")
+    return value
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _check_tp(model: ModelSpec, tp: int) -> None:
+    _pos_int(tp, "tp")
+    if model.num_heads % tp:
+        raise ValueError(
+            f"tp: {tp} does not divide num_heads {model.num_heads} of model {model.name!r}; "
+            f"valid tp: {_divisors(model.num_heads)}"
+        )
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ValueError(
+            f"tp: {tp} neither divides nor is a multiple of num_kv_heads {model.num_kv_heads} of "
+            f"model {model.name!r}; valid tp: divisors or multiples of {model.num_kv_heads} that divide {model.num_heads}"
+        )
+    if model.ffn_hidden_size % tp:
+        raise ValueError(
+            f"tp: {tp} does not divide ffn_hidden_size {model.ffn_hidden_size} of model {model.name!r}"
+        )
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % tp:
+        raise ValueError(
+            f"tp: {tp} does not divide moe.expert_ffn_hidden_size {model.moe.expert_ffn_hidden_size} "
+            f"of model {model.name!r}"
+        )
+
+
+def _check_ep(model: ModelSpec, ep: int) -> None:
+    _pos_int(ep, "ep")
+    if model.moe is None:
+        return
+    if model.moe.num_experts % ep:
+        raise ValueError(
+            f"ep: {ep} does not divide moe.num_experts {model.moe.num_experts} of model {model.name!r}; "
+            f"valid ep: {_divisors(model.moe.num_experts)}"
+        )
+
+
+def _check_layer(model: ModelSpec, layer: int) -> None:
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.num_layers:
+        raise ValueError(
+            f"layer: {layer!r} is out of range for model {model.name!r}; valid: 0..{model.num_layers - 1}"
+        )
+
+
+def _tokens(micro_batch: int, seq_len: int, cp: int) -> int:
+    _pos_int(micro_batch, "micro_batch")
+    _pos_int(seq_len, "seq_len")
+    _pos_int(cp, "cp")
+    if seq_len % cp:
+        raise ValueError(f"cp: {cp} does not divide seq_len {seq_len}; valid cp: {_divisors(seq_len)}")
+    return micro_batch * seq_len // cp
+
+
+def _sp_tokens(tokens: int, tp: int, sequence_parallel: bool) -> int:
+    if not sequence_parallel or tp == 1:
+        return tokens
+    if tokens % tp:
+        raise ValueError(
+            f"tp: {tp} does not divide the {tokens} tokens (micro_batch*seq_len/cp) a rank shards with "
+            f"sequence_parallel; make seq_len/cp a multiple of tp or set sequence_parallel=False"
+        )
+    return tokens // tp
+
+
+def _dtypes(dtype: str) -> tuple[str, float, str, float]:
+    """(matmul dtype, its element bytes, activation dtype, its element bytes)."""
+    mm = canonical_dtype(dtype)
+    act = "bf16" if ELEMENT_BYTES[mm] < 2 else mm
+    return mm, float(ELEMENT_BYTES[mm]), act, float(ELEMENT_BYTES[act])
+
+
+def _kv_local(model: ModelSpec, tp: int) -> int:
+    g = model.num_kv_heads
+    return g // tp if g % tp == 0 else 1
+
+
+def _mlp_matrices(model: ModelSpec) -> int:
+    return 3 if model.mlp == "swiglu" else 2
+
+
+def _norm_params(model: ModelSpec) -> int:
+    return 2 * model.hidden_size if model.norm == "layernorm" else model.hidden_size
+
+
+# --------------------------------------------------------------------------- kernel builders
+
+
+def _matmul(name: str, block: str, *, m: float, n: int, k: int, groups: int = 1, dtype: str,
+            in_bytes: float, out_bytes: float, params: int) -> Kernel:
+    """``Y[m, n] = X[m, k] @ W[k, n]`` (``groups`` GEMMs sharing ``m`` rows in total).
+
+    Forward reads X and W, writes Y; input grad ``dX = dY W^T`` reads dY and W, writes dX;
+    weight grad ``dW = X^T dY`` reads X and dY, writes dW. Each costs ``2*m*n*k`` FLOPs
+    (Narayanan et al. 2021): backward = 2x forward.
+    """
+    flops = 2.0 * m * n * k
+    w = groups * k * n
+    return Kernel(
+        name=name, block=block, kind="matmul",
+        shape=(groups, int(round(m / groups)), n, k), dtype=dtype,
+        fwd_flops=flops,
+        fwd_bytes=in_bytes * (m * k + w) + out_bytes * m * n,
+        bwd_input_flops=flops,
+        bwd_input_bytes=in_bytes * (m * n + w) + out_bytes * m * k,
+        bwd_weight_flops=flops,
+        bwd_weight_bytes=in_bytes * (m * k + m * n) + out_bytes * w,
+        params=params,
+    )
+
+
+def _norm(name: str, block: str, model: ModelSpec, rows: int, act: str, e: float) -> Kernel:
+    """Norm over ``rows x h``: forward reads x and the weights, writes y; input grad reads x,
+    dy and the weights, writes dx; weight grad writes dgamma (and dbeta)."""
+    h = model.hidden_size
+    p = _norm_params(model)
+    c = NORM_FWD_FLOPS_PER_ELEMENT[model.norm]
+    return Kernel(
+        name=name, block=block, kind="norm", shape=(rows, h), dtype=act,
+        fwd_flops=c * rows * h,
+        fwd_bytes=e * (2 * rows * h + p),
+        bwd_input_flops=2 * c * rows * h,
+        bwd_input_bytes=e * (3 * rows * h + p),
+        bwd_weight_flops=2.0 * rows * p,
+        bwd_weight_bytes=e * p,
+        params=p,
+    )
+
+
+def _residual(name: str, block: str, rows: int, h: int, act: str, e: float, dropout: bool) -> Kernel:
+    """Fused (bias-)dropout-add: reads the branch output and the residual, writes the sum
+    (and the dropout mask); backward reads dy (and the mask), writes the branch gradient."""
+    mask = DROPOUT_MASK_BYTES if dropout else 0
+    return Kernel(
+        name=name, block=block, kind="elementwise", shape=(rows, h), dtype=act,
+        fwd_flops=2.0 * rows * h,
+        fwd_bytes=(3 * e + mask) * rows * h,
+        bwd_input_flops=1.0 * rows * h,
+        bwd_input_bytes=(2 * e + mask) * rows * h,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+    )
+
+
+def _activation(name: str, block: str, model: ModelSpec, rows: float, cols: int, act: str,
+                e: float) -> Kernel:
+    """MLP activation on ``rows x cols`` outputs: GELU reads 1 input per output; SwiGLU reads
+    gate and up (2 inputs). Backward reads the saved inputs and dy, writes the input grads."""
+    ins = 2 if model.mlp == "swiglu" else 1
+    c = ACT_FWD_FLOPS_PER_ELEMENT[model.mlp]
+    elems = rows * cols
+    return Kernel(
+        name=name, block=block, kind="elementwise", shape=(int(round(rows)), cols), dtype=act,
+        fwd_flops=c * elems,
+        fwd_bytes=e * (ins + 1) * elems,
+        bwd_input_flops=2 * c * elems,
+        bwd_input_bytes=e * (2 * ins + 1) * elems,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+    )
+
+
+def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: int, groups: int,
+         mm: str, em: float, act: str, ea: float) -> list[Kernel]:
+    """fc1 / act / fc2 (GELU) or gate_up (fused) / act / down (SwiGLU) over ``rows`` tokens."""
+    h = model.hidden_size
+    if model.mlp == "swiglu":
+        up_name, down_name, up_cols = "gate_up", "down", 2 * ffn_local
+    else:
+        up_name, down_name, up_cols = "fc1", "fc2", ffn_local
+    return [
+        _matmul(f"{prefix}.{up_name}", block, m=rows, n=up_cols, k=h, groups=groups, dtype=mm,
+                in_bytes=em, out_bytes=ea, params=groups * h * up_cols),
+        _activation(f"{prefix}.act", block, model, rows, ffn_local, act, ea),
+        _matmul(f"{prefix}.{down_name}", block, m=rows, n=h, k=ffn_local, groups=groups, dtype=mm,
+                in_bytes=em, out_bytes=ea, params=groups * ffn_local * h),
+    ]
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int = 1,
+                  cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
+                  dropout: bool = True) -> list[Kernel]:
+    """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
+
+    Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
+    ``attn.core`` (causal flash attention: ``fwd = 0.5 * 4*b*(s/c)*s*(a/t)*d`` FLOPs,
+    backward 2.5x, selective-recompute), ``attn.out``, ``attn.residual``. Dense MLP block:
+    ``mlp.norm``, ``mlp.fc1``/``mlp.act``/``mlp.fc2`` (GELU) or
+    ``mlp.gate_up``/``mlp.act``/``mlp.down`` (SwiGLU, gate and up fused), ``mlp.residual``.
+    MoE block: ``moe.norm``, ``moe.router`` (``n_sp x h x E`` GEMM), ``moe.route``
+    (softmax/top-k), shared experts ``moe.shared.*`` (if any), ``moe.permute``,
+    ``moe.experts.*`` (grouped GEMMs over ``E/ep`` local experts and ``n*top_k*cf``
+    token-expert pairs), ``moe.unpermute``, ``moe.residual``.
+
+    Matmuls process ``n = b*s/c`` tokens; norms and residuals ``n_sp`` (module docstring).
+    A matmul ``[m,k]@[k,n]`` costs ``2mnk`` FLOPs forward and the same for each of its input
+    and weight gradients (Narayanan et al. 2021, arXiv 2104.04473).
+
+    Args:
+        model: the model.
+        layer: 0-based layer index (decides dense vs MoE).
+        micro_batch: sequences per micro-batch ``b``.
+        seq_len: tokens per sequence ``s``.
+        tp, cp, ep: tensor-, context- and expert-parallel sizes.
+        sequence_parallel: shard norms/residuals over TP (Korthikanti et al. 2022).
+        dtype: matmul dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``, ...).
+        dropout: count dropout masks in the residual kernels.
+
+    Returns:
+        Kernels with FLOPs (FLOP) and HBM bytes (bytes) per micro-batch.
+
+    Raises:
+        ValueError: tp not dividing heads/FFN, ep not dividing experts, cp not dividing
+            seq_len, layer out of range, unknown dtype.
+    """
+    _check_layer(model, layer)
+    _check_tp(model, tp)
+    _check_ep(model, ep)
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    mm, em, act, ea = _dtypes(dtype)
+    h, d = model.hidden_size, model.head_dim
+    a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
+    s_q, s_k = seq_len // cp, seq_len
+
+    attn_flops = CAUSAL_FLOP_FRACTION * 4.0 * micro_batch * s_q * s_k * a_l * d
+    q_elems = micro_batch * s_q * a_l * d
+    kv_elems = micro_batch * s_k * g_l * d
+    lse_bytes = FP32_BYTES * micro_batch * a_l * s_q
+    core = Kernel(
+        name="attn.core", block="attention", kind="attention",
+        shape=(micro_batch, a_l, g_l, s_q, s_k, d), dtype=act,
+        fwd_flops=attn_flops,
+        # read q, k, v; write o and the fp32 log-sum-exp
+        fwd_bytes=ea * (2 * q_elems + 2 * kv_elems) + lse_bytes,
+        bwd_input_flops=FLASH_BWD_FLOP_FACTOR * attn_flops,
+        # read q, k, v, o, do, lse; write dq, dk, dv
+        bwd_input_bytes=ea * (4 * q_elems + 4 * kv_elems) + lse_bytes,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        selective_recompute=True,
+    )
+    kernels = [
+        _norm("attn.norm", "attention", model, n_sp, act, ea),
+        _matmul("attn.qkv", "attention", m=n, n=(a_l + 2 * g_l) * d, k=h, dtype=mm,
+                in_bytes=em, out_bytes=ea, params=h * (a_l + 2 * g_l) * d),
+        core,
+        _matmul("attn.out", "attention", m=n, n=h, k=a_l * d, dtype=mm, in_bytes=em,
+                out_bytes=ea, params=a_l * d * h),
+        _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
+    ]
+    if not model.is_moe_layer(layer):
+        kernels.append(_norm("mlp.norm", "mlp", model, n_sp, act, ea))
+        kernels += _mlp("mlp", "mlp", model, rows=n, ffn_local=model.ffn_hidden_size // tp,
+                        groups=1, mm=mm, em=em, act=act, ea=ea)
+        kernels.append(_residual("mlp.residual", "mlp", n_sp, h, act, ea, dropout))
+        return kernels
+
+    moe = model.moe  # not None: is_moe_layer(layer) is True
+    E, k = moe.num_experts, moe.top_k
+    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
+    pairs = n * k * cf
+    fe_l = moe.expert_ffn_hidden_size // tp
+    kernels.append(_norm("moe.norm", "moe", model, n_sp, act, ea))
+    kernels.append(_matmul("moe.router", "moe", m=n_sp, n=E, k=h, dtype=act, in_bytes=ea,
+                           out_bytes=ea, params=h * E))
+    kernels.append(Kernel(
+        name="moe.route", block="moe", kind="elementwise", shape=(n_sp, E), dtype=act,
+        fwd_flops=5.0 * n_sp * E,
+        # read logits; write fp32 probs and int32 indices of the top-k
+        fwd_bytes=ea * n_sp * E + (FP32_BYTES + 4) * n_sp * k,
+        bwd_input_flops=2.0 * n_sp * E,
+        bwd_input_bytes=2 * ea * n_sp * E + FP32_BYTES * n_sp * k,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+    ))
+    if moe.shared_experts:
+        kernels += _mlp("moe.shared", "moe", model, rows=n,
+                        ffn_local=moe.shared_experts * moe.expert_ffn_hidden_size // tp,
+                        groups=1, mm=mm, em=em, act=act, ea=ea)
+    kernels.append(Kernel(
+        name="moe.permute", block="moe", kind="memcpy", shape=(int(round(pairs)), h), dtype=act,
+        fwd_flops=0.0,
+        fwd_bytes=2 * ea * pairs * h,
+        bwd_input_flops=1.0 * pairs * h,  # sum of the top_k gradient copies
+        bwd_input_bytes=2 * ea * pairs * h,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+    ))
+    kernels += [replace(k, expert=True) for k in _mlp(
+        "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
+        mm=mm, em=em, act=act, ea=ea)]
+    kernels.append(Kernel(
+        name="moe.unpermute", block="moe", kind="elementwise", shape=(n, h), dtype=act,
+        fwd_flops=2.0 * pairs * h,  # scale by the router probability and sum
+        fwd_bytes=ea * (pairs * h + n * h) + FP32_BYTES * pairs,
+        bwd_input_flops=3.0 * pairs * h,  # d(expert out) and d(prob)
+        bwd_input_bytes=ea * (n * h + 2 * pairs * h) + FP32_BYTES * 2 * pairs,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+    ))
+    kernels.append(_residual("moe.residual", "moe", n_sp, h, act, ea, dropout))
+    return kernels
+
+
+def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
+                      cp: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
+                      dropout: bool = True) -> list[Kernel]:
+    """Forward kernels of the vocab-parallel input embedding on one GPU.
+
+    ``embed.lookup`` (``memcpy``): reads the ``n`` token ids and the rows of its
+    ``ceil(V/t) x h`` shard, writes the (masked) ``n x h`` output that TP then reduces;
+    backward (weight only) reads dy and accumulates into the gradient rows. With
+    ``dropout``, ``embed.dropout`` on ``n_sp x h`` after the reduce(-scatter).
+    ``n = micro_batch*seq_len/cp``. Bytes in bytes, FLOPs in FLOP.
+    """
+    _check_tp(model, tp)
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    _, _, act, ea = _dtypes(dtype)
+    h = model.hidden_size
+    v_l = math.ceil(model.vocab_size / tp)
+    kernels = [Kernel(
+        name="embed.lookup", block="embedding", kind="memcpy", shape=(n, h), dtype=act,
+        fwd_flops=0.0,
+        fwd_bytes=TOKEN_ID_BYTES * n + ea * (n * h / tp + n * h),
+        bwd_input_flops=0.0, bwd_input_bytes=0.0,
+        bwd_weight_flops=1.0 * n * h / tp,
+        bwd_weight_bytes=TOKEN_ID_BYTES * n + ea * (n * h + 2 * n * h / tp),
+        params=v_l * h,
+    )]
+    if dropout:
+        mask = DROPOUT_MASK_BYTES
+        kernels.append(Kernel(
+            name="embed.dropout", block="embedding", kind="elementwise", shape=(n_sp, h), dtype=act,
+            fwd_flops=1.0 * n_sp * h,
+            fwd_bytes=(2 * ea + mask) * n_sp * h,
+            bwd_input_flops=1.0 * n_sp * h,
+            bwd_input_bytes=(2 * ea + mask) * n_sp * h,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        ))
+    return kernels
+
+
+def head_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1,
+                 sequence_parallel: bool = True, dtype: str = "bf16") -> list[Kernel]:
+    """Forward kernels of the final norm, vocab-parallel LM head and loss on one GPU.
+
+    ``head.norm`` (final norm over ``n_sp x h``), ``head.logits`` (GEMM ``n x h`` by
+    ``h x ceil(V/t)``; owns ``ceil(V/t)*h`` params unless the embedding is tied, in which case
+    the embedding kernel owns them), ``head.cross_entropy`` (vocab-parallel: reads the logits,
+    writes fp32 softmax for the backward, ``5`` FLOPs per logit forward, 2 backward).
+    ``n = micro_batch*seq_len/cp``. Bytes in bytes, FLOPs in FLOP.
+    """
+    _check_tp(model, tp)
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    mm, em, act, ea = _dtypes(dtype)
+    h = model.hidden_size
+    v_l = math.ceil(model.vocab_size / tp)
+    logits = n * v_l
+    c = CROSS_ENTROPY_FWD_FLOPS_PER_ELEMENT
+    return [
+        _norm("head.norm", "head", model, n_sp, act, ea),
+        _matmul("head.logits", "head", m=n, n=v_l, k=h, dtype=mm, in_bytes=em, out_bytes=ea,
+                params=0 if model.tied_embeddings else v_l * h),
+        Kernel(
+            name="head.cross_entropy", block="head", kind="elementwise", shape=(n, v_l), dtype=act,
+            fwd_flops=c * logits,
+            fwd_bytes=(ea + FP32_BYTES) * logits,
+            bwd_input_flops=2.0 * logits,
+            bwd_input_bytes=(FP32_BYTES + ea) * logits,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _attention_params(model: ModelSpec, tp: int = 1) -> int:
+    h, d = model.hidden_size, model.head_dim
+    a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
+    return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
+
+
+def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+    """``(dense, expert)`` parameters of layer ``layer`` on one rank (elements).
+
+    Dense: attention ``h*(a + 2g)*d/t + a*d*h/t`` (KV replicated when ``t > g``), two norms
+    (replicated), and either the MLP ``m*h*f/t`` (``m`` = 2 GELU, 3 SwiGLU) or, in an MoE
+    layer, the router ``h*E`` plus shared experts ``m*h*S*f_e/t``. Expert: routed experts
+    ``(E/ep)*m*h*f_e/t``. With ``tp = ep = 1`` these are the unsharded counts.
+    """
+    _check_layer(model, layer)
+    _check_tp(model, tp)
+    _check_ep(model, ep)
+    h, m = model.hidden_size, _mlp_matrices(model)
+    dense = _attention_params(model, tp) + _norm_params(model)
+    if not model.is_moe_layer(layer):
+        return dense + m * h * (model.ffn_hidden_size // tp), 0
+    moe = model.moe  # not None: is_moe_layer(layer) is True
+    fe_l = moe.expert_ffn_hidden_size // tp
+    dense += h * moe.num_experts + moe.shared_experts * m * h * fe_l
+    return dense, (moe.num_experts // ep) * m * h * fe_l
+
+
+def param_counts(model: ModelSpec) -> ParamCounts:
+    """Parameter counts of the whole model (elements; see :class:`ParamCounts`).
+
+    Per layer: attention ``h*(a+2g)*d + a*d*h``, two norms (``2h`` each for LayerNorm, ``h``
+    for RMSNorm), MLP ``m*h*f`` (``m`` = 2 GELU, 3 SwiGLU) or MoE router ``h*E`` + ``E``
+    routed and ``S`` shared experts of ``m*h*f_e``. Plus embedding ``V*h``, head ``V*h``
+    (0 if tied), final norm. No biases or position embeddings (module docstring).
+    """
+    h, m = model.hidden_size, _mlp_matrices(model)
+    layers = tuple(sum(layer_params(model, i)) for i in range(model.num_layers))
+    embedding = model.vocab_size * h
+    head = 0 if model.tied_embeddings else model.vocab_size * h
+    final_norm = _norm_params(model)
+    total = embedding + head + final_norm + sum(layers)
+    dense_layer = _attention_params(model) + _norm_params(model) + m * h * model.ffn_hidden_size
+    moe_layer = 0
+    inactive = 0
+    if model.moe is not None:
+        moe = model.moe
+        expert = m * h * moe.expert_ffn_hidden_size
+        moe_layer = (_attention_params(model) + _norm_params(model) + h * moe.num_experts
+                     + (moe.num_experts + moe.shared_experts) * expert)
+        n_moe = sum(model.is_moe_layer(i) for i in range(model.num_layers))
+        inactive = n_moe * (moe.num_experts - moe.top_k) * expert
+    return ParamCounts(
+        embedding=embedding, head=head, final_norm=final_norm, layers=layers,
+        dense_layer=dense_layer, moe_layer=moe_layer, total=total,
+        active_per_token=total - inactive,
+    )
+
+
+def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int = 1,
+                has_embedding: bool = False, has_head: bool = False) -> RankParams:
+    """Parameters one rank holds: its layers (see :func:`layer_params`), the embedding shard
+    ``ceil(V/t)*h`` if ``has_embedding``, and the final norm plus the head shard
+    ``ceil(V/t)*h`` if ``has_head`` (for tied embeddings the head shard is counted only when
+    the rank does not also hold the embedding: a last pipeline stage keeps its own copy, as
+    Megatron does). Elements, not bytes.
+
+    Raises:
+        ValueError: a layer out of range or listed twice; tp/ep not dividing the model.
+    """
+    _check_tp(model, tp)
+    _check_ep(model, ep)
+    seen: set[int] = set()
+    dense = expert = 0
+    for layer in layers:
+        _check_layer(model, layer)
+        if layer in seen:
+            raise ValueError(f"layers: layer {layer} listed twice; give each held layer once")
+        seen.add(layer)
+        de, ex = layer_params(model, layer, tp=tp, ep=ep)
+        dense, expert = dense + de, expert + ex
+    shard = math.ceil(model.vocab_size / tp) * model.hidden_size
+    if has_embedding:
+        dense += shard
+    if has_head:
+        dense += _norm_params(model)
+        if not model.tied_embeddings or not has_embedding:
+            dense += shard
+    return RankParams(dense_params=dense, expert_params=expert)
+
+
+# --------------------------------------------------------------------------- model FLOPs
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per trained token (forward + backward), the MFU convention.
+
+    ``6*N + 12*L*a*d*s`` (PaLM, arXiv 2204.02311 Appendix B: ``6N + 12*L*H*Q*T``), where
+    ``N`` is :attr:`ParamCounts.active_per_token` without the embedding lookup (it does no
+    matmul) but with the LM head (``V*h``, also when tied), and the attention term counts the
+    full (non-causal) ``s^2`` score and value matmuls, as Megatron (Narayanan et al. 2021) and
+    PaLM do. Norm weights are included in ``N`` (negligible). FLOPs per token.
+    """
+    _pos_int(seq_len, "seq_len")
+    pc = param_counts(model)
+    head_matmul = model.vocab_size * model.hidden_size
+    n = pc.active_per_token - pc.embedding + (head_matmul if model.tied_embeddings else 0)
+    return 6.0 * n + 12.0 * model.num_layers * model.num_heads * model.head_dim * seq_len
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int,
+                               tp: int = 1, cp: int = 1, sequence_parallel: bool = True,
+                               recompute: str = "none", dtype: str = "bf16",
+                               dropout: bool = True) -> float:
+    """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
+
+    Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
+    1-byte dropout masks) give, per layer with TP and sequence parallelism,
+    ``s*b*h*(34/t + 5*a*s/(h*t))``, built from (in units of ``s*b*h``):
+
+    * attention: QKV input 2, Q 2, K 2, V 2, softmax output ``2as/h``, its dropout mask
+      ``as/h``, dropout output ``2as/h``, out-proj input 2, dropout mask 1;
+    * MLP (GELU, ``f = 4h``): fc1 input 2, GELU input 8, fc2 input 8, dropout mask 1;
+    * two norm inputs, 2 each.
+
+    This function generalises the list, tensor by tensor, with ``n = b*s/c`` tokens (CP
+    keeps only the local queries' K/V chunk), ``n_sp`` for the norm inputs, QKV/MLP inputs
+    and masks (``n`` without SP), element size ``e`` (2 for bf16; ``fp8`` plans keep bf16
+    activations):
+
+    * flash attention (assumed): the ``5as/h`` score terms are never stored; the kernel's
+      fp32 log-sum-exp (``4*b*a*s/t`` bytes, <0.1 %) is neglected;
+    * GQA: K and V are ``n*g_l*d`` each (``g_l`` = local KV heads), Q and the attention
+      output ``n*(a/t)*d``;
+    * SwiGLU: the GELU input/output terms become gate and up outputs (``2f``) and the
+      activation output (``f``): 3 tensors of ``n*f/t``;
+    * MoE layers: the MLP input, norm input and mask stay per token; the router keeps fp32
+      probabilities ``4*n_sp*E``; per token-expert pair (``n*top_k*cf``): the permuted input
+      ``h``, the FFN intermediates (1 + 1 tensors of ``f_e/t`` for GELU, 2 + 1 for SwiGLU)
+      and the expert output ``h`` (for the probability gradient) plus its fp32 probability;
+      shared experts keep their intermediates of ``S*f_e/t`` per token.
+
+    Recompute: ``none`` and ``selective`` are equal under flash attention (selective recompute
+    re-runs only the attention core, which flash attention never stores); ``full`` keeps only
+    the layer input, ``e*n_sp*h`` (``2sbh/t`` with SP).
+
+    For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
+    ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
+    (full recompute with SP) -- Korthikanti's Table 2 minus the score terms. Bytes.
+
+    Raises:
+        ValueError: unknown ``recompute``, or invalid sizes (as :func:`layer_kernels`).
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute: {recompute!r} is not a recompute mode; valid: {', '.join(RECOMPUTE_MODES)}")
+    _check_layer(model, layer)
+    _check_tp(model, tp)
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    _, _, _, e = _dtypes(dtype)
+    h, d = model.hidden_size, model.head_dim
+    a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
+    mask = DROPOUT_MASK_BYTES if dropout else 0
+
+    if recompute == "full":
+        return e * n_sp * h
+
+    # attention block: norm input, QKV input, Q, K, V, attention output (out-proj input), mask
+    total = e * (2 * n_sp * h) + e * n * (2 * a_l + 2 * g_l) * d + mask * n_sp * h
+    # MLP/MoE block: norm input, MLP input, mask
+    total += e * 2 * n_sp * h + mask * n_sp * h
+    ffn_tensors = 3 if model.mlp == "swiglu" else 2
+    if not model.is_moe_layer(layer):
+        return total + e * ffn_tensors * n * (model.ffn_hidden_size // tp)
+    moe = model.moe  # not None: is_moe_layer(layer) is True
+    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
+    pairs = n * moe.top_k * cf
+    fe_l = moe.expert_ffn_hidden_size // tp
+    total += FP32_BYTES * n_sp * moe.num_experts
+    total += pairs * (e * (2 * h + ffn_tensors * fe_l) + FP32_BYTES)
+    total += e * ffn_tensors * n * moe.shared_experts * fe_l
+    return total
+
+
+def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
+                               cp: int = 1, sequence_parallel: bool = True,
+                               dropout: bool = True) -> float:
+    """Bytes the input embedding keeps for the backward per micro-batch on one GPU: its
+    dropout mask, ``n_sp*h`` bytes (Korthikanti et al. 2022 Section 4.2), 0 without dropout.
+    (Token ids, ``8n`` bytes, are neglected.)"""
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    return float(DROPOUT_MASK_BYTES * n_sp * model.hidden_size) if dropout else 0.0
+
+
+def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
+                          cp: int = 1, sequence_parallel: bool = True, dtype: str = "bf16") -> float:
+    """Bytes the final norm, LM head and loss keep per micro-batch on one GPU:
+    final-norm input ``e*n_sp*h``, head input ``e*n_sp*h`` (gathered again for the backward
+    under SP) and the fp32 softmax of the vocab-parallel cross entropy ``4*n*ceil(V/t)``
+    (Korthikanti et al. 2022 Section 4.2: ``4sbv/t``). Bytes."""
+    _check_tp(model, tp)
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    _, _, _, e = _dtypes(dtype)
+    return e * 2 * n_sp * model.hidden_size + FP32_BYTES * n * math.ceil(model.vocab_size / tp)
+

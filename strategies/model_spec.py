@@ -1,0 +1,81 @@
+"""Model specifications: decoder-only transformers, dense or mixture-of-experts.
+
+Plain frozen data; loading presets and Hugging Face configs lives in
+:mod:`strategies.models`, costs (FLOPs, bytes, activations) in
+:mod:`strategies.model_costs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts layers.
+
+    Attributes:
+        num_experts: routed experts per MoE layer.
+        top_k: experts each token is sent to.
+        expert_ffn_hidden_size: hidden size of one expert's MLP.
+        shared_experts: always-active experts (DeepSeek), each of
+            ``expert_ffn_hidden_size``.
+        capacity_factor: tokens an expert accepts relative to a perfectly
+            balanced load (1.0 = exactly balanced; >1 pads, so costs scale
+            with it); 0 means dropless (no padding, costs at balance).
+        first_dense_layers: leading layers that stay dense (DeepSeek-V3: 3).
+        layer_frequency: every ``layer_frequency``-th layer after those is MoE
+            (1 = all of them).
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    shared_experts: int = 0
+    capacity_factor: float = 1.0
+    first_dense_layers: int = 0
+    layer_frequency: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    Attributes:
+        name: preset or file name.
+        num_layers: transformer layers.
+        hidden_size: model width h.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (= num_heads for MHA, 1 for MQA).
+        head_dim: width of one head (usually hidden_size / num_heads).
+        ffn_hidden_size: hidden size of the dense MLP.
+        vocab_size: vocabulary size.
+        mlp: ``gelu`` (2 matmuls) or ``swiglu`` (3 matmuls).
+        norm: ``layernorm`` or ``rmsnorm``.
+        tied_embeddings: the output head reuses the input embedding matrix.
+        moe: mixture-of-experts layers, or None for a dense model.
+        source: where the numbers come from (paper, config file).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    mlp: str = "swiglu"
+    norm: str = "rmsnorm"
+    tied_embeddings: bool = False
+    moe: MoESpec | None = None
+    source: str = ""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) is a mixture-of-experts layer."""
+        if self.moe is None or layer < self.moe.first_dense_layers:
+            return False
+        return (layer - self.moe.first_dense_layers) % self.moe.layer_frequency == 0

@@ -1,0 +1,465 @@
+"""Model presets: load and validate decoder-only transformer specs.
+
+A preset is a TOML file in this folder (``llama3-8b.toml`` is the preset
+``llama3-8b``; files starting with ``_`` are not presets). Its keys mirror
+:class:`strategies.model_spec.ModelSpec`::
+
+    name = "my-model"              # optional; default: the file stem
+    source = "where the numbers come from"   # optional
+    num_layers = 32                # required, > 0
+    hidden_size = 4096             # required, > 0
+    num_heads = 32                 # required, > 0
+    num_kv_heads = 8               # optional, default num_heads; must divide num_heads
+    head_dim = 128                 # optional, default hidden_size / num_heads (must divide)
+    ffn_hidden_size = 14336        # required, > 0
+    vocab_size = 128256            # required, > 0
+    mlp = "swiglu"                 # optional: gelu | swiglu (default swiglu)
+    norm = "rmsnorm"               # optional: layernorm | rmsnorm (default rmsnorm)
+    tied_embeddings = false        # optional, default false
+
+    [moe]                          # optional: mixture-of-experts layers
+    num_experts = 8                # required in [moe], > 0
+    top_k = 2                      # required in [moe], 1 <= top_k <= num_experts
+    expert_ffn_hidden_size = 14336 # required in [moe], > 0
+    shared_experts = 0             # optional, >= 0
+    capacity_factor = 0.0          # optional, >= 0 (0 = dropless)
+    first_dense_layers = 0         # optional, 0 <= x <= num_layers
+    layer_frequency = 1            # optional, >= 1
+
+A native model file is the same schema at any path. A Hugging Face
+``config.json`` already on disk (never downloaded) is accepted too:
+
+* Llama style (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+  ``num_key_value_heads`` (default: the heads), ``intermediate_size``,
+  ``vocab_size``, ``tie_word_embeddings`` (default false), ``hidden_act``
+  (``silu``/``swish`` -> swiglu, ``gelu*`` -> gelu, except Gemma's gated GELU
+  -> swiglu), optional ``head_dim``; ``layer_norm_eps`` without
+  ``rms_norm_eps`` means LayerNorm);
+* GPT-2 style (``n_embd``, ``n_layer``, ``n_head``, ``n_inner`` (None ->
+  4 * n_embd), ``vocab_size``; gelu, layernorm, tied embeddings);
+* Mixtral MoE keys ``num_local_experts``, ``num_experts_per_tok`` (each expert
+  of ``intermediate_size``);
+* DeepSeek MoE keys ``n_routed_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``, ``n_shared_experts``, ``first_k_dense_replace``,
+  ``moe_layer_freq``. Multi-head latent attention (``kv_lora_rank``) is
+  approximated as multi-head attention with ``v_head_dim`` per head, as in
+  ``deepseek-v3.toml`` (see its header for the error).
+
+Hugging Face MoE implementations never drop tokens, so configs load with
+``capacity_factor = 0`` (dropless).
+
+Every number in a built-in preset carries a ``# source:`` comment (same line,
+or the comment line directly above); :func:`model_sources` returns them.
+
+All problems raise :class:`ValueError` with a one-line message naming the
+key, the bad value, the file and what is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
+
+__all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
+
+MODELS_DIR = Path(__file__).resolve().parent
+
+# key: (type, check, required); check in "positive", "nonnegative", "at_least_1", or a tuple of choices
+_TOP: dict[str, tuple[type, Any, bool]] = {
+    "name": (str, "", False),
+    "source": (str, "", False),
+    "num_layers": (int, "positive", True),
+    "hidden_size": (int, "positive", True),
+    "num_heads": (int, "positive", True),
+    "num_kv_heads": (int, "positive", False),
+    "head_dim": (int, "positive", False),
+    "ffn_hidden_size": (int, "positive", True),
+    "vocab_size": (int, "positive", True),
+    "mlp": (str, MLP_KINDS, False),
+    "norm": (str, NORM_KINDS, False),
+    "tied_embeddings": (bool, "", False),
+}
+_MOE: dict[str, tuple[type, Any, bool]] = {
+    "num_experts": (int, "positive", True),
+    "top_k": (int, "positive", True),
+    "expert_ffn_hidden_size": (int, "positive", True),
+    "shared_experts": (int, "nonnegative", False),
+    "capacity_factor": (float, "nonnegative", False),
+    "first_dense_layers": (int, "nonnegative", False),
+    "layer_frequency": (int, "positive", False),
+}
+_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+#: hidden_act values of Hugging Face configs and the MLP they mean.
+_HF_ACTIVATIONS = {
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "gelu_fast": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_python": "gelu",
+    "quick_gelu": "gelu",
+}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def list_models() -> list[str]:
+    """Names of the built-in presets, sorted (``*.toml`` here not starting with ``_``)."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.toml") if not p.name.startswith("_"))
+
+
+def load_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
+    """Load a model preset, a native TOML model file or a Hugging Face config.json.
+
+    Args:
+        name_or_path: a built-in preset name (see :func:`list_models`), the path
+            of a ``.toml`` file in the preset schema (module docstring), or the
+            path of a Hugging Face ``config.json`` (any ``.json`` file).
+
+    Returns:
+        A validated :class:`ModelSpec` (see :func:`validate_model`).
+
+    Raises:
+        ValueError: one line naming the key, value, file and what is valid:
+            unknown preset (lists the valid names), missing file, invalid
+            TOML/JSON, unknown or missing key, wrong type, non-positive size,
+            heads not dividing hidden (when head_dim is absent), kv heads not
+            dividing heads, unknown mlp/norm/hidden_act, top_k > num_experts.
+    """
+    path = _locate(name_or_path)
+    if path.suffix.lower() == ".json":
+        return _load_hf(path)
+    return _load_toml(path)
+
+
+def model_sources(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
+    """``{dotted key: citation}`` from the ``# source:`` comments of a TOML model file.
+
+    A comment applies to the key on its own line or to the key on the line
+    directly below it. Keys are dotted (``"moe.top_k"``).
+
+    Raises:
+        ValueError: unknown preset, missing file, or a JSON (Hugging Face) file.
+    """
+    path = _locate(name_or_path)
+    if path.suffix.lower() == ".json":
+        raise ValueError(f"model: {str(path)!r} is a Hugging Face config; only TOML model files carry # source: comments")
+    text = path.read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    table = ""
+    pending: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            match = _SOURCE_RE.search(stripped)
+            pending = match.group(1) if match else None
+            continue
+        header = _HEADER_RE.match(stripped)
+        key = _KEY_RE.match(stripped)
+        comment = _comment(line)
+        match = _SOURCE_RE.search(comment) if comment else None
+        source = match.group(1) if match else pending
+        pending = None
+        if header:
+            table = header.group(1).strip()
+        elif key and source:
+            out[f"{table}.{key.group(1)}" if table else key.group(1)] = source
+    return out
+
+
+def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
+    """Check a :class:`ModelSpec` and return it unchanged.
+
+    Checks: positive sizes; ``num_kv_heads`` divides ``num_heads``; ``mlp``
+    and ``norm`` are known kinds; for MoE: positive expert counts and sizes,
+    ``top_k <= num_experts``, ``capacity_factor >= 0``, ``shared_experts >= 0``,
+    ``0 <= first_dense_layers <= num_layers``, ``layer_frequency >= 1``.
+
+    Args:
+        where: appended to messages (e.g. ``"in /path/model.toml"``).
+
+    Raises:
+        ValueError: one line naming the field, the value and what is valid.
+    """
+    at = f" in {where}" if where else f" in model {spec.name!r}"
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "ffn_hidden_size", "vocab_size"):
+        value = getattr(spec, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{field}: {value!r} must be a positive integer{at}")
+    if spec.num_heads % spec.num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads: {spec.num_kv_heads} does not divide num_heads {spec.num_heads}{at}; "
+            f"valid: {', '.join(map(str, _divisors(spec.num_heads)))}"
+        )
+    if spec.mlp not in MLP_KINDS:
+        raise ValueError(f"mlp: {spec.mlp!r} is not an MLP kind{at}; valid: {', '.join(MLP_KINDS)}")
+    if spec.norm not in NORM_KINDS:
+        raise ValueError(f"norm: {spec.norm!r} is not a norm kind{at}; valid: {', '.join(NORM_KINDS)}")
+    moe = spec.moe
+    if moe is not None:
+        for field in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_frequency"):
+            value = getattr(moe, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"moe.{field}: {value!r} must be a positive integer{at}")
+        for field in ("shared_experts", "first_dense_layers"):
+            value = getattr(moe, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"moe.{field}: {value!r} must be an integer >= 0{at}")
+        if moe.top_k > moe.num_experts:
+            raise ValueError(f"moe.top_k: {moe.top_k} exceeds moe.num_experts {moe.num_experts}{at}; valid: 1..{moe.num_experts}")
+        if not moe.capacity_factor >= 0:
+            raise ValueError(f"moe.capacity_factor: {moe.capacity_factor!r} must be >= 0{at} (0 = dropless)")
+        if moe.first_dense_layers > spec.num_layers:
+            raise ValueError(
+                f"moe.first_dense_layers: {moe.first_dense_layers} exceeds num_layers {spec.num_layers}{at}; "
+                f"valid: 0..{spec.num_layers}"
+            )
+    return spec
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def _locate(ref: str | os.PathLike[str]) -> Path:
+    text = os.fspath(ref)
+    if text in list_models():
+        return MODELS_DIR / f"{text}.toml"
+    path = Path(text).expanduser()
+    looks_like_path = path.suffix.lower() in (".toml", ".json") or "/" in text or os.sep in text
+    if looks_like_path:
+        if path.is_file():
+            return path.resolve()
+        raise ValueError(f"model: file {str(path)!r} not found; give a preset name, a .toml model file or a config.json")
+    raise ValueError(
+        f"model: {text!r} is not a preset; valid: {', '.join(list_models())} "
+        "(or a path to a .toml model file or a Hugging Face config.json)"
+    )
+
+
+# --------------------------------------------------------------------------- native TOML
+
+
+def _load_toml(path: Path) -> ModelSpec:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"model: {path} is not valid TOML: {str(err).splitlines()[0]}") from None
+    where = f"in {path}"
+    for key in data:
+        if key != "moe" and key not in _TOP:
+            raise ValueError(f"{key}: unknown key {where}; valid keys: {', '.join([*_TOP, 'moe'])}")
+    top = {key: _coerce(data[key], spec, key, where) for key, spec in _TOP.items() if key in data}
+    for key, (_, _, required) in _TOP.items():
+        if required and key not in top:
+            raise ValueError(f"{key}: missing required key {where}; add it at the top level")
+
+    moe = None
+    if "moe" in data:
+        table = data["moe"]
+        if not isinstance(table, Mapping):
+            raise ValueError(f"moe: {table!r} must be a table [moe] {where}")
+        for key in table:
+            if key not in _MOE:
+                raise ValueError(f"moe.{key}: unknown key {where}; valid keys of [moe]: {', '.join(_MOE)}")
+        values = {key: _coerce(table[key], spec, f"moe.{key}", where) for key, spec in _MOE.items() if key in table}
+        for key, (_, _, required) in _MOE.items():
+            if required and key not in values:
+                raise ValueError(f"moe.{key}: missing required key {where}; add it to [moe]")
+        moe = MoESpec(**values)
+
+    heads = top["num_heads"]
+    head_dim = top.get("head_dim") or _head_dim(top["hidden_size"], heads, "num_heads", where)
+    spec = ModelSpec(
+        name=top.get("name", path.stem),
+        num_layers=top["num_layers"],
+        hidden_size=top["hidden_size"],
+        num_heads=heads,
+        num_kv_heads=top.get("num_kv_heads", heads),
+        head_dim=head_dim,
+        ffn_hidden_size=top["ffn_hidden_size"],
+        vocab_size=top["vocab_size"],
+        mlp=top.get("mlp", "swiglu"),
+        norm=top.get("norm", "rmsnorm"),
+        tied_embeddings=top.get("tied_embeddings", False),
+        moe=moe,
+        source=top.get("source", f"model file {path}"),
+    )
+    return validate_model(spec, where=str(path))
+
+
+def _coerce(value: Any, spec: tuple[type, Any, bool], key: str, where: str) -> Any:
+    kind, check, _ = spec
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ValueError(f"{key}: {value!r} must be {_WORDS[kind]} {where}")
+    if isinstance(check, tuple):
+        if value not in check:
+            raise ValueError(f"{key}: {value!r} is not valid {where}; valid: {', '.join(check)}")
+    elif check == "positive" and value <= 0:
+        raise ValueError(f"{key}: {value!r} must be > 0 {where}")
+    elif check == "nonnegative" and value < 0:
+        raise ValueError(f"{key}: {value!r} must be >= 0 {where}")
+    return value
+
+
+def _head_dim(hidden: int, heads: int, heads_key: str, where: str) -> int:
+    if heads <= 0 or hidden % heads:
+        raise ValueError(
+            f"{heads_key}: {heads} does not divide hidden size {hidden} {where} and no head_dim is given; "
+            f"valid: a divisor of {hidden} (e.g. {', '.join(map(str, _divisors(hidden)[-6:]))}) or give head_dim"
+        )
+    return hidden // heads
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def _load_hf(path: Path) -> ModelSpec:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"model: {path} is not valid JSON: {err}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"model: {path} is not a JSON object; expected a Hugging Face config.json")
+    where = f"in {path}"
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    source = f"Hugging Face config {path}"
+
+    if "n_embd" in cfg:  # GPT-2 style
+        hidden = _hf_int(cfg, "n_embd", where)
+        heads = _hf_int(cfg, "n_head", where)
+        inner = cfg.get("n_inner")
+        spec = ModelSpec(
+            name=name,
+            num_layers=_hf_int(cfg, "n_layer", where),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=_head_dim(hidden, heads, "n_head", where),
+            ffn_hidden_size=4 * hidden if inner is None else _hf_int(cfg, "n_inner", where),
+            vocab_size=_hf_int(cfg, "vocab_size", where),
+            mlp="gelu",
+            norm="layernorm",
+            tied_embeddings=True,
+            source=source,
+        )
+        return validate_model(spec, where=str(path))
+
+    if "hidden_size" not in cfg:
+        raise ValueError(
+            f"hidden_size: missing {where}; a Hugging Face config needs Llama-style keys "
+            "(hidden_size, num_hidden_layers, ...) or GPT-2-style keys (n_embd, n_layer, ...)"
+        )
+    hidden = _hf_int(cfg, "hidden_size", where)
+    heads = _hf_int(cfg, "num_attention_heads", where)
+    kv_heads = heads if cfg.get("num_key_value_heads") is None else _hf_int(cfg, "num_key_value_heads", where)
+    if cfg.get("head_dim") is not None:
+        head_dim = _hf_int(cfg, "head_dim", where)
+    elif cfg.get("kv_lora_rank") is not None and cfg.get("v_head_dim") is not None:
+        head_dim = _hf_int(cfg, "v_head_dim", where)  # MLA approximated as MHA (deepseek-v3.toml)
+    else:
+        head_dim = _head_dim(hidden, heads, "num_attention_heads", where)
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if not isinstance(act, str) or act.lower() not in _HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act: {act!r} is not supported {where}; valid: {', '.join(_HF_ACTIVATIONS)}")
+    mlp = _HF_ACTIVATIONS[act.lower()]
+    if str(cfg.get("model_type", "")).startswith("gemma"):
+        mlp = "swiglu"  # gated GELU: three matmuls, priced as swiglu
+    has_ln = "layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg
+    norm = "layernorm" if has_ln and "rms_norm_eps" not in cfg else "rmsnorm"
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"tie_word_embeddings: {tied!r} must be true or false {where}")
+    ffn = _hf_int(cfg, "intermediate_size", where)
+
+    moe = None
+    if cfg.get("num_local_experts") is not None:  # Mixtral
+        moe = MoESpec(
+            num_experts=_hf_int(cfg, "num_local_experts", where),
+            top_k=_hf_int(cfg, "num_experts_per_tok", where),
+            expert_ffn_hidden_size=ffn,
+            capacity_factor=0.0,
+        )
+    elif cfg.get("n_routed_experts") is not None:  # DeepSeek
+        moe = MoESpec(
+            num_experts=_hf_int(cfg, "n_routed_experts", where),
+            top_k=_hf_int(cfg, "num_experts_per_tok", where),
+            expert_ffn_hidden_size=_hf_int(cfg, "moe_intermediate_size", where),
+            shared_experts=_hf_int(cfg, "n_shared_experts", where, default=0, minimum=0),
+            capacity_factor=0.0,
+            first_dense_layers=_hf_int(cfg, "first_k_dense_replace", where, default=0, minimum=0),
+            layer_frequency=_hf_int(cfg, "moe_layer_freq", where, default=1),
+        )
+    spec = ModelSpec(
+        name=name,
+        num_layers=_hf_int(cfg, "num_hidden_layers", where),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn_hidden_size=ffn,
+        vocab_size=_hf_int(cfg, "vocab_size", where),
+        mlp=mlp,
+        norm=norm,
+        tied_embeddings=tied,
+        moe=moe,
+        source=source,
+    )
+    return validate_model(spec, where=str(path))
+
+
+_MISSING = object()
+
+
+def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING, minimum: int = 1) -> int:
+    value = cfg.get(key, _MISSING)
+    if value is _MISSING or value is None:
+        if default is not _MISSING:
+            return default
+        raise ValueError(f"{key}: missing required key {where}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}: {value!r} must be an integer {where}")
+    if value < minimum:
+        raise ValueError(f"{key}: {value!r} must be >= {minimum} {where}")
+    return value
+
+
+# --------------------------------------------------------------------------- source comments
+
+_HEADER_RE = re.compile(r"^\[\s*([A-Za-z0-9_.\-]+)\s*\]")
+_KEY_RE = re.compile(r"^([A-Za-z0-9_\-]+)\s*=")
+_SOURCE_RE = re.compile(r"#\s*source:\s*(.*?)\s*$", re.IGNORECASE)
+
+
+def _comment(line: str) -> str | None:
+    """The comment part of a TOML line (``#`` outside quotes), or None."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[i:]
+    return None

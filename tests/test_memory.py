@@ -1,0 +1,244 @@
+"""Tests for strategies.memory: ZeRO closed forms, activations, buffers, OOM errors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardware.units import GIB
+from strategies.memory import (
+    WORKSPACE_BYTES,
+    MemoryBreakdown,
+    OutOfMemoryError,
+    check_fits,
+    rank_memory,
+)
+from strategies.model_costs import activation_bytes_per_layer, param_counts, rank_params
+from strategies.model_spec import ModelSpec, MoESpec
+from strategies.plan import ParallelPlan
+
+H, V = 64, 1000
+MHA = ModelSpec(name="mha", num_layers=2, hidden_size=H, num_heads=4, num_kv_heads=4, head_dim=16,
+                ffn_hidden_size=4 * H, vocab_size=V, mlp="gelu", norm="layernorm")
+MOE = ModelSpec(name="moe", num_layers=2, hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16,
+                ffn_hidden_size=256, vocab_size=V,
+                moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, shared_experts=1))
+ALL = dict(layers=[0, 1], has_embedding=True, has_head=True)
+BUCKET = 1_000_000
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = dict(dp=4, tp=1, pp=1, micro_batch=2, global_batch=64, seq_len=32, zero=0,
+                grad_bucket_bytes=BUCKET)
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def _states(b: MemoryBreakdown) -> float:
+    return b.weights_bytes + b.gradients_bytes + b.optimizer_bytes
+
+
+# ---------------------------------------------------------------------------- model states
+
+
+def test_unsharded_model_states_are_16_bytes_per_param():
+    p = param_counts(MHA).total
+    b = rank_memory(MHA, _plan(zero=0), inflight_microbatches=1, **ALL)
+    assert (b.weights_bytes, b.gradients_bytes, b.optimizer_bytes) == (2 * p, 2 * p, 12 * p)
+    assert _states(b) == 16 * p
+
+
+@pytest.mark.parametrize("zero, per_param", [
+    (0, lambda p, d: 2 * p + 2 * p + 12 * p),
+    (1, lambda p, d: 2 * p + 2 * p + 12 * p / d),
+    (2, lambda p, d: 2 * p + 2 * p / d + 12 * p / d),
+    (3, lambda p, d: 2 * p / d + 2 * p / d + 12 * p / d),
+])
+@pytest.mark.parametrize("dp, cp", [(4, 1), (2, 2), (8, 1)])
+def test_zero_stages_match_the_zero_paper_exactly(zero, per_param, dp, cp):
+    p = param_counts(MHA).total
+    b = rank_memory(MHA, _plan(zero=zero, dp=dp, cp=cp), inflight_microbatches=1, **ALL)
+    assert _states(b) == pytest.approx(per_param(p, dp * cp), rel=1e-15)
+
+
+def test_zero_paper_figure_1_numbers():
+    """ZeRO paper (arXiv 1910.02054) Figure 1: a 7.5B model on N_d = 64 GPUs with K = 12 needs
+    120 GB (baseline), 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p) of model states."""
+    model = ModelSpec(name="7.5b", num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=32,
+                      head_dim=128, ffn_hidden_size=11008, vocab_size=32000)
+    assert param_counts(model).total == pytest.approx(7.5e9, rel=0.01)
+    for zero, published_gb in ((0, 120), (1, 31.4), (2, 16.6), (3, 1.9)):
+        b = rank_memory(model, _plan(dp=64, zero=zero, seq_len=128), layers=range(36),
+                        has_embedding=True, has_head=True, inflight_microbatches=1)
+        assert _states(b) / 1e9 == pytest.approx(published_gb, rel=0.02), zero
+
+
+def test_expert_params_shard_over_dp_over_ep():
+    plan = _plan(zero=3, dp=4, ep=2)
+    rp = rank_params(MOE, layers=[0, 1], tp=1, ep=2, has_embedding=True, has_head=True)
+    assert rp.expert_params > 0
+    b = rank_memory(MOE, plan, inflight_microbatches=1, **ALL)
+    assert b.optimizer_bytes == 12 * rp.dense_params / 4 + 12 * rp.expert_params / 2
+    assert b.gradients_bytes == 2 * rp.dense_params / 4 + 2 * rp.expert_params / 2
+    assert b.weights_bytes == 2 * rp.dense_params / 4 + 2 * rp.expert_params / 2
+
+
+def test_tp_shards_model_states():
+    rp = rank_params(MHA, layers=[0, 1], tp=2, ep=1, has_embedding=True, has_head=True)
+    b = rank_memory(MHA, _plan(tp=2, zero=0), inflight_microbatches=1, **ALL)
+    assert _states(b) == 16 * rp.total
+    assert rp.total < param_counts(MHA).total
+
+
+def test_fp8_keeps_an_extra_weight_copy():
+    p = param_counts(MHA).total
+    b = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1, **ALL)
+    assert (b.weights_bytes, b.gradients_bytes, b.optimizer_bytes) == (3 * p, 2 * p, 12 * p)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]))
+def test_higher_zero_stage_never_needs_more_model_state_memory(dp, tp):
+    states = [_states(rank_memory(MHA, _plan(dp=dp, tp=tp, zero=z), inflight_microbatches=1, **ALL))
+              for z in (0, 1, 2, 3)]
+    assert states == sorted(states, reverse=True)
+    if dp > 1:
+        assert states[0] > states[1] > states[2] > states[3]
+
+
+# ---------------------------------------------------------------------------- activations
+
+
+def test_activations_are_inflight_times_korthikanti_plus_embedding_and_head():
+    s, b, t, inflight = 32, 2, 2, 3
+    sbh = s * b * H
+    per_layer = sbh * 34 / t  # Korthikanti Table 2, TP + SP, flash attention
+    embedding = sbh / t  # dropout mask, 1 byte
+    head = 2 * 2 * sbh / t + 4 * s * b * V / t  # final-norm and head inputs, fp32 logits
+    mem = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s), inflight_microbatches=inflight, **ALL)
+    assert mem.activations_bytes == inflight * (2 * per_layer + embedding + head)
+    middle = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s), layers=[1], has_embedding=False,
+                         has_head=False, inflight_microbatches=inflight)
+    assert middle.activations_bytes == inflight * per_layer
+    none = rank_memory(MHA, _plan(tp=t), layers=[1], has_embedding=False, has_head=False,
+                       inflight_microbatches=0)
+    assert none.activations_bytes == 0
+
+
+def test_full_recompute_keeps_inputs_plus_one_rematerialised_layer():
+    s, b, t, inflight = 32, 2, 2, 4
+    sbh = s * b * H
+    mem = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s, recompute="full"), layers=[0, 1],
+                      has_embedding=False, has_head=False, inflight_microbatches=inflight)
+    assert mem.activations_bytes == inflight * 2 * (2 * sbh / t) + 34 * sbh / t
+
+
+def test_selective_recompute_equals_none_under_flash_attention():
+    kw = dict(layers=[0, 1], has_embedding=False, has_head=False, inflight_microbatches=2)
+    assert rank_memory(MHA, _plan(recompute="selective"), **kw).activations_bytes == \
+        rank_memory(MHA, _plan(recompute="none"), **kw).activations_bytes
+
+
+def test_moe_activations_use_the_cost_model():
+    plan = _plan(tp=2, ep=2)
+    expected = 2 * sum(activation_bytes_per_layer(MOE, i, micro_batch=2, seq_len=32, tp=2) for i in (0, 1))
+    mem = rank_memory(MOE, plan, layers=[0, 1], has_embedding=False, has_head=False, inflight_microbatches=2)
+    assert mem.activations_bytes == expected
+
+
+# ---------------------------------------------------------------------------- buffers and totals
+
+
+def test_comm_buffers_and_workspace():
+    kw = dict(inflight_microbatches=1, **ALL)
+    assert rank_memory(MHA, _plan(dp=4, zero=1), **kw).comm_buffers_bytes == 2 * BUCKET
+    assert rank_memory(MHA, _plan(dp=1, zero=1), **kw).comm_buffers_bytes == 0
+    layer = param_counts(MHA).dense_layer
+    assert rank_memory(MHA, _plan(dp=4, zero=3), **kw).comm_buffers_bytes == 2 * BUCKET + 2 * (2 * layer)
+    z3_fp8 = rank_memory(MHA, _plan(dp=4, zero=3, dtype="fp8"), **kw)
+    assert z3_fp8.comm_buffers_bytes == 2 * BUCKET + 2 * (3 * layer)
+    assert rank_memory(MHA, _plan(), **kw).workspace_bytes == WORKSPACE_BYTES == GIB
+
+
+def test_total_and_to_dict():
+    b = rank_memory(MOE, _plan(zero=2, tp=2, ep=2), inflight_microbatches=2, **ALL)
+    d = b.to_dict()
+    assert set(d) == {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                      "comm_buffers_bytes", "workspace_bytes", "total_bytes"}
+    assert d["total_bytes"] == b.total_bytes == sum(v for k, v in d.items() if k != "total_bytes")
+
+
+def test_bad_inputs_raise_one_line_errors():
+    with pytest.raises(ValueError, match="inflight_microbatches") as info:
+        rank_memory(MHA, _plan(), inflight_microbatches=-1, **ALL)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=r"ep: 3 does not divide dp\*cp = 4"):
+        rank_memory(MOE, _plan(ep=3), inflight_microbatches=1, **ALL)
+    with pytest.raises(ValueError, match="zero"):
+        rank_memory(MHA, _plan(zero=4), inflight_microbatches=1, **ALL)
+    with pytest.raises(ValueError, match="layer"):
+        rank_memory(MHA, _plan(), layers=[5], has_embedding=False, has_head=False, inflight_microbatches=1)
+
+
+# ---------------------------------------------------------------------------- OOM
+
+
+def _breakdown(states_gib: float, acts_gib: float) -> MemoryBreakdown:
+    return MemoryBreakdown(weights_bytes=states_gib / 4 * GIB, gradients_bytes=states_gib / 4 * GIB,
+                           optimizer_bytes=states_gib / 2 * GIB, activations_bytes=acts_gib * GIB,
+                           comm_buffers_bytes=0.0, workspace_bytes=1 * GIB)
+
+
+def test_check_fits_passes_when_it_fits():
+    b = _breakdown(40, 30)
+    assert check_fits(b, b.total_bytes, rank=0) is None
+
+
+def test_out_of_memory_error_is_one_line_and_carries_the_breakdown():
+    b = _breakdown(60, 20)
+    with pytest.raises(OutOfMemoryError) as info:
+        check_fits(b, 80 * GIB, rank=7, plan=_plan(zero=1, micro_batch=4))
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert (err.rank, err.breakdown, err.capacity_bytes) == (7, b, 80 * GIB)
+    message = str(err)
+    assert "\n" not in message
+    assert message.startswith("out of memory on rank 7: needs 81.00 GiB of 80.00 GiB (weights 15.00, "
+                              "gradients 15.00, optimizer 30.00, activations 20.00")
+    # model states dominate: the ZeRO stage is suggested first
+    assert message.endswith("try zero=2, recompute='full', micro_batch=2, more tp, pp or cp")
+
+
+def test_oom_suggestions_follow_the_biggest_consumer_and_the_plan():
+    b = _breakdown(10, 80)
+    with pytest.raises(OutOfMemoryError) as info:
+        check_fits(b, 80 * GIB, rank=0, plan=_plan(zero=3, micro_batch=1, recompute="selective"))
+    message = str(info.value)
+    assert message.endswith("try recompute='full', more tp, pp or cp")
+    assert "zero=" not in message
+    with pytest.raises(OutOfMemoryError) as info:
+        check_fits(b, 80 * GIB, rank=0)
+    assert "try recompute='full', a smaller micro_batch, a higher ZeRO stage" in str(info.value)
+
+
+def test_check_fits_rejects_a_bad_capacity():
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        check_fits(_breakdown(1, 1), 0, rank=0)
+
+
+def test_llama3_8b_fits_an_h100_only_when_sharded():
+    """Plausibility: 8.03B params * 16 bytes = 128 GB of model states cannot fit 80 GB
+    unsharded; ZeRO-1 over 8 GPUs brings them to 4*8.03 + 12*8.03/8 = 44.2 GB."""
+    from strategies.models import load_model
+    m = load_model("llama3-8b")
+    kw = dict(layers=range(32), has_embedding=True, has_head=True, inflight_microbatches=1)
+    capacity = 80e9
+    unsharded = rank_memory(m, replace(_plan(dp=8, seq_len=8192, micro_batch=1), zero=0), **kw)
+    with pytest.raises(OutOfMemoryError):
+        check_fits(unsharded, capacity, rank=0)
+    z1 = rank_memory(m, _plan(dp=8, seq_len=8192, micro_batch=1, zero=1, recompute="full"), **kw)
+    assert _states(z1) / 1e9 == pytest.approx((4 + 12 / 8) * 8.03, rel=0.01)
+    check_fits(z1, capacity, rank=0)

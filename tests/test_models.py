@@ -1,0 +1,281 @@
+"""Tests for strategies.models: presets, sources, native TOML files, HF configs, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
+from strategies.models import MODELS_DIR, list_models, load_model, model_sources, validate_model
+
+PRESETS = [
+    "deepseek-v3",
+    "gpt3-175b",
+    "llama2-13b",
+    "llama2-70b",
+    "llama2-7b",
+    "llama3-405b",
+    "llama3-70b",
+    "llama3-8b",
+    "mixtral-8x7b",
+]
+
+
+def _error(func, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as info:
+        func(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- presets
+
+
+def test_list_models_is_sorted_and_complete():
+    assert list_models() == PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_loads_and_validates(name):
+    spec = load_model(name)
+    assert isinstance(spec, ModelSpec)
+    assert spec.name == name
+    assert spec.source
+    assert spec.mlp in MLP_KINDS and spec.norm in NORM_KINDS
+    assert spec.num_heads % spec.num_kv_heads == 0
+    assert validate_model(spec) is spec
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_number_in_a_preset_has_a_source(name):
+    path = MODELS_DIR / f"{name}.toml"
+    data = tomllib.loads(path.read_text())
+    sources = model_sources(name)
+    leaves = {**{k: v for k, v in data.items() if k != "moe"},
+              **{f"moe.{k}": v for k, v in data.get("moe", {}).items()}}
+    for key, value in leaves.items():
+        if key in ("name", "source"):
+            continue
+        assert key in sources and sources[key].strip(), f"{name}: {key} = {value!r} has no # source:"
+
+
+def test_preset_values_match_the_papers():
+    m = load_model("llama3-405b")
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size,
+            m.vocab_size) == (126, 16384, 128, 8, 53248, 128256)
+    g = load_model("gpt3-175b")
+    assert (g.num_layers, g.hidden_size, g.num_heads, g.ffn_hidden_size, g.vocab_size) == \
+        (96, 12288, 96, 4 * 12288, 50257)
+    assert (g.mlp, g.norm, g.tied_embeddings) == ("gelu", "layernorm", True)
+    x = load_model("mixtral-8x7b")
+    assert x.moe == MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336, capacity_factor=0.0)
+    assert (x.num_layers, x.hidden_size, x.num_kv_heads, x.ffn_hidden_size) == (32, 4096, 8, 14336)
+    d = load_model("deepseek-v3")
+    assert d.moe == MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
+                            capacity_factor=0.0, first_dense_layers=3, layer_frequency=1)
+    assert (d.num_layers, d.hidden_size, d.num_heads, d.head_dim, d.ffn_hidden_size, d.vocab_size) == \
+        (61, 7168, 128, 128, 18432, 129280)
+    assert [d.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
+    assert "MLA" in (MODELS_DIR / "deepseek-v3.toml").read_text()
+    l2 = load_model("llama2-70b")
+    assert (l2.num_heads, l2.num_kv_heads) == (64, 8)
+
+
+def test_unknown_preset_lists_valid_names():
+    message = _error(load_model, "llama4-9000b")
+    assert "'llama4-9000b'" in message
+    for name in PRESETS:
+        assert name in message
+
+
+def test_missing_file_is_named(tmp_path):
+    message = _error(load_model, str(tmp_path / "nope.toml"))
+    assert "nope.toml" in message and "not found" in message
+
+
+# ---------------------------------------------------------------------------- native TOML
+
+SMALL = """
+name = "tiny"
+num_layers = 2
+hidden_size = 64
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 128
+vocab_size = 1000
+"""
+
+
+def test_native_file_loads_with_defaults(tmp_path):
+    spec = load_model(_write(tmp_path / "tiny.toml", SMALL))
+    assert spec == ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                             head_dim=16, ffn_hidden_size=128, vocab_size=1000, mlp="swiglu",
+                             norm="rmsnorm", tied_embeddings=False, moe=None,
+                             source=f"model file {(tmp_path / 'tiny.toml').resolve()}")
+
+
+def test_native_file_with_moe_and_head_dim(tmp_path):
+    text = SMALL.replace('name = "tiny"\n', "") + "head_dim = 24\n[moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden_size = 32\ncapacity_factor = 1\n"
+    spec = load_model(str(_write(tmp_path / "other.toml", text)))
+    assert spec.name == "other"
+    assert spec.head_dim == 24
+    assert spec.moe == MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, capacity_factor=1.0)
+    assert isinstance(spec.moe.capacity_factor, float)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace("num_layers = 2\n", ""), ["num_layers", "missing"]),
+    (lambda t: t.replace("hidden_size = 64", "hidden_size = 0"), ["hidden_size", "0", "> 0"]),
+    (lambda t: t.replace("hidden_size = 64", "hidden_size = -64"), ["hidden_size", "-64"]),
+    (lambda t: t.replace("hidden_size = 64", 'hidden_size = "64"'), ["hidden_size", "integer"]),
+    (lambda t: t.replace("hidden_size = 64", "hidden_size = 64.0"), ["hidden_size", "integer"]),
+    (lambda t: t.replace("num_heads = 4", "num_heads = 5"), ["num_heads", "5", "64", "head_dim"]),
+    (lambda t: t.replace("num_kv_heads = 2", "num_kv_heads = 3"), ["num_kv_heads", "3", "4"]),
+    (lambda t: t + 'mlp = "relu"\n', ["mlp", "relu", "gelu", "swiglu"]),
+    (lambda t: t + 'norm = "batchnorm"\n', ["norm", "batchnorm", "rmsnorm"]),
+    (lambda t: t + "tied_embeddings = 1\n", ["tied_embeddings", "true or false"]),
+    (lambda t: t + "hidden = 3\n", ["hidden", "unknown key", "hidden_size"]),
+    (lambda t: t + "[moe]\nnum_experts = 4\ntop_k = 2\n", ["moe.expert_ffn_hidden_size", "missing"]),
+    (lambda t: t + "[moe]\nnum_experts = 4\ntop_k = 8\nexpert_ffn_hidden_size = 8\n", ["moe.top_k", "8", "1..4"]),
+    (lambda t: t + "[moe]\nnum_experts = 4\ntop_k = 1\nexpert_ffn_hidden_size = 8\ncapacity_factor = -1\n",
+     ["moe.capacity_factor", "-1"]),
+    (lambda t: t + "[moe]\nnum_experts = 4\ntop_k = 1\nexpert_ffn_hidden_size = 8\nfoo = 1\n", ["moe.foo", "unknown"]),
+    (lambda t: t + "[moe]\nnum_experts = 4\ntop_k = 1\nexpert_ffn_hidden_size = 8\nfirst_dense_layers = 3\n",
+     ["moe.first_dense_layers", "3", "0..2"]),
+    (lambda t: t + "num_layers = [", ["not valid TOML"]),
+])
+def test_bad_native_files_raise_one_line_errors(tmp_path, edit, words):
+    path = _write(tmp_path / "bad.toml", edit(SMALL))
+    message = _error(load_model, path)
+    for word in words:
+        assert word in message, message
+    assert "bad.toml" in message, message
+
+
+def test_validate_model_rejects_bad_specs():
+    good = load_model("llama3-8b")
+    from dataclasses import replace
+    assert "num_kv_heads" in _error(validate_model, replace(good, num_kv_heads=5))
+    assert "head_dim" in _error(validate_model, replace(good, head_dim=0))
+    assert "moe.top_k" in _error(validate_model, replace(
+        good, moe=MoESpec(num_experts=2, top_k=3, expert_ffn_hidden_size=8)))
+
+
+# ---------------------------------------------------------------------------- Hugging Face configs
+
+
+LLAMA3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+
+
+def test_hf_llama_config_matches_the_preset(tmp_path):
+    path = _write(tmp_path / "Meta-Llama-3-8B" / "config.json", json.dumps(LLAMA3_8B_CONFIG))
+    spec = load_model(path)
+    preset = load_model("llama3-8b")
+    assert spec.name == "Meta-Llama-3-8B"
+    assert "config.json" in spec.source
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "ffn_hidden_size", "vocab_size", "mlp", "norm", "tied_embeddings", "moe"):
+        assert getattr(spec, field) == getattr(preset, field), field
+
+
+def test_hf_llama_defaults_kv_heads_and_reads_head_dim(tmp_path):
+    cfg = {k: v for k, v in LLAMA3_8B_CONFIG.items() if k not in ("num_key_value_heads", "tie_word_embeddings")}
+    cfg["head_dim"] = 256
+    spec = load_model(_write(tmp_path / "m.json", json.dumps(cfg)))
+    assert (spec.num_kv_heads, spec.head_dim, spec.tied_embeddings, spec.name) == (32, 256, False, "m")
+
+
+def test_hf_gpt2_config(tmp_path):
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
+           "vocab_size": 50257, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+    spec = load_model(_write(tmp_path / "gpt2" / "config.json", json.dumps(cfg)))
+    assert spec == ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_heads=12, num_kv_heads=12,
+                             head_dim=64, ffn_hidden_size=3072, vocab_size=50257, mlp="gelu",
+                             norm="layernorm", tied_embeddings=True, source=spec.source)
+    cfg["n_inner"] = 1000
+    assert load_model(_write(tmp_path / "g2.json", json.dumps(cfg))).ffn_hidden_size == 1000
+
+
+def test_hf_mixtral_config_matches_the_preset(tmp_path):
+    cfg = {"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 4096,
+           "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 32000}
+    spec = load_model(_write(tmp_path / "mixtral" / "config.json", json.dumps(cfg)))
+    preset = load_model("mixtral-8x7b")
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "ffn_hidden_size", "vocab_size", "mlp", "norm", "tied_embeddings", "moe"):
+        assert getattr(spec, field) == getattr(preset, field), field
+
+
+def test_hf_deepseek_config_matches_the_preset(tmp_path):
+    cfg = {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 7168,
+           "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256,
+           "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+           "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+           "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-06,
+           "tie_word_embeddings": False, "vocab_size": 129280}
+    spec = load_model(_write(tmp_path / "DeepSeek-V3" / "config.json", json.dumps(cfg)))
+    preset = load_model("deepseek-v3")
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "ffn_hidden_size", "vocab_size", "mlp", "norm", "tied_embeddings", "moe"):
+        assert getattr(spec, field) == getattr(preset, field), field
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.pop("intermediate_size"), ["intermediate_size", "missing"]),
+    (lambda c: c.pop("vocab_size"), ["vocab_size", "missing"]),
+    (lambda c: c.update(hidden_size="4096"), ["hidden_size", "integer"]),
+    (lambda c: c.update(num_hidden_layers=0), ["num_hidden_layers", "0"]),
+    (lambda c: c.update(num_key_value_heads=5), ["num_kv_heads", "5"]),
+    (lambda c: c.update(num_attention_heads=3), ["num_attention_heads", "3", "4096"]),
+    (lambda c: c.update(hidden_act="relu"), ["hidden_act", "relu", "silu"]),
+    (lambda c: c.update(tie_word_embeddings="yes"), ["tie_word_embeddings"]),
+    (lambda c: c.update(num_local_experts=8), ["num_experts_per_tok", "missing"]),
+    (lambda c: c.pop("hidden_size"), ["hidden_size", "n_embd"]),
+])
+def test_bad_hf_configs_raise_one_line_errors(tmp_path, edit, words):
+    cfg = dict(LLAMA3_8B_CONFIG)
+    edit(cfg)
+    path = _write(tmp_path / "bad" / "config.json", json.dumps(cfg))
+    message = _error(load_model, path)
+    for word in words:
+        assert word in message, message
+    assert "config.json" in message, message
+
+
+def test_invalid_json_is_reported(tmp_path):
+    message = _error(load_model, _write(tmp_path / "x.json", "{not json"))
+    assert "not valid JSON" in message and "x.json" in message
+
+
+def test_model_sources_refuses_json(tmp_path):
+    path = _write(tmp_path / "c.json", json.dumps(LLAMA3_8B_CONFIG))
+    assert "Hugging Face" in _error(model_sources, path)
+
+
+def test_presets_ship_as_package_data():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'"strategies\.models"\s*=\s*\["\*\.toml"\]', text)
+    assert '"strategies.models",' in text
