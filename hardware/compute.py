@@ -402,11 +402,13 @@ class ComputeModel:
     # -- durations -------------------------------------------------------------------
 
     def kernel_time_s(self, op: ComputeOp) -> float:
-        """Kernel execution time without the launch overhead, seconds (what a profiler shows)."""
+        """Kernel execution time without the launch overhead, seconds (what a profiler
+        shows): the roofline over microbenchmark rates, slowed by the GPU's
+        ``sustained_fraction`` (clocks under continuous training load)."""
         rate = self.compute_flops_per_s(op)
         compute_s = op.flops / rate if op.flops > 0 else 0.0
         memory_s = op.bytes / (self.gpu.hbm_bytes_per_s * self.gpu.memory_efficiency)
-        return max(compute_s, memory_s)
+        return max(compute_s, memory_s) / self.gpu.sustained_fraction
 
     def duration_s(self, op: ComputeOp) -> float:
         """Time the op occupies its stream, seconds: ``kernel_launch_s`` + roofline time."""

@@ -234,13 +234,17 @@ class AnalyticFabric:
         # Keyed by identity; the plan is kept so its id cannot be reused.
         self._cache: dict[int, tuple[CommPlan, int]] = {}
 
-    def run(self, plan: CommPlan) -> Iterator[simpy.Event]:
-        """SimPy process body: wait for the plan's duration."""
+    def duration_ns(self, plan: CommPlan) -> int:
+        """The plan's uncontended duration in ns (cached per plan)."""
         cached = self._cache.get(id(plan))
         if cached is None:
             cached = (plan, self.model.plan_time_ns(plan))
             self._cache[id(plan)] = cached
-        yield self.env.timeout(cached[1])
+        return cached[1]
+
+    def run(self, plan: CommPlan) -> Iterator[simpy.Event]:
+        """SimPy process body: wait for the plan's duration."""
+        yield self.env.timeout(self.duration_ns(plan))
 
 
 class FlowFabric:

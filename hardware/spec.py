@@ -46,6 +46,10 @@ class GpuSpec:
         memory_efficiency: achievable fraction of ``hbm_bytes_per_s`` for
             streaming kernels.
         kernel_launch_s: fixed cost per kernel, in seconds.
+        sustained_fraction: fraction of the microbenchmark rates (tensor and
+            HBM) that kernels sustain inside a long training run: power and
+            thermal clock throttling under continuous load, gaps between
+            kernels. The one calibrated number of a preset (1.0 = none).
     """
 
     name: str
@@ -56,6 +60,7 @@ class GpuSpec:
     matmul_peak_efficiency: float
     memory_efficiency: float
     kernel_launch_s: float
+    sustained_fraction: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,11 @@ from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
 from sim.collective_bench import collective_sweep, sweep_sizes
 from sim.engine import Engine, SimulationResult
+from sim.step import StepResult, simulate_step
 from strategies.ir import Program
+from strategies.model_spec import ModelSpec
+from strategies.models import load_model
+from strategies.plan import ParallelPlan
 
 
 def resolve_cluster(cluster: str | ClusterSpec,
@@ -105,6 +109,65 @@ def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100
     if trace_path is not None:
         result.timeline.write_chrome_trace(trace_path)
     return result
+
+
+def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
+             gpus: int | None = None, plan: ParallelPlan | None = None,
+             fidelity: str = "analytic", overrides: Mapping[str, object] | None = None,
+             **plan_fields: object) -> StepResult:
+    """Simulate one training step (see :func:`sim.step.simulate_step`).
+
+    Args:
+        model: preset name, model file / Hugging Face config.json path, or spec.
+        cluster: preset name, preset file, or spec.
+        gpus: GPUs of the job (default: the plan's dp*tp*pp*cp).
+        plan: a ParallelPlan; or give its fields as keywords (``tp=8, pp=4``);
+            ``dp`` defaults to gpus / (tp*pp*cp) and ``global_batch`` to
+            dp * micro_batch * 4 * pp.
+        fidelity: ``analytic`` or ``flow``.
+        overrides: dotted preset keys to change.
+
+    Raises:
+        ValueError: for a bad model, cluster or plan (one line naming the field).
+        OutOfMemoryError: when the plan does not fit, with the breakdown.
+    """
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    cluster_spec = resolve_cluster(cluster, overrides)
+    if plan is None:
+        plan = make_plan(gpus=gpus, **plan_fields)
+    elif plan_fields:
+        raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
+                         f"({', '.join(plan_fields)})")
+    return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity)
+
+
+def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:
+    """A ParallelPlan with defaults filled in from the GPU count.
+
+    ``dp`` = gpus / (tp * pp * cp) when not given; ``global_batch`` =
+    dp * micro_batch * 4 * pp (four micro-batches per pipeline stage) when not
+    given.
+
+    Raises:
+        ValueError: when dp cannot be derived, or a field is unknown.
+    """
+    known = set(ParallelPlan.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"plan: {unknown[0]!r} is not a plan field; valid: {', '.join(sorted(known))}")
+    values = {k: v for k, v in fields.items() if v is not None}
+    tp, pp, cp = (int(values.get(k, 1)) for k in ("tp", "pp", "cp"))
+    if "dp" not in values:
+        if gpus is None:
+            values["dp"] = 1
+        elif gpus % (tp * pp * cp):
+            raise ValueError(f"gpus: {gpus} is not divisible by tp {tp} x pp {pp} x cp {cp} = "
+                             f"{tp * pp * cp}; give --dp or a GPU count that divides")
+        else:
+            values["dp"] = gpus // (tp * pp * cp)
+    if "global_batch" not in values:
+        values["global_batch"] = values["dp"] * int(values.get("micro_batch", 1)) * 4 * pp
+    return ParallelPlan(**values)
 
 
 def hardware_list() -> pd.DataFrame:

@@ -30,6 +30,7 @@ app.add_typer(hardware_app, name="hardware")
 
 FORMATS = ("table", "csv", "json")
 EXIT_USAGE = 2
+EXIT_OOM = 3
 
 
 class UserError(Exception):
@@ -88,6 +89,96 @@ def collective(
         print(df.to_csv(index=False), end="")
     else:
         _print_nccl_table(df, op, spec.name, nodes, ranks, fidelity)
+
+
+@app.command()
+def simulate(
+    model: str = typer.Option(..., help="Model preset, model TOML or Hugging Face config.json."),
+    cluster: str = typer.Option("dgx-h100", help="Cluster preset or preset TOML file."),
+    gpus: int = typer.Option(..., help="GPUs in the job (= dp*tp*pp*cp)."),
+    tp: int = typer.Option(1, help="Tensor-parallel size."),
+    pp: int = typer.Option(1, help="Pipeline-parallel size."),
+    dp: Optional[int] = typer.Option(None, help="Data-parallel size (default: gpus/(tp*pp*cp))."),
+    cp: int = typer.Option(1, help="Context-parallel size."),
+    ep: int = typer.Option(1, help="Expert-parallel size (MoE)."),
+    vpp: int = typer.Option(1, help="Virtual pipeline stages per rank (interleaved)."),
+    micro_batch: int = typer.Option(1, help="Sequences per micro-batch."),
+    global_batch: Optional[int] = typer.Option(None, help="Sequences per step "
+                                               "(default: dp*micro_batch*4*pp)."),
+    seq_len: int = typer.Option(4096, help="Tokens per sequence."),
+    zero: int = typer.Option(1, help="ZeRO stage 0-3 (3 = FSDP)."),
+    recompute: str = typer.Option("none", help="none, selective or full."),
+    schedule: str = typer.Option("1f1b", help="gpipe, 1f1b, interleaved or zb-h1."),
+    dtype: str = typer.Option("bf16", help="bf16 or fp8."),
+    sequence_parallel: bool = typer.Option(True, help="Sequence parallelism with TP."),
+    fidelity: str = typer.Option("analytic", help="analytic or flow."),
+    output_format: str = typer.Option("table", "--format", help="table or json."),
+    trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
+) -> None:
+    """Simulate one training step: step time, MFU, memory and where the time goes."""
+    from sim import api
+    from strategies.memory import OutOfMemoryError
+
+    _check_choice("format", output_format, ("table", "json"))
+    try:
+        result = api.simulate(model, cluster=cluster, gpus=gpus, fidelity=fidelity,
+                              overrides=_overrides(set_), tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                              vpp=vpp, micro_batch=micro_batch, global_batch=global_batch,
+                              seq_len=seq_len, zero=zero, recompute=recompute,
+                              schedule=schedule, dtype=dtype,
+                              sequence_parallel=sequence_parallel)
+    except OutOfMemoryError as oom:
+        if output_format == "json":
+            print(json.dumps({"error": "out_of_memory", "rank": oom.rank,
+                              "capacity_bytes": oom.capacity_bytes,
+                              "memory": oom.breakdown.to_dict()}, indent=1))
+        print(f"error: {oom}", file=sys.stderr)
+        sys.exit(EXIT_OOM)
+    if trace:
+        result.write_trace(trace, gpus_per_node=int(result.inputs["gpus_per_node"]))
+    if output_format == "json":
+        print(json.dumps(result.to_dict(), indent=1))
+        return
+    _print_step(result)
+
+
+def _print_step(result) -> None:
+    console = Console(width=120)
+    plan = result.inputs["plan"]
+    console.print(f"# {result.inputs['model']} on {result.inputs['gpus']} GPUs of "
+                  f"{result.inputs['cluster']['name']}: dp {plan['dp']} tp {plan['tp']} "
+                  f"pp {plan['pp']} cp {plan['cp']} ep {plan['ep']}, "
+                  f"{plan['num_microbatches']} micro-batches of {plan['micro_batch']} x "
+                  f"{plan['seq_len']} tokens, schedule {plan['schedule']}, zero {plan['zero']}, "
+                  f"recompute {plan['recompute']}")
+    summary = Table(box=None, pad_edge=False, show_header=False)
+    summary.add_column(justify="left")
+    summary.add_column(justify="right")
+    summary.add_row("step time (s)", f"{result.step_time_s:.4f}")
+    summary.add_row("tokens/s", f"{result.tokens_per_s:,.0f}")
+    summary.add_row("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}")
+    summary.add_row("MFU", f"{result.mfu:.1%}")
+    summary.add_row("peak memory (GiB)", f"{result.peak_memory_bytes / 2**30:.2f}")
+    console.print(summary)
+    table = Table(title="where the step goes (s), per pipeline rank", title_justify="left",
+                  box=None, pad_edge=False)
+    frame = result.breakdown_frame()
+    table.add_column("pp")
+    for column in frame.columns:
+        table.add_column(column, justify="right")
+    for p, row in frame.iterrows():
+        table.add_row(str(p), *(f"{v:.4f}" for v in row))
+    console.print(table)
+    memory = Table(title="memory per pipeline rank (GiB = 2^30 B)", title_justify="left",
+                   box=None, pad_edge=False)
+    mem = result.memory_frame() / 2**30
+    memory.add_column("pp")
+    for column in mem.columns:
+        memory.add_column(column.replace("_bytes", ""), justify="right")
+    for p, row in mem.iterrows():
+        memory.add_row(str(p), *(f"{v:.2f}" for v in row))
+    console.print(memory)
 
 
 def _print_nccl_table(df, op: str, cluster: str, nodes: int, ranks: int, fidelity: str) -> None:

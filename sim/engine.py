@@ -105,10 +105,13 @@ class Engine:
         self.fidelity = fidelity
         self.compute = compute
         self.timeline = Timeline()
-        self._done: dict[int, list[simpy.Event]] = {}
+        self._done: dict[int, dict[int, simpy.Event]] = {}
         self._meetings: dict[object, _Rendezvous] = {}
-        self._plans: dict[str, str] = {}
+        self._plans: dict[str, CommPlan] = {}
         self._present_cache: dict[tuple[int, ...], int] = {}
+        self._referenced: dict[int, set[int]] = {}
+        self._finished: dict[int, int] = {}
+        self._durations: dict[int, int] = {}
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -120,21 +123,26 @@ class Engine:
         """
         for rank in self.program.ranks():
             ops = self.program.ops_by_rank[rank]
-            self._done[rank] = [self.env.event() for _ in ops]
+            referenced = {d for op in ops for d in op.deps}
+            # Only ops that others wait for need an event; the rest are counted.
+            self._done[rank] = {d: self.env.event() for d in sorted(referenced)}
+            self._referenced[rank] = referenced
+            self._finished[rank] = 0
             streams: dict[str, list[int]] = {}
             for index, op in enumerate(ops):
                 streams.setdefault(op.stream, []).append(index)
             for stream in sorted(streams):
                 self.env.process(self._stream(rank, stream, streams[stream]))
         self.env.run()
-        unfinished = [(r, i) for r, events in self._done.items()
-                      for i, e in enumerate(events) if not e.triggered]
+        unfinished = {r: len(self.program.ops_by_rank[r]) - n for r, n in self._finished.items()
+                      if n < len(self.program.ops_by_rank[r])}
         if unfinished:
-            rank, index = unfinished[0]
-            op = self.program.ops_by_rank[rank][index]
+            rank = min(unfinished)
+            index = self._finished[rank]
             raise RuntimeError(
-                f"deadlock: {len(unfinished)} ops never finished, first rank {rank} op "
-                f"{index} ({op.name!r}); check the program with strategies.program_check")
+                f"deadlock: {sum(unfinished.values())} ops never finished (first on rank "
+                f"{rank}, after {index} finished ops); check the program with "
+                "strategies.program_check")
         stats = {"ops": self.program.num_ops(), "spans": len(self.timeline)}
         network = getattr(self.fabric, "network", None)
         if network is not None:
@@ -144,7 +152,7 @@ class Engine:
             timeline=self.timeline,
             makespan_ns=self.timeline.makespan_ns(),
             fidelity=self.fidelity,
-            plans=dict(self._plans),
+            plans={key: f"{plan.label}/{plan.protocol}" for key, plan in self._plans.items()},
             stats=stats,
             inputs={"cluster": self.layout.spec.name, "nodes": self.layout.nodes,
                     "gpus_per_node": self.layout.gpus_per_node, "fidelity": self.fidelity},
@@ -153,27 +161,76 @@ class Engine:
     def _stream(self, rank: int, stream: str, indices: list[int]) -> Iterator[simpy.Event]:
         ops = self.program.ops_by_rank[rank]
         done = self._done[rank]
-        for index in indices:
+        referenced = self._referenced[rank]
+        position = 0
+        while position < len(indices):
+            index = indices[position]
             op = ops[index]
             if op.deps:
                 pending = [done[d] for d in op.deps if not done[d].triggered]
                 if pending:
                     yield self.env.all_of(pending)
-            issued = self.env.now
-            started = yield from self._execute(rank, op)
-            self._record(rank, op, issued if started is None else started, self.env.now)
-            done[index].succeed()
+            duration = self._fixed_ns(op)
+            if duration is not None:
+                # A run of ops whose durations are known in advance (compute; a
+                # collective nobody else joins, at analytic fidelity) that
+                # nothing else waits on in between costs one event: their spans
+                # follow from their durations.
+                begin = self.env.now
+                spans = [(index, begin, begin + duration)]
+                while index not in referenced and position + 1 < len(indices):
+                    following = ops[indices[position + 1]]
+                    if following.deps:
+                        break
+                    duration = self._fixed_ns(following)
+                    if duration is None:
+                        break
+                    position += 1
+                    index = indices[position]
+                    spans.append((index, spans[-1][2], spans[-1][2] + duration))
+                yield self.env.timeout(spans[-1][2] - begin)
+                for member, span_start, span_end in spans:
+                    self._record(rank, ops[member], span_start, span_end)
+                self._finished[rank] += len(spans)
+            else:
+                started = yield from self._execute(rank, op)
+                self._record(rank, op, started, self.env.now)
+                self._finished[rank] += 1
+            if index in done:
+                done[index].succeed()
+            position += 1
+
+    def _fixed_ns(self, op: Op) -> int | None:
+        """Duration of an op known before it runs, or None if it depends on others."""
+        if isinstance(op, ComputeOp):
+            return self._compute_ns(op)
+        if (self.fidelity == "analytic" and isinstance(op, CollectiveOp)
+                and self._members_present(op) == 1):
+            return self.fabric.duration_ns(self._collective_plan(op))
+        return None
+
+    def _compute_ns(self, op: ComputeOp) -> int:
+        """Duration of a compute op, memoised per op object (a step repeats the same
+        op objects thousands of times; the program keeps them alive, so ids are stable)."""
+        key = id(op)
+        duration = self._durations.get(key)
+        if duration is None:
+            if self.compute is None:
+                raise ValueError(f"compute: op {op.name!r} needs a compute model; "
+                                 "pass compute=ComputeModel(gpu)")
+            duration = self.compute.duration_ns(op)
+            self._durations[key] = duration
+        return duration
 
     def _execute(self, rank: int, op: Op):
-        """Run one op; return when its work started (communication: when the last
-        participant arrived and data began to move), or None for compute."""
-        if isinstance(op, ComputeOp):
-            if self.compute is None:
-                raise ValueError(
-                    f"compute: op {op.name!r} needs a compute model; pass compute=ComputeModel(gpu)")
-            yield self.env.timeout(self.compute.duration_ns(op))
-            return None
+        """Run one communication op; return when data began to move (the last
+        participant arrived)."""
         if isinstance(op, CollectiveOp):
+            if self._members_present(op) == 1:
+                # Alone (a reduced program's representative): nobody to wait for.
+                started = self.env.now
+                yield from self.fabric.run(self._collective_plan(op))
+                return started
             meeting = self._meet(op.key, self._members_present(op),
                                  lambda: self._collective_plan(op))
         elif isinstance(op, SendOp):
@@ -200,7 +257,7 @@ class Engine:
 
     def _collective_plan(self, op: CollectiveOp) -> CommPlan:
         plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
-        self._plans[op.key] = f"{plan.label}/{plan.protocol}"
+        self._plans[op.key] = plan
         return plan
 
     def _meet(self, key: object, expected: int, make_plan) -> _Rendezvous:

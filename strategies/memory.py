@@ -210,8 +210,9 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                       sequence_parallel=plan.sequence_parallel)
     act_dtype = "bf16" if fp8 else plan.dtype
+    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention)
     per_mb = sum(model_costs.activation_bytes_per_layer(model, layer, recompute=plan.recompute,
-                                                        dtype=act_dtype, **act_kwargs)
+                                                        dtype=act_dtype, **layer_kwargs)
                  for layer in layers)
     if has_embedding:
         per_mb += model_costs.embedding_activation_bytes(model, **act_kwargs)
@@ -220,7 +221,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     activations = inflight_microbatches * per_mb
     if plan.recompute == "full" and inflight_microbatches > 0 and len(layers) > 0:
         activations += max(model_costs.activation_bytes_per_layer(model, layer, recompute="none",
-                                                                  dtype=act_dtype, **act_kwargs)
+                                                                  dtype=act_dtype, **layer_kwargs)
                            for layer in layers)
 
     comm = 0.0

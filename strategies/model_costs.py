@@ -419,7 +419,7 @@ def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: i
 
 def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int = 1,
                   cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
-                  dropout: bool = True) -> list[Kernel]:
+                  dropout: bool = True, flash_attention: bool = True) -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -445,6 +445,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         sequence_parallel: shard norms/residuals over TP (Korthikanti et al. 2022).
         dtype: matmul dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``, ...).
         dropout: count dropout masks in the residual kernels.
+        flash_attention: one fused causal kernel (default); False for the unfused
+            attention of Megatron-LM 2021 (:func:`unfused_attention_kernels`).
 
     Returns:
         Kernels with FLOPs (FLOP) and HBM bytes (bytes) per micro-batch.
@@ -479,11 +481,14 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
         selective_recompute=True,
     )
+    cores = [core] if flash_attention else unfused_attention_kernels(
+        micro_batch=micro_batch, heads=a_l, s_q=s_q, s_k=s_k, head_dim=d, dtype=act,
+        dropout=dropout)
     kernels = [
         _norm("attn.norm", "attention", model, n_sp, act, ea),
         _matmul("attn.qkv", "attention", m=n, n=(a_l + 2 * g_l) * d, k=h, dtype=mm,
                 in_bytes=em, out_bytes=ea, params=h * (a_l + 2 * g_l) * d),
-        core,
+        *cores,
         _matmul("attn.out", "attention", m=n, n=h, k=a_l * d, dtype=mm, in_bytes=em,
                 out_bytes=ea, params=a_l * d * h),
         _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
@@ -536,6 +541,53 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
     kernels.append(_residual("moe.residual", "moe", n_sp, h, act, ea, dropout))
+    return kernels
+
+
+def unfused_attention_kernels(*, micro_batch: int, heads: int, s_q: int, s_k: int,
+                              head_dim: int, dtype: str, dropout: bool = True) -> list[Kernel]:
+    """Attention without a fused kernel (Megatron-LM 2021): the full ``s x s`` scores
+    are materialised in HBM.
+
+    ``attn.scores`` (batched GEMM Q K^T over the full matrix: a causal mask does not
+    save work here), ``attn.softmax`` (Megatron's fused scale-mask-softmax: read scores,
+    write probabilities), ``attn.dropout`` (read, write output and a 1-byte mask),
+    ``attn.context`` (batched GEMM P V). Every one is re-run by selective recompute
+    (Korthikanti et al. 2022, Section 5) and the stored probabilities, mask and dropout
+    output are the ``5as/h`` term of their activation memory. Bytes are HBM traffic per
+    micro-batch; backward: GEMMs 2x forward (both inputs are activations: no weights),
+    softmax backward reads probabilities and gradients and writes gradients, dropout
+    backward reads the gradient and the mask.
+    """
+    _, _, act, e = _dtypes(dtype)
+    scores = micro_batch * heads * s_q * s_k
+    qk = micro_batch * heads * (s_q + s_k) * head_dim
+    gemm = 2.0 * scores * head_dim
+    kernels = [
+        Kernel(name="attn.scores", block="attention", kind="matmul",
+               shape=(micro_batch * heads, s_q, s_k, head_dim), dtype=act,
+               fwd_flops=gemm, fwd_bytes=e * (qk + scores),
+               bwd_input_flops=2 * gemm, bwd_input_bytes=e * (2 * qk + scores),
+               bwd_weight_flops=0.0, bwd_weight_bytes=0.0, selective_recompute=True),
+        Kernel(name="attn.softmax", block="attention", kind="elementwise",
+               shape=(micro_batch, heads, s_q, s_k), dtype=act,
+               fwd_flops=5.0 * scores, fwd_bytes=2 * e * scores,
+               bwd_input_flops=3.0 * scores, bwd_input_bytes=3 * e * scores,
+               bwd_weight_flops=0.0, bwd_weight_bytes=0.0, selective_recompute=True),
+    ]
+    if dropout:
+        kernels.append(Kernel(
+            name="attn.dropout", block="attention", kind="elementwise",
+            shape=(micro_batch, heads, s_q, s_k), dtype=act,
+            fwd_flops=2.0 * scores, fwd_bytes=(2 * e + DROPOUT_MASK_BYTES) * scores,
+            bwd_input_flops=1.0 * scores, bwd_input_bytes=(2 * e + DROPOUT_MASK_BYTES) * scores,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0, selective_recompute=True))
+    kernels.append(Kernel(
+        name="attn.context", block="attention", kind="matmul",
+        shape=(micro_batch * heads, s_q, head_dim, s_k), dtype=act,
+        fwd_flops=gemm, fwd_bytes=e * (scores + qk),
+        bwd_input_flops=2 * gemm, bwd_input_bytes=e * (2 * scores + 2 * qk),
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0, selective_recompute=True))
     return kernels
 
 
@@ -729,7 +781,7 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int,
                                tp: int = 1, cp: int = 1, sequence_parallel: bool = True,
                                recompute: str = "none", dtype: str = "bf16",
-                               dropout: bool = True) -> float:
+                               dropout: bool = True, flash_attention: bool = True) -> float:
     """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
@@ -785,6 +837,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
 
     # attention block: norm input, QKV input, Q, K, V, attention output (out-proj input), mask
     total = e * (2 * n_sp * h) + e * n * (2 * a_l + 2 * g_l) * d + mask * n_sp * h
+    if not flash_attention and recompute == "none":
+        # unfused attention stores softmax output, dropout mask and output: 5as/h * sbh
+        total += (2 * e + DROPOUT_MASK_BYTES if dropout else e) * n * a_l * seq_len
     # MLP/MoE block: norm input, MLP input, mask
     total += e * 2 * n_sp * h + mask * n_sp * h
     ffn_tensors = 3 if model.mlp == "swiglu" else 2

@@ -127,6 +127,7 @@ SCHEMA: dict[str, Any] = {
         "matmul_peak_efficiency": _FRAC,
         "memory_efficiency": _FRAC,
         "kernel_launch_us": _US,
+        "sustained_fraction": _Field(float, "fraction", required=False),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
@@ -499,6 +500,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             matmul_peak_efficiency=gpu["matmul_peak_efficiency"],
             memory_efficiency=gpu["memory_efficiency"],
             kernel_launch_s=gpu["kernel_launch_us"] * us,
+            sustained_fraction=gpu.get("sustained_fraction", 1.0),
         ),
         scale_up=ScaleUpSpec(
             kind=up["kind"],

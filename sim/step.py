@@ -1,0 +1,276 @@
+"""Simulate one training step and report where its time goes.
+
+``simulate_step`` checks the plan, checks memory (a plan that does not fit
+raises :class:`strategies.memory.OutOfMemoryError` with the breakdown), lowers
+the step to a Program, replays it and measures the timeline.
+
+Breakdown of the step time of the critical rank (the pipeline rank whose
+timeline ends last), in seconds, attributed in this order so nothing is
+counted twice:
+
+* ``compute``: time the GPU runs kernels of the model (forward, backward,
+  recompute), excluding the optimizer;
+* ``optimizer``: the optimizer step;
+* ``exposed_<axis>``: time communication of that axis (tp, cp, ep, pp, dp)
+  runs while no kernel does, and no axis listed before it communicates;
+* ``bubble``: the rest: idle time waiting for other pipeline stages.
+
+MFU follows PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per token
+``6 N + 12 L h s`` (no recompute) times tokens per second, over the GPUs'
+dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from hardware.catalog import cluster_to_dict
+from hardware.compute import ComputeModel
+from hardware.spec import ClusterSpec
+from hardware.topology import ClusterLayout
+from sim.engine import ComputeTimer, Engine
+from sim.timeline import Timeline
+from strategies import model_costs
+from strategies.lowering import StepLowering, lower_step
+from strategies.memory import MemoryBreakdown, check_fits, rank_memory
+from strategies.model_spec import ModelSpec
+from strategies.pipeline import max_inflight_microbatches
+from strategies.plan import ParallelPlan, validate_plan
+
+AXES_IN_ORDER = ("tp", "cp", "ep", "pp", "dp")
+
+
+@dataclass
+class StepResult:
+    """A simulated training step.
+
+    Attributes:
+        step_time_s: wall time of one step.
+        tokens_per_s: global tokens per second.
+        tflops_per_gpu: model TFLOP/s per GPU (1e12 FLOP/s).
+        mfu: model FLOPs utilisation of the dense bf16 peak.
+        peak_memory_bytes: largest per-rank memory.
+        memory: per pipeline rank, the memory breakdown.
+        breakdown: seconds per category of the critical rank.
+        stage_breakdown: the same for every pipeline rank.
+        inputs: resolved model, cluster, plan and fidelity.
+        timeline: spans of the simulated representatives.
+        lowering: the lowered step (program, layout, schedule actions).
+    """
+
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    peak_memory_bytes: int
+    memory: dict[int, MemoryBreakdown]
+    breakdown: dict[str, float]
+    stage_breakdown: dict[int, dict[str, float]]
+    inputs: dict[str, object]
+    timeline: Timeline = field(repr=False)
+    lowering: StepLowering = field(repr=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-serialisable summary (no timeline)."""
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory": {f"pp{p}": m.to_dict() for p, m in self.memory.items()},
+            "breakdown": dict(self.breakdown),
+            "stage_breakdown": {f"pp{p}": b for p, b in self.stage_breakdown.items()},
+            "inputs": self.inputs,
+        }
+
+    def breakdown_frame(self) -> pd.DataFrame:
+        """Seconds per category (columns) for every pipeline rank (rows)."""
+        return pd.DataFrame.from_dict(self.stage_breakdown, orient="index").rename_axis("pp")
+
+    def memory_frame(self) -> pd.DataFrame:
+        """Memory breakdown in bytes per pipeline rank."""
+        return pd.DataFrame({p: m.to_dict() for p, m in self.memory.items()}).T.rename_axis("pp")
+
+    def timeline_frame(self) -> pd.DataFrame:
+        """Every simulated span."""
+        return self.timeline.to_dataframe()
+
+    def write_trace(self, path: str, gpus_per_node: int) -> None:
+        """Chrome/Perfetto trace of the step: process = node, thread = rank and stream."""
+        self.timeline.write_chrome_trace(path, process_of=lambda rank: rank // gpus_per_node,
+                                         process_label="node")
+
+
+def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
+    """Place ``gpus`` ranks on whole nodes of ``cluster`` (fewer than a node: one node).
+
+    Raises:
+        ValueError: if ``gpus`` is not a whole number of nodes, or exceeds the cluster.
+    """
+    per_node = cluster.gpus_per_node
+    if gpus < per_node:
+        return ClusterLayout(cluster, 1, gpus)
+    if gpus % per_node:
+        raise ValueError(f"gpus: {gpus} is not a whole number of {per_node}-GPU nodes of "
+                         f"{cluster.name!r}; give a multiple of {per_node}")
+    return ClusterLayout(cluster, gpus // per_node, per_node)
+
+
+def stage_memory(model: ModelSpec, plan: ParallelPlan, lowering: StepLowering
+                 ) -> dict[int, MemoryBreakdown]:
+    """Peak memory of every pipeline rank under the plan's schedule."""
+    inflight = max_inflight_microbatches(list(map(list, lowering.actions)))
+    stages = len(lowering.stage_layers)
+    result = {}
+    for p in range(plan.pp):
+        layers = [layer for s in range(p, stages, plan.pp) for layer in lowering.stage_layers[s]]
+        result[p] = rank_memory(model, plan, layers=layers, has_embedding=p == 0,
+                                has_head=(stages - 1) % plan.pp == p,
+                                inflight_microbatches=inflight[p])
+    return result
+
+
+def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
+                  gpus: int | None = None, fidelity: str = "analytic",
+                  check_memory: bool = True, compute: ComputeTimer | None = None) -> StepResult:
+    """Simulate one training step of ``model`` on ``cluster`` under ``plan``.
+
+    Args:
+        model: the model.
+        cluster: the cluster preset.
+        plan: the parallel plan.
+        gpus: GPUs asked for (must equal dp*tp*pp*cp); default: the plan's.
+        fidelity: network fidelity, ``analytic`` or ``flow``.
+        check_memory: raise OutOfMemoryError when a rank does not fit HBM.
+        compute: prices compute ops (default: the roofline model of the
+            cluster's GPU).
+
+    Raises:
+        ValueError: for an invalid plan (one line naming the field).
+        OutOfMemoryError: when a rank needs more than the GPU's HBM.
+    """
+    validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
+                  num_kv_heads=model.num_kv_heads,
+                  num_experts=model.moe.num_experts if model.moe else 0,
+                  gpus=plan.world_size if gpus is None else gpus,
+                  cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
+    layout = job_layout(cluster, plan.world_size)
+    lowering = lower_step(model, plan)
+    memory = stage_memory(model, plan, lowering)
+    if check_memory:
+        for p, breakdown in memory.items():
+            check_fits(breakdown, cluster.gpu.hbm_bytes, lowering.representatives[p], plan=plan)
+    # The lowering builds valid programs by construction (tests check them
+    # with strategies.program_check); skipping the check saves ~10 % here.
+    engine = Engine(lowering.program, layout, fidelity=fidelity,
+                    compute=compute or ComputeModel(cluster.gpu), check=False)
+    result = engine.run()
+    timeline = result.timeline
+    step_ns = result.makespan_ns
+    by_rank = _breakdowns(timeline, lowering.representatives, step_ns)
+    stage_breakdown = {p: by_rank[rank] for p, rank in enumerate(lowering.representatives)}
+    ends = timeline.end_ns_by_rank()
+    critical = max(range(plan.pp), key=lambda p: (ends.get(lowering.representatives[p], 0), -p))
+    step_s = step_ns / 1e9
+    tokens = plan.global_batch * plan.seq_len
+    flops = model_costs.model_flops_per_token(model, plan.seq_len) * tokens
+    tflops_per_gpu = flops / step_s / plan.world_size / 1e12 if step_s > 0 else math.inf
+    return StepResult(
+        step_time_s=step_s,
+        tokens_per_s=tokens / step_s if step_s > 0 else math.inf,
+        tflops_per_gpu=tflops_per_gpu,
+        mfu=tflops_per_gpu * 1e12 / cluster.gpu.peak_flops_per_s["bf16"],
+        peak_memory_bytes=int(max(m.total_bytes for m in memory.values())),
+        memory=memory,
+        breakdown=stage_breakdown[critical],
+        stage_breakdown=stage_breakdown,
+        inputs={"model": model.name, "cluster": cluster_to_dict(cluster),
+                "plan": _plan_dict(plan), "gpus": plan.world_size, "fidelity": fidelity,
+                "nodes": layout.nodes, "gpus_per_node": layout.gpus_per_node,
+                "plans_chosen": _count_plans(result.plans)},
+        timeline=timeline,
+        lowering=lowering,
+    )
+
+
+def _plan_dict(plan: ParallelPlan) -> dict[str, object]:
+    data = dict(plan.__dict__)
+    data["layers_per_stage"] = list(plan.layers_per_stage) if plan.layers_per_stage else None
+    data["order"] = list(plan.order)
+    data["num_microbatches"] = plan.num_microbatches
+    return data
+
+
+def _count_plans(plans: dict[str, str]) -> dict[str, int]:
+    """How often each algorithm/protocol was chosen, per axis (for the report)."""
+    counts: dict[str, int] = {}
+    for key, label in plans.items():
+        axis, kind, _ = key.split(".", 2)
+        name = f"{axis}:{kind}:{label}"
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# ----------------------------------------------------------------- breakdown
+def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals [start, end) as disjoint sorted intervals."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    opens = np.empty(starts.size, dtype=bool)
+    opens[0] = True
+    opens[1:] = starts[1:] > reach[:-1]
+    firsts = np.flatnonzero(opens)
+    return starts[firsts], np.maximum.reduceat(ends, firsts)
+
+
+def _length(intervals: tuple[np.ndarray, np.ndarray]) -> int:
+    return int((intervals[1] - intervals[0]).sum())
+
+
+def _join(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
+    return _merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
+def _breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
+                ) -> dict[int, dict[str, float]]:
+    """Seconds of compute, optimizer, exposed comm per axis and bubble, per rank.
+
+    Exposed time of an axis = |covered U axis| - |covered|, where covered is
+    compute, optimizer and the axes attributed before it (AXES_IN_ORDER).
+    """
+    df = timeline.to_dataframe()
+    comm = (df["category"] != "compute").to_numpy()
+    axis = np.full(len(df), "", dtype=object)
+    axis[comm] = [name.split(".", 1)[0] for name in df["op"].to_numpy()[comm]]
+    result = {}
+    for rank in ranks:
+        mine = (df["rank"] == rank).to_numpy()
+        starts = df["start_ns"].to_numpy()[mine]
+        ends = df["end_ns"].to_numpy()[mine]
+        category = df["category"].to_numpy()[mine]
+        is_opt = (df["kind"].to_numpy()[mine] == "optimizer") & (category == "compute")
+        is_compute = (category == "compute") & ~is_opt
+        compute = _merge(starts[is_compute], ends[is_compute])
+        covered = _join(compute, _merge(starts[is_opt], ends[is_opt]))
+        row = {"compute": _length(compute) / 1e9,
+               "optimizer": (_length(covered) - _length(compute)) / 1e9}
+        rank_axis = axis[mine]
+        for name in AXES_IN_ORDER:
+            chosen = (category != "compute") & (rank_axis == name)
+            joined = _join(covered, _merge(starts[chosen], ends[chosen]))
+            row[f"exposed_{name}"] = (_length(joined) - _length(covered)) / 1e9
+            covered = joined
+        row["bubble"] = max(step_ns - _length(covered), 0) / 1e9
+        result[rank] = row
+    return result

@@ -1,0 +1,504 @@
+"""Lower one training step of a model under a parallel plan into a Program.
+
+What the Program contains for each pipeline rank (Megatron-LM's execution,
+Narayanan et al. 2021, Korthikanti et al. 2022):
+
+* the pipeline schedule's actions in order (strategies.pipeline); a forward
+  runs the stage's layers kernel by kernel, a backward runs them in reverse
+  (recomputing the forward first under ``full`` recompute, or the attention
+  core under ``selective``); zero-bubble schedules split the backward into
+  input-gradient (I) and weight-gradient (W) actions;
+* tensor parallelism: per block (attention, MLP) an all-gather before and a
+  reduce-scatter after with sequence parallelism, or one all-reduce after
+  without it (forward), mirrored in the backward; on the compute stream, so
+  they are exposed, as in Megatron without TP communication overlap;
+* context parallelism: the attention core split in ``cp`` pieces, each after
+  one ring step of K/V exchange on its own stream (ring attention overlaps
+  the exchange with the previous piece);
+* expert parallelism: all-to-all dispatch after the router and combine after
+  the experts, over the EP group;
+* pipeline send/recv of activations (forward) and gradients (backward) on
+  per-direction streams, so sends never block the compute stream;
+* data parallelism: after the last micro-batch's weight gradients of a
+  bucket are ready, its reduction on the ``dp`` stream (all-reduce, or
+  reduce-scatter with ZeRO >= 1), overlapped with the rest of the backward;
+  ZeRO-3 all-gathers every layer's parameters before its forward and
+  backward; the optimizer step, then (ZeRO 1/2) the parameter all-gather.
+
+Symmetry (DESIGN.md principle 5): without stragglers every rank of a pipeline
+stage does the same thing at the same time, so the Program lists one
+representative per pipeline rank (tp = cp = dp = 0) and collectives carry
+their full groups; :attr:`Program.represents` records the multiplicities.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Sequence
+
+from hardware.compute import ELEMENT_BYTES
+from strategies import model_costs as costs
+from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
+from strategies.model_spec import ModelSpec
+from strategies.pipeline import Action, schedule_actions
+from strategies.plan import ParallelPlan, RankLayout
+
+#: Bytes per gradient element reduced over data parallelism (bf16 gradients,
+#: the 2 bytes/param of the 16 bytes/param mixed-precision Adam accounting).
+GRAD_BYTES = 2
+#: Bytes per parameter element all-gathered (bf16 weights).
+PARAM_BYTES = 2
+#: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
+#: momentum, variance (12); write master, momentum, variance (12) + bf16 weight (2).
+OPTIMIZER_BYTES_PER_PARAM = 28
+#: FLOPs of one Adam update per parameter (moments, bias correction, update).
+OPTIMIZER_FLOPS_PER_PARAM = 12
+
+COMPUTE = "compute"
+_MICROBATCH = re.compile(r"\.mb\d+")
+AXIS_STREAMS = {"dp": "dp", "cp": "cp"}
+
+
+@dataclass(frozen=True)
+class StepLowering:
+    """A lowered step and what reports need to interpret it.
+
+    Attributes:
+        program: the symmetry-reduced Program (one rank per pipeline rank).
+        layout: rank coordinates and groups.
+        representatives: rank of each pipeline position (tp = cp = dp = 0).
+        stage_layers: global layer indices of each virtual stage.
+        actions: schedule actions of each pipeline rank.
+    """
+
+    program: Program
+    layout: RankLayout
+    representatives: tuple[int, ...]
+    stage_layers: tuple[tuple[int, ...], ...]
+    actions: tuple[tuple[Action, ...], ...]
+
+
+def split_layers(num_layers: int, plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
+    """Global layer indices of each of the ``pp * vpp`` virtual stages."""
+    stages = plan.pp * plan.vpp
+    counts = plan.layers_per_stage or (num_layers // stages,) * stages
+    result, start = [], 0
+    for count in counts:
+        result.append(tuple(range(start, start + count)))
+        start += count
+    return tuple(result)
+
+
+class _RankBuilder:
+    """Accumulates the ops of one representative rank.
+
+    Args:
+        rank: the representative rank.
+        groups: its communication groups by name (tp, cp, grad, ep, expert_grad).
+    """
+
+    def __init__(self, rank: int, groups: dict[str, tuple[int, ...]]) -> None:
+        self.rank = rank
+        self.groups = groups
+        self.ops: list[Op] = []
+        self.last_on: dict[str, int] = {}
+        self._waits: set[int] = set()
+
+    def add(self, op: Op) -> int:
+        """Append an op; the next compute-stream op also waits for pending :meth:`wait`s."""
+        if op.stream == COMPUTE and self._waits:
+            op = replace(op, deps=tuple(sorted(self._waits.union(op.deps))))
+            self._waits.clear()
+        self.ops.append(op)
+        index = len(self.ops) - 1
+        self.last_on[op.stream] = index
+        return index
+
+    def wait(self, index: int) -> None:
+        """Make the compute stream's next op wait for op ``index`` (no cost of its own)."""
+        if index >= 0:
+            self._waits.add(index)
+
+    def last(self, stream: str = COMPUTE) -> int | None:
+        return self.last_on.get(stream)
+
+
+class StepLowerer:
+    """Builds the Program of one training step (see module docstring).
+
+    Args:
+        model: the model.
+        plan: a validated plan.
+    """
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan) -> None:
+        self.model = model
+        self.plan = plan
+        self.layout = RankLayout(plan)
+        self.stage_layers = split_layers(model.num_layers, plan)
+        self.num_stages = plan.pp * plan.vpp
+        self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
+        self.tokens = plan.micro_batch * plan.seq_len // plan.cp
+        self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
+        if plan.sequence_parallel and plan.tp > 1:
+            self.pp_message_bytes = self.act_bytes // plan.tp
+        else:
+            self.pp_message_bytes = self.act_bytes
+        self._keys: dict[str, int] = {}
+        self._ops: dict[tuple, ComputeOp] = {}
+
+    def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        layout = self.layout
+        return {"tp": layout.group(rank, "tp"), "cp": layout.group(rank, "cp"),
+                "grad": layout.group(rank, "dp", "cp"), "ep": layout.ep_group(rank),
+                "expert_grad": layout.expert_dp_group(rank)}
+
+    # ------------------------------------------------------------------ kernels
+    @lru_cache(maxsize=None)
+    def _layer_kernels(self, moe: bool) -> tuple[costs.Kernel, ...]:
+        plan = self.plan
+        layer = next(i for i in range(self.model.num_layers) if self.model.is_moe_layer(i) == moe)
+        return tuple(costs.layer_kernels(
+            self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
+            cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
+            flash_attention=plan.flash_attention))
+
+    def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
+        """Forward kernels of a layer on one GPU."""
+        return self._layer_kernels(self.model.is_moe_layer(layer))
+
+    @lru_cache(maxsize=None)
+    def _edge_kernels(self, which: str) -> tuple[costs.Kernel, ...]:
+        plan = self.plan
+        build = costs.embedding_kernels if which == "embedding" else costs.head_kernels
+        return tuple(build(self.model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                           tp=plan.tp, cp=plan.cp, sequence_parallel=plan.sequence_parallel,
+                           dtype=plan.dtype))
+
+    # -------------------------------------------------------------- collectives
+    def _key(self, name: str, group: Sequence[int]) -> str:
+        """A key unique per collective instance and identical across its members:
+        members of one group issue their n-th collective of a name in the same order."""
+        base = f"{name}@{group[0]}"
+        count = self._keys.get(base, 0)
+        self._keys[base] = count + 1
+        return f"{base}#{count}"
+
+    def _collective(self, b: _RankBuilder, axis: str, kind: str, group: tuple[int, ...],
+                    size: float, label: str, stream: str, deps: tuple[int, ...] = ()) -> int:
+        if len(group) == 1 or size <= 0:
+            return -1
+        key = self._key(f"{axis}.{kind}.{label}", group)
+        return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
+                                  group=group, size_bytes=int(size), stream=stream, deps=deps,
+                                  dtype="bf16"))
+
+    def _deps_after(self, b: _RankBuilder, *extra: int | None) -> tuple[int, ...]:
+        return tuple(sorted({d for d in extra if d is not None and d >= 0}))
+
+    # ----------------------------------------------------------------- forward
+    def _tp_boundary(self, b: _RankBuilder, label: str, entering: bool, backward: bool) -> None:
+        """TP communication at a block boundary (Megatron's f/g operators)."""
+        plan = self.plan
+        if plan.tp == 1:
+            return
+        if plan.sequence_parallel:
+            # forward: all-gather in, reduce-scatter out; the backward swaps them
+            kind = "all_gather" if entering != backward else "reduce_scatter"
+            self._collective(b, "tp", kind, b.groups["tp"], self.act_bytes, label, COMPUTE)
+        elif entering == backward:  # fwd: all-reduce after the block; bwd: at its input
+            self._collective(b, "tp", "all_reduce", b.groups["tp"], self.act_bytes, label,
+                             COMPUTE)
+
+    def _emit_kernel(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, phase: str,
+                     deps: tuple[int, ...] = ()) -> int:
+        """Append one kernel's work for ``phase`` (F, B, I or W).
+
+        Compute ops are named without their micro-batch and shared between
+        micro-batches (a step repeats the same kernels thousands of times).
+        """
+        name = f"{kernel.name}.{_MICROBATCH.sub('', tag)}"
+        key = (id(kernel), name, phase, deps)
+        op = self._ops.get(key)
+        if op is None:
+            op = self._compute_op(kernel, name, phase, deps)
+            self._ops[key] = op
+        return b.add(op)
+
+    @staticmethod
+    def _compute_op(kernel: costs.Kernel, name: str, phase: str,
+                    deps: tuple[int, ...]) -> ComputeOp:
+        if phase == "F":
+            flops, nbytes = kernel.fwd_flops, kernel.fwd_bytes
+        elif phase == "B":
+            flops = kernel.bwd_input_flops + kernel.bwd_weight_flops
+            nbytes = kernel.bwd_input_bytes + kernel.bwd_weight_bytes
+        elif phase == "I":
+            flops, nbytes = kernel.bwd_input_flops, kernel.bwd_input_bytes
+        else:
+            flops, nbytes = kernel.bwd_weight_flops, kernel.bwd_weight_bytes
+        return ComputeOp(name=name, kind=kernel.kind, flops=flops, bytes=nbytes,
+                         shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps)
+
+    def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
+                       only_selective: bool = False) -> None:
+        kernels = self.kernels(layer)
+        blocks = _blocks(kernels)
+        for block, members in blocks:
+            if only_selective:
+                for kernel in members:
+                    if kernel.selective_recompute:
+                        self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
+                continue
+            self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=True, backward=False)
+            for kernel in members:
+                if kernel.kind == "attention" and self.plan.cp > 1:
+                    self._ring_attention(b, kernel, f"{tag}.l{layer}", "F")
+                    continue
+                self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
+                if block == "moe" and kernel.name.endswith("router"):
+                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
+                                     f"l{layer}.dispatch.{tag}", COMPUTE)
+            if block == "moe":
+                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
+                                 f"l{layer}.combine.{tag}", COMPUTE)
+            self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=False, backward=False)
+
+    def _dispatch_bytes(self) -> float:
+        moe = self.model.moe
+        factor = moe.capacity_factor if moe and moe.capacity_factor > 0 else 1.0
+        return self.act_bytes * (moe.top_k if moe else 1) * factor
+
+    def _ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
+                        phase: str) -> None:
+        """Attention in cp pieces; piece i+1 needs the K/V block of ring step i."""
+        cp = self.plan.cp
+        model = self.model
+        kv_bytes = (2 * self.tokens * model.num_kv_heads // self.plan.tp * model.head_dim
+                    * ELEMENT_BYTES["bf16"])
+        start = b.last()
+        piece = _scaled(kernel, 1.0 / cp)
+        exchange = None
+        for step in range(cp):
+            deps = self._deps_after(b, exchange)
+            self._emit_kernel(b, piece, f"{tag}.cp{step}", phase, deps)
+            if step < cp - 1:
+                exchange = self._collective(b, "cp", "sendrecv", b.groups['cp'], kv_bytes,
+                                            f"{tag}.{phase}.kv{step}", "cp",
+                                            self._deps_after(b, start))
+
+    # ---------------------------------------------------------------- backward
+    def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
+        for block, members in reversed(_blocks(self.kernels(layer))):
+            if phase != "W":
+                self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=False, backward=True)
+            if block == "moe" and phase != "W":
+                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
+                                 f"l{layer}.combine.{tag}", COMPUTE)
+            for kernel in reversed(members):
+                if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
+                    continue
+                if kernel.kind == "attention" and self.plan.cp > 1 and phase != "W":
+                    self._ring_attention(b, kernel, f"{tag}.l{layer}", phase)
+                    continue
+                self._emit_kernel(b, kernel, f"{tag}.l{layer}", phase)
+                if block == "moe" and kernel.name.endswith("router") and phase != "W":
+                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
+                                     f"l{layer}.dispatch.{tag}", COMPUTE)
+            if phase != "W":
+                self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=True, backward=True)
+
+    # -------------------------------------------------------------- DP, ZeRO-3
+    def _zero3_gather(self, b: _RankBuilder, layers: Sequence[int], tag: str) -> dict[int, int]:
+        """ZeRO-3: all-gather each layer's parameters on the dp stream, in use order."""
+        gathered = {}
+        if self.plan.zero < 3:
+            return gathered
+        for layer in layers:
+            params = sum(k.params for k in self.kernels(layer))
+            gathered[layer] = self._collective(
+                b, "dp", "all_gather", b.groups['grad'], params * PARAM_BYTES,
+                f"params.l{layer}.{tag}", "dp")
+        return gathered
+
+    def _grad_buckets(self, b: _RankBuilder, kernels: Sequence[costs.Kernel], label: str,
+                      pending: dict[str, float], done_index: int, final: bool) -> list[int]:
+        """Add gradients of ``kernels`` to the open buckets; reduce the full ones."""
+        issued = []
+        for kernel in kernels:
+            group = "expert" if kernel.block == "moe" and kernel.expert else "dense"
+            pending[group] = pending.get(group, 0.0) + kernel.params * GRAD_BYTES
+        for group in ("dense", "expert"):
+            size = pending.get(group, 0.0)
+            if size > 0 and (size >= self.plan.grad_bucket_bytes or final):
+                ranks = b.groups['grad'] if group == "dense" else b.groups['expert_grad']
+                kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
+                index = self._collective(b, "dp", kind, ranks, size, f"grads.{group}.{label}",
+                                         "dp", (done_index,))
+                if index >= 0:
+                    issued.append(index)
+                pending[group] = 0.0
+        return issued
+
+    # -------------------------------------------------------------------- step
+    def lower(self) -> StepLowering:
+        """Build the Program of one step."""
+        plan = self.plan
+        all_actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        programs = {}
+        for p, rank in enumerate(self.representatives):
+            programs[rank] = self._lower_rank(p, rank, all_actions[p])
+        represents = {rank: plan.tp * plan.cp * plan.dp for rank in self.representatives}
+        program = Program(ops_by_rank=programs, world_size=plan.world_size,
+                          name=f"{self.model.name} step", represents=represents,
+                          metadata={"model": self.model.name, "plan": plan})
+        return StepLowering(program, self.layout, self.representatives, self.stage_layers,
+                            tuple(tuple(a) for a in all_actions))
+
+    def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
+        plan = self.plan
+        b = _RankBuilder(rank, self._groups(rank))
+        last_mb = plan.num_microbatches - 1
+        pending: dict[int, dict[str, float]] = {}
+        dp_ops: list[int] = []
+        last_compute_stage: dict[int, int] = {}
+        for action in actions:
+            s, j = action.stage, action.microbatch
+            layers = self.stage_layers[s]
+            tag = f"{action.comp}{s}.mb{j}"
+            if action.comp == "F":
+                self._forward_action(b, s, j, layers, tag)
+            else:
+                weights_done = action.comp in ("B", "W") and j == last_mb
+                reduce_now = weights_done and plan.overlap_grad_reduce
+                grads = pending.setdefault(s, {})
+                if action.comp in ("B", "I"):
+                    self._backward_recv(b, s, j)
+                if s == self.num_stages - 1:
+                    head = self._edge_kernels("head")
+                    for kernel in reversed(head):
+                        self._emit_kernel(b, kernel, tag, action.comp)
+                    if reduce_now:
+                        dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
+                gathered = self._zero3_gather(b, layers[::-1], tag)
+                for layer in reversed(layers):
+                    b.wait(gathered.get(layer, -1))
+                    if action.comp in ("B", "I"):
+                        if plan.recompute == "full":
+                            self._layer_forward(b, layer, f"recompute.{tag}")
+                        elif plan.recompute == "selective":
+                            self._layer_forward(b, layer, f"recompute.{tag}", only_selective=True)
+                    self._layer_backward(b, layer, tag, action.comp)
+                    if reduce_now:
+                        dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
+                                                     b.last(), final=layer == layers[0] and s != 0)
+                if s == 0:
+                    embedding = self._edge_kernels("embedding")
+                    for kernel in reversed(embedding):
+                        self._emit_kernel(b, kernel, tag, action.comp)
+                    if reduce_now:
+                        dp_ops += self._grad_buckets(b, embedding, "embedding", grads, b.last(),
+                                                     True)
+                if action.comp in ("B", "I"):
+                    self._backward_send(b, s, j)
+                last_compute_stage[s] = b.last()
+        if not plan.overlap_grad_reduce:
+            for s in sorted(last_compute_stage):
+                kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]
+                if s == 0:
+                    kernels += self._edge_kernels("embedding")
+                if s == self.num_stages - 1:
+                    kernels += self._edge_kernels("head")
+                dp_ops += self._grad_buckets(b, kernels, f"stage{s}", {}, b.last(), True)
+        self._optimizer(b, p, dp_ops)
+        return b.ops
+
+    def _forward_action(self, b: _RankBuilder, s: int, j: int, layers: Sequence[int],
+                        tag: str) -> None:
+        recv = None
+        if s > 0:
+            recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(s - 1),
+                                size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
+                                stream="pp.recv.fwd"))
+            b.wait(recv)
+        if s == 0:
+            for kernel in self._edge_kernels("embedding"):
+                self._emit_kernel(b, kernel, tag, "F")
+        gathered = self._zero3_gather(b, layers, tag)
+        for layer in layers:
+            b.wait(gathered.get(layer, -1))
+            self._layer_forward(b, layer, tag)
+        if s == self.num_stages - 1:
+            for kernel in self._edge_kernels("head"):
+                self._emit_kernel(b, kernel, tag, "F")
+        else:
+            b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(s + 1),
+                         size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
+                         stream="pp.send.fwd", deps=(b.last(),)))
+
+    def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
+        if s < self.num_stages - 1:
+            recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(s + 1),
+                                size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
+                                stream="pp.recv.bwd"))
+            b.wait(recv)
+
+    def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
+        if s > 0:
+            b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(s - 1),
+                         size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
+                         stream="pp.send.bwd", deps=(b.last(),)))
+
+    def _stage_rank(self, stage: int) -> int:
+        return self.representatives[stage % self.plan.pp]
+
+    def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
+        plan = self.plan
+        layers = [layer for s in range(p, self.num_stages, plan.pp) for layer in self.stage_layers[s]]
+        params = costs.rank_params(self.model, layers=layers, tp=plan.tp, ep=plan.ep,
+                                   has_embedding=p == 0,
+                                   has_head=(self.num_stages - 1) % plan.pp == p)
+        dense = params.dense_params / (plan.dp * plan.cp if plan.zero >= 1 else 1)
+        expert = params.expert_params / (plan.dp // plan.ep if plan.zero >= 1 else 1)
+        local = dense + expert
+        deps = tuple(sorted(set(dp_ops)))
+        b.add(ComputeOp(name="optimizer.adam", kind="optimizer",
+                        flops=local * OPTIMIZER_FLOPS_PER_PARAM,
+                        bytes=local * OPTIMIZER_BYTES_PER_PARAM, dtype="fp32", stream=COMPUTE,
+                        deps=deps))
+        if plan.zero in (1, 2):
+            done = b.last()
+            self._collective(b, "dp", "all_gather", b.groups['grad'],
+                             params.dense_params * PARAM_BYTES, "params.optimizer", "dp", (done,))
+            if params.expert_params:
+                self._collective(b, "dp", "all_gather", b.groups['expert_grad'],
+                                 params.expert_params * PARAM_BYTES, "params.experts.optimizer",
+                                 "dp", (done,))
+
+
+def _scaled(kernel: costs.Kernel, factor: float) -> costs.Kernel:
+    """A kernel doing ``factor`` of the work (one piece of ring attention)."""
+    return replace(kernel, fwd_flops=kernel.fwd_flops * factor,
+                   fwd_bytes=kernel.fwd_bytes * factor,
+                   bwd_input_flops=kernel.bwd_input_flops * factor,
+                   bwd_input_bytes=kernel.bwd_input_bytes * factor,
+                   bwd_weight_flops=kernel.bwd_weight_flops * factor,
+                   bwd_weight_bytes=kernel.bwd_weight_bytes * factor)
+
+
+def _blocks(kernels: Sequence[costs.Kernel]) -> list[tuple[str, list[costs.Kernel]]]:
+    """Consecutive kernels grouped by block (attention, mlp, moe)."""
+    blocks: list[tuple[str, list[costs.Kernel]]] = []
+    for kernel in kernels:
+        if blocks and blocks[-1][0] == kernel.block:
+            blocks[-1][1].append(kernel)
+        else:
+            blocks.append((kernel.block, [kernel]))
+    return blocks
+
+
+def lower_step(model: ModelSpec, plan: ParallelPlan) -> StepLowering:
+    """Lower one training step (see module docstring)."""
+    return StepLowerer(model, plan).lower()

@@ -1,0 +1,220 @@
+"""Parallel plans and how their ranks map onto the cluster.
+
+A :class:`ParallelPlan` says how one training step is split: data (dp),
+tensor (tp), pipeline (pp, with ``vpp`` virtual stages per rank), context
+(cp) and expert (ep) parallelism, batch sizes, ZeRO stage, recompute and the
+pipeline schedule.
+
+Rank order (Megatron-LM's default, ``tp-cp-ep-dp-pp``): TP varies fastest,
+so a TP group sits inside one node on consecutive GPUs; then CP, then DP
+(EP subdivides DP for the MoE layers), and PP varies slowest, so pipeline
+stages are far apart. ``order`` can override it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+PLAN_DTYPES = ("bf16", "fp8")
+AXES = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    """How a training step is split over GPUs.
+
+    Attributes:
+        dp, tp, pp, cp: data, tensor, pipeline and context parallel sizes.
+        ep: expert-parallel size for MoE layers (divides dp * cp in Megatron;
+            here it must divide dp).
+        vpp: virtual pipeline stages (model chunks) per pipeline rank.
+        micro_batch: sequences per micro-batch.
+        global_batch: sequences per step (over all data-parallel replicas).
+        seq_len: tokens per sequence.
+        zero: ZeRO stage (0 none, 1 optimizer state, 2 + gradients,
+            3 + parameters = FSDP).
+        sequence_parallel: shard LayerNorm/dropout activations over TP
+            (Korthikanti et al. 2022); TP all-reduces become reduce-scatter +
+            all-gather.
+        recompute: activation recomputation ``none``, ``selective`` (attention
+            core only) or ``full`` (whole layer, from its input).
+        schedule: pipeline schedule.
+        dtype: compute dtype of matmuls.
+        flash_attention: fused attention kernels (FlashAttention); False for
+            the unfused attention of Megatron-LM 2021, which materialises the
+            s x s scores.
+        grad_bucket_bytes: gradient bucket size for DP reduction (bytes).
+        overlap_grad_reduce: overlap DP gradient reduction with backward.
+        layers_per_stage: explicit uneven split of layers over pp * vpp
+            stages (None = even).
+        order: rank order, fastest-varying axis first.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq_len: int = 2048
+    zero: int = 1
+    sequence_parallel: bool = True
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    dtype: str = "bf16"
+    flash_attention: bool = True
+    grad_bucket_bytes: int = 40_000_000
+    overlap_grad_reduce: bool = True
+    layers_per_stage: tuple[int, ...] | None = None
+    order: tuple[str, ...] = field(default=("tp", "cp", "dp", "pp"))
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the plan uses: dp * tp * pp * cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per pipeline: global / (dp * micro_batch)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv_heads: int,
+                  num_experts: int = 0, gpus: int | None = None,
+                  cluster_gpus: int | None = None) -> None:
+    """Reject a plan that cannot run, with one line naming the field, the value
+    and what would be valid (torchtitan's ParallelDims style: print every factor).
+
+    Args:
+        plan: the plan.
+        num_layers, num_heads, num_kv_heads: of the model.
+        num_experts: routed experts of the model (0 for dense).
+        gpus: GPUs the user asked for (must equal dp*tp*pp*cp).
+        cluster_gpus: GPUs the cluster has.
+
+    Raises:
+        ValueError: for the first problem found.
+    """
+    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len"):
+        value = getattr(plan, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: {value!r} is not valid; give an integer >= 1")
+    factors = f"dp {plan.dp} x tp {plan.tp} x pp {plan.pp} x cp {plan.cp} = {plan.world_size}"
+    if gpus is not None and plan.world_size != gpus:
+        raise ValueError(f"gpus: {gpus} but the plan uses {factors}; "
+                         "make dp*tp*pp*cp equal the GPU count")
+    if cluster_gpus is not None and plan.world_size > cluster_gpus:
+        raise ValueError(f"gpus: the plan uses {factors} but the cluster has only "
+                         f"{cluster_gpus} GPUs; give a smaller plan or a larger cluster")
+    if plan.zero not in ZERO_STAGES:
+        raise ValueError(f"zero: {plan.zero!r} is not valid; valid: 0, 1, 2, 3 (3 = FSDP)")
+    if plan.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute: {plan.recompute!r} is not valid; valid: {', '.join(RECOMPUTE)}")
+    if plan.schedule not in SCHEDULES:
+        raise ValueError(f"schedule: {plan.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}")
+    if plan.dtype not in PLAN_DTYPES:
+        raise ValueError(f"dtype: {plan.dtype!r} is not valid; valid: {', '.join(PLAN_DTYPES)}")
+    if num_heads % plan.tp:
+        raise ValueError(f"tp: {plan.tp} does not divide the model's {num_heads} attention heads; "
+                         f"valid: a divisor of {num_heads}")
+    if num_kv_heads % plan.tp:
+        raise ValueError(f"tp: {plan.tp} does not divide the model's {num_kv_heads} key/value heads; "
+                         f"valid: a divisor of {num_kv_heads}")
+    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % plan.tp:
+        raise ValueError(f"seq_len: {plan.seq_len} is not divisible by tp {plan.tp} "
+                         "(sequence parallelism splits the sequence over tp)")
+    if plan.seq_len % (2 * plan.cp) and plan.cp > 1:
+        raise ValueError(f"seq_len: {plan.seq_len} is not divisible by 2*cp = {2 * plan.cp} "
+                         "(context parallelism splits the sequence in 2*cp load-balanced chunks)")
+    stages = plan.pp * plan.vpp
+    if plan.layers_per_stage is not None:
+        split = tuple(plan.layers_per_stage)
+        if len(split) != stages or any(n < 1 for n in split) or sum(split) != num_layers:
+            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
+                             f"counts (pp*vpp) summing to the model's {num_layers} layers")
+    elif num_layers % stages:
+        raise ValueError(f"pp: {num_layers} layers do not split evenly over pp {plan.pp} x vpp "
+                         f"{plan.vpp} = {stages} stages; give pp*vpp dividing {num_layers} "
+                         "or an uneven split with layers_per_stage")
+    if plan.vpp > 1 and plan.schedule != "interleaved":
+        raise ValueError(f"vpp: {plan.vpp} virtual stages need schedule 'interleaved', "
+                         f"not {plan.schedule!r}")
+    if plan.schedule == "interleaved" and plan.vpp < 2:
+        raise ValueError("vpp: the interleaved schedule needs vpp >= 2 virtual stages per rank")
+    if plan.global_batch % (plan.dp * plan.micro_batch):
+        raise ValueError(f"global_batch: {plan.global_batch} is not divisible by dp {plan.dp} x "
+                         f"micro_batch {plan.micro_batch} = {plan.dp * plan.micro_batch}")
+    if plan.schedule == "interleaved" and plan.num_microbatches % plan.pp:
+        raise ValueError(f"global_batch: gives {plan.num_microbatches} micro-batches, which the "
+                         f"interleaved schedule needs divisible by pp {plan.pp}")
+    if plan.ep > 1:
+        if num_experts == 0:
+            raise ValueError(f"ep: {plan.ep} needs a mixture-of-experts model; give ep 1")
+        if num_experts % plan.ep:
+            raise ValueError(f"ep: {plan.ep} does not divide the model's {num_experts} experts; "
+                             f"valid: a divisor of {num_experts}")
+        if plan.dp % plan.ep:
+            raise ValueError(f"ep: {plan.ep} does not divide dp {plan.dp}; expert parallelism "
+                             "splits the data-parallel ranks")
+    if sorted(plan.order) != sorted(AXES):
+        raise ValueError(f"order: {plan.order} is not valid; give a permutation of {AXES}")
+
+
+class RankLayout:
+    """Coordinates of every rank in a plan, and its communication groups.
+
+    Args:
+        plan: the (validated) plan.
+    """
+
+    def __init__(self, plan: ParallelPlan) -> None:
+        self.plan = plan
+        self.sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
+        self.strides: dict[str, int] = {}
+        stride = 1
+        for axis in plan.order:
+            self.strides[axis] = stride
+            stride *= self.sizes[axis]
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{axis: index}`` of a rank."""
+        return {a: rank // self.strides[a] % self.sizes[a] for a in AXES}
+
+    def rank(self, **coords: int) -> int:
+        """Rank at the given coordinates (missing axes: 0)."""
+        return sum(coords.get(a, 0) * self.strides[a] for a in AXES)
+
+    def group(self, rank: int, *axes: str) -> tuple[int, ...]:
+        """Ranks that differ from ``rank`` only along ``axes``, in communicator order."""
+        base = self.coords(rank)
+        ranks = [rank - sum(base[a] * self.strides[a] for a in axes)]
+        for axis in axes:
+            ranks = [r + i * self.strides[axis] for i in range(self.sizes[axis]) for r in ranks]
+        return tuple(sorted(ranks))
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """Expert-parallel group: ``ep`` consecutive data-parallel ranks."""
+        ep = self.plan.ep
+        dp_index = self.coords(rank)["dp"]
+        first = dp_index // ep * ep
+        base = rank - dp_index * self.strides["dp"]
+        return tuple(base + (first + i) * self.strides["dp"] for i in range(ep))
+
+    def expert_dp_group(self, rank: int) -> tuple[int, ...]:
+        """Ranks holding the same experts (reduce expert gradients): dp / ep of them."""
+        ep = self.plan.ep
+        dp_index = self.coords(rank)["dp"]
+        base = rank - dp_index * self.strides["dp"]
+        return tuple(base + (dp_index % ep + i * ep) * self.strides["dp"]
+                     for i in range(self.plan.dp // ep))
+
+    def stage_rank(self, pp_index: int, like: int) -> int:
+        """The rank at pipeline position ``pp_index`` with ``like``'s other coordinates."""
+        coords = self.coords(like)
+        coords["pp"] = pp_index
+        return self.rank(**coords)

@@ -1,0 +1,205 @@
+"""One training step: closed forms (bubble, memory, FLOPs), lowering validity, CLI."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+from hardware.catalog import load_cluster
+from sim.cli import main
+from sim.step import simulate_step
+from strategies import model_costs
+from strategies.lowering import lower_step
+from strategies.memory import OutOfMemoryError
+from strategies.model_spec import ModelSpec, MoESpec
+from strategies.models import load_model
+from strategies.plan import ParallelPlan
+from strategies.program_check import check_program
+
+TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=8,
+                 head_dim=64, ffn_hidden_size=2048, vocab_size=1024, mlp="gelu",
+                 norm="layernorm", tied_embeddings=True)
+TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4,
+                     head_dim=64, ffn_hidden_size=1024, vocab_size=1024,
+                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512))
+# Communication that costs nothing: no latency, (practically) infinite bandwidth.
+FREE_COMM = {"scale_up.nvlink_gb_per_s_per_link": 1e21,
+             **{f"comm.base_latency_us.{f}.{p}": 0.0 for f in ("ring", "tree", "nvls", "direct")
+                for p in ("LL", "LL128", "Simple")},
+             **{f"comm.hop_latency_us.{t}.{p}": 0.0 for t in ("nvlink", "pcie", "network")
+                for p in ("LL", "LL128", "Simple")}}
+
+
+class LayerOnlyTimer:
+    """Layers cost what their FLOPs say (1 ns per MFLOP); embedding, head and
+    optimizer cost nothing, so pipeline stages are exactly equal."""
+
+    def duration_ns(self, op):
+        if op.name.startswith(("embed", "head", "optimizer")):
+            return 0
+        return int(op.flops // 1_000_000) + 1
+
+
+@pytest.mark.parametrize("schedule,p,m", [("1f1b", 4, 8), ("1f1b", 4, 4), ("gpipe", 4, 6),
+                                          ("1f1b", 2, 7)])
+def test_simulated_bubble_is_the_closed_form(schedule, p, m):
+    """Equal stages, free communication: bubble = (p-1)/(m+p-1) on every rank."""
+    plan = ParallelPlan(pp=p, global_batch=m, micro_batch=1, seq_len=512, schedule=schedule,
+                        zero=0)
+    result = simulate_step(TINY, load_cluster("dgx-h100", FREE_COMM), plan,
+                           compute=LayerOnlyTimer())
+    for breakdown in result.stage_breakdown.values():
+        total = sum(breakdown.values())
+        assert total == pytest.approx(result.step_time_s, rel=1e-12)
+        assert Fraction(round(breakdown["bubble"] * 1e9), round(result.step_time_s * 1e9)) \
+            == Fraction(p - 1, m + p - 1)
+
+
+def test_interleaving_shrinks_the_bubble_as_v():
+    base = dict(pp=4, global_batch=8, micro_batch=1, seq_len=512, zero=0)
+    cluster = load_cluster("dgx-h100", FREE_COMM)
+    plain = simulate_step(TINY, cluster, ParallelPlan(**base), compute=LayerOnlyTimer())
+    inter = simulate_step(TINY, cluster, ParallelPlan(**base, vpp=2, schedule="interleaved"),
+                          compute=LayerOnlyTimer())
+    bubble = inter.stage_breakdown[0]["bubble"] / inter.step_time_s
+    assert bubble == pytest.approx(3 / (2 * 8 + 3), abs=2e-3)  # (p-1)/(v*m+p-1)
+    assert inter.step_time_s < plain.step_time_s
+
+
+def test_memory_is_16_bytes_per_parameter_without_zero():
+    plan = ParallelPlan(dp=2, global_batch=2, seq_len=512, zero=0)
+    result = simulate_step(TINY, load_cluster("dgx-h100"), plan)
+    params = model_costs.rank_params(TINY, layers=range(8), has_embedding=True, has_head=True)
+    states = result.memory[0]
+    assert states.weights_bytes + states.gradients_bytes + states.optimizer_bytes \
+        == 16 * (params.dense_params + params.expert_params)
+
+
+def test_zero_shards_model_states_over_dp():
+    cluster = load_cluster("dgx-h100")
+    params = model_costs.rank_params(TINY, layers=range(8), has_embedding=True, has_head=True)
+    n = params.dense_params
+    for zero, expected in ((1, 2 * n + 2 * n + 12 * n / 8), (2, 2 * n + (2 + 12) * n / 8),
+                           (3, 16 * n / 8)):
+        plan = ParallelPlan(dp=8, global_batch=8, seq_len=512, zero=zero)
+        m = simulate_step(TINY, cluster, plan).memory[0]
+        assert m.weights_bytes + m.gradients_bytes + m.optimizer_bytes == pytest.approx(expected)
+
+
+def test_model_flops_are_6nt_plus_attention():
+    plan = ParallelPlan(dp=8, global_batch=16, seq_len=1024)
+    result = simulate_step(TINY, load_cluster("dgx-h100"), plan)
+    counts = model_costs.param_counts(TINY)
+    n = counts.active_per_token - counts.embedding + (counts.embedding if TINY.tied_embeddings else 0)
+    per_token = 6 * model_costs.model_flops_per_token(TINY, 1024) / 6
+    expected = (6 * n + 12 * TINY.num_layers * TINY.num_heads * TINY.head_dim * 1024)
+    assert per_token == pytest.approx(expected, rel=1e-12)
+    achieved = result.tflops_per_gpu * 1e12 * result.step_time_s * 8
+    assert achieved == pytest.approx(expected * 16 * 1024, rel=1e-9)
+    assert result.mfu == pytest.approx(result.tflops_per_gpu * 1e12 / 989e12)
+
+
+@pytest.mark.parametrize("plan", [
+    ParallelPlan(dp=2, tp=2, pp=2, global_batch=8, seq_len=512),
+    ParallelPlan(tp=2, pp=2, vpp=2, global_batch=4, seq_len=512, schedule="interleaved"),
+    ParallelPlan(pp=4, global_batch=8, seq_len=512, schedule="zb-h1"),
+    ParallelPlan(pp=2, global_batch=4, seq_len=512, schedule="gpipe", recompute="full"),
+    ParallelPlan(dp=2, cp=2, tp=2, global_batch=4, seq_len=512, recompute="selective"),
+    ParallelPlan(dp=4, global_batch=8, seq_len=512, zero=3),
+    ParallelPlan(dp=2, tp=2, global_batch=4, seq_len=512, sequence_parallel=False,
+                 overlap_grad_reduce=False),
+], ids=["tp-pp-dp", "interleaved", "zb-h1", "gpipe-full", "cp", "zero3", "no-sp"])
+def test_lowered_programs_are_valid(plan):
+    lowering = lower_step(TINY, plan)
+    check_program(lowering.program)
+    result = simulate_step(TINY, load_cluster("dgx-h100"), plan)
+    assert result.step_time_s > 0 and 0 < result.mfu < 1
+
+
+def test_moe_with_expert_parallelism_runs_alltoalls():
+    plan = ParallelPlan(dp=4, ep=4, global_batch=8, seq_len=512)
+    lowering = lower_step(TINY_MOE, plan)
+    check_program(lowering.program)
+    kinds = {op.kind for ops in lowering.program.ops_by_rank.values() for op in ops
+             if op.name.startswith("ep.")}
+    assert kinds == {"alltoall"}
+    result = simulate_step(TINY_MOE, load_cluster("dgx-h100"), plan)
+    assert result.breakdown["exposed_ep"] > 0
+
+
+def test_out_of_memory_is_an_error_with_the_breakdown():
+    model = load_model("llama3-70b")
+    plan = ParallelPlan(tp=8, global_batch=8, seq_len=8192)
+    with pytest.raises(OutOfMemoryError) as info:
+        simulate_step(model, load_cluster("dgx-h100"), plan)
+    assert info.value.breakdown.total_bytes > info.value.capacity_bytes
+    assert "out of memory" in str(info.value)
+
+
+def run_cli(capsys, *args):
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_simulate_json_has_the_documented_keys(capsys, tmp_path):
+    trace = tmp_path / "step.json"
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                             "--gpus", "16", "--tp", "4", "--pp", "2", "--seq-len", "2048",
+                             "--format", "json", "--trace", str(trace))
+    assert code == 0, err
+    data = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes",
+                "memory", "breakdown", "inputs"):
+        assert key in data
+    assert set(data["breakdown"]) >= {"compute", "exposed_tp", "exposed_dp", "exposed_pp",
+                                      "exposed_cp", "exposed_ep", "bubble", "optimizer"}
+    assert data["inputs"]["plan"]["dp"] == 2
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {"node 0", "node 1"}  # pp rank 0 on node 0, pp rank 1 on node 1
+
+
+def test_cli_simulate_out_of_memory_exits_nonzero(capsys):
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-70b", "--gpus", "8",
+                             "--tp", "8", "--seq-len", "8192", "--format", "json")
+    assert code == 3
+    assert json.loads(out)["error"] == "out_of_memory"
+    assert err.startswith("error: out of memory")
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--gpus", "24", "--tp", "3"], "tp"),
+    (["--gpus", "8", "--tp", "3"], "gpus"),
+    (["--gpus", "8", "--tp", "2", "--pp", "4", "--dp", "3"], "gpus"),
+    (["--gpus", "10", "--pp", "5"], "pp"),
+    (["--gpus", "8", "--global-batch", "7"], "global_batch"),
+    (["--gpus", "8", "--ep", "2"], "ep"),
+    (["--gpus", "8", "--schedule", "looped"], "schedule"),
+    (["--gpus", "8", "--recompute", "some"], "recompute"),
+    (["--gpus", "8", "--zero", "4"], "zero"),
+    (["--gpus", "8", "--model", "llama9"], "model"),
+    (["--gpus", "100000"], "gpus"),
+])
+def test_cli_simulate_rejects_bad_plans_in_one_line(capsys, args, field):
+    code, _, err = run_cli(capsys, "simulate", "--model", "llama3-8b", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}")
+
+
+def test_cli_accepts_a_hugging_face_config(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 4,
+                                  "num_attention_heads": 16, "num_key_value_heads": 4,
+                                  "intermediate_size": 4096, "vocab_size": 32000}))
+    code, out, err = run_cli(capsys, "simulate", "--model", str(config), "--gpus", "8",
+                             "--tp", "2", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["inputs"]["model"]
