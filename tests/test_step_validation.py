@@ -1,0 +1,129 @@
+"""Simulated step times against published training runs (../shared/data).
+
+Megatron-LM 2021 (Narayanan et al. 2021, Table 1; megatron_lm_a100_weak_scaling_2021.csv):
+GPT models of 1.7B-1T parameters on 32-3072 A100s, vocabulary 51,200, sequence 2048,
+full activation recompute, TP = min(model-parallel size, 8), PP = model-parallel size / TP,
+DP = GPUs / model-parallel size. The software of the time: unfused attention, gradient
+all-reduce after the backward (no overlap), no distributed optimizer, micro-batch 1,
+non-interleaved 1F1B. The published step time follows from the published TFLOP/s per
+GPU: those runs count 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs per step.
+
+MosaicML llm-foundry (mosaicml_llmfoundry_mpt_throughput.csv): MPT-13B/30B/70B on 128
+H100s with PyTorch FSDP (ZeRO-3), flash attention and activation checkpointing.
+
+The dgx-a100 and dgx-h100 presets each carry one calibrated number
+(``gpu.sustained_fraction``) fitted on these runs; the tests check that the physics
+then reproduces every row within the tolerance (printing the table), not that a
+single row was fitted.
+"""
+
+from __future__ import annotations
+
+import csv
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from conftest import SHARED_DATA, require_shared_data
+from hardware.catalog import load_cluster
+from sim.step import simulate_step
+from strategies.model_spec import ModelSpec
+from strategies.plan import ParallelPlan
+
+TOLERANCE = 0.10
+# Attention heads of each Megatron model (Narayanan et al. 2021, Table 1).
+MEGATRON_HEADS = {"1.7B": 24, "3.6B": 32, "7.5B": 32, "18B": 48, "39B": 64, "76B": 80,
+                  "145B": 96, "310B": 128, "530B": 128, "1T": 160}
+SEQ, VOCAB = 2048, 51200
+
+
+def _megatron_rows() -> list[dict[str, str]]:
+    path = require_shared_data(SHARED_DATA / "megatron_lm_a100_weak_scaling_2021.csv")
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def megatron_case(row: dict[str, str]) -> tuple[ModelSpec, ParallelPlan, float]:
+    """Model, plan and published step time (s) of one Megatron row."""
+    h, layers = int(row["hidden_size"]), int(row["num_layers"])
+    mp, gpus, batch = (int(row[k]) for k in ("model_parallel_size", "num_gpus",
+                                             "batch_size_seqs"))
+    heads = MEGATRON_HEADS[row["model_size_label"]]
+    model = ModelSpec(name=f"megatron-{row['model_size_label']}", num_layers=layers,
+                      hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
+                      ffn_hidden_size=4 * h, vocab_size=VOCAB, mlp="gelu", norm="layernorm",
+                      tied_embeddings=True)
+    tp = min(mp, 8)
+    plan = ParallelPlan(dp=gpus // mp, tp=tp, pp=mp // tp, micro_batch=1, global_batch=batch,
+                        seq_len=SEQ, recompute="full", zero=0, flash_attention=False,
+                        overlap_grad_reduce=False)
+    flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
+    published_s = flops / (float(row["achieved_tflops_per_gpu"]) * 1e12 * gpus)
+    return model, plan, published_s
+
+
+def _simulate_megatron(row: dict[str, str]) -> tuple[str, float, float, dict]:
+    model, plan, published = megatron_case(row)
+    result = simulate_step(model, load_cluster("dgx-a100"), plan, check_memory=False)
+    return row["model_size_label"], published, result.step_time_s, result.breakdown
+
+
+@pytest.fixture(scope="module")
+def megatron_results() -> dict[str, tuple[float, float, dict]]:
+    """All rows, simulated on both cores, printed as a table."""
+    rows = _megatron_rows()
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_simulate_megatron, rows))
+    print("\nMegatron-LM 2021 on dgx-a100: published vs simulated step time")
+    print(f"{'model':>6} {'published (s)':>14} {'simulated (s)':>14} {'error':>7}  breakdown (s)")
+    for label, published, simulated, breakdown in results:
+        parts = " ".join(f"{k}={v:.2f}" for k, v in breakdown.items() if v >= 0.01)
+        print(f"{label:>6} {published:>14.2f} {simulated:>14.2f} "
+              f"{(simulated - published) / published:>+7.1%}  {parts}")
+    return {label: (published, simulated, breakdown)
+            for label, published, simulated, breakdown in results}
+
+
+@pytest.mark.parametrize("label", list(MEGATRON_HEADS))
+def test_megatron_step_time_within_tolerance(megatron_results, label):
+    published, simulated, _ = megatron_results[label]
+    assert abs(simulated - published) / published <= TOLERANCE
+
+
+# (model, hidden, heads, layers, GPUs, micro-batch, global batch, tokens/s/GPU published)
+MOSAIC_H100 = [
+    ("13b", 5120, 40, 40, 128, 16, 2048, 5080),
+    ("30b", 7168, 56, 48, 128, 8, 1024, 2199),
+    ("70b", 8192, 64, 80, 128, 8, 1024, 1058),
+]
+
+
+def test_mosaic_rows_are_the_published_ones():
+    path = require_shared_data(SHARED_DATA / "mosaicml_llmfoundry_mpt_throughput.csv")
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for name, _, _, _, gpus, micro, batch, tokens in MOSAIC_H100:
+        assert any(r["model"] == name and r["gpu"] == "h100_80gb" and r["seq_len"] == "2048"
+                   and int(r["num_gpus"]) == gpus and int(r["micro_batch_size"]) == micro
+                   and int(r["global_batch_size_seqs"]) == batch
+                   and int(r["throughput_tokens_per_s_per_gpu"]) == tokens
+                   and r["sharding_strategy"] == "FULL_SHARD"
+                   and r["activation_checkpointing"] == "True" for r in rows), name
+
+
+@pytest.mark.parametrize("name,hidden,heads,layers,gpus,micro,batch,published", MOSAIC_H100)
+def test_mosaic_h100_throughput_within_tolerance(name, hidden, heads, layers, gpus, micro,
+                                                 batch, published):
+    """MPT: MHA, GELU MLP of 4h, LayerNorm, tied embeddings, vocabulary 50,368."""
+    model = ModelSpec(name=f"mpt-{name}", num_layers=layers, hidden_size=hidden,
+                      num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+                      ffn_hidden_size=4 * hidden, vocab_size=50368, mlp="gelu",
+                      norm="layernorm", tied_embeddings=True)
+    plan = ParallelPlan(dp=gpus, micro_batch=micro, global_batch=batch, seq_len=2048,
+                        recompute="full", zero=3)
+    result = simulate_step(model, load_cluster("dgx-h100"), plan, check_memory=False)
+    simulated = result.tokens_per_s / gpus
+    error = (simulated - published) / published
+    print(f"\nMPT-{name} on {gpus} H100: published {published} tokens/s/GPU, simulated "
+          f"{simulated:.0f} ({error:+.1%}), MFU {result.mfu:.1%}")
+    assert abs(error) <= TOLERANCE
