@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,6 +44,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from hardware.toml_sources import source_comments, table_headers
 from hardware.spec import (
     ALGORITHM_FAMILIES,
     DTYPES,
@@ -298,7 +298,7 @@ def _resolve(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str
 
     data, text = _read(_DEFAULTS)
     _check_tree(data, SCHEMA, "", where=f"in {_DEFAULTS}")
-    headers = [".".join(_split_key(m.group(1))) for m in map(_HEADER_RE.match, text.splitlines()) if m]
+    headers = table_headers(text)
     sources = {}
     for leaf in _leaves(data):
         table = max((h for h in headers if leaf.startswith(h + ".")), key=len, default="")
@@ -551,59 +551,13 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-# --------------------------------------------------------------------------- source comments
-
-_HEADER_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
-_SOURCE_RE = re.compile(r"#\s*source:\s*(.*?)\s*$", re.IGNORECASE)
-
-
-def _comment(line: str) -> str | None:
-    """The comment part of a TOML line (``#`` outside quotes), or None."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[i:]
-    return None
-
-
-def _split_key(key: str) -> list[str]:
-    return [part.strip().strip("\"'") for part in key.split(".")]
-
-
 def _file_sources(layer: Mapping[str, Any], text: str) -> dict[str, str]:
     """``{leaf dotted key: citation}`` from the ``# source:`` comments of one file.
 
     A comment applies to the key on its own line or to the line directly
     below it; on a table header or an inline table it covers every leaf below.
     """
-    by_prefix: dict[str, str] = {}
-    table: list[str] = []
-    pending: str | None = None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            match = _SOURCE_RE.search(stripped)
-            pending = match.group(1) if match else None
-            continue
-        comment = _comment(line)
-        match = _SOURCE_RE.search(comment) if comment else None
-        source = match.group(1) if match else pending
-        pending = None
-        header = _HEADER_RE.match(line)
-        if header:
-            table = _split_key(header.group(1))
-            if source:
-                by_prefix[".".join(table)] = source
-            continue
-        key = _KEY_RE.match(line)
-        if key and source:
-            by_prefix[".".join(table + _split_key(key.group(1)))] = source
+    by_prefix = source_comments(text)
     out = {}
     for leaf in _leaves(layer):
         parts = leaf.split(".")

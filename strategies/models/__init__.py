@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -68,6 +67,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from hardware.toml_sources import source_comments
 from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
 
 __all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
@@ -157,27 +157,7 @@ def model_sources(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
     path = _locate(name_or_path)
     if path.suffix.lower() == ".json":
         raise ValueError(f"model: {str(path)!r} is a Hugging Face config; only TOML model files carry # source: comments")
-    text = path.read_text(encoding="utf-8")
-    out: dict[str, str] = {}
-    table = ""
-    pending: str | None = None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            match = _SOURCE_RE.search(stripped)
-            pending = match.group(1) if match else None
-            continue
-        header = _HEADER_RE.match(stripped)
-        key = _KEY_RE.match(stripped)
-        comment = _comment(line)
-        match = _SOURCE_RE.search(comment) if comment else None
-        source = match.group(1) if match else pending
-        pending = None
-        if header:
-            table = header.group(1).strip()
-        elif key and source:
-            out[f"{table}.{key.group(1)}" if table else key.group(1)] = source
-    return out
+    return source_comments(path.read_text(encoding="utf-8"))
 
 
 def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
@@ -444,22 +424,3 @@ def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MIS
     return value
 
 
-# --------------------------------------------------------------------------- source comments
-
-_HEADER_RE = re.compile(r"^\[\s*([A-Za-z0-9_.\-]+)\s*\]")
-_KEY_RE = re.compile(r"^([A-Za-z0-9_\-]+)\s*=")
-_SOURCE_RE = re.compile(r"#\s*source:\s*(.*?)\s*$", re.IGNORECASE)
-
-
-def _comment(line: str) -> str | None:
-    """The comment part of a TOML line (``#`` outside quotes), or None."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[i:]
-    return None
