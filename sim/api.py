@@ -123,7 +123,10 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
         gpus: GPUs of the job (default: the plan's dp*tp*pp*cp).
         plan: a ParallelPlan; or give its fields as keywords (``tp=8, pp=4``);
             ``dp`` defaults to gpus / (tp*pp*cp) and ``global_batch`` to
-            dp * micro_batch * 4 * pp.
+            dp * micro_batch * 4 * pp. Parameter-server training: ``dp_mode``
+            ("ps-sync", "ps-async", "ps-stale"), ``ps_servers``, ``ps_placement``,
+            ``staleness``, ``ps_steps`` (strategies.param_server; ``gpus`` counts the
+            workers, dedicated servers add nodes).
         fidelity: ``analytic`` or ``flow``.
         overrides: dotted preset keys to change.
 
@@ -146,7 +149,8 @@ def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:
 
     ``dp`` = gpus / (tp * pp * cp) when not given; ``global_batch`` =
     dp * micro_batch * 4 * pp (four micro-batches per pipeline stage) when not
-    given.
+    given; ``zero`` = 0 for a parameter-server ``dp_mode`` (the servers hold the
+    optimizer state) when not given.
 
     Raises:
         ValueError: when dp cannot be derived, or a field is unknown.
@@ -167,6 +171,8 @@ def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:
             values["dp"] = gpus // (tp * pp * cp)
     if "global_batch" not in values:
         values["global_batch"] = values["dp"] * int(values.get("micro_batch", 1)) * 4 * pp
+    if "zero" not in values and values.get("dp_mode", "allreduce") != "allreduce":
+        values["zero"] = 0
     return ParallelPlan(**values)
 
 

@@ -106,11 +106,23 @@ def simulate(
     global_batch: Optional[int] = typer.Option(None, help="Sequences per step "
                                                "(default: dp*micro_batch*4*pp)."),
     seq_len: int = typer.Option(4096, help="Tokens per sequence."),
-    zero: int = typer.Option(1, help="ZeRO stage 0-3 (3 = FSDP)."),
+    zero: Optional[int] = typer.Option(None, help="ZeRO stage 0-3 (3 = FSDP); default 1, "
+                                       "0 with a parameter-server --dp-mode."),
     recompute: str = typer.Option("none", help="none, selective or full."),
     schedule: str = typer.Option("1f1b", help="gpipe, 1f1b, interleaved or zb-h1."),
     dtype: str = typer.Option("bf16", help="bf16 or fp8."),
     sequence_parallel: bool = typer.Option(True, help="Sequence parallelism with TP."),
+    dp_mode: str = typer.Option("allreduce", help="Data parallelism: allreduce, or parameter "
+                                "servers ps-sync, ps-async or ps-stale (needs tp=pp=cp=1)."),
+    ps_servers: int = typer.Option(0, help="Parameter-server shards (0 = one per worker node); "
+                                   "dedicated servers use GPUs beyond --gpus."),
+    ps_placement: str = typer.Option("dedicated", help="dedicated (extra nodes) or colocated "
+                                     "(on worker GPUs)."),
+    staleness: int = typer.Option(0, help="ps-stale: steps a worker may run ahead of the "
+                                  "parameters it uses."),
+    ps_steps: int = typer.Option(1, help="Steps simulated in parameter-server modes (async "
+                                 "and stale need >= 2; the step time is the steady-state "
+                                 "interval)."),
     fidelity: str = typer.Option("analytic", help="analytic or flow."),
     output_format: str = typer.Option("table", "--format", help="table or json."),
     trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
@@ -127,7 +139,9 @@ def simulate(
                               vpp=vpp, micro_batch=micro_batch, global_batch=global_batch,
                               seq_len=seq_len, zero=zero, recompute=recompute,
                               schedule=schedule, dtype=dtype,
-                              sequence_parallel=sequence_parallel)
+                              sequence_parallel=sequence_parallel, dp_mode=dp_mode,
+                              ps_servers=ps_servers, ps_placement=ps_placement,
+                              staleness=staleness, ps_steps=ps_steps)
     except OutOfMemoryError as oom:
         if output_format == "json":
             print(json.dumps({"error": "out_of_memory", "rank": oom.rank,
@@ -161,6 +175,15 @@ def _print_step(result) -> None:
     summary.add_row("MFU", f"{result.mfu:.1%}")
     summary.add_row("peak memory (GiB)", f"{result.peak_memory_bytes / 2**30:.2f}")
     console.print(summary)
+    ps = result.ps
+    if ps is not None:
+        console.print(f"parameter servers: {ps['mode']}"
+                      + (f" (staleness {ps['staleness']})" if ps['mode'] == "ps-stale" else "")
+                      + f", {ps['servers']} {ps['placement']} server(s) on ranks "
+                      f"{_short_list(ps['server_ranks'])}, {ps['gpus_total']} GPUs on "
+                      f"{ps['nodes']} nodes; step time = steady-state interval over "
+                      f"{ps['steps']} step(s), makespan {ps['makespan_s']:.4f} s; server "
+                      f"memory {ps['server_memory']['total_bytes'] / 2**30:.2f} GiB")
     table = Table(title="where the step goes (s), per pipeline rank", title_justify="left",
                   box=None, pad_edge=False)
     frame = result.breakdown_frame()
@@ -179,6 +202,11 @@ def _print_step(result) -> None:
     for p, row in mem.iterrows():
         memory.add_row(str(p), *(f"{v:.2f}" for v in row))
     console.print(memory)
+
+
+def _short_list(values: list, limit: int = 8) -> str:
+    text = ", ".join(map(str, values[:limit]))
+    return text + (f", ... ({len(values)} in all)" if len(values) > limit else "")
 
 
 def _print_nccl_table(df, op: str, cluster: str, nodes: int, ranks: int, fidelity: str) -> None:

@@ -25,6 +25,10 @@ Narayanan et al. 2021, Korthikanti et al. 2022):
   ZeRO-3 all-gathers every layer's parameters before its forward and
   backward; the optimizer step, then (ZeRO 1/2) the parameter all-gather.
 
+Parameter-server data parallelism (``plan.dp_mode``) reuses this lowering for one
+worker's compute: strategies.param_server overrides :meth:`StepLowerer._reduce_bucket`
+(record where each gradient bucket is ready instead of reducing it) and the optimizer.
+
 Symmetry (DESIGN.md principle 5): without stragglers every rank of a pipeline
 stage does the same thing at the same time, so the Program lists one
 representative per pipeline rank (tp = cp = dp = 0) and collectives carry
@@ -333,14 +337,22 @@ class StepLowerer:
         for group in ("dense", "expert"):
             size = pending.get(group, 0.0)
             if size > 0 and (size >= self.plan.grad_bucket_bytes or final):
-                ranks = b.groups['grad'] if group == "dense" else b.groups['expert_grad']
-                kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
-                index = self._collective(b, "dp", kind, ranks, size, f"grads.{group}.{label}",
-                                         "dp", (done_index,))
+                index = self._reduce_bucket(b, group, size, label, done_index)
                 if index >= 0:
                     issued.append(index)
                 pending[group] = 0.0
         return issued
+
+    def _reduce_bucket(self, b: _RankBuilder, group: str, size: float, label: str,
+                       done_index: int) -> int:
+        """Reduce one full gradient bucket (``size`` bytes of the ``dense`` or ``expert``
+        group, ready once op ``done_index`` ends) over data parallelism; the op's index,
+        or -1 when nothing was issued. Parameter-server lowering overrides it
+        (strategies.param_server)."""
+        ranks = b.groups['grad'] if group == "dense" else b.groups['expert_grad']
+        kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
+        return self._collective(b, "dp", kind, ranks, size, f"grads.{group}.{label}", "dp",
+                                (done_index,))
 
     # -------------------------------------------------------------------- step
     def lower(self) -> StepLowering:
@@ -356,6 +368,12 @@ class StepLowerer:
                           metadata={"model": self.model.name, "plan": plan})
         return StepLowering(program, self.layout, self.representatives, self.stage_layers,
                             tuple(tuple(a) for a in all_actions))
+
+    def rank_ops(self, p: int) -> list[Op]:
+        """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
+        plan = self.plan
+        actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        return self._lower_rank(p, self.representatives[p], actions[p])
 
     def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan

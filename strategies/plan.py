@@ -5,6 +5,10 @@ tensor (tp), pipeline (pp, with ``vpp`` virtual stages per rank), context
 (cp) and expert (ep) parallelism, batch sizes, ZeRO stage, recompute and the
 pipeline schedule.
 
+Data parallelism is an all-reduce (or ZeRO reduce-scatter/all-gather) among
+the replicas by default; ``dp_mode`` selects parameter-server training instead
+(synchronous, asynchronous or bounded-staleness; strategies.param_server).
+
 Rank order (Megatron-LM's default, ``tp-cp-ep-dp-pp``): TP varies fastest,
 so a TP group sits inside one node on consecutive GPUs; then CP, then DP
 (EP subdivides DP for the MoE layers), and PP varies slowest, so pipeline
@@ -20,6 +24,8 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 PLAN_DTYPES = ("bf16", "fp8")
 AXES = ("tp", "cp", "dp", "pp")
+DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
+PS_PLACEMENTS = ("dedicated", "colocated")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +57,21 @@ class ParallelPlan:
         layers_per_stage: explicit uneven split of layers over pp * vpp
             stages (None = even).
         order: rank order, fastest-varying axis first.
+        dp_mode: how data-parallel replicas combine gradients: ``allreduce``
+            (collectives among the replicas), or parameter servers:
+            ``ps-sync`` (every server waits for all workers' pushes, then
+            updates: BSP), ``ps-async`` (a server applies each push as it
+            arrives and answers that worker at once) or ``ps-stale`` (bounded
+            staleness: a worker may compute step t+1 with the parameters of
+            step t - staleness). Parameter-server modes need tp = pp = cp =
+            ep = 1 and zero = 0 (strategies.param_server).
+        ps_servers: parameter-server shards; 0 = one per worker node.
+        ps_placement: ``dedicated`` (servers on extra nodes after the
+            workers, one per GPU slot) or ``colocated`` (shard s on worker
+            rank floor(s * dp / ps_servers), sharing its GPU and NIC).
+        staleness: the ``ps-stale`` bound, in steps (0 = ps-sync).
+        ps_steps: consecutive steps simulated in parameter-server modes
+            (async and stale need >= 2 to show their effect).
     """
 
     dp: int = 1
@@ -72,6 +93,11 @@ class ParallelPlan:
     overlap_grad_reduce: bool = True
     layers_per_stage: tuple[int, ...] | None = None
     order: tuple[str, ...] = field(default=("tp", "cp", "dp", "pp"))
+    dp_mode: str = "allreduce"
+    ps_servers: int = 0
+    ps_placement: str = "dedicated"
+    staleness: int = 0
+    ps_steps: int = 1
 
     @property
     def world_size(self) -> int:
@@ -163,6 +189,49 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
                              "splits the data-parallel ranks")
     if sorted(plan.order) != sorted(AXES):
         raise ValueError(f"order: {plan.order} is not valid; give a permutation of {AXES}")
+    _validate_dp_mode(plan)
+
+
+def _validate_dp_mode(plan: ParallelPlan) -> None:
+    """The parameter-server fields (one line per problem, naming the field)."""
+    if plan.dp_mode not in DP_MODES:
+        raise ValueError(f"dp_mode: {plan.dp_mode!r} is not valid; valid: {', '.join(DP_MODES)}")
+    for name, low in (("ps_servers", 0), ("staleness", 0), ("ps_steps", 1)):
+        value = getattr(plan, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: {value!r} is not valid; give an integer >= {low}")
+    if plan.ps_placement not in PS_PLACEMENTS:
+        raise ValueError(f"ps_placement: {plan.ps_placement!r} is not valid; "
+                         f"valid: {', '.join(PS_PLACEMENTS)}")
+    if plan.dp_mode == "allreduce":
+        for name, default in (("ps_servers", 0), ("ps_placement", "dedicated"), ("staleness", 0),
+                              ("ps_steps", 1)):
+            if getattr(plan, name) != default:
+                raise ValueError(f"{name}: {getattr(plan, name)!r} applies to parameter-server "
+                                 f"training only; give dp_mode one of {', '.join(DP_MODES[1:])}, "
+                                 f"or {name} {default!r}")
+        return
+    mode = plan.dp_mode
+    if plan.tp * plan.pp * plan.cp != 1:
+        raise ValueError(f"dp_mode: {mode!r} needs tp = pp = cp = 1 (got tp {plan.tp}, pp "
+                         f"{plan.pp}, cp {plan.cp}): each parameter-server worker is a whole "
+                         "model replica on one GPU; give dp_mode 'allreduce' to combine them")
+    if plan.ep != 1:
+        raise ValueError(f"ep: {plan.ep} is not supported with dp_mode {mode!r}; give ep 1 "
+                         "(every worker holds all experts)")
+    if plan.zero != 0:
+        raise ValueError(f"zero: {plan.zero} is not valid with dp_mode {mode!r}; give zero 0 "
+                         "(the servers hold the optimizer state)")
+    if plan.ps_placement == "colocated" and plan.ps_servers > plan.dp:
+        raise ValueError(f"ps_servers: {plan.ps_servers} colocated servers exceed the {plan.dp} "
+                         f"workers (dp); give 0..{plan.dp} or ps_placement 'dedicated'")
+    if mode != "ps-stale" and plan.staleness != 0:
+        raise ValueError(f"staleness: {plan.staleness} applies to dp_mode 'ps-stale' only "
+                         f"(dp_mode is {mode!r}); give staleness 0")
+    if mode == "ps-stale" and plan.ps_steps <= plan.staleness:
+        raise ValueError(f"ps_steps: {plan.ps_steps} must exceed staleness {plan.staleness} "
+                         f"for dp_mode 'ps-stale' to reach a steady state; give ps_steps >= "
+                         f"{plan.staleness + 1} (better {plan.staleness + 2} or more)")
 
 
 class RankLayout:
