@@ -291,6 +291,16 @@ def _flatten(data: dict, prefix: str = ""):
             yield path, value
 
 
+def _register_commands() -> None:
+    """Commands that live in their own modules."""
+    from sim import cli_failures
+
+    cli_failures.register(app, _overrides, _check_choice, EXIT_OOM)
+
+
+_register_commands()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the ``trainsim`` script: run the app, report user errors in one line."""
     try:

@@ -106,3 +106,22 @@ def test_hardware_list_and_show(capsys):
     assert shown["nic"]["gbit_per_s"] == 400
     code, out, _ = run_cli(capsys, "hardware", "show", "dgx-h100", "--format", "table")
     assert code == 0 and "NVIDIA" in out  # sources are printed beside the values
+
+
+def test_failures_json_has_the_documented_keys(capsys):
+    code, out, err = run_cli(capsys, "failures", "--model", "llama3-8b", "--gpus", "1024",
+                             "--tp", "8", "--days", "10", "--seeds", "20",
+                             "--checkpoint-interval", "30min", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    for key in ("interruptions_mean", "interruptions_by_cause", "goodput",
+                "checkpoint_interval_s", "inputs"):
+        assert key in data
+    # the interval is rounded to whole steps
+    assert data["checkpoint_interval_s"] == pytest.approx(1800, rel=1e-3)
+    assert 0 < data["goodput"]["mean"] < 1
+
+
+def test_failures_needs_days_or_tokens(capsys):
+    code, _, err = run_cli(capsys, "failures", "--model", "llama3-8b", "--gpus", "8")
+    assert code == 2 and err.startswith("error: days: give exactly one of --days or --tokens")
