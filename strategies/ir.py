@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from hardware.compute import COMPUTE_KINDS, ELEMENT_BYTES, canonical_dtype
+from hardware.compute import COMPUTE_KINDS, ELEMENT_BYTES, canonical_dtype  # noqa: F401  (COMPUTE_KINDS re-exported)
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"

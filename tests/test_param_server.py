@@ -12,7 +12,8 @@ from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
 from sim.cli import main
 from sim.engine import Engine
-from sim.step import ps_job_layout, ps_step_ends, simulate_step
+from sim.ps_step import ps_job_layout, ps_step_ends
+from sim.step import simulate_step
 from strategies import model_costs
 from strategies.ir import ComputeOp, Program
 from strategies.memory import OutOfMemoryError
