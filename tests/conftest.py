@@ -21,3 +21,16 @@ def require_shared_data(path: Path = SHARED_DATA) -> Path:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the ``trainsim`` CLI in-process; return (exit code, stdout, stderr)."""
+    from sim.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

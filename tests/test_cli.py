@@ -9,20 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from conftest import run_cli
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(capsys, *args):
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_default_job_prints_an_nccl_tests_table(capsys):

@@ -9,7 +9,7 @@ import pytest
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
-from strategies.ir import (COMM_STREAM, COMPUTE_STREAM, CollectiveOp, ComputeOp, Program,
+from strategies.ir import (COMPUTE_STREAM, CollectiveOp, ComputeOp, Program,
                            RecvOp, SendOp)
 
 

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import run_cli
+
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
-from sim.cli import main
 from sim.engine import Engine
 from sim.ps_step import ps_job_layout, ps_step_ends
 from sim.step import simulate_step
@@ -391,14 +392,6 @@ def test_allreduce_results_have_no_ps_entry_and_are_unchanged():
 
 
 # ---------------------------------------------------------------------------------- CLI
-def run_cli(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_simulates_parameter_servers(capsys, tmp_path):

@@ -7,8 +7,9 @@ from fractions import Fraction
 
 import pytest
 
+from conftest import run_cli
+
 from hardware.catalog import load_cluster
-from sim.cli import main
 from sim.step import simulate_step
 from strategies import model_costs
 from strategies.lowering import lower_step
@@ -138,14 +139,6 @@ def test_out_of_memory_is_an_error_with_the_breakdown():
     assert "out of memory" in str(info.value)
 
 
-def run_cli(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_simulate_json_has_the_documented_keys(capsys, tmp_path):
