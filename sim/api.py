@@ -114,6 +114,7 @@ def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100
 def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
              gpus: int | None = None, plan: ParallelPlan | None = None,
              fidelity: str = "analytic", overrides: Mapping[str, object] | None = None,
+             stragglers: Mapping[int, float] | None = None,
              **plan_fields: object) -> StepResult:
     """Simulate one training step (see :func:`sim.step.simulate_step`).
 
@@ -129,6 +130,7 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
             workers, dedicated servers add nodes).
         fidelity: ``analytic`` or ``flow``.
         overrides: dotted preset keys to change.
+        stragglers: ``{rank: speed}`` of slow ranks (0.5 = half speed).
 
     Raises:
         ValueError: for a bad model, cluster or plan (one line naming the field).
@@ -141,7 +143,8 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
     elif plan_fields:
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
                          f"({', '.join(plan_fields)})")
-    return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity)
+    return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity,
+                         stragglers=stragglers)
 
 
 def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:

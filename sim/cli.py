@@ -127,6 +127,8 @@ def simulate(
     output_format: str = typer.Option("table", "--format", help="table or json."),
     trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
+    straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
+                                                  "(0.5 = half speed); repeatable."),
 ) -> None:
     """Simulate one training step: step time, MFU, memory and where the time goes."""
     from sim import api
@@ -135,6 +137,7 @@ def simulate(
     _check_choice("format", output_format, ("table", "json"))
     try:
         result = api.simulate(model, cluster=cluster, gpus=gpus, fidelity=fidelity,
+                              stragglers=_stragglers(straggler),
                               overrides=_overrides(set_), tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                               vpp=vpp, micro_batch=micro_batch, global_batch=global_batch,
                               seq_len=seq_len, zero=zero, recompute=recompute,
@@ -155,6 +158,19 @@ def simulate(
         print(json.dumps(result.to_dict(), indent=1))
         return
     _print_step(result)
+
+
+def _stragglers(pairs: Optional[List[str]]) -> dict[int, float]:
+    """``["5:0.5"]`` -> ``{5: 0.5}``; one-line error for anything else."""
+    result = {}
+    for text in pairs or []:
+        rank, _, speed = text.partition(":")
+        try:
+            result[int(rank)] = float(speed)
+        except ValueError:
+            raise UserError(f"straggler: {text!r} is not valid; give RANK:SPEED, "
+                            "e.g. 5:0.5") from None
+    return result
 
 
 def _print_step(result) -> None:

@@ -19,7 +19,8 @@ run is identical for identical inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+import math
+from typing import Iterator, Mapping, Protocol
 
 import simpy
 
@@ -82,6 +83,9 @@ class Engine:
         planner: collective planner to reuse (its plan cache) across runs on
             the same layout.
         check: validate the program first (:func:`strategies.program_check.check_program`).
+        rank_speed: ``{rank: speed}`` of ranks whose kernels run at another
+            speed (0.5 = a straggler at half speed: every compute op takes twice
+            as long); others run at 1.
 
     Raises:
         ValueError: when the program does not fit the layout or the fidelity
@@ -90,7 +94,8 @@ class Engine:
 
     def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "analytic",
                  compute: ComputeTimer | None = None,
-                 planner: CollectivePlanner | None = None, check: bool = True) -> None:
+                 planner: CollectivePlanner | None = None, check: bool = True,
+                 rank_speed: Mapping[int, float] | None = None) -> None:
         if program.world_size > layout.world_size:
             raise ValueError(
                 f"world_size: the program has {program.world_size} ranks but the cluster "
@@ -111,7 +116,11 @@ class Engine:
         self._present_cache: dict[tuple[int, ...], int] = {}
         self._referenced: dict[int, set[int]] = {}
         self._finished: dict[int, int] = {}
-        self._durations: dict[int, int] = {}
+        self._durations: dict[tuple[int, float], int] = {}
+        self._speed = dict(rank_speed or {})
+        for rank, speed in self._speed.items():
+            if not speed > 0:
+                raise ValueError(f"rank_speed: rank {rank} has speed {speed!r}; give a speed > 0")
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -170,7 +179,7 @@ class Engine:
                 pending = [done[d] for d in op.deps if not done[d].triggered]
                 if pending:
                     yield self.env.all_of(pending)
-            duration = self._fixed_ns(op)
+            duration = self._fixed_ns(op, rank)
             if duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
                 # collective nobody else joins, at analytic fidelity) that
@@ -182,7 +191,7 @@ class Engine:
                     following = ops[indices[position + 1]]
                     if following.deps:
                         break
-                    duration = self._fixed_ns(following)
+                    duration = self._fixed_ns(following, rank)
                     if duration is None:
                         break
                     position += 1
@@ -200,25 +209,28 @@ class Engine:
                 done[index].succeed()
             position += 1
 
-    def _fixed_ns(self, op: Op) -> int | None:
+    def _fixed_ns(self, op: Op, rank: int) -> int | None:
         """Duration of an op known before it runs, or None if it depends on others."""
         if isinstance(op, ComputeOp):
-            return self._compute_ns(op)
+            return self._compute_ns(op, self._speed.get(rank, 1.0))
         if (self.fidelity == "analytic" and isinstance(op, CollectiveOp)
                 and self._members_present(op) == 1):
             return self.fabric.duration_ns(self._collective_plan(op))
         return None
 
-    def _compute_ns(self, op: ComputeOp) -> int:
-        """Duration of a compute op, memoised per op object (a step repeats the same
-        op objects thousands of times; the program keeps them alive, so ids are stable)."""
-        key = id(op)
+    def _compute_ns(self, op: ComputeOp, speed: float = 1.0) -> int:
+        """Duration of a compute op on a rank of ``speed``, memoised per op object (a
+        step repeats the same op objects thousands of times; the program keeps them
+        alive, so ids are stable)."""
+        key = (id(op), speed)
         duration = self._durations.get(key)
         if duration is None:
             if self.compute is None:
                 raise ValueError(f"compute: op {op.name!r} needs a compute model; "
                                  "pass compute=ComputeModel(gpu)")
             duration = self.compute.duration_ns(op)
+            if speed != 1.0:
+                duration = math.ceil(duration / speed)
             self._durations[key] = duration
         return duration
 

@@ -26,6 +26,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 from dataclasses import dataclass, field
 import pandas as pd
 
@@ -143,7 +144,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, lowering: StepLowering
 
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   gpus: int | None = None, fidelity: str = "analytic",
-                  check_memory: bool = True, compute: ComputeTimer | None = None) -> StepResult:
+                  check_memory: bool = True, compute: ComputeTimer | None = None,
+                  stragglers: Mapping[int, float] | None = None) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` under ``plan``.
 
     Args:
@@ -155,6 +157,10 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         check_memory: raise OutOfMemoryError when a rank does not fit HBM.
         compute: prices compute ops (default: the roofline model of the
             cluster's GPU).
+        stragglers: ``{rank: speed}`` of ranks whose kernels run slower (0.5 =
+            half speed). They break the symmetry: each is simulated with the
+            ranks coupled to it (strategies.lowering.StepLowerer.distinct_ranks),
+            and the step waits for it wherever synchronous training does.
 
     Raises:
         ValueError: for an invalid plan (one line naming the field).
@@ -171,7 +177,15 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         return simulate_ps_step(model, cluster, plan, fidelity=fidelity,
                                 check_memory=check_memory, compute=compute)
     layout = job_layout(cluster, plan.world_size)
-    lowering = lower_step(model, plan)
+    stragglers = dict(stragglers or {})
+    for rank, speed in stragglers.items():
+        if not 0 <= rank < plan.world_size:
+            raise ValueError(f"straggler: rank {rank} is outside the job; "
+                             f"valid: 0..{plan.world_size - 1}")
+        if not speed > 0:
+            raise ValueError(f"straggler: rank {rank} speed {speed!r} is not valid; "
+                             "give a speed > 0 (0.5 = half speed)")
+    lowering = lower_step(model, plan, distinct=sorted(stragglers))
     memory = stage_memory(model, plan, lowering)
     if check_memory:
         for p, breakdown in memory.items():
@@ -179,23 +193,29 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
     engine = Engine(lowering.program, layout, fidelity=fidelity,
-                    compute=compute or ComputeModel(cluster.gpu), check=False)
+                    compute=compute or ComputeModel(cluster.gpu), check=False,
+                    rank_speed=stragglers)
     result = engine.run()
     timeline = result.timeline
     step_ns = result.makespan_ns
-    by_rank = rank_breakdowns(timeline, lowering.representatives, step_ns)
+    present = sorted(lowering.program.ops_by_rank)
+    by_rank = rank_breakdowns(timeline, present, step_ns)
     stage_breakdown = {p: by_rank[rank] for p, rank in enumerate(lowering.representatives)}
     ends = timeline.end_ns_by_rank()
-    critical = max(range(plan.pp), key=lambda p: (ends.get(lowering.representatives[p], 0), -p))
+    # The rank that ends last sets the step; among ranks that end together (a final
+    # collective), the one that computed longest: a straggler when there is one.
+    critical = max(present, key=lambda r: (ends.get(r, 0), by_rank[r]["compute"], -r))
     step_s = step_ns / 1e9
     return StepResult(
         step_time_s=step_s,
         **throughput(model, cluster, plan, step_s),
         peak_memory_bytes=int(max(m.total_bytes for m in memory.values())),
         memory=memory,
-        breakdown=stage_breakdown[critical],
+        breakdown=by_rank[critical],
         stage_breakdown=stage_breakdown,
-        inputs=resolved_inputs(model, cluster, plan, fidelity, layout, result.plans),
+        inputs={**resolved_inputs(model, cluster, plan, fidelity, layout, result.plans),
+                "stragglers": {str(r): v for r, v in sorted(stragglers.items())},
+                "critical_rank": critical},
         timeline=timeline,
         lowering=lowering,
     )

@@ -108,6 +108,7 @@ class _RankBuilder:
         self.groups = groups
         self.ops: list[Op] = []
         self.last_on: dict[str, int] = {}
+        self.key_counts: dict[str, int] = {}
         self._waits: set[int] = set()
 
     def add(self, op: Op) -> int:
@@ -150,7 +151,6 @@ class StepLowerer:
             self.pp_message_bytes = self.act_bytes // plan.tp
         else:
             self.pp_message_bytes = self.act_bytes
-        self._keys: dict[str, int] = {}
         self._ops: dict[tuple, ComputeOp] = {}
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
@@ -182,19 +182,20 @@ class StepLowerer:
                            dtype=plan.dtype))
 
     # -------------------------------------------------------------- collectives
-    def _key(self, name: str, group: Sequence[int]) -> str:
+    @staticmethod
+    def _key(b: _RankBuilder, name: str, group: Sequence[int]) -> str:
         """A key unique per collective instance and identical across its members:
-        members of one group issue their n-th collective of a name in the same order."""
+        every member issues its n-th collective of a name and group in the same order."""
         base = f"{name}@{group[0]}"
-        count = self._keys.get(base, 0)
-        self._keys[base] = count + 1
+        count = b.key_counts.get(base, 0)
+        b.key_counts[base] = count + 1
         return f"{base}#{count}"
 
     def _collective(self, b: _RankBuilder, axis: str, kind: str, group: tuple[int, ...],
                     size: float, label: str, stream: str, deps: tuple[int, ...] = ()) -> int:
         if len(group) == 1 or size <= 0:
             return -1
-        key = self._key(f"{axis}.{kind}.{label}", group)
+        key = self._key(b, f"{axis}.{kind}.{label}", group)
         return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
                                   dtype="bf16"))
@@ -355,14 +356,40 @@ class StepLowerer:
                                 (done_index,))
 
     # -------------------------------------------------------------------- step
-    def lower(self) -> StepLowering:
-        """Build the Program of one step."""
+    def distinct_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """Ranks to simulate on their own because ``ranks`` behave differently
+        (stragglers): each one's whole pipeline, and the TP and CP groups of
+        those, which wait for it and in turn hold up their data-parallel peers."""
+        layout, plan = self.layout, self.plan
+        chosen: set[int] = set()
+        for rank in ranks:
+            for q in range(plan.pp):
+                peer = layout.stage_rank(q, like=rank)
+                chosen.update(layout.group(peer, "tp"))
+                chosen.update(layout.group(peer, "cp"))
+        return sorted(chosen - set(self.representatives))
+
+    def lower(self, distinct: Sequence[int] = ()) -> StepLowering:
+        """Build the Program of one step.
+
+        Args:
+            distinct: ranks that break the symmetry (stragglers); they and the
+                ranks coupled to them (:meth:`distinct_ranks`) are simulated
+                individually next to one representative per pipeline rank.
+        """
         plan = self.plan
         all_actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
         programs = {}
         for p, rank in enumerate(self.representatives):
             programs[rank] = self._lower_rank(p, rank, all_actions[p])
-        represents = {rank: plan.tp * plan.cp * plan.dp for rank in self.representatives}
+        extra = self.distinct_ranks(distinct)
+        for rank in extra:
+            p = self.layout.coords(rank)["pp"]
+            programs[rank] = self._lower_rank(p, rank, all_actions[p])
+        represents = {rank: 1 for rank in extra}
+        for p, rank in enumerate(self.representatives):
+            alike = plan.tp * plan.cp * plan.dp
+            represents[rank] = alike - sum(1 for r in extra if self.layout.coords(r)["pp"] == p)
         program = Program(ops_by_rank=programs, world_size=plan.world_size,
                           name=f"{self.model.name} step", represents=represents,
                           metadata={"model": self.model.name, "plan": plan})
@@ -437,7 +464,7 @@ class StepLowerer:
                         tag: str) -> None:
         recv = None
         if s > 0:
-            recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(s - 1),
+            recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(b, s - 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
                                 stream="pp.recv.fwd"))
             b.wait(recv)
@@ -452,25 +479,26 @@ class StepLowerer:
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")
         else:
-            b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(s + 1),
+            b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(b, s + 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
                          stream="pp.send.fwd", deps=(b.last(),)))
 
     def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
         if s < self.num_stages - 1:
-            recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(s + 1),
+            recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(b, s + 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
                                 stream="pp.recv.bwd"))
             b.wait(recv)
 
     def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
         if s > 0:
-            b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(s - 1),
+            b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(b, s - 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
                          stream="pp.send.bwd", deps=(b.last(),)))
 
-    def _stage_rank(self, stage: int) -> int:
-        return self.representatives[stage % self.plan.pp]
+    def _stage_rank(self, b: _RankBuilder, stage: int) -> int:
+        """The rank of ``b``'s pipeline that holds virtual stage ``stage``."""
+        return self.layout.stage_rank(stage % self.plan.pp, like=b.rank)
 
     def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
         plan = self.plan
@@ -517,6 +545,8 @@ def _blocks(kernels: Sequence[costs.Kernel]) -> list[tuple[str, list[costs.Kerne
     return blocks
 
 
-def lower_step(model: ModelSpec, plan: ParallelPlan) -> StepLowering:
-    """Lower one training step (see module docstring)."""
-    return StepLowerer(model, plan).lower()
+def lower_step(model: ModelSpec, plan: ParallelPlan,
+               distinct: Sequence[int] = ()) -> StepLowering:
+    """Lower one training step (see module docstring); ``distinct`` ranks
+    (stragglers) are simulated individually."""
+    return StepLowerer(model, plan).lower(distinct)

@@ -196,3 +196,45 @@ def test_cli_accepts_a_hugging_face_config(capsys, tmp_path):
                              "--tp", "2", "--format", "json")
     assert code == 0, err
     assert json.loads(out)["inputs"]["model"]
+
+
+def test_one_rank_at_half_speed_lengthens_a_dp_step_by_the_closed_form():
+    """64-GPU data parallelism, gradients reduced after the backward: every rank
+    waits for the slowest, so T' = T + (compute + optimizer) * (1/speed - 1),
+    up to the rounding of each of the straggler's kernels to whole ns."""
+    model = load_model("llama2-7b")
+    plan = ParallelPlan(dp=64, global_batch=128, seq_len=4096, zero=1,
+                        overlap_grad_reduce=False)
+    cluster = load_cluster("dgx-h100")
+    base = simulate_step(model, cluster, plan)
+    slow = simulate_step(model, cluster, plan, stragglers={5: 0.5})
+    work_s = base.breakdown["compute"] + base.breakdown["optimizer"]
+    kernels = sum(1 for op in slow.lowering.program.ops_by_rank[5] if op.stream == "compute")
+    assert slow.step_time_s - base.step_time_s == pytest.approx(work_s * (1 / 0.5 - 1),
+                                                                abs=kernels * 1e-9)
+    assert slow.inputs["critical_rank"] == 5
+    assert sorted(slow.lowering.program.represents.items()) == [(0, 63), (5, 1)]
+
+
+def test_a_straggler_in_a_tp_pp_job_holds_up_everyone():
+    """tp 4 x pp 2 x dp 4: the straggler's pipeline and TP groups are simulated
+    individually; the representatives wait for them through data parallelism."""
+    model = load_model("llama2-7b")
+    plan = ParallelPlan(dp=4, tp=4, pp=2, global_batch=32, seq_len=4096)
+    cluster = load_cluster("dgx-h100")
+    base = simulate_step(model, cluster, plan)
+    slow = simulate_step(model, cluster, plan, stragglers={13: 0.5})
+    present = sorted(slow.lowering.program.ops_by_rank)
+    assert {12, 13, 14, 15, 28, 29, 30, 31} <= set(present)
+    check_program(slow.lowering.program)
+    ends = slow.timeline.end_ns_by_rank()
+    assert ends[0] > base.step_time_s * 1e9  # the representative waits for the straggler
+    assert slow.step_time_s > 1.4 * base.step_time_s
+
+
+def test_stragglers_are_validated():
+    plan = ParallelPlan(dp=8, global_batch=8, seq_len=512)
+    with pytest.raises(ValueError, match="straggler: rank 99 is outside the job"):
+        simulate_step(TINY, load_cluster("dgx-h100"), plan, stragglers={99: 0.5})
+    with pytest.raises(ValueError, match="straggler: rank 1 speed 0"):
+        simulate_step(TINY, load_cluster("dgx-h100"), plan, stragglers={1: 0})
