@@ -34,3 +34,25 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
         code = done.code or 0
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def one_line_error(func, *args, **kwargs) -> str:
+    """Call ``func``; it must raise a ValueError whose message is one line. Return it."""
+    with pytest.raises(ValueError) as info:
+        func(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def tiny_models():
+    """A small dense GPT and a small MoE model for fast step tests."""
+    from strategies.model_spec import ModelSpec, MoESpec
+
+    dense = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=8,
+                      head_dim=64, ffn_hidden_size=2048, vocab_size=1024, mlp="gelu",
+                      norm="layernorm", tied_embeddings=True)
+    moe = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=512, num_heads=8,
+                    num_kv_heads=4, head_dim=64, ffn_hidden_size=1024, vocab_size=1024,
+                    moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512))
+    return dense, moe

@@ -7,6 +7,8 @@ import math
 import re
 
 import pytest
+
+from conftest import one_line_error as _error
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,13 +38,6 @@ PRESETS = [
 ]
 PRESET_FILES = sorted(p for p in CATALOG_DIR.glob("*.toml") if not p.name.startswith("_"))
 
-
-def _error(func, *args, **kwargs) -> str:
-    with pytest.raises(ValueError) as info:
-        func(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 # ---------------------------------------------------------------------------- presets

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
+from conftest import one_line_error as _error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,13 +41,6 @@ MOE = ModelSpec(name="moe", num_layers=3, hidden_size=H, num_heads=A, num_kv_hea
                 moe=MoESpec(num_experts=E, top_k=TOPK, expert_ffn_hidden_size=FE, shared_experts=S,
                             first_dense_layers=1, capacity_factor=0.0))
 
-
-def _error(func, *args, **kwargs) -> str:
-    with pytest.raises(ValueError) as info:
-        func(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def _by_name(kernels: list[Kernel]) -> dict[str, Kernel]:

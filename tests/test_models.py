@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import one_line_error as _error
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -28,13 +30,6 @@ PRESETS = [
     "mixtral-8x7b",
 ]
 
-
-def _error(func, *args, **kwargs) -> str:
-    with pytest.raises(ValueError) as info:
-        func(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def _write(path: Path, text: str) -> Path:

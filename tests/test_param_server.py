@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, tiny_models
 
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
@@ -18,18 +18,12 @@ from sim.step import simulate_step
 from strategies import model_costs
 from strategies.ir import ComputeOp, Program
 from strategies.memory import OutOfMemoryError
-from strategies.model_spec import ModelSpec, MoESpec
 from strategies.models import load_model
 from strategies.param_server import lower_ps_step, server_ranks, split_bytes
 from strategies.plan import ParallelPlan, validate_plan
 from strategies.program_check import check_program
 
-TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=8,
-                 head_dim=64, ffn_hidden_size=2048, vocab_size=1024, mlp="gelu",
-                 norm="layernorm", tied_embeddings=True)
-TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4,
-                     head_dim=64, ffn_hidden_size=1024, vocab_size=1024,
-                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512))
+TINY, TINY_MOE = tiny_models()
 # One GPU and one NIC per node: every rank is its own node, so every push crosses the fabric.
 ONE_GPU_NODES = {"gpus_per_node": 1, "nic.count_per_node": 1, "scale_up.domain_gpus": 1}
 N = 4  # workers in the closed-form tests

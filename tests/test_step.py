@@ -7,24 +7,18 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, tiny_models
 
 from hardware.catalog import load_cluster
 from sim.step import simulate_step
 from strategies import model_costs
 from strategies.lowering import lower_step
 from strategies.memory import OutOfMemoryError
-from strategies.model_spec import ModelSpec, MoESpec
 from strategies.models import load_model
 from strategies.plan import ParallelPlan
 from strategies.program_check import check_program
 
-TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=8,
-                 head_dim=64, ffn_hidden_size=2048, vocab_size=1024, mlp="gelu",
-                 norm="layernorm", tied_embeddings=True)
-TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4,
-                     head_dim=64, ffn_hidden_size=1024, vocab_size=1024,
-                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512))
+TINY, TINY_MOE = tiny_models()
 # Communication that costs nothing: no latency, (practically) infinite bandwidth.
 FREE_COMM = {"scale_up.nvlink_gb_per_s_per_link": 1e21,
              **{f"comm.base_latency_us.{f}.{p}": 0.0 for f in ("ring", "tree", "nvls", "direct")
