@@ -129,6 +129,8 @@ def simulate(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
     straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
                                                   "(0.5 = half speed); repeatable."),
+    layers_per_stage: Optional[str] = typer.Option(None, help="Uneven split of the layers over "
+                                                   "pp*vpp stages, e.g. 7,8,8,...,7."),
 ) -> None:
     """Simulate one training step: step time, MFU, memory and where the time goes."""
     from sim import api
@@ -138,6 +140,7 @@ def simulate(
     try:
         result = api.simulate(model, cluster=cluster, gpus=gpus, fidelity=fidelity,
                               stragglers=_stragglers(straggler),
+                              layers_per_stage=_layer_split(layers_per_stage),
                               overrides=_overrides(set_), tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                               vpp=vpp, micro_batch=micro_batch, global_batch=global_batch,
                               seq_len=seq_len, zero=zero, recompute=recompute,
@@ -158,6 +161,17 @@ def simulate(
         print(json.dumps(result.to_dict(), indent=1))
         return
     _print_step(result)
+
+
+def _layer_split(text: Optional[str]) -> tuple[int, ...] | None:
+    """``"7,8,7"`` -> ``(7, 8, 7)``; one-line error for anything else."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"layers_per_stage: {text!r} is not valid; give layer counts "
+                        "separated by commas, e.g. 7,8,8,7") from None
 
 
 def _stragglers(pairs: Optional[List[str]]) -> dict[int, float]:

@@ -232,3 +232,16 @@ def test_stragglers_are_validated():
         simulate_step(TINY, load_cluster("dgx-h100"), plan, stragglers={99: 0.5})
     with pytest.raises(ValueError, match="straggler: rank 1 speed 0"):
         simulate_step(TINY, load_cluster("dgx-h100"), plan, stragglers={1: 0})
+
+
+def test_cli_uneven_layer_split(capsys):
+    split = ",".join(["7"] + ["8"] * 14 + ["7"])
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-405b", "--gpus", "1024",
+                             "--tp", "8", "--pp", "16", "--seq-len", "8192",
+                             "--global-batch", "128", "--recompute", "full",
+                             "--layers-per-stage", split, "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["inputs"]["plan"]["layers_per_stage"][0] == 7
+    code, _, err = run_cli(capsys, "simulate", "--model", "llama3-405b", "--gpus", "1024",
+                           "--tp", "8", "--pp", "16", "--layers-per-stage", "7,x")
+    assert code == 2 and err.startswith("error: layers_per_stage: '7,x' is not valid")
