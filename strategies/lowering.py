@@ -167,7 +167,7 @@ class StepLowerer:
         return tuple(costs.layer_kernels(
             self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
-            flash_attention=plan.flash_attention))
+            flash_attention=plan.flash_attention, dropout=self.model.dropout))
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
@@ -176,10 +176,12 @@ class StepLowerer:
     @lru_cache(maxsize=None)
     def _edge_kernels(self, which: str) -> tuple[costs.Kernel, ...]:
         plan = self.plan
-        build = costs.embedding_kernels if which == "embedding" else costs.head_kernels
-        return tuple(build(self.model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
-                           tp=plan.tp, cp=plan.cp, sequence_parallel=plan.sequence_parallel,
-                           dtype=plan.dtype))
+        common = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
+                      sequence_parallel=plan.sequence_parallel, dtype=plan.dtype)
+        if which == "embedding":
+            return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
+                                                 **common))
+        return tuple(costs.head_kernels(self.model, **common))
 
     # -------------------------------------------------------------- collectives
     @staticmethod

@@ -210,12 +210,13 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                       sequence_parallel=plan.sequence_parallel)
     act_dtype = "bf16" if fp8 else plan.dtype
-    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention)
+    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
     per_mb = sum(model_costs.activation_bytes_per_layer(model, layer, recompute=plan.recompute,
                                                         dtype=act_dtype, **layer_kwargs)
                  for layer in layers)
     if has_embedding:
-        per_mb += model_costs.embedding_activation_bytes(model, **act_kwargs)
+        per_mb += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
+                                                         **act_kwargs)
     if has_head:
         per_mb += model_costs.head_activation_bytes(model, dtype=act_dtype, **act_kwargs)
     activations = inflight_microbatches * per_mb

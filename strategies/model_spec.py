@@ -56,6 +56,9 @@ class ModelSpec:
         mlp: ``gelu`` (2 matmuls) or ``swiglu`` (3 matmuls).
         norm: ``layernorm`` or ``rmsnorm``.
         tied_embeddings: the output head reuses the input embedding matrix.
+        dropout: the model trains with dropout layers (GPT-2/GPT-3 recipes, Megatron
+            GPT: 0.1); Llama, Mixtral and DeepSeek train without (their masks cost
+            memory and HBM traffic only when this is True).
         moe: mixture-of-experts layers, or None for a dense model.
         source: where the numbers come from (paper, config file).
     """
@@ -71,6 +74,7 @@ class ModelSpec:
     mlp: str = "swiglu"
     norm: str = "rmsnorm"
     tied_embeddings: bool = False
+    dropout: bool = False
     moe: MoESpec | None = None
     source: str = ""
 

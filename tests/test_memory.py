@@ -21,11 +21,13 @@ from strategies.model_spec import ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
 
 H, V = 64, 1000
+# A Korthikanti-style GPT: trained with dropout, so its masks count.
 MHA = ModelSpec(name="mha", num_layers=2, hidden_size=H, num_heads=4, num_kv_heads=4, head_dim=16,
-                ffn_hidden_size=4 * H, vocab_size=V, mlp="gelu", norm="layernorm")
+                ffn_hidden_size=4 * H, vocab_size=V, mlp="gelu", norm="layernorm", dropout=True)
 MOE = ModelSpec(name="moe", num_layers=2, hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16,
                 ffn_hidden_size=256, vocab_size=V,
-                moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, shared_experts=1))
+                moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, shared_experts=1),
+                dropout=True)
 ALL = dict(layers=[0, 1], has_embedding=True, has_head=True)
 BUCKET = 1_000_000
 

@@ -206,7 +206,8 @@ def test_hf_gpt2_config(tmp_path):
     spec = load_model(_write(tmp_path / "gpt2" / "config.json", json.dumps(cfg)))
     assert spec == ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_heads=12, num_kv_heads=12,
                              head_dim=64, ffn_hidden_size=3072, vocab_size=50257, mlp="gelu",
-                             norm="layernorm", tied_embeddings=True, source=spec.source)
+                             norm="layernorm", tied_embeddings=True, dropout=True,
+                             source=spec.source)  # GPT-2 trains with resid_pdrop 0.1
     cfg["n_inner"] = 1000
     assert load_model(_write(tmp_path / "g2.json", json.dumps(cfg))).ffn_hidden_size == 1000
 

@@ -52,7 +52,7 @@ def megatron_case(row: dict[str, str]) -> tuple[ModelSpec, ParallelPlan, float]:
     model = ModelSpec(name=f"megatron-{row['model_size_label']}", num_layers=layers,
                       hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
                       ffn_hidden_size=4 * h, vocab_size=VOCAB, mlp="gelu", norm="layernorm",
-                      tied_embeddings=True)
+                      tied_embeddings=True, dropout=True)
     tp = min(mp, 8)
     plan = ParallelPlan(dp=gpus // mp, tp=tp, pp=mp // tp, micro_batch=1, global_batch=batch,
                         seq_len=SEQ, recompute="full", zero=0, flash_attention=False,

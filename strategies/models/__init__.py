@@ -88,6 +88,7 @@ _TOP: dict[str, tuple[type, Any, bool]] = {
     "mlp": (str, MLP_KINDS, False),
     "norm": (str, NORM_KINDS, False),
     "tied_embeddings": (bool, "", False),
+    "dropout": (bool, "", False),
 }
 _MOE: dict[str, tuple[type, Any, bool]] = {
     "num_experts": (int, "positive", True),
@@ -275,6 +276,7 @@ def _load_toml(path: Path) -> ModelSpec:
         mlp=top.get("mlp", "swiglu"),
         norm=top.get("norm", "rmsnorm"),
         tied_embeddings=top.get("tied_embeddings", False),
+        dropout=top.get("dropout", False),
         moe=moe,
         source=top.get("source", f"model file {path}"),
     )
@@ -341,6 +343,7 @@ def _load_hf(path: Path) -> ModelSpec:
             mlp="gelu",
             norm="layernorm",
             tied_embeddings=True,
+            dropout=float(cfg.get("resid_pdrop", 0.1) or 0) > 0,  # GPT-2 default 0.1
             source=source,
         )
         return validate_model(spec, where=str(path))
@@ -402,6 +405,7 @@ def _load_hf(path: Path) -> ModelSpec:
         mlp=mlp,
         norm=norm,
         tied_embeddings=tied,
+        dropout=float(cfg.get("hidden_dropout", cfg.get("attention_dropout", 0.0)) or 0) > 0,
         moe=moe,
         source=source,
     )
