@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from typing import List, Optional
 
 import typer
@@ -74,14 +75,12 @@ def collective(
 
     _check_choice("format", output_format, FORMATS)
     spec = api.resolve_cluster(cluster, _overrides(set_))
-    rows_done: list = []
     console = Console(stderr=True)
     show_progress = output_format == "table" and console.is_terminal
-    with console.status("simulating...", spinner="dots") if show_progress else _nullcontext():
+    with console.status("simulating...", spinner="dots") if show_progress else nullcontext():
         df = api.collective(op, cluster=spec, nodes=nodes, gpus_per_node=gpus_per_node,
                             algorithm=algorithm, min_bytes=min_bytes, max_bytes=max_bytes,
-                            step_factor=step_factor, fidelity=fidelity, dtype=dtype,
-                            on_row=rows_done.append)
+                            step_factor=step_factor, fidelity=fidelity, dtype=dtype)
     ranks = nodes * (gpus_per_node or spec.gpus_per_node)
     if output_format == "json":
         print(json.dumps(df.to_dict(orient="records"), indent=1))
@@ -251,14 +250,6 @@ def _print_nccl_table(df, op: str, cluster: str, nodes: int, ranks: int, fidelit
                       f"{row.time_us:.2f}", f"{row.algbw_GBps:.2f}", f"{row.busbw_GBps:.2f}",
                       row.algorithm, row.protocol)
     Console(width=200).print(table)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @hardware_app.command("list")

@@ -62,7 +62,6 @@ OPTIMIZER_FLOPS_PER_PARAM = 12
 
 COMPUTE = "compute"
 _MICROBATCH = re.compile(r"\.mb\d+")
-AXIS_STREAMS = {"dp": "dp", "cp": "cp"}
 
 
 @dataclass(frozen=True)

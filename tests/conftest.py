@@ -56,3 +56,11 @@ def tiny_models():
                     num_kv_heads=4, head_dim=64, ffn_hidden_size=1024, vocab_size=1024,
                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512))
     return dense, moe
+
+
+def expect_one_line_error(call, *words: str) -> str:
+    """``call()`` must raise a one-line ValueError containing every word; return it."""
+    message = one_line_error(call)
+    for word in words:
+        assert word in message, message
+    return message

@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from conftest import expect_one_line_error as _one_line_error
+
 from conftest import SHARED_DATA, require_shared_data
 from hardware.catalog import load_cluster
 from strategies import failures as fl
@@ -243,15 +245,6 @@ def test_parse_durations_and_intervals():
     assert fl.parse_interval("Young-Daly") == "young-daly"
     assert fl.parse_interval("10min") == 600
 
-
-def _one_line_error(call, *words):
-    with pytest.raises(ValueError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def test_bad_inputs_raise_one_line_errors(tmp_path):

@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pytest
 
+from conftest import expect_one_line_error as _one_line_error
+
 from sim import longrun as lr
 from strategies import failures as fl
 
@@ -299,15 +301,6 @@ def test_frames():
 
 
 # ---------------------------------------------------------------------------- errors
-
-
-def _one_line_error(call, *words):
-    with pytest.raises(ValueError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
 
 
 def test_bad_inputs():
