@@ -47,7 +47,7 @@ from strategies import model_costs as costs
 from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action, schedule_actions
-from strategies.plan import ParallelPlan, RankLayout
+from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
 
 #: Bytes per gradient element reduced over data parallelism (bf16 gradients,
 #: the 2 bytes/param of the 16 bytes/param mixed-precision Adam accounting).
@@ -85,10 +85,8 @@ class StepLowering:
 
 def split_layers(num_layers: int, plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
     """Global layer indices of each of the ``pp * vpp`` virtual stages."""
-    stages = plan.pp * plan.vpp
-    counts = plan.layers_per_stage or (num_layers // stages,) * stages
     result, start = [], 0
-    for count in counts:
+    for count in stage_layer_counts(num_layers, plan):
         result.append(tuple(range(start, start + count)))
         start += count
     return tuple(result)

@@ -54,8 +54,9 @@ class ParallelPlan:
             s x s scores.
         grad_bucket_bytes: gradient bucket size for DP reduction (bytes).
         overlap_grad_reduce: overlap DP gradient reduction with backward.
-        layers_per_stage: explicit uneven split of layers over pp * vpp
-            stages (None = even).
+        layers_per_stage: explicit split of layers over pp * vpp stages
+            (None = :func:`stage_layer_counts`: even, or balanced with the
+            first and last stages one layer lighter).
         order: rank order, fastest-varying axis first.
         dp_mode: how data-parallel replicas combine gradients: ``allreduce``
             (collectives among the replicas), or parameter servers:
@@ -163,10 +164,9 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         if len(split) != stages or any(n < 1 for n in split) or sum(split) != num_layers:
             raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
                              f"counts (pp*vpp) summing to the model's {num_layers} layers")
-    elif num_layers % stages:
-        raise ValueError(f"pp: {num_layers} layers do not split evenly over pp {plan.pp} x vpp "
-                         f"{plan.vpp} = {stages} stages; give pp*vpp dividing {num_layers} "
-                         "or an uneven split with layers_per_stage")
+    elif num_layers < stages:
+        raise ValueError(f"pp: {num_layers} layers cannot fill pp {plan.pp} x vpp {plan.vpp} = "
+                         f"{stages} stages; valid: pp*vpp <= {num_layers}")
     if plan.vpp > 1 and plan.schedule != "interleaved":
         raise ValueError(f"vpp: {plan.vpp} virtual stages need schedule 'interleaved', "
                          f"not {plan.schedule!r}")
@@ -287,3 +287,25 @@ class RankLayout:
         coords = self.coords(like)
         coords["pp"] = pp_index
         return self.rank(**coords)
+
+
+def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+    """Layers of each of the ``pp * vpp`` virtual stages.
+
+    The plan's ``layers_per_stage`` when given; else an even split when ``pp * vpp``
+    divides the layers; else a balanced split (counts differ by at most one) whose
+    lighter stages are the first and the last, which also hold the embedding and the
+    output head. That is the split of Llama 3 405B's 126 layers over 16 stages
+    (7, 8 x 14, 7; Llama 3 paper, arXiv 2407.21783, Section 3.3.2).
+    """
+    if plan.layers_per_stage is not None:
+        return tuple(plan.layers_per_stage)
+    stages = plan.pp * plan.vpp
+    base, extra = divmod(num_layers, stages)
+    counts = [base] * stages
+    # Middle stages take the extra layers first, then the first stage (the head of
+    # the last stage is the heavier of the two ends for large vocabularies).
+    heavier = list(range(1, stages - 1)) + [0, stages - 1] if stages > 1 else [0]
+    for stage in heavier[:extra]:
+        counts[stage] += 1
+    return tuple(counts)
