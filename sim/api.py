@@ -20,6 +20,7 @@ from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
 from sim.collective_bench import collective_sweep, sweep_sizes
 from sim.engine import Engine, SimulationResult
+from sim.analytic_step import PricingCache
 from sim.step import StepResult, simulate_step
 from strategies.ir import Program
 from strategies.model_spec import ModelSpec
@@ -113,8 +114,9 @@ def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100
 
 def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
              gpus: int | None = None, plan: ParallelPlan | None = None,
-             fidelity: str = "analytic", overrides: Mapping[str, object] | None = None,
+             fidelity: str = "event", overrides: Mapping[str, object] | None = None,
              stragglers: Mapping[int, float] | None = None,
+             cache: PricingCache | None = None,
              **plan_fields: object) -> StepResult:
     """Simulate one training step (see :func:`sim.step.simulate_step`).
 
@@ -128,9 +130,13 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
             ("ps-sync", "ps-async", "ps-stale"), ``ps_servers``, ``ps_placement``,
             ``staleness``, ``ps_steps`` (strategies.param_server; ``gpus`` counts the
             workers, dedicated servers add nodes).
-        fidelity: ``analytic`` or ``flow``.
+        fidelity: ``analytic`` (closed form, ~10 ms: for sweeps), ``event``
+            (SimPy replay of every op with α-β collective costs; the default) or
+            ``flow`` (the replay with per-link max-min contention).
         overrides: dotted preset keys to change.
         stragglers: ``{rank: speed}`` of slow ranks (0.5 = half speed).
+        cache: a :class:`sim.analytic_step.PricingCache` shared by the calls of a
+            sweep at ``analytic`` fidelity (same answers, faster).
 
     Raises:
         ValueError: for a bad model, cluster or plan (one line naming the field).
@@ -144,7 +150,7 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
                          f"({', '.join(plan_fields)})")
     return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity,
-                         stragglers=stragglers)
+                         stragglers=stragglers, cache=cache)
 
 
 def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:

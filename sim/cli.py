@@ -63,7 +63,8 @@ def collective(
     min_bytes: str = typer.Option("8", help="Smallest size (bytes; K/M/G suffixes binary)."),
     max_bytes: str = typer.Option("16GiB", help="Largest size."),
     step_factor: int = typer.Option(2, help="Size multiplier between lines (nccl-tests -f)."),
-    fidelity: str = typer.Option("analytic", help="analytic (alpha-beta) or flow (max-min)."),
+    fidelity: str = typer.Option("analytic", help="analytic or event (alpha-beta closed "
+                                 "form, the same for one collective) or flow (max-min)."),
     dtype: str = typer.Option("float", "--type", help="Element type for the count column."),
     output_format: str = typer.Option("table", "--format", help="table, csv or json."),
     set_: Optional[List[str]] = typer.Option(None, "--set",
@@ -122,7 +123,9 @@ def simulate(
     ps_steps: int = typer.Option(1, help="Steps simulated in parameter-server modes (async "
                                  "and stale need >= 2; the step time is the steady-state "
                                  "interval)."),
-    fidelity: str = typer.Option("analytic", help="analytic or flow."),
+    fidelity: str = typer.Option("event", help="analytic (closed form, ms: for sweeps), "
+                                 "event (replay of every op) or flow (replay with per-link "
+                                 "contention)."),
     output_format: str = typer.Option("table", "--format", help="table or json."),
     trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
@@ -136,6 +139,9 @@ def simulate(
     from strategies.memory import OutOfMemoryError
 
     _check_choice("format", output_format, ("table", "json"))
+    if trace and fidelity == "analytic":
+        raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
+                        "or flow to write a trace")
     try:
         result = api.simulate(model, cluster=cluster, gpus=gpus, fidelity=fidelity,
                               stragglers=_stragglers(straggler),

@@ -78,7 +78,9 @@ class Engine:
         program: what every rank does.
         layout: where ranks sit on the cluster (its world size must cover the
             program's ranks).
-        fidelity: ``analytic`` or ``flow`` (network model).
+        fidelity: network model: ``event`` (each collective costs its α-β
+            closed form; ``analytic`` is accepted as the same) or ``flow``
+            (max-min fair sharing of links among transfers in flight).
         compute: prices compute ops; required when the program has any.
         planner: collective planner to reuse (its plan cache) across runs on
             the same layout.
@@ -92,7 +94,7 @@ class Engine:
             is unknown; ProgramError (a ValueError) for a malformed program.
     """
 
-    def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "analytic",
+    def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "event",
                  compute: ComputeTimer | None = None,
                  planner: CollectivePlanner | None = None, check: bool = True,
                  rank_speed: Mapping[int, float] | None = None) -> None:
@@ -213,7 +215,7 @@ class Engine:
         """Duration of an op known before it runs, or None if it depends on others."""
         if isinstance(op, ComputeOp):
             return self._compute_ns(op, self._speed.get(rank, 1.0))
-        if (self.fidelity == "analytic" and isinstance(op, CollectiveOp)
+        if (self.fidelity != "flow" and isinstance(op, CollectiveOp)
                 and self._members_present(op) == 1):
             return self.fabric.duration_ns(self._collective_plan(op))
         return None

@@ -26,7 +26,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 from dataclasses import dataclass, field
 import pandas as pd
 
@@ -34,14 +34,15 @@ from hardware.catalog import cluster_to_dict
 from hardware.compute import ComputeModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from sim.analytic_step import PricingCache, analytic_step, cached_schedule
 from sim.engine import ComputeTimer, Engine
 from sim.timeline import Timeline
 from strategies import model_costs
-from strategies.lowering import StepLowering, lower_step
+from strategies.lowering import StepLowerer, StepLowering
 from sim.breakdown import rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, rank_memory
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import max_inflight_microbatches
+from strategies.pipeline import Action, max_inflight_microbatches
 from strategies.plan import ParallelPlan, validate_plan
 
 
@@ -59,8 +60,10 @@ class StepResult:
         breakdown: seconds per category of the critical rank.
         stage_breakdown: the same for every pipeline rank.
         inputs: resolved model, cluster, plan and fidelity.
-        timeline: spans of the simulated representatives.
-        lowering: the lowered step (program, layout, schedule actions).
+        timeline: spans of the simulated representatives (empty at
+            ``analytic`` fidelity, which replays nothing).
+        lowering: the lowered step (program, layout, schedule actions); None at
+            ``analytic`` fidelity.
         ps: parameter-server details (None for all-reduce data parallelism): mode,
             servers, placement, server ranks, steps, staleness, GPUs and nodes in all,
             ``step_ends_s`` (E(t), module docstring), makespan, server memory and
@@ -77,7 +80,7 @@ class StepResult:
     stage_breakdown: dict[int, dict[str, float]]
     inputs: dict[str, object]
     timeline: Timeline = field(repr=False)
-    lowering: StepLowering = field(repr=False)
+    lowering: StepLowering | None = field(repr=False)
     ps: dict[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
@@ -113,6 +116,10 @@ class StepResult:
                                          process_label="node")
 
 
+#: Step fidelities, fastest first (recorded in every result's ``inputs``).
+STEP_FIDELITIES = ("analytic", "event", "flow")
+
+
 def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     """Place ``gpus`` ranks on whole nodes of ``cluster`` (fewer than a node: one node).
 
@@ -128,14 +135,21 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
-def stage_memory(model: ModelSpec, plan: ParallelPlan, lowering: StepLowering
-                 ) -> dict[int, MemoryBreakdown]:
-    """Peak memory of every pipeline rank under the plan's schedule."""
-    inflight = max_inflight_microbatches(list(map(list, lowering.actions)))
-    stages = len(lowering.stage_layers)
+def stage_memory(model: ModelSpec, plan: ParallelPlan,
+                 stage_layers: Sequence[Sequence[int]],
+                 actions: Sequence[Sequence[Action]]) -> dict[int, MemoryBreakdown]:
+    """Peak memory of every pipeline rank under the plan's schedule.
+
+    Args:
+        stage_layers: global layer indices of each virtual stage.
+        actions: schedule actions of each pipeline rank (activations held
+            follow from them, strategies.pipeline.max_inflight_microbatches).
+    """
+    inflight = max_inflight_microbatches(actions)
+    stages = len(stage_layers)
     result = {}
     for p in range(plan.pp):
-        layers = [layer for s in range(p, stages, plan.pp) for layer in lowering.stage_layers[s]]
+        layers = [layer for s in range(p, stages, plan.pp) for layer in stage_layers[s]]
         result[p] = rank_memory(model, plan, layers=layers, has_embedding=p == 0,
                                 has_head=(stages - 1) % plan.pp == p,
                                 inflight_microbatches=inflight[p])
@@ -143,9 +157,10 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, lowering: StepLowering
 
 
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
-                  gpus: int | None = None, fidelity: str = "analytic",
+                  gpus: int | None = None, fidelity: str = "event",
                   check_memory: bool = True, compute: ComputeTimer | None = None,
-                  stragglers: Mapping[int, float] | None = None) -> StepResult:
+                  stragglers: Mapping[int, float] | None = None,
+                  cache: PricingCache | None = None) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` under ``plan``.
 
     Args:
@@ -153,7 +168,9 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         cluster: the cluster preset.
         plan: the parallel plan.
         gpus: GPUs asked for (must equal dp*tp*pp*cp); default: the plan's.
-        fidelity: network fidelity, ``analytic`` or ``flow``.
+        fidelity: ``analytic`` (closed-form step model, sim.analytic_step),
+            ``event`` (SimPy replay of every op, α-β collective costs) or
+            ``flow`` (the replay with max-min link sharing).
         check_memory: raise OutOfMemoryError when a rank does not fit HBM.
         compute: prices compute ops (default: the roofline model of the
             cluster's GPU).
@@ -161,6 +178,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             half speed). They break the symmetry: each is simulated with the
             ranks coupled to it (strategies.lowering.StepLowerer.distinct_ranks),
             and the step waits for it wherever synchronous training does.
+        cache: planners and collective prices shared between ``analytic``
+            evaluations (sim.analytic_step.PricingCache; a sweep passes one).
 
     Raises:
         ValueError: for an invalid plan (one line naming the field).
@@ -174,8 +193,13 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     if plan.dp_mode != "allreduce":
         from sim.ps_step import simulate_ps_step  # it builds on this module
 
-        return simulate_ps_step(model, cluster, plan, fidelity=fidelity,
+        # No closed form for parameter servers: ``analytic`` replays them at
+        # ``event`` fidelity, and the result records that.
+        return simulate_ps_step(model, cluster, plan,
+                                fidelity="event" if fidelity == "analytic" else fidelity,
                                 check_memory=check_memory, compute=compute)
+    if fidelity not in STEP_FIDELITIES:
+        raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(STEP_FIDELITIES)}")
     layout = job_layout(cluster, plan.world_size)
     stragglers = dict(stragglers or {})
     for rank, speed in stragglers.items():
@@ -185,11 +209,16 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         if not speed > 0:
             raise ValueError(f"straggler: rank {rank} speed {speed!r} is not valid; "
                              "give a speed > 0 (0.5 = half speed)")
-    lowering = lower_step(model, plan, distinct=sorted(stragglers))
-    memory = stage_memory(model, plan, lowering)
+    lowerer = StepLowerer(model, plan)
+    actions = cached_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    memory = stage_memory(model, plan, lowerer.stage_layers, actions)
     if check_memory:
         for p, breakdown in memory.items():
-            check_fits(breakdown, cluster.gpu.hbm_bytes, lowering.representatives[p], plan=plan)
+            check_fits(breakdown, cluster.gpu.hbm_bytes, lowerer.representatives[p], plan=plan)
+    if fidelity == "analytic":
+        return _analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
+                                stragglers, cache)
+    lowering = lowerer.lower(distinct=sorted(stragglers))
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
     engine = Engine(lowering.program, layout, fidelity=fidelity,
@@ -218,6 +247,31 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                 "critical_rank": critical},
         timeline=timeline,
         lowering=lowering,
+    )
+
+
+def _analytic_result(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                     layout: ClusterLayout, lowerer: StepLowerer,
+                     memory: dict[int, MemoryBreakdown], compute: ComputeTimer | None,
+                     stragglers: Mapping[int, float],
+                     cache: PricingCache | None) -> StepResult:
+    """The StepResult of the closed-form model (no timeline, no program)."""
+    step = analytic_step(model, cluster, plan, layout, compute=compute, stragglers=stragglers,
+                         lowerer=lowerer, cache=cache)
+    step_s = step.step_ns / 1e9
+    critical = lowerer.representatives[step.critical]
+    return StepResult(
+        step_time_s=step_s,
+        **throughput(model, cluster, plan, step_s),
+        peak_memory_bytes=int(max(m.total_bytes for m in memory.values())),
+        memory=memory,
+        breakdown=step.breakdown_s[step.critical],
+        stage_breakdown=step.breakdown_s,
+        inputs={**resolved_inputs(model, cluster, plan, "analytic", layout, {}),
+                "stragglers": {str(r): v for r, v in sorted(stragglers.items())},
+                "critical_rank": critical},
+        timeline=Timeline(),
+        lowering=None,
     )
 
 

@@ -149,12 +149,17 @@ class StepLowerer:
         else:
             self.pp_message_bytes = self.act_bytes
         self._ops: dict[tuple, ComputeOp] = {}
+        self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
-        layout = self.layout
-        return {"tp": layout.group(rank, "tp"), "cp": layout.group(rank, "cp"),
-                "grad": layout.group(rank, "dp", "cp"), "ep": layout.ep_group(rank),
-                "expert_grad": layout.expert_dp_group(rank)}
+        groups = self._group_cache.get(rank)
+        if groups is None:
+            layout = self.layout
+            groups = {"tp": layout.group(rank, "tp"), "cp": layout.group(rank, "cp"),
+                      "grad": layout.group(rank, "dp", "cp"), "ep": layout.ep_group(rank),
+                      "expert_grad": layout.expert_dp_group(rank)}
+            self._group_cache[rank] = groups
+        return groups
 
     # ------------------------------------------------------------------ kernels
     @lru_cache(maxsize=None)
@@ -331,17 +336,47 @@ class StepLowerer:
                       pending: dict[str, float], done_index: int, final: bool) -> list[int]:
         """Add gradients of ``kernels`` to the open buckets; reduce the full ones."""
         issued = []
+        for group, size in self.fill_buckets(kernels, pending, final):
+            index = self._reduce_bucket(b, group, size, label, done_index)
+            if index >= 0:
+                issued.append(index)
+        return issued
+
+    def fill_buckets(self, kernels: Sequence[costs.Kernel], pending: dict[str, float],
+                     final: bool) -> list[tuple[str, float]]:
+        """Add the gradients of ``kernels`` to the open buckets ``pending`` (bytes per
+        group, ``dense`` or ``expert``); return the buckets now due, as (group, bytes):
+        those past ``plan.grad_bucket_bytes``, or every open one when ``final``."""
+        due = []
         for kernel in kernels:
             group = "expert" if kernel.block == "moe" and kernel.expert else "dense"
             pending[group] = pending.get(group, 0.0) + kernel.params * GRAD_BYTES
         for group in ("dense", "expert"):
             size = pending.get(group, 0.0)
             if size > 0 and (size >= self.plan.grad_bucket_bytes or final):
-                index = self._reduce_bucket(b, group, size, label, done_index)
-                if index >= 0:
-                    issued.append(index)
+                due.append((group, size))
                 pending[group] = 0.0
-        return issued
+        return due
+
+    def part_kernels(self, part: int | str) -> tuple[costs.Kernel, ...]:
+        """Forward kernels of a layer (its index) or of the ``"embedding"``/``"head"``."""
+        return self._edge_kernels(part) if isinstance(part, str) else self.kernels(part)
+
+    def reduction_op(self, p: int, group: str, size: float) -> Op | None:
+        """The op that reduces one gradient bucket of pipeline rank ``p`` (None when
+        there is nothing to reduce, e.g. data parallelism of 1)."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        index = self._reduce_bucket(b, group, size, "bucket", 0)
+        return b.ops[index] if index >= 0 else None
+
+    def optimizer_ops(self, p: int) -> list[Op]:
+        """The optimizer step of pipeline rank ``p`` and, under ZeRO 1/2, the
+        parameter all-gathers after it."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        self._optimizer(b, p, [])
+        return b.ops
 
     def _reduce_bucket(self, b: _RankBuilder, group: str, size: float, label: str,
                        done_index: int) -> int:
@@ -401,10 +436,41 @@ class StepLowerer:
         actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
         return self._lower_rank(p, self.representatives[p], actions[p])
 
-    def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
+    def phase_ops(self, p: int, part: int | str, comp: str) -> list[Op]:
+        """Ops of one layer (``part`` = its index) or of the ``"embedding"`` or
+        ``"head"`` in one phase (F, B, I or W) on pipeline rank ``p``'s
+        representative, as an action emits them (recompute and TP/CP/EP
+        communication included; no pipeline or data-parallel communication)."""
+        b = _RankBuilder(self.representatives[p], self._groups(self.representatives[p]))
+        tag = f"{comp}.part"
+        if isinstance(part, str):
+            kernels = self._edge_kernels(part)
+            for kernel in (kernels if comp == "F" else reversed(kernels)):
+                self._emit_kernel(b, kernel, tag, comp)
+        elif comp == "F":
+            self._layer_forward(b, part, tag)
+        else:
+            if comp in ("B", "I") and self.plan.recompute != "none":
+                self._layer_forward(b, part, f"recompute.{tag}",
+                                    only_selective=self.plan.recompute == "selective")
+            self._layer_backward(b, part, tag, comp)
+        return b.ops
+
+    def action_ops(self, p: int, actions: Sequence[Action], *, finish_step: bool) -> list[Op]:
+        """Ops of pipeline rank ``p``'s representative for ``actions`` alone.
+
+        With ``finish_step`` the ops end the step as in :meth:`lower`: the last
+        micro-batch's backward reduces gradients over data parallelism, then the
+        optimizer runs. Without it no backward reduces gradients (what the
+        closed-form step model prices as one micro-batch's work, sim.analytic_step).
+        """
+        return self._lower_rank(p, self.representatives[p], actions, finish_step=finish_step)
+
+    def _lower_rank(self, p: int, rank: int, actions: Sequence[Action],
+                    finish_step: bool = True) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
-        last_mb = plan.num_microbatches - 1
+        last_mb = plan.num_microbatches - 1 if finish_step else -1
         pending: dict[int, dict[str, float]] = {}
         dp_ops: list[int] = []
         last_compute_stage: dict[int, int] = {}
@@ -448,6 +514,8 @@ class StepLowerer:
                 if action.comp in ("B", "I"):
                     self._backward_send(b, s, j)
                 last_compute_stage[s] = b.last()
+        if not finish_step:
+            return b.ops
         if not plan.overlap_grad_reduce:
             for s in sorted(last_compute_stage):
                 kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]

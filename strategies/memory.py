@@ -211,9 +211,10 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                       sequence_parallel=plan.sequence_parallel)
     act_dtype = "bf16" if fp8 else plan.dtype
     layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
-    per_mb = sum(model_costs.activation_bytes_per_layer(model, layer, recompute=plan.recompute,
-                                                        dtype=act_dtype, **layer_kwargs)
-                 for layer in layers)
+    kinds = model_costs.layer_types(model, layers)
+    per_mb = sum(count * model_costs.activation_bytes_per_layer(
+                     model, layer, recompute=plan.recompute, dtype=act_dtype, **layer_kwargs)
+                 for layer, count in kinds.items())
     if has_embedding:
         per_mb += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
                                                          **act_kwargs)
@@ -223,7 +224,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     if plan.recompute == "full" and inflight_microbatches > 0 and len(layers) > 0:
         activations += max(model_costs.activation_bytes_per_layer(model, layer, recompute="none",
                                                                   dtype=act_dtype, **layer_kwargs)
-                           for layer in layers)
+                           for layer in kinds)
 
     comm = 0.0
     if dp_group > 1:

@@ -724,6 +724,22 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     )
 
 
+def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
+    """``{representative layer: how many of layers are like it}``: layers differ only in
+    being dense or MoE, so sums over many layers need one evaluation per kind.
+
+    Raises:
+        ValueError: a layer out of range.
+    """
+    first: dict[bool, int] = {}
+    counts: dict[int, int] = {}
+    for layer in layers:
+        _check_layer(model, layer)
+        representative = first.setdefault(model.is_moe_layer(layer), layer)
+        counts[representative] = counts.get(representative, 0) + 1
+    return counts
+
+
 def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int = 1,
                 has_embedding: bool = False, has_head: bool = False) -> RankParams:
     """Parameters one rank holds: its layers (see :func:`layer_params`), the embedding shard
@@ -737,15 +753,13 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
     """
     _check_tp(model, tp)
     _check_ep(model, ep)
-    seen: set[int] = set()
+    if len(set(layers)) != len(layers):
+        twice = next(layer for layer in layers if list(layers).count(layer) > 1)
+        raise ValueError(f"layers: layer {twice} listed twice; give each held layer once")
     dense = expert = 0
-    for layer in layers:
-        _check_layer(model, layer)
-        if layer in seen:
-            raise ValueError(f"layers: layer {layer} listed twice; give each held layer once")
-        seen.add(layer)
+    for layer, count in layer_types(model, layers).items():
         de, ex = layer_params(model, layer, tp=tp, ep=ep)
-        dense, expert = dense + de, expert + ex
+        dense, expert = dense + count * de, expert + count * ex
     shard = math.ceil(model.vocab_size / tp) * model.hidden_size
     if has_embedding:
         dense += shard

@@ -165,7 +165,7 @@ def test_cli_simulate_out_of_memory_exits_nonzero(capsys):
     (["--gpus", "24", "--tp", "3"], "tp"),
     (["--gpus", "8", "--tp", "3"], "gpus"),
     (["--gpus", "8", "--tp", "2", "--pp", "4", "--dp", "3"], "gpus"),
-    (["--gpus", "10", "--pp", "5"], "pp"),
+    (["--gpus", "40", "--pp", "40"], "pp"),  # 32 layers cannot fill 40 stages
     (["--gpus", "8", "--global-batch", "7"], "global_batch"),
     (["--gpus", "8", "--ep", "2"], "ep"),
     (["--gpus", "8", "--schedule", "looped"], "schedule"),

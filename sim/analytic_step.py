@@ -1,0 +1,499 @@
+"""Closed-form step model: fidelity ``analytic``, for sweeps of thousands of plans.
+
+The event fidelity replays every op of the step in SimPy. This model prices the
+same ops without an event loop, in three parts:
+
+1. **One micro-batch of each virtual stage.** The step lowering builds the ops of
+   one forward and one backward of the stage (:meth:`StepLowerer.action_ops`), so
+   the kernels, TP/CP/EP communication and recompute are exactly those the event
+   fidelity runs. A list schedule prices them on one rank: ops on a stream run in
+   order, an op starts when its stream is free and its dependencies are done, and
+   symmetric collective members arrive together. Compute ops cost what
+   :class:`hardware.compute.ComputeModel` says, collectives what the α-β network
+   model says (the costs the event fidelity uses, to the nanosecond).
+2. **The pipeline.** With ``T_r`` the work of pipeline rank ``r`` per micro-batch
+   (all its virtual stages), ``m`` micro-batches, ``v`` virtual stages per rank and
+   the critical rank ``c = argmax T_r``, the schedule ends at
+
+   ``m * T_c + sum_{r != c} fill_r + 2 (p - 1) * t_p2p``
+
+   where ``fill_r = T_r / v`` for GPipe, 1F1B and interleaved 1F1B (the bubble
+   ``(p - 1) / v`` of a stage's work, Narayanan et al. 2021, Section 2.2) and
+   ``fill_r = F_r + I_r - W_r`` for ZB-H1 (Qi et al. 2023, Table 1). For equal
+   stages this is ``(m + (p - 1) / v) * T``; unequal stages wait for the slowest.
+   The forward of the first micro-batch and the backward of the last cross
+   ``p - 1`` pipeline edges each, ``t_p2p`` apiece.
+3. **The end of the step.** Rank ``r``'s last backward ends ``sum_{q < r}
+   (B_q + t_p2p)`` before rank 0's (the drain). From its start, the same list
+   schedule prices the last micro-batch's backward with its gradient buckets
+   reduced over data parallelism as they fill, the optimizer and ZeRO's
+   parameter all-gather; the step ends when the last rank does.
+
+Where the event fidelity must agree: without pipeline parallelism the step is
+one rank's list schedule, so the two agree to the nanosecond (tests). With
+pipelines they differ by how waits inside the steady state and the drain
+overlap the reduction; tests bound the difference.
+
+Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
+(its TP/CP peers wait for them); the step is the slower of that pipeline and the
+others, as data parallelism synchronises them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Mapping, Sequence
+
+from hardware.compute import ComputeModel
+from hardware.spec import ClusterSpec
+from hardware.topology import ClusterLayout
+from sim.breakdown import AXES_IN_ORDER
+from strategies.collectives.algorithms import point_to_point
+from strategies.collectives.planner import CollectivePlanner
+from strategies.ir import CollectiveOp, ComputeOp, Op
+from strategies.lowering import StepLowerer
+from strategies.model_spec import ModelSpec
+from strategies.pipeline import Action, schedule_actions
+from strategies.plan import ParallelPlan
+
+COMPUTE_STREAM = "compute"
+
+
+@dataclass
+class OpListCost:
+    """Time of an op list on one rank, list-scheduled (all times in ns).
+
+    Attributes:
+        total_ns: from the first op's start to the last op's end.
+        compute_ns: compute kernels on the compute stream (not the optimizer).
+        optimizer_ns: the optimizer.
+        exposed_ns: per axis, time the compute stream waits for or runs
+            communication of that axis, plus communication that ends after the
+            compute stream.
+    """
+
+    total_ns: int = 0
+    compute_ns: int = 0
+    optimizer_ns: int = 0
+    exposed_ns: dict[str, int] = field(default_factory=dict)
+
+    def scaled(self, factor: int) -> "OpListCost":
+        """The cost of ``factor`` back-to-back repetitions."""
+        return OpListCost(self.total_ns * factor, self.compute_ns * factor,
+                          self.optimizer_ns * factor,
+                          {k: v * factor for k, v in self.exposed_ns.items()})
+
+
+def _axis(op: Op) -> str:
+    return op.name.split(".", 1)[0]
+
+
+class PricingCache:
+    """Collective planners and prices shared by many evaluations (a sweep, a plan
+    search): evaluations on the same cluster spec and job shape reuse the
+    planner, its plans and their prices. Specs are held by identity, so the
+    cache keeps them alive; at most ``max_layouts`` job shapes are kept.
+
+    Args:
+        max_layouts: job shapes (cluster spec, nodes, GPUs per node) to keep.
+    """
+
+    def __init__(self, max_layouts: int = 64) -> None:
+        self.max_layouts = max_layouts
+        self._entries: dict[tuple[int, int, int], tuple[ClusterSpec, CollectivePlanner,
+                                                        dict[tuple, int]]] = {}
+
+    def planner(self, layout: ClusterLayout) -> tuple[CollectivePlanner, dict[tuple, int]]:
+        """The planner of ``layout`` and its collective prices (ns by op signature)."""
+        key = (id(layout.spec), layout.nodes, layout.gpus_per_node)
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= self.max_layouts:
+                self._entries.pop(next(iter(self._entries)))
+            entry = (layout.spec, CollectivePlanner(layout, layout.spec.comm), {})
+            self._entries[key] = entry
+        return entry[1], entry[2]
+
+
+class OpPricer:
+    """Prices ops as the event fidelity does, and list-schedules op lists.
+
+    Args:
+        layout: placement of the job's ranks.
+        compute: prices compute ops.
+        planner: chooses and prices collectives (α-β network model).
+        speed: relative kernel speed of the rank (0.5 = half speed).
+    """
+
+    def __init__(self, layout: ClusterLayout, compute: ComputeModel,
+                 planner: CollectivePlanner, speed: float = 1.0,
+                 collective_prices: dict[tuple, int] | None = None) -> None:
+        self.layout = layout
+        self.compute = compute
+        self.planner = planner
+        self.speed = speed
+        self._compute_cache: dict[tuple, int] = {}
+        self._collective_cache = {} if collective_prices is None else collective_prices
+
+    def duration_ns(self, op: Op) -> int:
+        """Nanoseconds the op takes once it starts; point-to-point ops cost 0 here
+        (the pipeline formula prices them)."""
+        if isinstance(op, ComputeOp):
+            key = (op.kind, op.flops, op.bytes, op.dtype, op.shape)
+            duration = self._compute_cache.get(key)
+            if duration is None:
+                duration = self.compute.duration_ns(op)
+                if self.speed != 1.0:
+                    duration = math.ceil(duration / self.speed)
+                self._compute_cache[key] = duration
+            return duration
+        if isinstance(op, CollectiveOp):
+            key = (op.kind, op.group, op.size_bytes, op.algorithm)
+            duration = self._collective_cache.get(key)
+            if duration is None:
+                plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
+                duration = self.planner.model.plan_time_ns(plan)
+                self._collective_cache[key] = duration
+            return duration
+        return 0
+
+    def p2p_ns(self, src: int, dst: int, size_bytes: int) -> int:
+        """Nanoseconds of one point-to-point transfer."""
+        if src == dst or size_bytes <= 0:
+            return 0
+        return self.planner.model.plan_time_ns(point_to_point(self.layout, src, dst, size_bytes))
+
+    def schedule(self, ops: Sequence[Op]) -> OpListCost:
+        """List-schedule ``ops`` (stream order and ``deps``) on one rank."""
+        end = [0] * len(ops)
+        stream_free: dict[str, int] = {}
+        cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
+        for index, op in enumerate(ops):
+            ready = stream_free.get(op.stream, 0)
+            blocker = None
+            for dep in op.deps:
+                if end[dep] > ready:
+                    ready, blocker = end[dep], dep
+            duration = self.duration_ns(op)
+            end[index] = ready + duration
+            if op.stream != COMPUTE_STREAM:
+                stream_free[op.stream] = end[index]
+                continue
+            waited = ready - stream_free.get(COMPUTE_STREAM, 0)
+            if waited > 0 and blocker is not None:
+                axis = _axis(ops[blocker])
+                cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + waited
+            stream_free[COMPUTE_STREAM] = end[index]
+            if isinstance(op, ComputeOp):
+                if op.kind == "optimizer":
+                    cost.optimizer_ns += duration
+                else:
+                    cost.compute_ns += duration
+            elif duration:
+                axis = _axis(op)
+                cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + duration
+        cost.total_ns = max(end, default=0)
+        compute_end = stream_free.get(COMPUTE_STREAM, 0)
+        if cost.total_ns > compute_end:
+            last = max(range(len(ops)), key=lambda i: (end[i], -i))
+            axis = _axis(ops[last])
+            cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + cost.total_ns - compute_end
+        return cost
+
+
+@dataclass
+class AnalyticStep:
+    """Closed-form step of one pipeline (a data-parallel replica).
+
+    Attributes:
+        step_ns: step time.
+        rank_end_ns: when each pipeline rank finishes the step.
+        breakdown_s: per pipeline rank, seconds of compute, optimizer, exposed
+            communication per axis and bubble (the keys of sim.breakdown).
+        critical: the pipeline rank that ends last.
+    """
+
+    step_ns: int
+    rank_end_ns: list[int]
+    breakdown_s: dict[int, dict[str, float]]
+    critical: int
+
+
+@dataclass
+class _RankCosts:
+    """What one pipeline rank's work costs (ns): per micro-batch, and at the end."""
+
+    per_microbatch: OpListCost   # forward + backward of all its virtual stages
+    fill_ns: float               # its share of the pipeline fill and drain
+    last_backward: OpListCost    # the last micro-batch's backward alone
+    finish: OpListCost           # the same with gradient reduction and optimizer
+
+
+def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
+    """What a stage part's cost depends on: the edge's name, or whether the layer is MoE."""
+    return part if isinstance(part, str) else lowerer.model.is_moe_layer(part)
+
+
+def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
+    for key, value in other.items():
+        into[key] = into.get(key, 0) + value * factor
+
+
+class AnalyticStepModel:
+    """Prices one step of one pipeline in closed form (module docstring).
+
+    Args:
+        lowerer: the step lowering of the model and plan.
+        pricer: prices the ops of the pipeline's ranks.
+        stage_pricers: pricers of pipeline ranks that run at another speed
+            (stragglers), by pipeline rank.
+    """
+
+    def __init__(self, lowerer: StepLowerer, pricer: OpPricer,
+                 stage_pricers: Mapping[int, OpPricer] | None = None) -> None:
+        self.lowerer = lowerer
+        self.pricer = pricer
+        self.stage_pricers = dict(stage_pricers or {})
+        self.plan = lowerer.plan
+        self._part_costs: dict[tuple, OpListCost] = {}
+
+    def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
+        """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
+        last micro-batch's backward actions in the order the rank runs them."""
+        plan = self.plan
+        stages = list(range(p, plan.pp * plan.vpp, plan.pp))
+        split = plan.schedule == "zb-h1"
+        last = plan.num_microbatches - 1
+        work = [Action(s, "F", 0) for s in stages]
+        tail = []
+        for s in reversed(stages):
+            if split:
+                work += [Action(s, "I", 0), Action(s, "W", 0)]
+                tail += [Action(s, "I", last), Action(s, "W", last)]
+            else:
+                work.append(Action(s, "B", 0))
+                tail.append(Action(s, "B", last))
+        return work, tail
+
+    def _signature(self, p: int) -> tuple:
+        """Ranks with equal signatures do equal work (symmetry of the stages)."""
+        model, lowerer = self.lowerer.model, self.lowerer
+        last = len(lowerer.stage_layers) - 1
+        return (p in self.stage_pricers, self.stage_pricers.get(p, self.pricer).speed,
+                tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
+                       s == 0, s == last)
+                      for s in range(p, len(lowerer.stage_layers), self.plan.pp)))
+
+    def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
+        """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage. Layers run back
+        to back on the compute stream and their CP exchanges end inside them, so
+        the stage costs the sum of its layers' and edges' list schedules, priced
+        once per layer type. ZeRO-3 prefetches every layer's parameters at the
+        stage's start, so it is scheduled whole."""
+        if self.plan.zero == 3:
+            ops = self.lowerer.action_ops(p, [Action(stage, comp, 0)], finish_step=False)
+            return pricer.schedule(ops)
+        parts: list[int | str] = list(self.lowerer.stage_layers[stage])
+        if stage == 0:
+            parts.append("embedding")
+        if stage == len(self.lowerer.stage_layers) - 1:
+            parts.append("head")
+        counts: dict[int | str, int] = {}
+        for part in parts:  # one evaluation per kind of part (dense, MoE, edges)
+            kind = part if isinstance(part, str) else self.lowerer.model.is_moe_layer(part)
+            first = next((p_ for p_ in counts if _kind(self.lowerer, p_) == kind), part)
+            counts[first] = counts.get(first, 0) + 1
+        total = OpListCost(exposed_ns={})
+        for part, count in counts.items():
+            cost = self._part_cost(pricer, p, part, comp)
+            total.total_ns += cost.total_ns * count
+            total.compute_ns += cost.compute_ns * count
+            _add(total.exposed_ns, cost.exposed_ns, count)
+        return total
+
+    def _part_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str) -> OpListCost:
+        """List schedule of one layer or edge in one phase, priced once per layer type."""
+        kind = _kind(self.lowerer, part)
+        key = (id(pricer), kind, comp)
+        cost = self._part_costs.get(key)
+        if cost is None:
+            cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))
+            self._part_costs[key] = cost
+        return cost
+
+    def _work_cost(self, pricer: OpPricer, p: int, actions: list[Action]) -> OpListCost:
+        total = OpListCost(exposed_ns={})
+        for action in actions:
+            cost = self._phase_cost(pricer, p, action.stage, action.comp)
+            total.total_ns += cost.total_ns
+            total.compute_ns += cost.compute_ns
+            _add(total.exposed_ns, cost.exposed_ns)
+        return total
+
+    def _rank_costs(self, p: int) -> _RankCosts:
+        pricer = self.stage_pricers.get(p, self.pricer)
+        work, tail = self._rank_actions(p)
+        forward = self._work_cost(pricer, p, [a for a in work if a.comp == "F"])
+        backward = self._work_cost(pricer, p, [a for a in work if a.comp != "F"])
+        per_mb = OpListCost(forward.total_ns + backward.total_ns,
+                            forward.compute_ns + backward.compute_ns, 0, {})
+        _add(per_mb.exposed_ns, forward.exposed_ns)
+        _add(per_mb.exposed_ns, backward.exposed_ns)
+        if self.plan.schedule == "zb-h1":
+            weight = self._work_cost(pricer, p, [a for a in work if a.comp == "W"]).total_ns
+            fill = forward.total_ns + backward.total_ns - 2 * weight
+        else:
+            fill = per_mb.total_ns / self.plan.vpp
+        return _RankCosts(per_mb, fill, self._work_cost(pricer, p, tail),
+                          self._finish_cost(pricer, p, tail))
+
+    def _stage_parts(self, stage: int) -> list[int | str]:
+        """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
+        parts: list[int | str] = ["head"] if stage == len(self.lowerer.stage_layers) - 1 else []
+        parts += list(reversed(self.lowerer.stage_layers[stage]))
+        return parts + (["embedding"] if stage == 0 else [])
+
+    def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
+        """The last micro-batch's backward with its gradient buckets reduced on the
+        data-parallel stream as they fill (as strategies.lowering issues them), then
+        the optimizer and ZeRO's parameter all-gathers."""
+        lowerer, plan = self.lowerer, self.plan
+        if plan.zero == 3:  # parameter prefetches share the stream with reductions
+            return pricer.schedule(lowerer.action_ops(p, tail, finish_step=True))
+        cost = OpListCost(exposed_ns={})
+        reductions: list[tuple[int, Op]] = []
+        pending: dict[int, dict[str, float]] = {}
+
+        def reduce(due: list[tuple[str, float]], ready_ns: int) -> None:
+            for group, size in due:
+                op = lowerer.reduction_op(p, group, size)
+                if op is not None:
+                    reductions.append((ready_ns, op))
+
+        for action in tail:
+            grads = pending.setdefault(action.stage, {})
+            first_layer = lowerer.stage_layers[action.stage][0]
+            for part in self._stage_parts(action.stage):
+                part_cost = self._part_cost(pricer, p, part, action.comp)
+                cost.total_ns += part_cost.total_ns
+                cost.compute_ns += part_cost.compute_ns
+                _add(cost.exposed_ns, part_cost.exposed_ns)
+                if action.comp in ("B", "W") and plan.overlap_grad_reduce:
+                    final = part == "embedding" or (part == first_layer and action.stage != 0)
+                    reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final),
+                           cost.total_ns)
+        if not plan.overlap_grad_reduce:
+            for stage in sorted({a.stage for a in tail}):
+                kernels = [k for part in reversed(self._stage_parts(stage))
+                           for k in lowerer.part_kernels(part)]
+                reduce(lowerer.fill_buckets(kernels, {}, True), cost.total_ns)
+        dp_free = 0
+        for ready_ns, op in reductions:
+            dp_free = max(dp_free, ready_ns) + pricer.duration_ns(op)
+        compute_end = cost.total_ns
+        if dp_free > compute_end:
+            cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
+        optimizer = pricer.schedule(lowerer.optimizer_ops(p))
+        cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
+        cost.optimizer_ns = optimizer.optimizer_ns
+        _add(cost.exposed_ns, optimizer.exposed_ns)
+        return cost
+
+    def run(self) -> AnalyticStep:
+        """The step's time, per-rank ends and breakdown."""
+        plan = self.plan
+        pp, m = plan.pp, plan.num_microbatches
+        reps = self.lowerer.representatives
+        t_p2p = (self.pricer.p2p_ns(reps[0], reps[1], int(self.lowerer.pp_message_bytes))
+                 if pp > 1 else 0)
+        by_signature: dict[tuple, _RankCosts] = {}
+        ranks = []
+        for p in range(pp):
+            signature = self._signature(p)
+            if signature not in by_signature:
+                by_signature[signature] = self._rank_costs(p)
+            ranks.append(by_signature[signature])
+        work = [r.per_microbatch.total_ns for r in ranks]
+        slowest = max(range(pp), key=lambda r: (work[r], -r))
+        pipe_ns = math.ceil(m * work[slowest]
+                            + sum(r.fill_ns for p, r in enumerate(ranks) if p != slowest)
+                            + 2 * (pp - 1) * t_p2p)
+        ends, drained = [], 0
+        for rank in ranks:
+            last_start = pipe_ns - drained - rank.last_backward.total_ns
+            ends.append(last_start + rank.finish.total_ns)
+            drained += rank.last_backward.total_ns + t_p2p
+        step_ns = max(ends)
+        breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0)
+                     for p, rank in enumerate(ranks)}
+        critical = max(range(pp), key=lambda r: (ends[r], -r))
+        return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
+                            critical=critical)
+
+    @staticmethod
+    def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int) -> dict[str, float]:
+        """Seconds per category: m micro-batches, plus what finishing the step adds
+        (reduction, optimizer, parameter all-gather) beyond the last backward."""
+        exposed: dict[str, int] = {}
+        _add(exposed, rank.per_microbatch.exposed_ns, m)
+        _add(exposed, rank.finish.exposed_ns)
+        _add(exposed, rank.last_backward.exposed_ns, -1)
+        exposed["pp"] = exposed.get("pp", 0) + p2p_ns
+        compute = rank.per_microbatch.compute_ns * m
+        row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
+        for axis in AXES_IN_ORDER:
+            row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9
+        busy = compute + rank.finish.optimizer_ns + sum(exposed.get(a, 0) for a in AXES_IN_ORDER)
+        row["bubble"] = max(step_ns - busy, 0) / 1e9
+        return row
+
+
+def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                  layout: ClusterLayout, *, compute: ComputeModel | None = None,
+                  stragglers: Mapping[int, float] | None = None,
+                  lowerer: StepLowerer | None = None,
+                  cache: PricingCache | None = None) -> AnalyticStep:
+    """Closed-form step of ``model`` under ``plan`` (module docstring).
+
+    Args:
+        model, cluster, plan: what to price (the plan already validated).
+        layout: placement of the job's ranks.
+        compute: prices compute ops (default: the roofline of the cluster's GPU).
+        stragglers: ``{rank: speed}``; each slows its pipeline rank within its
+            data-parallel replica (the replica waits for it); the step is that of
+            the slowest replica.
+        lowerer: a StepLowerer to reuse.
+        cache: planners and collective prices to share with other evaluations.
+
+    Returns:
+        :class:`AnalyticStep` of the slowest pipeline.
+    """
+    lowerer = lowerer or StepLowerer(model, plan)
+    compute = compute or ComputeModel(cluster.gpu)
+    if cache is None:
+        planner, prices = CollectivePlanner(layout, layout.spec.comm), {}
+    else:
+        planner, prices = cache.planner(layout)
+    pricer = OpPricer(layout, compute, planner, collective_prices=prices)
+    replicas: dict[int, dict[int, float]] = {}
+    for rank, speed in (stragglers or {}).items():
+        coords = lowerer.layout.coords(rank)
+        stages = replicas.setdefault(coords["dp"], {})
+        stages[coords["pp"]] = min(speed, stages.get(coords["pp"], 1.0))
+    step = AnalyticStepModel(lowerer, pricer).run()
+    for _, speeds in sorted(replicas.items()):
+        slow = {p: OpPricer(layout, compute, planner, speed, prices) for p, speed in speeds.items()
+                if speed != 1.0}
+        candidate = AnalyticStepModel(lowerer, pricer, slow).run()
+        if candidate.step_ns > step.step_ns:
+            step = candidate
+    return step
+
+
+@lru_cache(maxsize=256)
+def cached_schedule(schedule: str, pp: int, microbatches: int, vpp: int
+                    ) -> tuple[tuple[Action, ...], ...]:
+    """Schedule actions per pipeline rank, memoised (sweeps repeat few shapes)."""
+    return tuple(tuple(row) for row in schedule_actions(schedule, pp, microbatches, vpp))
