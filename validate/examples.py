@@ -1,11 +1,13 @@
 """Built-in example Programs for ``trainsim validate replay --example NAME``.
 
-``tiny``: a 4-layer GPT-style transformer (hidden 128, 4 heads, FFN 512, vocabulary
+``tiny``: a 4-layer GPT-style transformer (hidden 256, 4 heads, FFN 1024, vocabulary
 512, sequence 128) trained with pipeline parallelism 2 x data parallelism 2 = 4 ranks,
-1F1B over 4 micro-batches per replica. Small enough that a CPU replay with gloo takes
-well under a second per step, large enough that every op class appears (GEMMs,
-attention, norms, elementwise, memcpy, optimizer, pipeline send/recv, a data-parallel
-all-reduce).
+1F1B over 4 micro-batches per replica. Every op class appears (GEMMs, attention, norms,
+elementwise, memcpy, optimizer, pipeline send/recv, a data-parallel all-reduce). A step
+takes ~0.3-0.5 s with 4 ranks on a 2-core CI machine: long enough that the scheduler's
+few-millisecond wake-ups of oversubscribed ranks are a small part of it (with hidden 128
+the step was ~0.12 s and those wake-ups made up ~20 % of it, beyond what a model of the
+ops can predict), short enough for CI.
 
 Its matmuls run in fp32: on CPUs without AVX-512 BF16 a bf16 GEMM runs ~60x slower than
 fp32 (measured on the CI machine: 0.57 vs 36.7 GFLOP/s for 256^3 with one thread), and
@@ -25,8 +27,8 @@ EXAMPLES = ("tiny",)
 
 def tiny_model() -> ModelSpec:
     """The ``tiny`` example's transformer."""
-    return ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4,
-                     num_kv_heads=4, head_dim=32, ffn_hidden_size=512, vocab_size=512,
+    return ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=256, num_heads=4,
+                     num_kv_heads=4, head_dim=64, ffn_hidden_size=1024, vocab_size=512,
                      mlp="gelu", norm="layernorm", tied_embeddings=True)
 
 

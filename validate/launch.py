@@ -91,7 +91,9 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
     port = free_port()
     procs = []
     for rank in range(nproc):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1",
+                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS",
+                                                  str(max(1, (os.cpu_count() or 1) // nproc))), MASTER_PORT=str(port), RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
         procs.append(subprocess.Popen([sys.executable, "-m", "validate.worker", str(task_path)],
                                       env=env))

@@ -1,11 +1,12 @@
 """Execute one rank's part of a Program with torch.distributed and time every op.
 
 Execution follows the IR's rules (strategies/ir.py), the same ones the simulator's
-engine uses: every stream of the rank is a thread that walks its ops in list order;
-an op first waits for its ``deps`` (earlier ops of the rank, any stream); collectives
-meet their group, send/recv their peer. On GPU each stream is its own CUDA stream
-(communication overlaps compute as simulated) and cross-stream deps become
-``wait_event``; on CPU the threads run the ops directly.
+engine uses: an op waits for its ``deps`` (earlier ops of the rank, any stream);
+collectives meet their group, send/recv their peer. On GPU every stream of the rank is
+a host thread issuing its ops in list order onto its own CUDA stream (communication
+overlaps compute as simulated; cross-stream deps become ``wait_event``). On CPU one
+thread issues all ops in list order, communication asynchronously
+(:meth:`RankReplayer._run_inline`).
 
 Process groups: one per (collective group, stream) and one per directed send/recv pair,
 created in the same order on every rank, so that ops issued by one stream thread are
@@ -172,83 +173,161 @@ class RankReplayer:
     def run_iteration(self) -> list[OpTiming]:
         """Run every op once, all streams concurrently; return their timings by index.
 
+        The stream threads persist across iterations (a new thread would start a new
+        OpenMP team with the default thread count, which oversubscribes a CPU host).
+
         Raises:
             RuntimeError: an op failed on some stream (the first error), or a dependency
                 did not finish within ``timeout_s``.
         """
+        if not self.cuda:
+            return self._run_inline()
+        if not hasattr(self, "_threads"):
+            self._start_threads()
         n = len(self.ops)
-        issued = [threading.Event() for _ in range(n)]
-        abort = threading.Event()
-        errors: list[BaseException] = []
-        host_times: list[tuple[int, int] | None] = [None] * n
-        events: list[tuple | None] = [None] * n
+        self._issued = [threading.Event() for _ in range(n)]
+        self._abort = threading.Event()
+        self._errors = []
+        self._host_times = [None] * n
+        self._events = [None] * n
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            reference = torch.cuda.Event(enable_timing=True)
-            reference.record(torch.cuda.current_stream(self.device))
-        else:
-            reference = None
-        t0 = time.perf_counter_ns()
-
-        def wait_deps(index: int) -> None:
-            for dep in self.ops[index].deps:
-                deadline = time.monotonic() + self.timeout_s
-                while not issued[dep].wait(DEP_POLL_S):
-                    if abort.is_set():
-                        raise _Aborted()
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"rank {self.rank}: op {self.ops[index].name!r} "
-                                           f"waited over {self.timeout_s:g} s for op {dep}")
-                if self.cuda:
-                    torch.cuda.current_stream(self.device).wait_event(events[dep][1])
-
-        def walk(stream: str, indices: list[int]) -> None:
-            try:
-                if self.cuda:
-                    cuda_stream = self.cuda_streams[stream]
-                    cuda_stream.wait_event(reference)
-                    with torch.cuda.stream(cuda_stream):
-                        for index in indices:
-                            wait_deps(index)
-                            start = torch.cuda.Event(enable_timing=True)
-                            end = torch.cuda.Event(enable_timing=True)
-                            start.record(cuda_stream)
-                            handles = self.calls[index]()
-                            for handle in handles or ():
-                                handle.wait()  # NCCL: the stream waits, the host does not
-                            end.record(cuda_stream)
-                            events[index] = (start, end)
-                            issued[index].set()
-                else:
-                    for index in indices:
-                        wait_deps(index)
-                        start_ns = time.perf_counter_ns() - t0
-                        handles = self.calls[index]()
-                        for handle in handles or ():
-                            handle.wait()
-                        host_times[index] = (start_ns, time.perf_counter_ns() - t0)
-                        issued[index].set()
-            except _Aborted:
-                pass
-            except BaseException as err:  # noqa: BLE001 - re-raised by the caller
-                errors.append(err)
-                abort.set()
-
-        threads = [threading.Thread(target=walk, args=(name, indices), daemon=True,
-                                    name=f"rank{self.rank}.{name}")
-                   for name, indices in sorted(self.streams.items())]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise RuntimeError(f"rank {self.rank}: {errors[0]}") from errors[0]
+            self._reference = torch.cuda.Event(enable_timing=True)
+            self._reference.record(torch.cuda.current_stream(self.device))
+        self._t0 = time.perf_counter_ns()
+        self._go.wait()      # release the stream threads
+        self._done.wait()    # and wait until every one has walked its ops
+        if self._errors:
+            raise RuntimeError(f"rank {self.rank}: {self._errors[0]}") from self._errors[0]
         if self.cuda:
             torch.cuda.synchronize(self.device)
+            reference = self._reference
             return [OpTiming(i, int(round(reference.elapsed_time(s) * 1e6)),
                              int(round(reference.elapsed_time(e) * 1e6)))
-                    for i, (s, e) in enumerate(events)]
-        return [OpTiming(i, s, e) for i, (s, e) in enumerate(host_times)]
+                    for i, (s, e) in enumerate(self._events)]
+        return [OpTiming(i, s, e) for i, (s, e) in enumerate(self._host_times)]
+
+    def _run_inline(self) -> list[OpTiming]:
+        """CPU: issue the rank's ops from this thread in list order.
+
+        Compute runs here; communication is issued asynchronously (gloo works run on
+        gloo's own threads) and overlaps later ops as a GPU comm stream would; an op
+        waits only for the handles of its ``deps``, and a communication op on the stream
+        of compute ops is waited at once (stream order). A second thread per stream
+        would add a cross-thread wake-up to every dependency, which costs milliseconds
+        on an oversubscribed CPU host. Communication end times: the work's future
+        callback when the backend has one (collectives), else the first moment this
+        thread sees the work completed (checked before every op; send/recv).
+        """
+        t0 = time.perf_counter_ns()
+        times: list[list[int] | None] = [None] * len(self.ops)
+        pending: dict[int, list] = {}
+        compute_streams = {op.stream for op in self.ops if isinstance(op, ComputeOp)}
+
+        def finish(index: int, block: bool) -> bool:
+            handles = pending[index]
+            if not block and not all(h.is_completed() for h in handles):
+                return False
+            for handle in handles:
+                handle.wait()
+            now = time.perf_counter_ns() - t0
+            if times[index][1] < 0 or times[index][1] > now:
+                times[index][1] = now
+            del pending[index]
+            return True
+
+        for index, op in enumerate(self.ops):
+            for dep in op.deps:
+                if dep in pending:
+                    finish(dep, block=True)
+            for other in list(pending):
+                finish(other, block=False)
+            start = time.perf_counter_ns() - t0
+            if isinstance(op, ComputeOp):
+                self.calls[index]()
+                times[index] = [start, time.perf_counter_ns() - t0]
+                continue
+            times[index] = [start, -1]
+            handles = list(self.calls[index]() or ())
+            for handle in handles:
+                try:
+                    handle.get_future().add_done_callback(
+                        lambda _f, i=index: _set_end(times[i], time.perf_counter_ns() - t0))
+                except RuntimeError:  # gloo send/recv works have no future
+                    pass
+            pending[index] = handles
+            if op.stream in compute_streams:
+                finish(index, block=True)
+        for index in list(pending):
+            finish(index, block=True)
+        return [OpTiming(i, s, e) for i, (s, e) in enumerate(times)]
+
+    def _start_threads(self) -> None:
+        parties = len(self.streams) + 1
+        self._go = threading.Barrier(parties)
+        self._done = threading.Barrier(parties)
+        threads = torch.get_num_threads()
+        self._threads = [threading.Thread(target=self._loop, args=(name, indices, threads),
+                                          daemon=True, name=f"rank{self.rank}.{name}")
+                         for name, indices in sorted(self.streams.items())]
+        for thread in self._threads:
+            thread.start()
+
+    def _loop(self, stream: str, indices: list[int], threads: int) -> None:
+        torch.set_num_threads(threads)  # per thread: OpenMP's count is thread-local
+        while True:
+            self._go.wait()
+            try:
+                self._walk(stream, indices)
+            except _Aborted:
+                pass
+            except BaseException as err:  # noqa: BLE001 - re-raised by run_iteration
+                self._errors.append(err)
+                self._abort.set()
+            self._done.wait()
+
+    def _wait_deps(self, index: int) -> None:
+        for dep in self.ops[index].deps:
+            deadline = time.monotonic() + self.timeout_s
+            while not self._issued[dep].wait(DEP_POLL_S):
+                if self._abort.is_set():
+                    raise _Aborted()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {self.rank}: op {self.ops[index].name!r} "
+                                       f"waited over {self.timeout_s:g} s for op {dep}")
+            if self.cuda:
+                torch.cuda.current_stream(self.device).wait_event(self._events[dep][1])
+
+    def _walk(self, stream: str, indices: list[int]) -> None:
+        if self.cuda:
+            cuda_stream = self.cuda_streams[stream]
+            cuda_stream.wait_event(self._reference)
+            with torch.cuda.stream(cuda_stream):
+                for index in indices:
+                    self._wait_deps(index)
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record(cuda_stream)
+                    for handle in self.calls[index]() or ():
+                        handle.wait()  # NCCL: the stream waits, the host does not
+                    end.record(cuda_stream)
+                    self._events[index] = (start, end)
+                    self._issued[index].set()
+            return
+        t0 = self._t0
+        for index in indices:
+            self._wait_deps(index)
+            start_ns = time.perf_counter_ns() - t0
+            for handle in self.calls[index]() or ():
+                handle.wait()
+            self._host_times[index] = (start_ns, time.perf_counter_ns() - t0)
+            self._issued[index].set()
+
+
+def _set_end(times: list[int], now: int) -> None:
+    """Future callback: the first completion time wins."""
+    if times[1] < 0 or times[1] > now:
+        times[1] = now
 
 
 class _Aborted(Exception):

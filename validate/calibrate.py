@@ -1,0 +1,571 @@
+"""Fit the hardware models to measurements and write a calibration file.
+
+Inputs: replay / microbenchmark directories (validate.store), nccl-tests stdout logs,
+and the shared long-format nccl-tests CSV. No torch needed.
+
+**Communication** (alpha-beta per tier and protocol regime). For every measured point
+(collective or send/recv, its ranks, size, time) the simulator's plan is split into a
+latency part ``A`` (base latency of the algorithm family and protocol + steps x hop
+latency of the tier) and a bandwidth part ``B`` (bytes over link rate x efficiencies),
+both from :class:`hardware.network.NetworkModel`, so the fit uses the very cost model it
+calibrates. Points are grouped by the fields they depend on (family, protocol, tier)
+and each group gets the scale factors ``(r_alpha, r_beta)`` minimising
+``sum(((r_alpha A + r_beta B - t) / t)^2)`` (relative least squares, closed form; one
+common factor when the sizes cannot separate the two). The latency fields are
+multiplied by ``r_alpha``, the bandwidth efficiency divided by ``r_beta`` (an
+efficiency that would pass 1 moves the excess into the raw rate). The planner may pick
+other algorithms/protocols once the parameters change, so this repeats until the
+factors settle (at most :data:`FIT_ROUNDS` rounds).
+
+**Compute.** Measured op times become tables of time vs work per (kind, dtype)
+(``CalibratedComputeModel``), and the GpuSpec gets the best GEMM rate (matmul peak x
+efficiency) and a copy fit ``t = launch + bytes / bandwidth`` (HBM bandwidth x
+efficiency, kernel launch), for kinds without a table and for ``--calibration`` on
+``trainsim simulate``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from hardware.calibration import (FLOP_KEYED_KINDS, Calibration, ComputeTable,
+                                  apply_calibration, calibration_to_toml, get_field)
+from hardware.catalog import cluster_to_dict, load_cluster
+from hardware.compute import ComputeModel, canonical_dtype
+from hardware.spec import ClusterSpec
+from hardware.topology import ClusterLayout
+from sim.atomic_io import write_text_atomic
+from strategies.collectives.algorithms import point_to_point
+from strategies.collectives.planner import CollectivePlanner
+from validate.nccl_log import NcclSeries, read_nccl_csv, read_nccl_tests
+from validate.spans import Measurements, compute_ops, load_measurements
+from validate.store import MeasurementStore
+
+#: The preset a CPU (gloo) replay is simulated on.
+CPU_HOST_PRESET = Path(__file__).with_name("cpu-host.toml")
+#: Rounds of fit / re-plan.
+FIT_ROUNDS = 8
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CommPoint:
+    """One measured communication: ``time_s`` for ``size_bytes`` over ``ranks``.
+
+    ``kind`` is a collective kind or ``p2p`` (ranks = (src, dst)); the job is
+    ``nodes x gpus_per_node`` ranks; ``series`` labels where it came from.
+    """
+
+    kind: str
+    ranks: tuple[int, ...]
+    size_bytes: int
+    time_s: float
+    nodes: int
+    gpus_per_node: int
+    series: str
+
+
+@dataclass(frozen=True)
+class ComputePoint:
+    """One measured compute op: ``time_s`` for ``work`` (FLOPs or bytes)."""
+
+    kind: str
+    dtype: str
+    work: float
+    time_s: float
+    source: str
+
+
+@dataclass
+class Inputs:
+    """Everything read from the command line's INPUTS."""
+
+    comm: list[CommPoint] = field(default_factory=list)
+    compute: list[ComputePoint] = field(default_factory=list)
+    described: list[str] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    cpu_measurements: bool = False
+
+
+# ------------------------------------------------------------------ reading inputs
+
+
+def _job_shape(measurements: Measurements) -> tuple[int, int]:
+    hosts = measurements.hosts() or ["localhost"]
+    world = measurements.program.world_size
+    nodes = len(hosts) if world % len(hosts) == 0 else 1
+    return nodes, world // nodes
+
+
+def _series_points(series: NcclSeries) -> list[CommPoint]:
+    ranks = tuple(range(series.ranks))
+    return [CommPoint(series.kind, ranks, s, t * 1e-6, series.nodes, series.gpus_per_node,
+                      series.label)
+            for s, t in zip(series.sizes_bytes, series.times_us) if t > 0 and s > 0]
+
+
+def _versions_of(env: dict) -> dict:
+    keys = ("torch", "nccl", "cuda", "driver", "backend", "hostname")
+    return {k: env.get(k) for k in keys if env.get(k) is not None} | (
+        {"gpus": ", ".join(sorted(set(env["gpus"])))} if env.get("gpus") else {})
+
+
+def read_inputs(paths: Sequence[str | Path]) -> Inputs:
+    """Read measurement directories, nccl-tests logs and CSV tables.
+
+    Raises:
+        ValueError: a path that is missing or holds nothing measurable (one line).
+    """
+    found = Inputs()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            _read_directory(path, found)
+        elif path.suffix == ".csv" and path.is_file():
+            for series in read_nccl_csv(path):
+                found.comm += _series_points(series)
+                if series.nccl_version:
+                    found.versions.setdefault("nccl_tests_nccl", set()).add(series.nccl_version)
+            found.described.append(f"nccl-tests table {path}")
+        elif path.is_file():
+            series = read_nccl_tests(path)
+            found.comm += _series_points(series)
+            found.described.append(f"nccl-tests log {path} ({series.kind}, {series.nodes} x "
+                                   f"{series.gpus_per_node} ranks)")
+        else:
+            raise ValueError(f"inputs: {str(path)!r} not found; give measurement directories, "
+                             "nccl-tests logs or .csv tables")
+    if not found.comm and not found.compute:
+        raise ValueError(f"inputs: nothing measured in {', '.join(map(str, paths))}")
+    found.versions = {k: ", ".join(sorted(v)) if isinstance(v, set) else v
+                      for k, v in found.versions.items()}
+    return found
+
+
+def _read_directory(path: Path, found: Inputs) -> None:
+    store = MeasurementStore(path)
+    what = []
+    if (path / "program.json").exists() and store.read_series("replay"):
+        measured = load_measurements(path)
+        nodes, gpn = _job_shape(measured)
+        # Instances of one (kind, size, group size) are pooled into their mean: single
+        # instances on a busy host vary with scheduling (a transfer that finished while
+        # its receiver was busy measures ~0), and a step adds up their expected cost.
+        pooled: dict[tuple, list] = {}
+        for inst in measured.comm_instances():
+            pooled.setdefault((inst.kind, inst.size_bytes, len(inst.ranks)), []).append(inst)
+        for (kind, size, _), members in sorted(pooled.items()):
+            mean_ns = statistics.fmean(i.duration_ns for i in members)
+            found.comm.append(CommPoint(kind, members[0].ranks, size,
+                                        max(mean_ns, 1000) * 1e-9, nodes, gpn,
+                                        f"{path.name}:replay:{kind}"))
+        durations = measured.mean_durations_ns()
+        for rank, index, op in compute_ops(measured.program):
+            work = op.flops if op.kind in FLOP_KEYED_KINDS else op.bytes
+            found.compute.append(ComputePoint(op.kind, canonical_dtype(op.dtype), work,
+                                              max(durations[(rank, index)], 1) * 1e-9,
+                                              f"{path.name}:replay"))
+        env = measured.env.get(min(measured.env)) if measured.env else {}
+        found.cpu_measurements |= not (env or {}).get("cuda_available", False) or \
+            (env or {}).get("backend") == "gloo"
+        found.versions.update(_versions_of(env or {}))
+        what.append(f"replay of {measured.program.name!r}, {len(measured.iterations)} "
+                    f"iterations, {measured.program.world_size} ranks")
+    for rank, records in store.read_series("collectives").items():
+        for rec in records:
+            found.comm.append(CommPoint(rec["op"], tuple(range(rec["ranks"])), rec["size_bytes"],
+                                        rec["time_us"] * 1e-6, rec["nodes"],
+                                        rec["gpus_per_node"], f"{path.name}:collectives:{rec['op']}"))
+        what.append(f"{len(records)} collective rows")
+    for rank, records in store.read_series("compute").items():
+        for rec in records:
+            found.compute.append(ComputePoint(rec["kind"], canonical_dtype(rec["dtype"]),
+                                              rec["work"], rec["time_s"], f"{path.name}:compute"))
+        what.append(f"{len(records)} compute microbenchmark points of rank {rank}")
+        env = store.read_meta("env", rank=rank) or {}
+        found.cpu_measurements |= not env.get("cuda_available", False)
+    if not what:
+        raise ValueError(f"inputs: {str(path)!r} holds no measurements; give a directory "
+                         "written by trainsim validate replay/collectives/gemm")
+    found.described.append(f"measurements {path}: " + "; ".join(what))
+
+
+# ------------------------------------------------------------------ communication fit
+
+
+@dataclass(frozen=True)
+class _Decomposed:
+    latency_s: float
+    bandwidth_s: float
+    latency_field: str
+    latency_count: int
+    bandwidth_field: str
+    label: str
+
+
+def _decompose(spec: ClusterSpec, point: CommPoint,
+               planners: dict) -> _Decomposed:
+    """The simulator's time of ``point`` split into latency and bandwidth parts, and the
+    spec fields each part is fitted through: a network collective's latency through the
+    network hop latency (times its network steps), any other through the base latency
+    of its algorithm family and protocol; the bandwidth through the efficiency of the
+    bottleneck tier (or the protocol's / p2p's relative efficiency)."""
+    key = (point.nodes, point.gpus_per_node)
+    planner = planners.get(key)
+    if planner is None:
+        planner = CollectivePlanner(ClusterLayout(spec, point.nodes, point.gpus_per_node),
+                                    spec.comm)
+        planners[key] = planner
+    layout, model = planner.layout, planner.model
+    if point.kind == "p2p":
+        plan = point_to_point(layout, point.ranks[0], point.ranks[1], point.size_bytes)
+    else:
+        plan = planner.plan(point.kind, point.ranks, point.size_bytes)
+    latency = model.base_latency_s(plan) + sum(model.phase_latency_s(ph, plan.protocol)
+                                               for ph in plan.phases)
+    bandwidth = sum(model.phase_bandwidth_s(ph, plan.protocol) for ph in plan.phases)
+    network_steps = sum(ph.inter_steps for ph in plan.phases)
+    tier = "network" if network_steps else layout.scale_up_tier
+    proto = plan.protocol
+    if network_steps:
+        lat_field, count = f"comm.hop_latency_s.network.{proto}", network_steps
+    else:
+        lat_field, count = f"comm.base_latency_s.{plan.family}.{proto}", 1
+    if point.kind == "p2p":
+        bw_field = f"comm.p2p_efficiency.{tier}"
+    elif proto != "Simple":
+        bw_field = f"comm.protocol_efficiency.{tier}.{proto}"
+    elif plan.family == "nvls":
+        bw_field = "scale_up.nvls_efficiency"
+    elif tier == "network":
+        bw_field = "nic.link_efficiency"
+    else:
+        bw_field = "scale_up.link_efficiency"
+    return _Decomposed(latency, bandwidth, lat_field, count, bw_field,
+                       f"{plan.label or plan.family}/{proto}")
+
+
+#: Raw-rate field that takes an efficiency's excess over 1.
+_RATE_FOR = {"scale_up.link_efficiency": {"pcie": "scale_up.pcie_bytes_per_s",
+                                          "nvswitch": "scale_up.nvlink_bytes_per_s_per_link",
+                                          "nvlink-mesh": "scale_up.nvlink_bytes_per_s_per_link"},
+             "nic.link_efficiency": {"*": "nic.gbit_per_s"}}
+
+
+#: A cost term explaining less than this share of every point's time is left as it is
+#: (the points cannot determine it).
+MIN_SHARE = 0.1
+
+
+def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """:func:`_solve_once`, then once more without outliers: points whose relative error
+    exceeds both 10 % and 3x the median error (a disturbed line of a log, e.g. the
+    128 MiB line of liplus_a100_sendrecv at 57 % of its neighbours' bandwidth)."""
+    ra, rb = _solve_once(rows)
+    errors = [abs((ra * a + rb * b) / t - 1.0) for a, b, t in rows]
+    limit = max(0.1, 3.0 * statistics.median(errors))
+    kept = [row for row, err in zip(rows, errors) if err <= limit]
+    if len(kept) < len(rows) and kept:
+        return _solve_once(kept)
+    return ra, rb
+
+
+def _solve_once(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(r_alpha, r_beta) minimising the relative squared error of r_a A + r_b B vs t.
+
+    A term whose share of the time is below :data:`MIN_SHARE` at every point keeps its
+    factor 1 and the other is fitted alone; when the rows cannot separate the two (one
+    size), one common factor scales both.
+    """
+    saa = sab = sbb = sat = sbt = 0.0
+    for a, b, t in rows:
+        w = 1.0 / (t * t)
+        saa += w * a * a
+        sab += w * a * b
+        sbb += w * b * b
+        sat += w * a * t
+        sbt += w * b * t
+    latency_share = max(a / t for a, _, t in rows)
+    bandwidth_share = max(b / t for _, b, t in rows)
+    if latency_share < MIN_SHARE and sbb > 0:
+        return 1.0, max(1e-6, (sbt - sab) / sbb)
+    if bandwidth_share < MIN_SHARE and saa > 0:
+        return max(1e-6, (sat - sab) / saa), 1.0
+    det = saa * sbb - sab * sab
+    if det > 1e-9 * max(saa * sbb, 1e-300):
+        ra = (sat * sbb - sbt * sab) / det
+        rb = (saa * sbt - sab * sat) / det
+        if ra > 0 and rb > 0:
+            return ra, rb
+    total = saa + 2 * sab + sbb
+    common = (sat + sbt) / total if total > 0 else 1.0
+    return common, common
+
+
+def fit_comm(spec: ClusterSpec, points: Sequence[CommPoint]) -> tuple[dict, ClusterSpec]:
+    """Fit the communication fields of ``spec`` to ``points``.
+
+    Returns ``({spec field path: value}, the fitted spec)``.
+    """
+    fields: dict[str, float] = {}
+    current = spec
+    for _ in range(FIT_ROUNDS):
+        planners: dict = {}
+        groups: dict[tuple, list] = {}
+        for point in points:
+            d = _decompose(current, point, planners)
+            groups.setdefault((d.latency_field, d.latency_count, d.bandwidth_field), []).append(
+                (d.latency_s, d.bandwidth_s, point.time_s))
+        latency: dict[str, list[tuple[float, int]]] = {}
+        beta: dict[str, list[tuple[float, int]]] = {}
+        for (lat_field, count, bw_field), rows in groups.items():
+            ra, rb = _solve(rows)
+            mean_a = sum(a for a, _, _ in rows) / len(rows)
+            # additive: the field moves so that this group's latency part becomes ra * A
+            proposal = max(0.0, get_field(current, lat_field) + (ra - 1.0) * mean_a / count)
+            latency.setdefault(lat_field, []).append((proposal, len(rows)))
+            if any(b > 0 for _, b, _ in rows):
+                beta.setdefault(bw_field, []).append((rb, len(rows)))
+        change = 0.0
+        for name, proposals in latency.items():
+            value = sum(v * n for v, n in proposals) / sum(n for _, n in proposals)
+            old = get_field(current, name)
+            change = max(change, abs(value - old) / max(old, value, 1e-12))
+            fields[name] = value
+        for name, ratios in beta.items():
+            weight = sum(n for _, n in ratios)
+            ratio = math.exp(sum(n * math.log(r) for r, n in ratios) / weight)
+            change = max(change, abs(math.log(ratio)))
+            value = get_field(current, name) / ratio
+            if value > 1.0:
+                rate = _RATE_FOR.get(name, {})
+                rate_field = rate.get(current.scale_up.kind) or rate.get("*")
+                if rate_field:
+                    fields[rate_field] = get_field(current, rate_field) * value
+                value = 1.0
+            fields[name] = value
+        current = apply_calibration(spec, Calibration(fields))
+        if change < 1e-3:
+            break
+    return fields, current
+
+
+def comm_residuals(spec: ClusterSpec, points: Sequence[CommPoint]) -> dict:
+    """Per series: relative error of the fitted model's time (= of busbw, |t/t_fit - 1|)
+    over all points and over sizes >= 1 MiB: median, p90, max, count."""
+    planners: dict = {}
+    by_series: dict[str, list[tuple[int, float]]] = {}
+    for point in points:
+        d = _decompose(spec, point, planners)
+        predicted = d.latency_s + d.bandwidth_s
+        by_series.setdefault(point.series, []).append(
+            (point.size_bytes, abs(point.time_s / predicted - 1.0)))
+    out = {}
+    for series, errors in by_series.items():
+        entry = _stats([e for _, e in errors])
+        large = [e for s, e in errors if s >= MIB]
+        if large:
+            entry |= {f"{k}_ge_1MiB": v for k, v in _stats(large).items()}
+        out[series] = entry
+    return out
+
+
+def _stats(errors: list[float]) -> dict:
+    ordered = sorted(errors)
+    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
+    return {"median_rel_err": round(statistics.median(ordered), 6),
+            "p90_rel_err": round(p90, 6), "max_rel_err": round(ordered[-1], 6),
+            "points": len(ordered)}
+
+
+# ------------------------------------------------------------------ compute fit
+
+
+def compute_tables(points: Iterable[ComputePoint]) -> dict[tuple[str, str], ComputeTable]:
+    """Mean time per distinct work of each (kind, dtype) (ops of the same work are the
+    same kernel: their mean is its expected cost)."""
+    grouped: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for p in points:
+        work = float(p.work) if p.work > 0 else 1.0
+        grouped.setdefault((p.kind, p.dtype), {}).setdefault(work, []).append(p.time_s)
+    return {key: ComputeTable(tuple(sorted(by_work)),
+                              tuple(statistics.fmean(by_work[w]) for w in sorted(by_work)))
+            for key, by_work in grouped.items()}
+
+
+def fit_compute(spec: ClusterSpec, points: Sequence[ComputePoint]) -> dict:
+    """GpuSpec fields from measured ops: GEMM peak x efficiency per dtype, copy bandwidth
+    and per-kernel overhead. Returns ``{spec field path: value}``."""
+    gpu = spec.gpu
+    fields: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    for dtype in sorted({p.dtype for p in points if p.kind == "matmul"}):
+        mm = sorted((p for p in points if p.kind == "matmul" and p.dtype == dtype),
+                    key=lambda p: p.work)
+        top = mm[len(mm) * 3 // 4:] or mm
+        rates[dtype] = statistics.median(p.work / p.time_s for p in top)
+    if rates:
+        primary = max(rates, key=lambda d: sum(1 for p in points if p.dtype == d))
+        peak = gpu.peak_flops_per_s.get(primary, 0.0)
+        efficiency = min(1.0, rates[primary] / peak) if peak > 0 else 1.0
+        fields["gpu.matmul_peak_efficiency"] = efficiency
+        for dtype, rate in rates.items():
+            if gpu.peak_flops_per_s.get(dtype, 0.0) * efficiency < rate or dtype == primary \
+                    and efficiency == 1.0:
+                fields[f"gpu.peak_flops_per_s.{dtype}"] = rate / efficiency
+    copies = [p for p in points if p.kind not in FLOP_KEYED_KINDS and p.work > 1]
+    if len({p.work for p in copies}) >= 2:
+        # relative least squares of t = launch + bytes / bandwidth
+        rows = [(1.0, p.work, p.time_s) for p in copies]
+        launch, per_byte = _solve(rows) if False else _linear_fit(rows)
+        if per_byte > 0:
+            bandwidth = 1.0 / per_byte
+            if bandwidth <= gpu.hbm_bytes_per_s:
+                fields["gpu.memory_efficiency"] = bandwidth / gpu.hbm_bytes_per_s
+            else:
+                fields["gpu.hbm_bytes_per_s"] = bandwidth
+                fields["gpu.memory_efficiency"] = 1.0
+        fields["gpu.kernel_launch_s"] = max(0.0, launch)
+    return fields
+
+
+def _linear_fit(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(c0, c1) of t = c0 * x0 + c1 * x1 by relative least squares (may be negative)."""
+    s00 = s01 = s11 = s0t = s1t = 0.0
+    for x0, x1, t in rows:
+        w = 1.0 / (t * t)
+        s00 += w * x0 * x0
+        s01 += w * x0 * x1
+        s11 += w * x1 * x1
+        s0t += w * x0 * t
+        s1t += w * x1 * t
+    det = s00 * s11 - s01 * s01
+    if det <= 0:
+        return 0.0, s1t / s11 if s11 else 0.0
+    return (s0t * s11 - s1t * s01) / det, (s00 * s1t - s01 * s0t) / det
+
+
+def compute_residuals(spec: ClusterSpec, tables: dict, points: Sequence[ComputePoint]) -> dict:
+    """Per (kind/dtype): relative error of the tables and of the fitted roofline."""
+    model = ComputeModel(spec.gpu)
+    out = {}
+    for (kind, dtype), table in sorted(tables.items()):
+        mine = [p for p in points if p.kind == kind and p.dtype == dtype]
+        table_err = [abs(table(max(p.work, 1.0)) / p.time_s - 1) for p in mine]
+        entry = {f"table_{k}": v for k, v in _stats(table_err).items()}
+        try:
+            roof = []
+            for p in mine:
+                op = _Probe(kind, dtype, p.work)
+                roof.append(abs(model.duration_s(op) / p.time_s - 1))
+            entry |= {f"roofline_{k}": v for k, v in _stats(roof).items() if k != "points"}
+        except ValueError:
+            pass
+        out[f"{kind}/{dtype}"] = entry
+    return out
+
+
+@dataclass(frozen=True)
+class _Probe:
+    kind: str
+    dtype: str
+    work: float
+    name: str = "probe"
+
+    @property
+    def flops(self) -> float:
+        return self.work if self.kind in FLOP_KEYED_KINDS else 0.0
+
+    @property
+    def bytes(self) -> float:
+        return 0.0 if self.kind in FLOP_KEYED_KINDS else self.work
+
+
+# ------------------------------------------------------------------ the command
+
+
+def _flat(data, prefix=""):
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flat(value, path + ".")
+        else:
+            yield path, value
+
+
+def base_cluster(cluster: str | None, overrides: dict | None, inputs: Inputs) -> tuple[str, ClusterSpec]:
+    """The preset the measurements are fitted against, and its name/path.
+
+    Raises:
+        ValueError: no cluster given and the inputs do not say (GPU measurements).
+    """
+    if cluster is None:
+        if not inputs.cpu_measurements:
+            raise ValueError("cluster: give --cluster, the preset the measurements ran on "
+                             "(e.g. dgx-h100); only CPU (gloo) runs default to cpu-host")
+        cluster = str(CPU_HOST_PRESET)
+    return cluster, load_cluster(cluster, overrides)
+
+
+def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
+              overrides: dict | None = None, out: str | Path | None = None) -> dict:
+    """Fit and (with ``out``) write a calibration file; return its content as a dict
+    (``fields``, ``compute_tables``, ``provenance``, ``residuals``).
+
+    Raises:
+        ValueError: unreadable inputs or an unknown cluster (one line).
+    """
+    inputs = read_inputs(paths)
+    name, spec = base_cluster(cluster, overrides, inputs)
+    fields: dict = {}
+    if overrides:  # the overrides the fit assumed travel with it, as spec fields
+        plain_base = dict(_flat(cluster_to_dict(load_cluster(name))))
+        for path, value in _flat(cluster_to_dict(spec)):
+            if not path.startswith("sources") and plain_base.get(path) != value \
+                    and isinstance(value, (int, float, bool)) \
+                    and not ("efficiency" in path and value == 0):
+                fields[path] = value
+    residuals: dict = {}
+    fitted = spec
+    if inputs.compute:
+        fields.update(fit_compute(spec, inputs.compute))
+    fitted = apply_calibration(spec, Calibration(fields)) if fields else spec
+    if inputs.comm:
+        comm_fields, fitted = fit_comm(fitted, inputs.comm)
+        fields.update(comm_fields)
+        fitted = apply_calibration(spec, Calibration(fields))
+        residuals["comm"] = comm_residuals(fitted, inputs.comm)
+    tables = compute_tables(inputs.compute)
+    if tables:
+        residuals["compute"] = compute_residuals(fitted, tables, inputs.compute)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        trainsim_version = version("trainsim")
+    except PackageNotFoundError:
+        trainsim_version = "unknown"
+    provenance = {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "trainsim_version": trainsim_version,
+        "base_cluster": name,
+        "base_overrides": {k: str(v) for k, v in (overrides or {}).items()},
+        "inputs": [str(Path(p).resolve()) for p in paths],
+        "described": inputs.described,
+        "comm_points": len(inputs.comm),
+        "compute_points": len(inputs.compute),
+        "versions": {k: str(v) for k, v in inputs.versions.items()},
+        "method": "validate/calibrate.py: relative least squares of alpha/beta per "
+                  "(algorithm family, protocol, tier) on the simulator's own cost terms; "
+                  "compute tables = mean measured time per work",
+    }
+    text = calibration_to_toml(fields, tables, provenance, residuals)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, text)
+    return {"fields": fields, "compute_tables": tables, "provenance": provenance,
+            "residuals": residuals, "spec": fitted}

@@ -1,0 +1,117 @@
+"""Simulate what a replay directory measured and report the error.
+
+The Program of the directory is replayed by the simulator's engine on the cluster
+(a preset, ``cpu-host`` for CPU runs) with the calibration applied: its spec fields,
+and its compute tables for the op kinds they cover. Measured and simulated timelines
+are read by the same functions (validate.spans):
+
+* ``step_time_error``: |simulated - measured| / measured of the step time, the makespan
+  over every rank (measured: the mean over iterations, leaving out outliers slower than
+  1.5x the median, validate.spans.OUTLIER_FACTOR; op durations are means over the same
+  iterations);
+* ``per_op_kind``: per compute kind, the summed op durations over all ranks; per
+  communication kind (``p2p`` = send/recv pairs), the summed data-movement times from
+  the last participant's arrival (a measured span includes waiting for peers, the
+  simulator's data movement starts when the last one arrives).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from hardware.calibration import CalibratedComputeModel, apply_calibration, load_calibration
+from hardware.catalog import load_cluster
+from hardware.topology import ClusterLayout
+from sim.engine import Engine
+from validate.calibrate import CPU_HOST_PRESET, _job_shape
+from validate.spans import comm_durations, compute_ops, load_measurements, timeline_intervals
+
+FIDELITIES = ("analytic", "flow")
+
+
+def _relative(simulated: float, measured: float) -> float | None:
+    return abs(simulated - measured) / measured if measured > 0 else None
+
+
+def compare(directory: str, *, calibration: str | None = None, cluster: str | None = None,
+            overrides: dict | None = None, fidelity: str = "analytic",
+            tolerance: float = 0.15) -> dict:
+    """Simulate the measured Program and compare (see the module docstring).
+
+    Returns a JSON-serialisable dict with ``step_time_error``, ``per_op_kind``,
+    ``step_time_s`` (measured, simulated, the measured spread), ``tolerance``,
+    ``within_tolerance`` and ``inputs``.
+
+    Raises:
+        ValueError: unreadable directory or calibration, unknown cluster or fidelity, or a
+            GPU run without ``cluster`` or a calibration naming one (one line).
+    """
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(FIDELITIES)}")
+    if not tolerance > 0:
+        raise ValueError(f"tolerance: {tolerance!r} is not valid; valid: a fraction > 0")
+    measured = load_measurements(directory)
+    cal = load_calibration(calibration) if calibration else None
+    if cluster is None and cal is not None:
+        cluster = cal.provenance.get("base_cluster")
+    if cluster is None:
+        env = measured.env.get(min(measured.env), {}) if measured.env else {}
+        if env.get("cuda_available"):
+            raise ValueError("cluster: give --cluster (the preset the GPUs belong to) or a "
+                             "--calibration made for them")
+        cluster = str(CPU_HOST_PRESET)
+    spec = load_cluster(cluster, overrides)
+    if cal is not None:
+        spec = apply_calibration(spec, cal)
+    nodes, gpus_per_node = _job_shape(measured)
+    compute = CalibratedComputeModel(spec.gpu, cal.compute_tables if cal else {})
+    program = measured.program
+    result = Engine(program, ClusterLayout(spec, nodes, gpus_per_node), fidelity=fidelity,
+                    compute=compute).run()
+    simulated = timeline_intervals(program, result.timeline)
+
+    kinds: dict[str, dict] = {}
+    durations = measured.mean_durations_ns()
+    for rank, index, op in compute_ops(program):
+        entry = kinds.setdefault(op.kind, {"category": "compute", "ops": 0, "measured_s": 0.0,
+                                           "simulated_s": 0.0, "_errors": []})
+        sim_ns = simulated[(rank, index)][1] - simulated[(rank, index)][0]
+        meas_ns = durations[(rank, index)]
+        entry["ops"] += 1
+        entry["measured_s"] += meas_ns * 1e-9
+        entry["simulated_s"] += sim_ns * 1e-9
+        if meas_ns > 0:
+            entry["_errors"].append(abs(sim_ns - meas_ns) / meas_ns)
+    for sim_inst, meas_inst in zip(comm_durations(program, simulated), measured.comm_instances()):
+        entry = kinds.setdefault(sim_inst.kind, {"category": "comm", "ops": 0, "measured_s": 0.0,
+                                                 "simulated_s": 0.0, "_errors": []})
+        entry["ops"] += 1
+        entry["measured_s"] += meas_inst.duration_ns * 1e-9
+        entry["simulated_s"] += sim_inst.duration_ns * 1e-9
+        if meas_inst.duration_ns > 0:
+            entry["_errors"].append(abs(sim_inst.duration_ns - meas_inst.duration_ns)
+                                    / meas_inst.duration_ns)
+    per_kind = {}
+    for kind, entry in sorted(kinds.items()):
+        errors = entry.pop("_errors")
+        entry["error"] = _relative(entry["simulated_s"], entry["measured_s"])
+        entry["median_op_error"] = statistics.median(errors) if errors else None
+        per_kind[kind] = entry
+
+    steps = measured.step_times_ns()
+    step_measured_s = measured.step_time_ns() * 1e-9
+    step_simulated_s = result.makespan_ns * 1e-9
+    error = _relative(step_simulated_s, step_measured_s)
+    return {
+        "step_time_error": error,
+        "step_time_s": {"measured": step_measured_s, "simulated": step_simulated_s,
+                        "measured_min": min(steps) * 1e-9, "measured_max": max(steps) * 1e-9,
+                        "iterations": len(steps), "iterations_used": len(measured.kept())},
+        "per_op_kind": per_kind,
+        "tolerance": tolerance,
+        "within_tolerance": error is not None and error <= tolerance,
+        "inputs": {"directory": str(directory), "cluster": spec.name, "cluster_source": cluster,
+                   "calibration": calibration, "fidelity": fidelity, "nodes": nodes,
+                   "gpus_per_node": gpus_per_node, "program": program.name,
+                   "world_size": program.world_size},
+    }

@@ -1,0 +1,221 @@
+"""Read a replay's measurements and put them beside the Program that produced them.
+
+The same functions interpret a simulated timeline, so measured and simulated numbers
+are derived identically:
+
+* :func:`op_intervals` -- ``{(rank, op index): (start_ns, end_ns)}``;
+* :func:`comm_durations` -- each collective / send-recv pair's *data-movement* time,
+  from the last participant's arrival to the participants' (mean) end: a measured
+  span starts when its rank reached the op and so includes waiting for peers, while
+  the simulator starts moving data when the last member arrives (sim/engine.py);
+* :func:`step_time_ns` -- the step's makespan over every rank.
+
+No torch here: calibration and comparison run anywhere.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from strategies.ir import CollectiveOp, ComputeOp, Program, RecvOp, SendOp
+from validate.program_io import load_program
+from validate.store import MeasurementStore
+
+#: An iteration slower than this multiple of the median step is an outlier.
+OUTLIER_FACTOR = 1.5
+
+Intervals = Mapping[tuple[int, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class CommInstance:
+    """One collective call or send/recv pair as it ran.
+
+    Attributes:
+        kind: collective kind, or ``p2p`` for a send/recv pair.
+        ranks: participants (communicator order; (src, dst) for p2p).
+        size_bytes: nccl-tests size (message size for p2p).
+        duration_ns: last arrival to the participants' mean end.
+        members: the ``(rank, op index)`` of every participant's op.
+    """
+
+    kind: str
+    ranks: tuple[int, ...]
+    size_bytes: int
+    duration_ns: int
+    members: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class Measurements:
+    """A replay directory, read.
+
+    Attributes:
+        program: the replayed Program.
+        iterations: per measured iteration present on every rank, its intervals.
+        env: ``{rank: environment}``.
+        run: the run description (``run.json``), if any.
+    """
+
+    program: Program
+    iterations: list[dict[tuple[int, int], tuple[int, int]]]
+    env: dict[int, dict] = field(default_factory=dict)
+    run: dict | None = None
+
+    def kept(self) -> list[dict[tuple[int, int], tuple[int, int]]]:
+        """The iterations used for statistics: those whose step time is at most
+        :data:`OUTLIER_FACTOR` x the median (an iteration the OS disturbed, e.g. a rank
+        descheduled for 100+ ms on a shared CPU host, is left out of every statistic
+        alike)."""
+        steps = [step_time_ns(it) for it in self.iterations]
+        limit = OUTLIER_FACTOR * statistics.median(steps)
+        return [it for it, step in zip(self.iterations, steps) if step <= limit]
+
+    def mean_durations_ns(self) -> dict[tuple[int, int], float]:
+        """Mean over the kept iterations of each op's duration (the mean, not the median:
+        a step adds durations up, so occasional slow runs of an op are part of its cost)."""
+        kept = self.kept()
+        return {key: statistics.fmean(it[key][1] - it[key][0] for it in kept)
+                for key in kept[0]}
+
+    def step_times_ns(self) -> list[int]:
+        """Makespan of every measured iteration (kept or not)."""
+        return [step_time_ns(it) for it in self.iterations]
+
+    def step_time_ns(self) -> float:
+        """Mean makespan over the kept iterations."""
+        return statistics.fmean(step_time_ns(it) for it in self.kept())
+
+    def comm_instances(self) -> list[CommInstance]:
+        """Communication instances with their mean data-movement time over the kept
+        iterations."""
+        per_iteration = [comm_durations(self.program, it) for it in self.kept()]
+        out = []
+        for position, first in enumerate(per_iteration[0]):
+            durations = [inst[position].duration_ns for inst in per_iteration]
+            out.append(CommInstance(first.kind, first.ranks, first.size_bytes,
+                                    int(statistics.fmean(durations)), first.members))
+        return out
+
+    def hosts(self) -> list[str]:
+        """Distinct host names of the ranks, in rank order of first appearance."""
+        seen: list[str] = []
+        for rank in sorted(self.env):
+            host = self.env[rank].get("hostname")
+            if host and host not in seen:
+                seen.append(host)
+        return seen
+
+
+def load_measurements(directory: str | Path) -> Measurements:
+    """Read a replay directory.
+
+    Only iterations that every rank of the Program finished are used (a killed run
+    leaves some ranks one iteration ahead).
+
+    Raises:
+        ValueError: the directory has no program or no complete iteration (one line).
+    """
+    store = MeasurementStore(directory)
+    if not (store.root / "program.json").exists():
+        raise ValueError(f"measurements: {str(store.root)!r} has no program.json; give a "
+                         "directory written by trainsim validate replay")
+    program = load_program(store.root / "program.json")
+    series = store.read_series("replay")
+    ranks = program.ranks()
+    missing = [r for r in ranks if r not in series]
+    if missing:
+        raise ValueError(f"measurements: {str(store.root)!r} has no replay iteration of rank "
+                         f"{missing[0]}; run (or resume) trainsim validate replay")
+    common = set.intersection(*({rec["iteration"] for rec in series[r]} for r in ranks))
+    if not common:
+        raise ValueError(f"measurements: {str(store.root)!r} has no iteration finished by "
+                         "every rank; resume the replay")
+    iterations = []
+    for number in sorted(common):
+        intervals = {}
+        for rank in ranks:
+            record = next(rec for rec in series[rank] if rec["iteration"] == number)
+            for span in record["spans"]:
+                intervals[(rank, int(span["index"]))] = (int(span["start_ns"]),
+                                                         int(span["end_ns"]))
+        iterations.append(intervals)
+    env = {r: store.read_meta("env", rank=r) or {} for r in ranks}
+    return Measurements(program, iterations, env, store.read_meta("run"))
+
+
+def step_time_ns(intervals: Intervals) -> int:
+    """Makespan: last end minus first start over every rank and op."""
+    starts = [s for s, _ in intervals.values()]
+    ends = [e for _, e in intervals.values()]
+    return max(ends) - min(starts) if starts else 0
+
+
+def timeline_intervals(program: Program, timeline) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(rank, op index): (start, end)}`` of a simulated :class:`sim.timeline.Timeline`.
+
+    Spans carry no op index; ops of one (rank, stream) run one after another in list
+    order, so each stream's spans, sorted by time, are its ops in order.
+    """
+    by_stream: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for span in timeline.spans():
+        by_stream.setdefault((span.rank, span.stream), []).append((span.start_ns, span.end_ns))
+    out = {}
+    for rank in program.ranks():
+        indices: dict[str, list[int]] = {}
+        for index, op in enumerate(program.ops_by_rank[rank]):
+            indices.setdefault(op.stream, []).append(index)
+        for stream, members in indices.items():
+            spans = sorted(by_stream.get((rank, stream), []))
+            if len(spans) != len(members):
+                raise ValueError(f"timeline: rank {rank} stream {stream!r} has {len(spans)} "
+                                 f"spans for {len(members)} ops")
+            for index, interval in zip(members, spans):
+                out[(rank, index)] = interval
+    return out
+
+
+def comm_durations(program: Program, intervals: Intervals) -> list[CommInstance]:
+    """Every communication instance of ``program`` with its data-movement time under
+    ``intervals``, in a deterministic order (first member's rank and index)."""
+    collectives: dict[str, list[tuple[int, int]]] = {}
+    sends: dict[tuple[int, int, str], tuple[int, int]] = {}
+    recvs: dict[tuple[int, int, str], tuple[int, int]] = {}
+    ops_of = program.ops_by_rank
+    for rank in program.ranks():
+        for index, op in enumerate(ops_of[rank]):
+            if isinstance(op, CollectiveOp):
+                collectives.setdefault(op.key, []).append((rank, index))
+            elif isinstance(op, SendOp):
+                sends[(rank, op.peer, op.tag)] = (rank, index)
+            elif isinstance(op, RecvOp):
+                recvs[(op.peer, rank, op.tag)] = (rank, index)
+    out = []
+    for members in collectives.values():
+        op = ops_of[members[0][0]][members[0][1]]
+        starts = [intervals[m][0] for m in members]
+        ends = [intervals[m][1] for m in members]
+        duration = max(0, int(sum(ends) / len(ends)) - max(starts))
+        out.append(CommInstance(op.kind, tuple(op.group), int(op.size_bytes), duration,
+                                tuple(members)))
+    for key, send in sends.items():
+        recv = recvs.get(key)
+        if recv is None:
+            continue
+        op = ops_of[send[0]][send[1]]
+        start = max(intervals[send][0], intervals[recv][0])
+        out.append(CommInstance("p2p", (key[0], key[1]), int(op.size_bytes),
+                                max(0, intervals[recv][1] - start), (send, recv)))
+    out.sort(key=lambda inst: inst.members[0])
+    return out
+
+
+def compute_ops(program: Program):
+    """``(rank, index, op)`` of every compute op."""
+    for rank in program.ranks():
+        for index, op in enumerate(program.ops_by_rank[rank]):
+            if isinstance(op, ComputeOp):
+                yield rank, index, op
