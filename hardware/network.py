@@ -245,8 +245,9 @@ class AnalyticFabric:
             self._cache[id(plan)] = cached
         return cached[1]
 
-    def run(self, plan: CommPlan) -> Iterator[simpy.Event]:
-        """SimPy process body: wait for the plan's duration."""
+    def run(self, plan: CommPlan, mirrors: Sequence[CommPlan] = ()) -> Iterator[simpy.Event]:
+        """SimPy process body: wait for the plan's duration (``mirrors`` do not
+        contend at this fidelity)."""
         yield self.env.timeout(self.duration_ns(plan))
 
 
@@ -261,6 +262,7 @@ class FlowFabric:
         self.network = FlowNetwork(env, model.layout.capacity_bytes_per_s)
         # Keyed by identity; the plan is kept so its id cannot be reused.
         self._requests: dict[int, tuple[CommPlan, list[list[FlowRequest]]]] = {}
+        self._mirrored: dict[tuple, tuple[tuple, list[FlowRequest]]] = {}
 
     def _phase_requests(self, plan: CommPlan, index: int) -> Sequence[FlowRequest]:
         cached = self._requests.get(id(plan))
@@ -271,8 +273,32 @@ class FlowFabric:
             self._requests[id(plan)] = cached
         return cached[1][index]
 
-    def run(self, plan: CommPlan) -> Iterator[simpy.Event]:
-        """SimPy process body: base latency, then each phase's latency and flows."""
+    def _with_mirrors(self, plan: CommPlan, mirrors: Sequence[CommPlan],
+                      index: int) -> Sequence[FlowRequest]:
+        """Phase ``index`` of ``plan`` plus the same phase of the mirror plans that
+        share a link with it, directly or through other mirrors (the others cannot
+        change its rates)."""
+        key = (id(plan), tuple(id(m) for m in mirrors), index)
+        cached = self._mirrored.get(key)
+        if cached is not None:
+            return cached[1]
+        own = list(self._phase_requests(plan, index))
+        links = {link for request in own for link in request.links}
+        waiting = [list(self._phase_requests(m, index)) for m in mirrors
+                   if index < len(m.phases)]
+        for requests in waiting:
+            own.extend(requests)
+        self._mirrored[key] = ((plan, tuple(mirrors)), own)
+        return own
+
+    def run(self, plan: CommPlan, mirrors: Sequence[CommPlan] = ()) -> Iterator[simpy.Event]:
+        """SimPy process body: base latency, then each phase's latency and flows.
+
+        ``mirrors``: the same communication of ranks a symmetry-reduced program
+        leaves out (same algorithm and protocol); their flows share the links
+        with this plan's, and a phase ends when all of them have arrived, as it
+        would in the full job where they run in lockstep.
+        """
         if not plan.phases:
             return
         yield self.env.timeout(seconds_to_ns(self.model.base_latency_s(plan)))
@@ -280,7 +306,9 @@ class FlowFabric:
             yield self.env.timeout(
                 seconds_to_ns(self.model.phase_latency_s(phase, plan.protocol)))
             if phase.transfers:
-                yield self.network.transfer(self._phase_requests(plan, index))
+                requests = (self._with_mirrors(plan, mirrors, index) if mirrors
+                            else self._phase_requests(plan, index))
+                yield self.network.transfer(requests)
 
 
 def make_fabric(fidelity: str, env: simpy.Environment, model: NetworkModel):

@@ -21,6 +21,9 @@ same ops without an event loop, in three parts:
    ``(p - 1) / v`` of a stage's work, Narayanan et al. 2021, Section 2.2) and
    ``fill_r = F_r + I_r - W_r`` for ZB-H1 (Qi et al. 2023, Table 1). For equal
    stages this is ``(m + (p - 1) / v) * T``; unequal stages wait for the slowest.
+   How much of the drain ZB-H1's deferred weight gradients hide with unequal
+   stages has no closed form: its action lists are replayed with the per-stage
+   durations instead (strategies.pipeline.simulate_unit_times, O(m * p)).
    The forward of the first micro-batch and the backward of the last cross
    ``p - 1`` pipeline edges each, ``t_p2p`` apiece.
 3. **The end of the step.** Rank ``r``'s last backward ends ``sum_{q < r}
@@ -55,7 +58,7 @@ from strategies.collectives.planner import CollectivePlanner
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action, schedule_actions
+from strategies.pipeline import Action, schedule_actions, simulate_unit_times
 from strategies.plan import ParallelPlan
 
 COMPUTE_STREAM = "compute"
@@ -229,6 +232,7 @@ class _RankCosts:
     fill_ns: float               # its share of the pipeline fill and drain
     last_backward: OpListCost    # the last micro-batch's backward alone
     finish: OpListCost           # the same with gradient reduction and optimizer
+    weight_ns: int = 0           # ZB-H1: its weight-gradient part, off the drain's path
 
 
 def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
@@ -341,13 +345,14 @@ class AnalyticStepModel:
                             forward.compute_ns + backward.compute_ns, 0, {})
         _add(per_mb.exposed_ns, forward.exposed_ns)
         _add(per_mb.exposed_ns, backward.exposed_ns)
+        weight = 0
         if self.plan.schedule == "zb-h1":
             weight = self._work_cost(pricer, p, [a for a in work if a.comp == "W"]).total_ns
             fill = forward.total_ns + backward.total_ns - 2 * weight
         else:
             fill = per_mb.total_ns / self.plan.vpp
         return _RankCosts(per_mb, fill, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail))
+                          self._finish_cost(pricer, p, tail), weight)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
@@ -420,17 +425,36 @@ class AnalyticStepModel:
         pipe_ns = math.ceil(m * work[slowest]
                             + sum(r.fill_ns for p, r in enumerate(ranks) if p != slowest)
                             + 2 * (pp - 1) * t_p2p)
+        if plan.schedule == "zb-h1" and pp > 1:
+            pipe_ns = self._zero_bubble_ns(t_p2p)
         ends, drained = [], 0
         for rank in ranks:
             last_start = pipe_ns - drained - rank.last_backward.total_ns
             ends.append(last_start + rank.finish.total_ns)
-            drained += rank.last_backward.total_ns + t_p2p
+            # the gradient leaves a rank after its input-gradient part (ZB-H1 runs
+            # the weight-gradient part while the ranks before it work)
+            drained += rank.last_backward.total_ns - rank.weight_ns + t_p2p
         step_ns = max(ends)
         breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0)
                      for p, rank in enumerate(ranks)}
         critical = max(range(pp), key=lambda r: (ends[r], -r))
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical)
+
+    def _zero_bubble_ns(self, t_p2p: int) -> int:
+        """ZB-H1 fills the drain with deferred weight-gradient work; with unequal
+        stages how much it hides has no closed form, so the schedule's actions are
+        replayed with their per-stage durations (strategies.pipeline, O(m * p))."""
+        plan = self.plan
+        durations = {comp: [] for comp in "FIW"}
+        for p in range(plan.pp):
+            pricer = self.stage_pricers.get(p, self.pricer)
+            for comp in "FIW":
+                durations[comp].append(self._phase_cost(pricer, p, p, comp).total_ns)
+        actions = cached_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        backward = [i + w for i, w in zip(durations["I"], durations["W"])]
+        return int(simulate_unit_times(actions, plan.pp, plan.vpp, durations["F"], backward,
+                                       durations["W"], t_p2p).makespan)
 
     @staticmethod
     def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int) -> dict[str, float]:

@@ -119,6 +119,9 @@ class Engine:
         self._referenced: dict[int, set[int]] = {}
         self._finished: dict[int, int] = {}
         self._durations: dict[tuple[int, float], int] = {}
+        self._pair_plans: dict[tuple[int, int, int], tuple[CommPlan, ...]] = {}
+        self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
+        self._present_domains: set[int] | None = None
         self._speed = dict(rank_speed or {})
         for rank, speed in self._speed.items():
             if not speed > 0:
@@ -243,20 +246,58 @@ class Engine:
             if self._members_present(op) == 1:
                 # Alone (a reduced program's representative): nobody to wait for.
                 started = self.env.now
-                yield from self.fabric.run(self._collective_plan(op))
+                plan = self._collective_plan(op)
+                yield from self.fabric.run(plan, self._group_mirrors(op, plan))
                 return started
             meeting = self._meet(op.key, self._members_present(op),
-                                 lambda: self._collective_plan(op))
-        elif isinstance(op, SendOp):
-            meeting = self._meet(("p2p", rank, op.peer, op.tag), 2,
-                                 lambda: point_to_point(self.layout, rank, op.peer, op.size_bytes))
-        elif isinstance(op, RecvOp):
-            meeting = self._meet(("p2p", op.peer, rank, op.tag), 2,
-                                 lambda: point_to_point(self.layout, op.peer, rank, op.size_bytes))
+                                 lambda: self._collective_plan(op),
+                                 lambda plan: self._group_mirrors(op, plan))
+        elif isinstance(op, (SendOp, RecvOp)):
+            src, dst = (rank, op.peer) if isinstance(op, SendOp) else (op.peer, rank)
+            meeting = self._meet(("p2p", src, dst, op.tag), 2,
+                                 lambda: point_to_point(self.layout, src, dst, op.size_bytes),
+                                 lambda plan: self._pair_mirrors(src, dst, op.size_bytes))
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
         yield meeting.done
         return meeting.started_ns
+
+    def _group_mirrors(self, op: CollectiveOp, plan: CommPlan) -> tuple[CommPlan, ...]:
+        """At flow fidelity, the same collective of the groups a reduced program
+        leaves out (Program.mirrors), with this plan's algorithm and protocol."""
+        mirrors = self.program.mirrors
+        if self.fidelity != "flow" or mirrors is None:
+            return ()
+        found = self._mirror_groups.get(op.group)
+        if found is None:
+            found = tuple(g for g in mirrors.groups.get(op.group, ()) if self._may_contend(g))
+            self._mirror_groups[op.group] = found
+        return tuple(self.planner.plan(op.kind, group, op.size_bytes, plan.label, plan.protocol)
+                     for group in found)
+
+    def _may_contend(self, group: tuple[int, ...]) -> bool:
+        """A mirror group inside one scale-up domain that holds no simulated rank
+        loads only that domain's links, which no simulated flow crosses: skipping
+        it changes no rate (a mirror of a cross-domain transfer routed through the
+        domain's scale-up links, PXN, would; the tests pin the cases that agree)."""
+        if self._present_domains is None:
+            self._present_domains = {self.layout.domain_of(r) for r in self.program.ops_by_rank}
+        domains = {self.layout.domain_of(r) for r in group}
+        return len(domains) > 1 or not domains.isdisjoint(self._present_domains)
+
+    def _pair_mirrors(self, src: int, dst: int, size_bytes: int) -> tuple[CommPlan, ...]:
+        """At flow fidelity, the same pipeline transfer between the ranks a reduced
+        program leaves out."""
+        mirrors = self.program.mirrors
+        if self.fidelity != "flow" or mirrors is None:
+            return ()
+        key = (src, dst, size_bytes)
+        found = self._pair_plans.get(key)
+        if found is None:
+            found = tuple(point_to_point(self.layout, a, b, size_bytes)
+                          for a, b in mirrors.pairs.get((src, dst), ()))
+            self._pair_plans[key] = found
+        return found
 
     def _members_present(self, op: CollectiveOp) -> int:
         """Members a collective waits for: all of them, or in a symmetry-reduced
@@ -274,8 +315,9 @@ class Engine:
         self._plans[op.key] = plan
         return plan
 
-    def _meet(self, key: object, expected: int, make_plan) -> _Rendezvous:
-        """Arrive at a rendezvous; the last to arrive starts the communication."""
+    def _meet(self, key: object, expected: int, make_plan, make_mirrors) -> _Rendezvous:
+        """Arrive at a rendezvous; the last to arrive starts the communication
+        (with the mirrors of ``make_mirrors(plan)``)."""
         meeting = self._meetings.get(key)
         if meeting is None:
             meeting = _Rendezvous(expected, 0, self.env.event())
@@ -284,11 +326,13 @@ class Engine:
         if meeting.arrived == meeting.expected:
             del self._meetings[key]
             meeting.started_ns = self.env.now
-            self.env.process(self._communicate(make_plan(), meeting.done))
+            plan = make_plan()
+            self.env.process(self._communicate(plan, make_mirrors(plan), meeting.done))
         return meeting
 
-    def _communicate(self, plan: CommPlan, done: simpy.Event) -> Iterator[simpy.Event]:
-        yield from self.fabric.run(plan)
+    def _communicate(self, plan: CommPlan, mirrors: tuple[CommPlan, ...],
+                     done: simpy.Event) -> Iterator[simpy.Event]:
+        yield from self.fabric.run(plan, mirrors)
         done.succeed()
 
     def _record(self, rank: int, op: Op, start_ns: int, end_ns: int) -> None:

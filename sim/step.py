@@ -218,7 +218,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     if fidelity == "analytic":
         return _analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
                                 stragglers, cache)
-    lowering = lowerer.lower(distinct=sorted(stragglers))
+    lowering = lowerer.lower(distinct=sorted(stragglers), mirrors=fidelity == "flow")
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
     engine = Engine(lowering.program, layout, fidelity=fidelity,

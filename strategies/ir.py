@@ -135,6 +135,27 @@ class RecvOp(_PeerOp):
 Op = Union[ComputeOp, CollectiveOp, SendOp, RecvOp]
 
 
+@dataclass(frozen=True)
+class Mirrors:
+    """Communication of the ranks a symmetry-reduced program leaves out.
+
+    Those ranks run the same collectives and pipeline transfers as their
+    representatives, at the same time, over other links or the same ones. The
+    flow fidelity loads the network with them, so contention is that of the full
+    job (128 data-parallel rings crossing the same switches, eight pipeline
+    edges through one NIC).
+
+    Attributes:
+        groups: for a group of a present rank, the groups of the absent ranks
+            that run the same collectives.
+        pairs: for a ``(src, dst)`` pipeline edge of present ranks, the same
+            edges of absent ranks.
+    """
+
+    groups: Mapping[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    pairs: Mapping[tuple[int, int], tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Program:
     """Per-rank op lists for one simulated interval (a step, a benchmark).
@@ -150,6 +171,8 @@ class Program:
             a collective then waits only for the group members present, the
             absent ones behaving exactly like their representative. None for
             a full program, where every group member must issue its part.
+        mirrors: for a reduced program, the communication of the absent ranks
+            (:class:`Mirrors`), or None when contention with it is not modelled.
     """
 
     ops_by_rank: Mapping[int, Sequence[Op]]
@@ -157,6 +180,7 @@ class Program:
     name: str = "program"
     metadata: Mapping[str, object] = field(default_factory=dict)
     represents: Mapping[int, int] | None = None
+    mirrors: Mirrors | None = None
 
     def ranks(self) -> list[int]:
         """Ranks with at least one op, ascending."""

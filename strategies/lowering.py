@@ -44,7 +44,7 @@ from typing import Sequence
 
 from hardware.compute import ELEMENT_BYTES
 from strategies import model_costs as costs
-from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
+from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action, schedule_actions
 from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
@@ -403,13 +403,15 @@ class StepLowerer:
                 chosen.update(layout.group(peer, "cp"))
         return sorted(chosen - set(self.representatives))
 
-    def lower(self, distinct: Sequence[int] = ()) -> StepLowering:
+    def lower(self, distinct: Sequence[int] = (), *, mirrors: bool = False) -> StepLowering:
         """Build the Program of one step.
 
         Args:
             distinct: ranks that break the symmetry (stragglers); they and the
                 ranks coupled to them (:meth:`distinct_ranks`) are simulated
                 individually next to one representative per pipeline rank.
+            mirrors: record the communication of the ranks left out
+                (:class:`strategies.ir.Mirrors`), for the flow fidelity.
         """
         plan = self.plan
         all_actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
@@ -426,9 +428,53 @@ class StepLowerer:
             represents[rank] = alike - sum(1 for r in extra if self.layout.coords(r)["pp"] == p)
         program = Program(ops_by_rank=programs, world_size=plan.world_size,
                           name=f"{self.model.name} step", represents=represents,
-                          metadata={"model": self.model.name, "plan": plan})
+                          metadata={"model": self.model.name, "plan": plan},
+                          mirrors=self.mirrors(set(programs)) if mirrors else None)
         return StepLowering(program, self.layout, self.representatives, self.stage_layers,
                             tuple(tuple(a) for a in all_actions))
+
+    def mirrors(self, present: set[int]) -> Mirrors:
+        """Communication of the ranks not in ``present`` that mirrors the
+        representatives' (groups and pipeline edges without a present member)."""
+        layout, plan = self.layout, self.plan
+        groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
+        pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+        next_stage = {p: p + 1 for p in range(plan.pp - 1)}
+        if plan.vpp > 1 and plan.pp > 1:
+            next_stage[plan.pp - 1] = 0  # virtual stages wrap around the ranks
+        for p, rep in enumerate(self.representatives):
+            absent = [layout.rank(tp=t, cp=c, dp=d, pp=p) for d in range(plan.dp)
+                      for c in range(plan.cp) for t in range(plan.tp)]
+            absent = [r for r in absent if r not in present]
+            for name, group in self._groups(rep).items():
+                if len(group) < 2 or group in groups:
+                    continue
+                found, covered = set(), set()
+                for rank in absent:
+                    if rank in covered:
+                        continue
+                    other = self._group_of(rank, name)
+                    covered.update(other)
+                    if not present.intersection(other):
+                        found.add(other)
+                groups[group] = tuple(sorted(found))
+            if p in next_stage:
+                q = next_stage[p]
+                edges = [(r, layout.stage_rank(q, like=r)) for r in absent]
+                edges = [(a, b) for a, b in edges if b not in present]
+                peer = self.representatives[q]
+                pairs[(rep, peer)] = tuple(edges)
+                pairs[(peer, rep)] = tuple((b, a) for a, b in edges)
+        return Mirrors(groups=groups, pairs=pairs)
+
+    def _group_of(self, rank: int, name: str) -> tuple[int, ...]:
+        """Group ``name`` of any rank, uncached (mirrors visit every rank once)."""
+        layout = self.layout
+        if name == "ep":
+            return layout.ep_group(rank)
+        if name == "expert_grad":
+            return layout.expert_dp_group(rank)
+        return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",), "grad": ("dp", "cp")}[name])
 
     def rank_ops(self, p: int) -> list[Op]:
         """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
@@ -612,8 +658,9 @@ def _blocks(kernels: Sequence[costs.Kernel]) -> list[tuple[str, list[costs.Kerne
     return blocks
 
 
-def lower_step(model: ModelSpec, plan: ParallelPlan,
-               distinct: Sequence[int] = ()) -> StepLowering:
+def lower_step(model: ModelSpec, plan: ParallelPlan, distinct: Sequence[int] = (), *,
+               mirrors: bool = False) -> StepLowering:
     """Lower one training step (see module docstring); ``distinct`` ranks
-    (stragglers) are simulated individually."""
-    return StepLowerer(model, plan).lower(distinct)
+    (stragglers) are simulated individually; ``mirrors`` records the
+    communication of the ranks left out (for the flow fidelity)."""
+    return StepLowerer(model, plan).lower(distinct, mirrors=mirrors)

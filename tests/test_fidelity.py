@@ -1,0 +1,124 @@
+"""Fidelity levels of a step: analytic (closed form), event (replay), flow (contention).
+
+Where they must agree and how far they may differ elsewhere:
+
+* without pipeline parallelism the analytic step is one rank's list schedule of
+  the very ops the event replay runs: equal to the nanosecond;
+* with pipelines the closed-form fill/drain differs from the replayed waits by
+  less than 1 % on the schedules and splits below;
+* flow equals event when no link is shared, and is slower when links are.
+"""
+
+import pytest
+
+from sim import api
+from conftest import run_cli
+
+EXACT = [
+    dict(model="llama3-8b", gpus=8, tp=8, seq_len=4096, global_batch=16),
+    dict(model="llama3-8b", gpus=64, tp=2, seq_len=4096, global_batch=64),
+    dict(model="llama3-8b", gpus=64, tp=2, seq_len=4096, global_batch=64, zero=0),
+    dict(model="llama3-8b", gpus=64, tp=1, seq_len=4096, global_batch=64, zero=3),
+    dict(model="llama3-8b", gpus=64, tp=2, seq_len=4096, global_batch=64, zero=2,
+         recompute="full"),
+    dict(model="llama3-8b", gpus=64, tp=2, seq_len=4096, global_batch=64,
+         overlap_grad_reduce=False),
+    dict(model="llama3-8b", gpus=32, tp=2, cp=2, seq_len=8192, global_batch=16),
+    dict(model="mixtral-8x7b", gpus=64, tp=2, ep=8, seq_len=4096, global_batch=64),
+    dict(model="llama2-7b", gpus=16, tp=2, seq_len=2048, global_batch=32, micro_batch=2,
+         recompute="selective"),
+]
+
+
+def _both(case, **extra):
+    case = dict(case)
+    model = case.pop("model")
+    return [api.simulate(model, fidelity=f, **case, **extra) for f in ("analytic", "event")]
+
+
+@pytest.mark.parametrize("case", EXACT, ids=lambda c: f"{c['model']}-{c['gpus']}-{c.get('tp')}")
+def test_analytic_equals_event_to_the_ns_without_pipelines(case):
+    analytic, event = _both(case)
+    assert analytic.step_time_s == event.step_time_s
+    for key, seconds in event.breakdown.items():
+        assert analytic.breakdown[key] == pytest.approx(seconds, abs=2e-9 * 200_000), key
+    assert analytic.inputs["fidelity"] == "analytic" and event.inputs["fidelity"] == "event"
+    assert analytic.timeline_frame().empty and not event.timeline_frame().empty
+
+
+def test_analytic_equals_event_with_a_data_parallel_straggler():
+    case = dict(model="llama3-8b", gpus=64, tp=1, seq_len=2048, global_batch=64)
+    analytic, event = _both(case, stragglers={5: 0.5})
+    assert analytic.step_time_s == event.step_time_s
+
+
+PIPELINES = [
+    dict(model="llama3-8b", gpus=64, tp=2, pp=4, seq_len=4096, global_batch=128),
+    dict(model="llama3-8b", gpus=64, tp=2, pp=4, seq_len=4096, global_batch=128,
+         schedule="gpipe"),
+    dict(model="llama3-8b", gpus=64, tp=2, pp=4, vpp=2, seq_len=4096, global_batch=128,
+         schedule="interleaved"),
+    dict(model="llama3-8b", gpus=64, tp=2, pp=4, seq_len=4096, global_batch=128,
+         schedule="zb-h1"),
+    dict(model="llama3-8b", gpus=40, tp=8, pp=5, seq_len=4096, global_batch=40),  # 7,6,6,6,7
+    dict(model="llama3-70b", gpus=256, tp=8, pp=4, seq_len=4096, global_batch=128),
+]
+
+
+@pytest.mark.parametrize("case", PIPELINES,
+                         ids=lambda c: f"{c['model']}-pp{c['pp']}-{c.get('schedule', '1f1b')}")
+def test_analytic_is_within_one_percent_of_event_with_pipelines(case):
+    analytic, event = _both(case)
+    error = analytic.step_time_s / event.step_time_s - 1
+    print(f"\n{case}: analytic {analytic.step_time_s:.4f} s, event "
+          f"{event.step_time_s:.4f} s, {error:+.3%}")
+    assert abs(error) < 0.01
+    assert analytic.breakdown["compute"] == pytest.approx(event.breakdown["compute"], rel=0.01)
+    assert analytic.breakdown["bubble"] == pytest.approx(event.breakdown["bubble"], rel=0.1,
+                                                         abs=1e-3 * event.step_time_s)
+
+
+def test_flow_equals_event_when_no_link_is_shared():
+    args = dict(gpus=8, tp=8, seq_len=2048, global_batch=8)
+    flow = api.simulate("llama3-8b", fidelity="flow", **args)
+    event = api.simulate("llama3-8b", fidelity="event", **args)
+    assert flow.step_time_s == pytest.approx(event.step_time_s, rel=1e-6)
+
+
+def test_flow_is_slower_than_event_when_ranks_share_a_nic():
+    args = dict(gpus=64, tp=2, pp=2, seq_len=1024, global_batch=32,
+                overrides={"nic.count_per_node": 1})
+    flow = api.simulate("llama3-8b", fidelity="flow", **args)
+    event = api.simulate("llama3-8b", fidelity="event", **args)
+    assert flow.step_time_s > 1.2 * event.step_time_s
+    assert flow.inputs["fidelity"] == "flow"
+
+
+def _cli_error(capsys, *args):
+    code, _, err = run_cli(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    return lines[0]
+
+
+def test_unknown_fidelity_is_a_one_line_error(capsys):
+    line = _cli_error(capsys, "simulate", "--model", "llama3-8b", "--gpus", "8",
+                      "--fidelity", "packet")
+    assert line.startswith("error: fidelity: 'packet'") and "analytic, event, flow" in line
+
+
+def test_trace_needs_a_replaying_fidelity(capsys, tmp_path):
+    line = _cli_error(capsys, "simulate", "--model", "llama3-8b", "--gpus", "8",
+                      "--fidelity", "analytic", "--trace", str(tmp_path / "t.json"))
+    assert line.startswith("error: trace:")
+
+
+def test_cli_analytic_json_records_its_fidelity(capsys):
+    import json
+
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--gpus", "16",
+                             "--tp", "4", "--pp", "2", "--fidelity", "analytic",
+                             "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["inputs"]["fidelity"] == "analytic" and data["step_time_s"] > 0
