@@ -323,6 +323,7 @@ def _register_commands() -> None:
     from sim import cli_failures
 
     cli_failures.register(app, _overrides, _check_choice, EXIT_OOM)
+    from sim import cli_validate; cli_validate.register(app, _overrides, _check_choice)  # noqa: E702
 
 
 _register_commands()

@@ -115,8 +115,9 @@ def _versions_of(env: dict) -> dict:
         {"gpus": ", ".join(sorted(set(env["gpus"])))} if env.get("gpus") else {})
 
 
-def read_inputs(paths: Sequence[str | Path]) -> Inputs:
-    """Read measurement directories, nccl-tests logs and CSV tables.
+def read_inputs(paths: Sequence[str | Path], *, source: str | None = None) -> Inputs:
+    """Read measurement directories, nccl-tests logs and CSV tables (only the rows of
+    ``source_id == source`` when given).
 
     Raises:
         ValueError: a path that is missing or holds nothing measurable (one line).
@@ -127,11 +128,12 @@ def read_inputs(paths: Sequence[str | Path]) -> Inputs:
         if path.is_dir():
             _read_directory(path, found)
         elif path.suffix == ".csv" and path.is_file():
-            for series in read_nccl_csv(path):
+            for series in read_nccl_csv(path, source_id=source):
                 found.comm += _series_points(series)
                 if series.nccl_version:
                     found.versions.setdefault("nccl_tests_nccl", set()).add(series.nccl_version)
-            found.described.append(f"nccl-tests table {path}")
+            found.described.append(f"nccl-tests table {path}"
+                                   + (f", source {source}" if source else ""))
         elif path.is_file():
             series = read_nccl_tests(path)
             found.comm += _series_points(series)
@@ -164,7 +166,7 @@ def _read_directory(path: Path, found: Inputs) -> None:
             found.comm.append(CommPoint(kind, members[0].ranks, size,
                                         max(mean_ns, 1000) * 1e-9, nodes, gpn,
                                         f"{path.name}:replay:{kind}"))
-        durations = measured.mean_durations_ns()
+        durations = measured.mean_occupancy_ns()
         for rank, index, op in compute_ops(measured.program):
             work = op.flops if op.kind in FLOP_KEYED_KINDS else op.bytes
             found.compute.append(ComputePoint(op.kind, canonical_dtype(op.dtype), work,
@@ -513,14 +515,15 @@ def base_cluster(cluster: str | None, overrides: dict | None, inputs: Inputs) ->
 
 
 def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
-              overrides: dict | None = None, out: str | Path | None = None) -> dict:
+              overrides: dict | None = None, out: str | Path | None = None,
+              source: str | None = None) -> dict:
     """Fit and (with ``out``) write a calibration file; return its content as a dict
     (``fields``, ``compute_tables``, ``provenance``, ``residuals``).
 
     Raises:
         ValueError: unreadable inputs or an unknown cluster (one line).
     """
-    inputs = read_inputs(paths)
+    inputs = read_inputs(paths, source=source)
     name, spec = base_cluster(cluster, overrides, inputs)
     fields: dict = {}
     if overrides:  # the overrides the fit assumed travel with it, as spec fields
@@ -555,6 +558,7 @@ def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
         "base_cluster": name,
         "base_overrides": {k: str(v) for k, v in (overrides or {}).items()},
         "inputs": [str(Path(p).resolve()) for p in paths],
+        "source_id": source or "",
         "described": inputs.described,
         "comm_points": len(inputs.comm),
         "compute_points": len(inputs.compute),

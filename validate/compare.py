@@ -71,7 +71,7 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     simulated = timeline_intervals(program, result.timeline)
 
     kinds: dict[str, dict] = {}
-    durations = measured.mean_durations_ns()
+    durations = measured.mean_occupancy_ns()
     for rank, index, op in compute_ops(program):
         entry = kinds.setdefault(op.kind, {"category": "compute", "ops": 0, "measured_s": 0.0,
                                            "simulated_s": 0.0, "_errors": []})

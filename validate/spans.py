@@ -81,6 +81,30 @@ class Measurements:
         return {key: statistics.fmean(it[key][1] - it[key][0] for it in kept)
                 for key in kept[0]}
 
+    def mean_occupancy_ns(self) -> dict[tuple[int, int], float]:
+        """Mean over the kept iterations of the time each compute op holds its stream:
+        its duration plus the dispatch gap before it (from the end of the previous op of
+        the stream, unless the op waited for a communication dep) -- what the
+        simulator's compute model prices as kernel time + launch overhead."""
+        kept = self.kept()
+        out = {}
+        for rank in self.program.ranks():
+            ops = self.program.ops_by_rank[rank]
+            previous: dict[str, int] = {}
+            for index, op in enumerate(ops):
+                before = previous.get(op.stream)
+                previous[op.stream] = index
+                if not isinstance(op, ComputeOp):
+                    continue
+                waited = any(not isinstance(ops[d], ComputeOp) for d in op.deps)
+                total = 0.0
+                for it in kept:
+                    start, end = it[(rank, index)]
+                    gap = 0 if before is None or waited else max(0, start - it[(rank, before)][1])
+                    total += end - start + gap
+                out[(rank, index)] = total / len(kept)
+        return out
+
     def step_times_ns(self) -> list[int]:
         """Makespan of every measured iteration (kept or not)."""
         return [step_time_ns(it) for it in self.iterations]

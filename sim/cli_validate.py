@@ -1,0 +1,368 @@
+"""``trainsim validate replay|collectives|gemm|compare`` and ``trainsim calibrate``.
+
+Registered on the main app by :mod:`sim.cli`. torch and the ``validate`` package are
+imported inside the commands only, so ``trainsim simulate`` never loads torch
+(tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+#: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
+EXIT_OUT_OF_TOLERANCE = 1
+
+
+def calibrated_cluster(cluster: str, overrides: dict, calibration: Optional[str]):
+    """The preset (with overrides), with a calibration file applied when given.
+
+    Raises:
+        ValueError: unknown preset, bad override or unreadable calibration (one line).
+    """
+    from hardware.calibration import apply_calibration, load_calibration
+    from hardware.catalog import load_cluster
+
+    spec = load_cluster(cluster, overrides)
+    return apply_calibration(spec, load_calibration(calibration)) if calibration else spec
+
+
+def _split(text: str, field: str) -> list[str]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise ValueError(f"{field}: {text!r} is empty; give a comma-separated list")
+    return items
+
+
+def _sizes(text: str, field: str) -> list[int]:
+    from hardware.units import parse_size_bytes
+
+    return [parse_size_bytes(part, field=field) for part in _split(text, field)]
+
+
+def _backend(backend: str) -> str:
+    if backend not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"backend: {backend!r} is not valid; valid: auto, nccl, gloo")
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _run(task: dict, nproc: Optional[int]) -> None:
+    """Run a measurement task: N local processes, or this one inside torchrun/srun.
+
+    Raises:
+        ValueError: no --nproc outside a job; a worker failed (with its exit code).
+    """
+    from validate.launch import distributed_env, launch_local
+
+    if nproc is not None:
+        code = launch_local(task, nproc)
+        if code:
+            print(f"error: a rank exited with code {code}; measurements finished so far are "
+                  f"in {task['out']}; rerun the same command to resume", file=sys.stderr)
+            sys.exit(code if code != 2 else 2)
+        return
+    env = distributed_env()
+    if env is None:
+        raise ValueError("nproc: not inside torchrun/srun; give --nproc N to start N local "
+                         "ranks")
+    from validate.worker import run_task
+
+    run_task(task, env)
+
+
+def _program(example: Optional[str], program_file: Optional[str], model: Optional[str],
+             plan_fields: dict):
+    from validate.examples import example_program, full_program
+    from validate.program_io import load_program
+
+    given = [name for name, value in (("example", example), ("program", program_file),
+                                      ("model", model)) if value]
+    if len(given) != 1:
+        raise ValueError("program: give exactly one of --example NAME, --program FILE or "
+                         f"--model M (got {', '.join(given) or 'none'})")
+    if example:
+        return example_program(example)
+    if program_file:
+        return load_program(program_file)
+    from sim.api import make_plan
+    from strategies.models import load_model
+    from strategies.plan import validate_plan
+
+    spec = load_model(model)
+    plan = make_plan(**plan_fields)
+    validate_plan(plan, num_layers=spec.num_layers, num_heads=spec.num_heads,
+                  num_kv_heads=spec.num_kv_heads,
+                  num_experts=spec.moe.num_experts if spec.moe else 0,
+                  gpus=plan_fields.get("gpus"))
+    return full_program(spec, plan)
+
+
+def register(app: typer.Typer, parse_overrides, check_choice) -> None:
+    """Add ``validate`` (a sub-app) and ``calibrate`` to ``app``."""
+    validate_app = typer.Typer(help="Replay Programs on real hardware with torch.distributed, "
+                                    "microbenchmark, compare with the simulator.",
+                               no_args_is_help=True)
+    app.add_typer(validate_app, name="validate")
+
+    @validate_app.command("replay")
+    def replay(
+        out: str = typer.Option(..., help="Measurement directory (created; resumed if it "
+                                "holds the same program)."),
+        example: Optional[str] = typer.Option(None, help="Built-in example: tiny."),
+        program: Optional[str] = typer.Option(None, help="Program JSON file."),
+        model: Optional[str] = typer.Option(None, help="Model preset or file (with plan "
+                                            "flags)."),
+        gpus: Optional[int] = typer.Option(None, help="GPUs (= dp*tp*pp*cp) with --model."),
+        tp: int = typer.Option(1, help="Tensor-parallel size."),
+        pp: int = typer.Option(1, help="Pipeline-parallel size."),
+        dp: Optional[int] = typer.Option(None, help="Data-parallel size."),
+        cp: int = typer.Option(1, help="Context-parallel size."),
+        ep: int = typer.Option(1, help="Expert-parallel size."),
+        micro_batch: int = typer.Option(1, help="Sequences per micro-batch."),
+        global_batch: Optional[int] = typer.Option(None, help="Sequences per step."),
+        seq_len: int = typer.Option(4096, help="Tokens per sequence."),
+        zero: Optional[int] = typer.Option(None, help="ZeRO stage 0-3."),
+        recompute: str = typer.Option("none", help="none, selective or full."),
+        schedule: str = typer.Option("1f1b", help="Pipeline schedule."),
+        dtype: str = typer.Option("bf16", help="bf16 or fp8 (fp8 GEMMs run in bf16)."),
+        backend: str = typer.Option("auto", help="nccl, gloo, or auto (nccl with CUDA)."),
+        iterations: int = typer.Option(5, help="Measured iterations (K)."),
+        warmup: int = typer.Option(2, help="Warm-up iterations (W), not recorded."),
+        nproc: Optional[int] = typer.Option(None, help="Start N local ranks (omit under "
+                                            "torchrun/srun)."),
+        timeout_s: float = typer.Option(300.0, help="Give up on a peer after this long (s)."),
+    ) -> None:
+        """Replay a Program on real hardware, timing every op of every rank."""
+        from sim.atomic_io import write_text_atomic
+        from validate.program_io import program_to_json
+
+        if iterations < 1 or warmup < 0:
+            raise ValueError(f"iterations: {iterations} / warmup: {warmup} are not valid; "
+                             "valid: iterations >= 1, warmup >= 0")
+        plan_fields = dict(gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                           micro_batch=micro_batch, global_batch=global_batch,
+                           seq_len=seq_len, zero=zero, recompute=recompute,
+                           schedule=schedule, dtype=dtype)
+        prog = _program(example, program, model, plan_fields)
+        if nproc is not None and nproc != prog.world_size:
+            raise ValueError(f"nproc: {nproc} is not valid for this program; valid: "
+                             f"{prog.world_size} (its world size)")
+        text = program_to_json(prog)
+        directory = Path(out)
+        existing = directory / "program.json"
+        if existing.exists() and existing.read_text(encoding="utf-8") != text:
+            raise ValueError(f"out: {out!r} holds measurements of another program; valid: a "
+                             "new directory, or the same program to resume")
+        directory.mkdir(parents=True, exist_ok=True)
+        if not existing.exists():
+            write_text_atomic(existing, text)
+        chosen = _backend(backend)
+        task = {"task": "replay", "out": str(directory), "backend": chosen,
+                "iterations": iterations, "warmup": warmup, "timeout_s": timeout_s,
+                "source": {"example": example, "program": program, "model": model,
+                           "plan": {k: v for k, v in plan_fields.items() if v is not None}}}
+        write_text_atomic(directory / "run.json", json.dumps(task, indent=1, sort_keys=True))
+        _run(task, nproc)
+        from validate.spans import load_measurements
+
+        measured = load_measurements(directory)
+        steps = measured.step_times_ns()
+        print(f"replayed {prog.name!r} on {prog.world_size} ranks ({chosen}): "
+              f"{len(steps)} iterations in {out}; step time mean {measured.step_time_ns() / 1e6:.2f} "
+              f"ms (min {min(steps) / 1e6:.2f}, max {max(steps) / 1e6:.2f})")
+
+    @validate_app.command("collectives")
+    def collectives(
+        out: str = typer.Option(..., help="Measurement directory."),
+        ops: str = typer.Option("all_reduce,all_gather,reduce_scatter,alltoall,broadcast,"
+                                "sendrecv", help="Comma-separated collectives."),
+        min_bytes: str = typer.Option("1K", help="Smallest size (nccl-tests -b)."),
+        max_bytes: str = typer.Option("16M", help="Largest size (nccl-tests -e)."),
+        step_factor: int = typer.Option(2, help="Size multiplier (nccl-tests -f)."),
+        dtype: str = typer.Option("float", "--type", help="Element type (nccl-tests -d)."),
+        iters: int = typer.Option(20, help="Timed calls per size (nccl-tests -n)."),
+        warmup: int = typer.Option(5, help="Warm-up calls per size (nccl-tests -w)."),
+        backend: str = typer.Option("auto", help="nccl, gloo, or auto."),
+        nodes: int = typer.Option(1, help="Nodes the ranks span (recorded for calibration)."),
+        nproc: Optional[int] = typer.Option(None, help="Start N local ranks."),
+        output_format: str = typer.Option("table", "--format", help="table (nccl-tests "
+                                          "layout) or json."),
+    ) -> None:
+        """Time collectives over a size sweep, in nccl-tests' columns."""
+        from hardware.units import parse_size_bytes
+        from sim.collective_bench import sweep_sizes
+        from validate.microbench import MICROBENCH_OPS
+
+        check_choice("format", output_format, ("table", "json"))
+        chosen_ops = _split(ops, "ops")
+        for op in chosen_ops:
+            check_choice("ops", op, MICROBENCH_OPS)
+        sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
+                            parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
+        task = {"task": "collectives", "out": out, "backend": _backend(backend),
+                "ops": chosen_ops, "sizes": sizes, "type": dtype, "iters": iters,
+                "warmup": warmup, "nodes": nodes}
+        _run(task, nproc)
+        _print_collectives(out, chosen_ops, output_format)
+
+    @validate_app.command("gemm")
+    def gemm(
+        out: str = typer.Option(..., help="Measurement directory."),
+        sizes: str = typer.Option("256,512,1024,2048", help="Square GEMM sizes n (n x n x n)."),
+        dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp64."),
+        copy_sizes: str = typer.Option("1M,4M,16M,64M", help="Copy sizes for memory "
+                                       "bandwidth."),
+        iters: int = typer.Option(10, help="Timed calls per point."),
+        warmup: int = typer.Option(3, help="Warm-up calls per point."),
+        backend: str = typer.Option("auto", help="nccl (GPU) or gloo (CPU), or auto."),
+        nproc: Optional[int] = typer.Option(1, help="Local ranks (each measures its own "
+                                            "device)."),
+    ) -> None:
+        """Time GEMMs of a shape sweep and copies (memory bandwidth) on each rank's device."""
+        gemm_sizes = [int(part) for part in _split(sizes, "sizes") if part.isdigit()]
+        if len(gemm_sizes) != len(_split(sizes, "sizes")) or min(gemm_sizes) <= 0:
+            raise ValueError(f"sizes: {sizes!r} is not valid; give positive integers, e.g. "
+                             "256,512,1024")
+        task = {"task": "gemm", "out": out, "backend": _backend(backend), "dtype": dtype,
+                "gemm_sizes": gemm_sizes, "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
+                "iters": iters, "warmup": warmup}
+        _run(task, nproc)
+        from validate.store import MeasurementStore
+
+        records = MeasurementStore(out).read_series("compute").get(0, [])
+        table = Table(title=f"# rank 0 compute microbenchmarks in {out}; GB/s = 1e9 B/s",
+                      title_justify="left", box=None, pad_edge=False)
+        for header in ("kind", "dtype", "work", "time (us)", "rate"):
+            table.add_column(header, justify="right")
+        for rec in records:
+            rate = (f"{rec['flops_per_s'] / 1e12:.3f} TFLOP/s" if rec["kind"] == "matmul"
+                    else f"{rec['bytes_per_s'] / 1e9:.2f} GB/s")
+            table.add_row(rec["kind"], rec["dtype"], f"{rec['work']:.4g}",
+                          f"{rec['time_s'] * 1e6:.2f}", rate)
+        Console(width=160).print(table)
+
+    @validate_app.command("compare")
+    def compare(
+        directory: str = typer.Argument(..., help="A directory written by validate replay."),
+        calibration: Optional[str] = typer.Option(None, help="Calibration file to apply."),
+        cluster: Optional[str] = typer.Option(None, help="Preset (default: the calibration's, "
+                                              "or cpu-host for CPU runs)."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset "
+                                                 "field."),
+        fidelity: str = typer.Option("analytic", help="analytic or flow."),
+        tolerance: float = typer.Option(0.15, help="Exit 1 when the step-time error exceeds "
+                                        "this fraction."),
+        output_format: str = typer.Option("table", "--format", help="table or json."),
+    ) -> None:
+        """Simulate what DIR measured; print the error per op kind and of the step time."""
+        from validate.compare import compare as run_compare
+
+        check_choice("format", output_format, ("table", "json"))
+        result = run_compare(directory, calibration=calibration, cluster=cluster,
+                             overrides=parse_overrides(set_), fidelity=fidelity,
+                             tolerance=tolerance)
+        if output_format == "json":
+            print(json.dumps(result, indent=1))
+        else:
+            _print_compare(result)
+        if not result["within_tolerance"]:
+            print(f"error: step_time_error: {result['step_time_error']:.3f} exceeds tolerance "
+                  f"{tolerance:g}", file=sys.stderr)
+            sys.exit(EXIT_OUT_OF_TOLERANCE)
+
+    @app.command("calibrate")
+    def calibrate(
+        inputs: List[str] = typer.Argument(..., help="Measurement directories, nccl-tests "
+                                           "logs, or nccl-tests CSV tables."),
+        out: str = typer.Option(..., help="Calibration TOML file to write."),
+        cluster: Optional[str] = typer.Option(None, help="Preset the measurements ran on "
+                                              "(default: cpu-host for CPU runs)."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field "
+                                                 "(kept in the calibration)."),
+        source: Optional[str] = typer.Option(None, help="Only this source_id of a CSV table."),
+        output_format: str = typer.Option("table", "--format", help="table or json."),
+    ) -> None:
+        """Fit the hardware model to measurements; write a calibration file."""
+        from validate.calibrate import calibrate as run_calibrate
+
+        check_choice("format", output_format, ("table", "json"))
+        result = run_calibrate(inputs, cluster=cluster, overrides=parse_overrides(set_),
+                               out=out, source=source)
+        if output_format == "json":
+            print(json.dumps({"out": out, "fields": result["fields"],
+                              "residuals": result["residuals"],
+                              "provenance": result["provenance"]}, indent=1, default=str))
+            return
+        console = Console(width=160)
+        console.print(f"# calibration of {result['provenance']['base_cluster']} written to "
+                      f"{out} ({result['provenance']['comm_points']} communication and "
+                      f"{result['provenance']['compute_points']} compute points)")
+        fields = Table(title="fitted fields (SI units)", title_justify="left", box=None,
+                       pad_edge=False)
+        fields.add_column("field")
+        fields.add_column("value", justify="right")
+        for key, value in sorted(result["fields"].items()):
+            fields.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+        console.print(fields)
+        comm = result["residuals"].get("comm", {})
+        if comm:
+            table = Table(title="communication fit: relative error of time (= of busbw)",
+                          title_justify="left", box=None, pad_edge=False)
+            for header in ("series", "points", "median", "p90", "max", "median >= 1 MiB"):
+                table.add_column(header, justify="right" if header != "series" else "left")
+            for series, entry in comm.items():
+                table.add_row(series, str(entry["points"]), f"{entry['median_rel_err']:.3f}",
+                              f"{entry['p90_rel_err']:.3f}", f"{entry['max_rel_err']:.3f}",
+                              f"{entry.get('median_rel_err_ge_1MiB', float('nan')):.3f}")
+            console.print(table)
+
+
+def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
+    from validate.nccl_log import format_nccl_tests
+    from validate.store import MeasurementStore
+
+    store = MeasurementStore(out)
+    rows = store.read_series("collectives").get(0, [])
+    if output_format == "json":
+        print(json.dumps([r for r in rows if r["op"] in ops], indent=1))
+        return
+    env = [store.read_meta("env", rank=r) or {} for r in store.ranks()]
+    hosts = [e.get("hostname", "?") for e in env]
+    gpus = [(e.get("gpus") or ["cpu"])[0] for e in env]
+    for op in ops:
+        mine = sorted((r for r in rows if r["op"] == op), key=lambda r: r["size_bytes"])
+        print(format_nccl_tests(mine, kind=op, hosts=hosts, gpus=gpus), end="")
+
+
+def _print_compare(result: dict) -> None:
+    console = Console(width=140)
+    step = result["step_time_s"]
+    console.print(f"# {result['inputs']['program']} on {result['inputs']['world_size']} ranks, "
+                  f"simulated on {result['inputs']['cluster']} ({result['inputs']['fidelity']}"
+                  f"{', calibrated' if result['inputs']['calibration'] else ''})")
+    console.print(f"step time: measured {step['measured'] * 1e3:.3f} ms (mean of "
+                  f"{step['iterations_used']} of {step['iterations']} iterations), simulated "
+                  f"{step['simulated'] * 1e3:.3f} ms, error {result['step_time_error']:.1%} "
+                  f"(tolerance {result['tolerance']:.0%})")
+    table = Table(title="per op kind (sums over ranks; communication from the last arrival)",
+                  title_justify="left", box=None, pad_edge=False)
+    for header in ("kind", "category", "ops", "measured (ms)", "simulated (ms)", "error",
+                   "median op error"):
+        table.add_column(header, justify="left" if header in ("kind", "category") else "right")
+    for kind, entry in result["per_op_kind"].items():
+        table.add_row(kind, entry["category"], str(entry["ops"]),
+                      f"{entry['measured_s'] * 1e3:.3f}", f"{entry['simulated_s'] * 1e3:.3f}",
+                      "-" if entry["error"] is None else f"{entry['error']:.1%}",
+                      "-" if entry["median_op_error"] is None
+                      else f"{entry['median_op_error']:.1%}")
+    console.print(table)
