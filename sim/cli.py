@@ -324,6 +324,7 @@ def _register_commands() -> None:
 
     cli_failures.register(app, _overrides, _check_choice, EXIT_OOM)
     from sim import cli_validate; cli_validate.register(app, _overrides, _check_choice)  # noqa: E702
+    __import__("sim.cli_plan").cli_plan.register(app, _overrides, _check_choice, EXIT_OOM)
 
 
 _register_commands()

@@ -1,0 +1,651 @@
+"""Capacity planning: enumerate parallel plans, prune, simulate, rank by time to train.
+
+The search, in order (each step says how many candidates it drops and why):
+
+1. **Enumerate** every combination of the search space (:class:`SearchSpace`): tp, pp,
+   cp, ep, vpp (with the interleaved schedule), micro-batch, ZeRO stage, recompute and
+   schedule; dp is what is left of the GPU count.
+2. **Invalid**: :func:`strategies.plan.validate_plan` rejects a combination (tp not
+   dividing the heads, layers not splitting over pp*vpp, batch not divisible, ...).
+   Reasons are grouped by their message with the numbers blanked out.
+3. **Out of memory**: per-rank memory (:func:`strategies.memory.rank_memory` under the
+   schedule's in-flight micro-batches) is checked *before* anything is simulated; it is
+   closed-form and costs microseconds.
+4. **Dominated**: of plans that differ only in recompute, the lightest recompute that
+   fits is kept (recompute only adds kernels; it never removes communication).
+5. **Rank**: every feasible plan is simulated at the ranking fidelity (``analytic``, the
+   closed-form step model, ~0.05-0.2 s per plan), ranked, and the best ``top`` are
+   simulated again at the final fidelity (``event``, the SimPy replay) and re-ranked.
+   Ranking is by days to train including failure goodput (effective tokens/s when no
+   token target is given), or by cost.
+
+Failure goodput: the failure profile (``llama3-h100`` by default) gives the job's MTBF at
+its GPU count; the checkpoint interval is Young-Daly ``sqrt(2 C M)`` for the model's
+checkpoint; the goodput at that interval is the exact exponential renewal model when it
+applies, else the first-order model (strategies.failures). It depends on the GPU count and
+the model, not on the plan's factors, so it is computed once per GPU count.
+
+Every returned plan carries the ``trainsim simulate`` command that reproduces its step
+time exactly (same flags, same fidelity).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import shlex
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+import pandas as pd
+
+from hardware.spec import ClusterSpec
+from strategies import failures as fl
+from strategies import model_costs
+from strategies.memory import OutOfMemoryError
+from strategies.model_spec import ModelSpec
+from strategies.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan, validate_plan
+
+SECONDS_PER_DAY = 86_400.0
+#: Tokens per step the default global batch aims at (Llama 3 405B started at 4M tokens;
+#: GPT-3 175B used 3.2M): 4 Mi tokens.
+DEFAULT_TOKENS_PER_STEP = 4 * 2**20
+#: Ranking order of recompute modes: lighter first (less recomputed work).
+_RECOMPUTE_WEIGHT = {"none": 0, "selective": 1, "full": 2}
+
+
+def ranking_fidelities() -> tuple[str, str]:
+    """(fidelity to rank all candidates with, fidelity to re-simulate the top plans at).
+
+    Where the simulator offers ``event`` (the SimPy replay) next to a closed-form
+    ``analytic``, the search ranks at ``analytic`` and confirms at ``event``; where
+    ``analytic`` is itself the replay (no ``event`` level), both are ``analytic``.
+    """
+    from sim import step
+
+    levels = getattr(step, "STEP_FIDELITIES", ("analytic",))
+    return ("analytic", "event") if "event" in levels else ("analytic", "analytic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Values the search tries per plan field; ``None`` = every valid value.
+
+    Defaults leave out what never wins in this simulator's model and say why:
+    ZeRO 0 (replicated optimizer state, same traffic as ZeRO 1) and 2 (times exactly as
+    ZeRO 1 here), selective recompute (saves nothing under flash attention,
+    strategies.memory) and GPipe (1F1B's bubble with more memory). Ask for them
+    explicitly to include them.
+
+    Attributes:
+        tp, pp, cp, ep, vpp, micro_batch: sizes to try. None: tp = divisors of the KV
+            heads up to the NVLink domain; pp = divisors of the layer count and powers
+            of two, leaving at least 4 layers per stage (uneven splits are allowed); cp = 1, 2, 4; ep = divisors of
+            the expert count; vpp = 2, 4 (interleaved only); micro-batch 1, 2, 4.
+        zero: ZeRO stages. recompute: modes. schedule: pipeline schedules.
+    """
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    vpp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] = (1, 2, 4)
+    zero: tuple[int, ...] = (1, 3)
+    recompute: tuple[str, ...] = ("none", "full")
+    schedule: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "vpp", "micro_batch"):
+            values = getattr(self, name)
+            if values is not None and (not values or any(
+                    isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
+                raise ValueError(f"{name}: {values!r} is not valid; give whole numbers >= 1")
+        for name, valid in (("zero", ZERO_STAGES), ("recompute", RECOMPUTE),
+                            ("schedule", SCHEDULES)):
+            for v in getattr(self, name):
+                if v not in valid:
+                    raise ValueError(f"{name}: {v!r} is not valid; valid: "
+                                     f"{', '.join(map(str, valid))}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _reason(message: str) -> str:
+    """A grouping key for a rejection: the message with its numbers blanked out."""
+    return re.sub(r"\d+(\.\d+)?", "N", message.split(";")[0])
+
+
+def default_global_batch(seq_len: int, gpus: int) -> int:
+    """Sequences per step when none is given: ~4 Mi tokens (:data:`DEFAULT_TOKENS_PER_STEP`)
+    rounded to a power of two, at least one sequence per 8 GPUs (so pure data parallelism
+    over nodes stays possible)."""
+    target = max(1, DEFAULT_TOKENS_PER_STEP // seq_len, gpus // 8)
+    return 2 ** max(0, round(math.log2(target)))
+
+
+def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, gpus: int, *, seq_len: int,
+                    global_batch: int, space: SearchSpace = SearchSpace(),
+                    dtype: str = "bf16") -> tuple[list[ParallelPlan], Counter]:
+    """Every valid plan of the search space on ``gpus`` GPUs.
+
+    Returns:
+        (valid plans in a fixed order, Counter of rejection reasons for invalid ones).
+    """
+    experts = model.moe.num_experts if model.moe else 0
+    tps = space.tp or [d for d in _divisors(model.num_kv_heads)
+                       if d <= cluster.scale_up.domain_gpus]
+    # At least 4 layers per stage by default: thinner stages are valid but their
+    # schedules (thousands of actions) cost ~1 s each to price and never win here.
+    pps = space.pp or sorted(p for p in set(_divisors(model.num_layers))
+                             | {2**k for k in range(model.num_layers.bit_length())}
+                             if 4 * p <= model.num_layers or p == 1)
+    cps = space.cp or [1, 2, 4]
+    eps = space.ep or ([d for d in _divisors(experts)] if experts else [1])
+    vpps = space.vpp or [2, 4]
+    plans, rejected = [], Counter()
+    cluster_gpus = cluster.max_nodes * cluster.gpus_per_node
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        if gpus % (tp * pp * cp):
+            continue  # not a factorisation of the GPU count: not a candidate at all
+        dp = gpus // (tp * pp * cp)
+        for ep, mb, zero, rc, sched in itertools.product(
+                eps, space.micro_batch, space.zero, space.recompute, space.schedule):
+            if pp == 1 and sched != next(x for x in space.schedule if x != "interleaved"
+                                         ) if sched != "interleaved" else False:
+                rejected["equivalent: a schedule has no effect without pipeline "
+                         "parallelism"] += 1
+                continue
+            vs = [v for v in vpps if pp > 1] if sched == "interleaved" else [1]
+            for vpp in vs:
+                plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp,
+                                    micro_batch=mb, global_batch=global_batch,
+                                    seq_len=seq_len, zero=zero, recompute=rc,
+                                    schedule=sched, dtype=dtype)
+                try:
+                    validate_plan(plan, num_layers=model.num_layers,
+                                  num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                                  num_experts=experts, gpus=gpus, cluster_gpus=cluster_gpus)
+                except ValueError as problem:
+                    rejected[f"invalid: {_reason(str(problem))}"] += 1
+                    continue
+                plans.append(plan)
+    return plans, rejected
+
+
+def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
+                            ) -> float:
+    """A lower bound on the simulated step time, seconds, used to skip plans that cannot
+    reach the top without simulating them.
+
+    The transformer layers' kernels (:func:`strategies.model_costs.layer_kernels`, the
+    ones the lowering emits) priced by the cluster's compute model: forward + backward
+    per micro-batch, plus the forward again under full recompute (the selective kernels
+    under selective recompute); summed over the layers, divided by ``pp`` (the critical
+    pipeline rank computes at least the average), times ``m`` micro-batches, times the
+    1F1B/interleaved bubble ``1 + (p - 1) / (v m)`` (none counted for ZB-H1). Embedding,
+    head, communication, the optimizer and ZeRO-3 gathers only add to the real time.
+    Tests check the bound against the simulator.
+    """
+    args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
+            plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute)
+    kinds = [_layer_compute_s(model, cluster.gpu, model.is_moe_layer(i), *args)
+             for i in range(model.num_layers)]
+    per_microbatch = sum(total for total, _ in kinds) / plan.pp
+    compute_s = per_microbatch * plan.num_microbatches
+    if plan.pp == 1:
+        return compute_s
+    if plan.schedule == "zb-h1":
+        # ZB-H1's fill per stage is F + I - W (Qi et al. 2023); every stage holds at
+        # least floor(L / p) layers.
+        fill = max(0.0, min(f for _, f in kinds)) * (model.num_layers // plan.pp)
+        return compute_s + (plan.pp - 1) * fill
+    return compute_s + (plan.pp - 1) * per_microbatch / plan.vpp
+
+
+_LAYER_CACHE: dict[tuple, tuple] = {}
+
+
+def _layer_compute_s(model: ModelSpec, gpu, moe: bool, *args) -> float:
+    """(seconds of compute of one layer for one micro-batch: forward, backward and
+    recompute; its ZB-H1 fill F + I - W), memoised: the specs are unhashable, so they are keyed by identity and kept alive in
+    the cache entry (an id is never reused while its object lives)."""
+    key = (id(model), id(gpu), moe, *args)
+    if key not in _LAYER_CACHE:
+        if len(_LAYER_CACHE) > 100_000:
+            _LAYER_CACHE.clear()
+        _LAYER_CACHE[key] = (model, gpu, _price_layer(model, gpu, moe, *args))
+    return _LAYER_CACHE[key][2]
+
+
+def _price_layer(model: ModelSpec, gpu, moe: bool, micro_batch: int, seq_len: int,
+                 tp: int, cp: int, ep: int, sequence_parallel: bool, dtype: str,
+                 flash_attention: bool, recompute: str) -> float:
+    from hardware.compute import ComputeModel
+    from strategies.ir import ComputeOp
+
+    compute = ComputeModel(gpu)
+    layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
+    total = fill = 0.0
+    for k in model_costs.layer_kernels(model, layer, micro_batch=micro_batch, seq_len=seq_len,
+                                       tp=tp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+                                       dtype=dtype, flash_attention=flash_attention,
+                                       dropout=model.dropout):
+        def price(flops: float, nbytes: float) -> float:
+            return compute.duration_s(ComputeOp(name=k.name, kind=k.kind, flops=flops,
+                                                bytes=nbytes, shape=tuple(k.shape),
+                                                dtype=k.dtype))
+        fwd = price(k.fwd_flops, k.fwd_bytes)
+        total += fwd + price(k.bwd_input_flops + k.bwd_weight_flops,
+                             k.bwd_input_bytes + k.bwd_weight_bytes)
+        if recompute == "full" or (recompute == "selective" and k.selective_recompute):
+            total += fwd
+        weight = price(k.bwd_weight_flops, k.bwd_weight_bytes) if k.bwd_weight_flops else 0.0
+        fill += fwd + price(k.bwd_input_flops, k.bwd_input_bytes) - weight
+    return total, fill
+
+
+def failure_goodput(model: ModelSpec, cluster: ClusterSpec, gpus: int, *,
+                    profile: str = "llama3-h100") -> dict[str, float]:
+    """Expected goodput of a ``gpus``-GPU job of ``model`` checkpointing at the
+    Young-Daly interval under ``profile``.
+
+    Returns:
+        ``goodput`` (fraction), ``checkpoint_interval_s`` (Young-Daly), ``mtbf_s`` (job),
+        ``checkpoint_s`` (blocking save), ``goodput_model`` (``exact`` or
+        ``first-order``).
+
+    Raises:
+        ValueError: for an unknown profile or a GPU count the cluster cannot place.
+    """
+    from sim.longrun import prepare_long_run
+
+    s = prepare_long_run(cluster=cluster, gpus=gpus, days=1.0, profile=profile, model=model)
+    interval_s = fl.young_daly_interval_s(s.costs.blocking_s, s.mtbf_s)
+    if not math.isfinite(interval_s) or interval_s <= 0:
+        interval_s = SECONDS_PER_DAY  # no failures or free checkpoints: save daily
+    kw = dict(interval_s=interval_s, checkpoint_s=s.costs.blocking_s,
+              detection_s=s.mean_detection_s, restart_s=s.costs.restart_s, mtbf_s=s.mtbf_s)
+    exact = s.exact_model_applies
+    goodput = (fl.expected_goodput_exponential(**kw) if exact
+               else fl.first_order_goodput(**kw, upload_s=s.costs.upload_s))
+    return {"goodput": goodput, "checkpoint_interval_s": interval_s, "mtbf_s": s.mtbf_s,
+            "checkpoint_s": s.costs.blocking_s,
+            "goodput_model": "exact" if exact else "first-order"}
+
+
+def _evaluate_chunk(args: tuple) -> list[dict]:
+    """Worker: simulate plans (the memory check comes first and costs ~1 ms); each
+    result is ``StepResult.to_dict()`` or ``{"out_of_memory": reason}``."""
+    from sim.step import simulate_step
+
+    model, cluster, plans, fidelity = args
+    cluster, cache = _pricing_cache(cluster)
+    out = []
+    for plan in plans:
+        try:
+            out.append(simulate_step(model, cluster, plan, fidelity=fidelity,
+                                     cache=cache).to_dict())
+        except OutOfMemoryError as oom:
+            b = oom.breakdown
+            states = b.weights_bytes + b.gradients_bytes + b.optimizer_bytes
+            what = "model states" if states >= b.activations_bytes else "activations"
+            out.append({"out_of_memory": f"out of memory ({what} dominate)"})
+    return out
+
+
+_CACHES: dict[bytes, tuple] = {}
+
+
+def _pricing_cache(cluster: ClusterSpec):
+    """(the canonical copy of ``cluster`` in this process, its PricingCache).
+
+    A cluster arrives re-pickled with every chunk; the cache keys specs by identity, so
+    each process maps equal specs (same pickle) onto one object and one cache, and
+    collective prices are computed once per process instead of once per chunk.
+    """
+    import hashlib
+    import pickle
+
+    from sim.analytic_step import PricingCache
+
+    key = hashlib.sha256(pickle.dumps(cluster)).digest()
+    if key not in _CACHES:
+        if len(_CACHES) > 16:
+            _CACHES.clear()
+        _CACHES[key] = (cluster, PricingCache())
+    return _CACHES[key]
+
+
+def _parallel(func, model, cluster, plans: list, extra: tuple, workers: int,
+              tick: Callable[[int], None]) -> list:
+    """``func`` over ``plans`` in chunks on ``workers`` processes; results in plan order
+    (so the search is deterministic whatever finishes first)."""
+    from sim.sweep import _chunks, map_local
+
+    indexed = list(enumerate(plans))
+    chunks = _chunks(indexed, workers)
+    results: dict[int, object] = {}
+
+    for start, values in map_local(_Indexed(func, model, cluster, extra), chunks, workers):
+        for offset, value in enumerate(values):
+            results[start + offset] = value
+        tick(len(values))
+    return [results[i] for i in range(len(plans))]
+
+
+class _Indexed:
+    """Picklable chunk task: ``[(i, plan), ...] -> (first i, func over the plans)``."""
+
+    def __init__(self, func, model, cluster, extra: tuple) -> None:
+        self.func, self.model, self.cluster, self.extra = func, model, cluster, extra
+
+    def __call__(self, chunk: list) -> tuple[int, list]:
+        return chunk[0][0], self.func((self.model, self.cluster, [p for _, p in chunk],
+                                       *self.extra))
+
+
+def plan_flags(plan: ParallelPlan) -> dict[str, object]:
+    """The plan as ``trainsim simulate`` option values (field -> value)."""
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep,
+            "vpp": plan.vpp, "micro_batch": plan.micro_batch,
+            "global_batch": plan.global_batch, "seq_len": plan.seq_len, "zero": plan.zero,
+            "recompute": plan.recompute, "schedule": plan.schedule, "dtype": plan.dtype}
+
+
+def simulate_command(model: str, cluster: str, gpus: int, plan: ParallelPlan, fidelity: str,
+                     overrides: Mapping[str, object] | None = None) -> list[str]:
+    """argv of the ``trainsim simulate`` call that reproduces a plan's step time."""
+    argv = ["simulate", "--model", model, "--cluster", cluster, "--gpus", str(gpus)]
+    for name, value in plan_flags(plan).items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    for key, value in (overrides or {}).items():
+        argv += ["--set", f"{key}={value}"]
+    return argv + ["--fidelity", fidelity]
+
+
+@dataclass
+class PlanReport:
+    """Result of a plan search.
+
+    Attributes:
+        plans: ranked plans, best first; each a dict with ``rank``, ``plan`` (the fields),
+            the keys of ``StepResult.to_dict()`` (step_time_s, tokens_per_s, mfu, ...),
+            ``goodput``, ``checkpoint_interval_s``, ``effective_tokens_per_s``,
+            ``days_to_train`` and ``cost`` (None without tokens / price), ``fidelity``,
+            ``ranked_step_time_s`` (at the ranking fidelity) and ``command`` (the
+            ``trainsim simulate`` call that reproduces the step time).
+        counts: ``enumerated``, ``invalid``, ``out_of_memory``, ``dominated``,
+            ``feasible``, ``simulated``.
+        dropped: reason -> number of candidates dropped for it.
+        inputs: model, cluster, gpus, seq_len, global_batch, tokens, price, profile,
+            fidelities, sort.
+    """
+
+    plans: list[dict]
+    counts: dict[str, int]
+    dropped: dict[str, int]
+    inputs: dict[str, object]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per ranked plan: its fields and headline numbers."""
+        rows = []
+        for p in self.plans:
+            rows.append({"rank": p["rank"], **p["plan"], "step_time_s": p["step_time_s"],
+                         "mfu": p["mfu"], "tokens_per_s": p["tokens_per_s"],
+                         "peak_memory_GiB": p["peak_memory_bytes"] / 2**30,
+                         "goodput": p["goodput"], "days_to_train": p["days_to_train"],
+                         "cost": p["cost"], "fidelity": p["fidelity"]})
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-serialisable: plans, counts, dropped reasons and inputs."""
+        return {"plans": self.plans, "counts": self.counts, "dropped": self.dropped,
+                "inputs": self.inputs}
+
+
+def _positive_number(name: str, value, *, integer: bool = False):
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) \
+        or (integer and not float(value).is_integer()) or not value > 0 \
+        or not math.isfinite(value)
+    if bad:
+        raise ValueError(f"{name}: {value!r} is not valid; give a "
+                         f"{'whole number' if integer else 'number'} > 0")
+    return int(value) if integer else float(value)
+
+
+def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
+           seq_len: int = 4096, global_batch: int | None = None,
+           tokens: float | str | None = None, price_per_gpu_hour: float | None = None,
+           top: int = 10, sort: str = "time", profile: str = "llama3-h100",
+           space: SearchSpace | None = None, workers: int | None = None,
+           overrides: Mapping[str, object] | None = None, dtype: str = "bf16",
+           progress: Callable[[str, int, int], None] | None = None) -> PlanReport:
+    """Find the best parallel plans for ``model`` on ``gpus`` GPUs of ``cluster``.
+
+    Every feasible plan is simulated at the ranking fidelity; the best ``top`` again at
+    the final fidelity (:func:`ranking_fidelities`), and re-ranked.
+
+    Args:
+        model: preset name, model file, or spec.
+        cluster: preset name, preset file or spec. gpus: GPUs of the job.
+        seq_len: tokens per sequence. global_batch: sequences per step (default
+            :func:`default_global_batch`).
+        tokens: token target (e.g. ``"15T"``): gives ``days_to_train``.
+        price_per_gpu_hour: with tokens, gives ``cost`` (GPU-hours x price).
+        top: plans returned. sort: ``time`` (effective tokens/s, i.e. days to train) or
+            ``cost``.
+        profile: failure profile for goodput.
+        space: search space (default :class:`SearchSpace`).
+        workers: processes (default: the CPU count).
+        overrides: dotted cluster preset keys to change.
+        dtype: compute dtype of every plan.
+        progress: ``callback(phase, done, total)``.
+
+    Raises:
+        ValueError: one line for bad inputs, or when no plan is feasible (naming the most
+            common reason).
+    """
+    from sim import api
+    from sim.longrun import parse_tokens
+    from strategies.models import load_model
+
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    cspec = api.resolve_cluster(cluster, overrides)
+    gpus = _positive_number("gpus", gpus, integer=True)
+    seq_len = _positive_number("seq_len", seq_len, integer=True)
+    top = _positive_number("top", top, integer=True)
+    if sort not in ("time", "cost"):
+        raise ValueError(f"sort: {sort!r} is not valid; valid: time, cost")
+    if sort == "cost" and (price_per_gpu_hour is None or tokens is None):
+        raise ValueError("sort: 'cost' needs tokens and a price per GPU-hour")
+    token_count = None if tokens is None else parse_tokens(tokens)
+    price = None if price_per_gpu_hour is None else _positive_number(
+        "price_per_gpu_hour", price_per_gpu_hour)
+    global_batch = default_global_batch(seq_len, gpus) if global_batch is None \
+        else _positive_number("global_batch", global_batch, integer=True)
+    space = space or SearchSpace()
+    rank_fidelity, final_fidelity = ranking_fidelities()
+    workers = (os.cpu_count() or 1) if workers is None else \
+        _positive_number("workers", workers, integer=True)
+    report = progress or (lambda phase, done, total: None)
+    if gpus > cspec.gpus_per_node and gpus % cspec.gpus_per_node:
+        raise ValueError(f"gpus: {gpus} is not a whole number of {cspec.gpus_per_node}-GPU "
+                         f"nodes of {cspec.name!r}; give a multiple of {cspec.gpus_per_node}")
+    fail = failure_goodput(spec, cspec, gpus, profile=profile)
+
+    valid, invalid = enumerate_plans(spec, cspec, gpus, seq_len=seq_len,
+                                     global_batch=global_batch, space=space, dtype=dtype)
+    bounds = {p: step_time_lower_bound_s(spec, cspec, p) for p in valid}
+    ordered = sorted(valid, key=lambda p: (bounds[p], _plan_key(p)))
+    rows, dropped, fits = [], Counter(), {}
+    tick = _ticker(report, f"simulating ({rank_fidelity})", len(ordered))
+    batch, examined = 16, 0
+    while examined < len(ordered):
+        fast = sorted(r["step_time_s"] for r in rows)
+        if len(fast) >= top and bounds[ordered[examined]] > fast[top - 1]:
+            break  # no plan left can beat the top-th: every bound from here is larger
+        chunk = []
+        for plan in ordered[examined:examined + batch]:
+            lighter = [fits.get(replace(plan, recompute=r)) for r in RECOMPUTE
+                       if _RECOMPUTE_WEIGHT[r] < _RECOMPUTE_WEIGHT[plan.recompute]]
+            if any(lighter):
+                dropped["dominated: heavier recompute than another that fits"] += 1
+            else:
+                chunk.append(plan)
+        examined += batch
+        # In this process: a closed-form evaluation costs ~1-5 ms, less than shipping
+        # it to a worker; processes pay off for the event replays below.
+        results = _evaluate_chunk((spec, cspec, chunk, rank_fidelity))
+        tick(min(batch, len(ordered) - (examined - batch)))
+        for plan, result in zip(chunk, results):
+            fits[plan] = "out_of_memory" not in result
+            if not fits[plan]:
+                dropped[result["out_of_memory"]] += 1
+            else:
+                rows.append(_row(plan, result, fail, token_count, price, rank_fidelity))
+    # Heavier recompute simulated in the same batch as a lighter one that fits.
+    rows = [r for r in rows if not any(
+        fits.get(replace(r["_plan"], recompute=m)) for m in RECOMPUTE
+        if _RECOMPUTE_WEIGHT[m] < _RECOMPUTE_WEIGHT[r["_plan"].recompute])]
+    dominated_late = sum(fits.values()) - len(rows)
+    if dominated_late:
+        dropped["dominated: heavier recompute than another that fits"] += dominated_late
+    examined = min(examined, len(ordered))
+    counts = {"enumerated": len(valid) + sum(invalid.values()),
+              "invalid": sum(v for k, v in invalid.items() if k.startswith("invalid")),
+              "equivalent": sum(v for k, v in invalid.items() if k.startswith("equivalent")),
+              "examined": examined,
+              "out_of_memory": sum(v for k, v in dropped.items() if k.startswith("out of")),
+              "dominated": sum(v for k, v in dropped.items() if k.startswith("dominated")),
+              "feasible": len(rows), "simulated": len(rows) + dominated_late,
+              "bounded": len(ordered) - examined}
+    if counts["bounded"]:
+        dropped["bounded: step-time lower bound above the top plans' simulated time"] = \
+            counts["bounded"]
+    reasons = dict(sorted({**invalid, **dropped}.items(), key=lambda kv: (-kv[1], kv[0])))
+    if not rows:
+        top_reason = next(iter(reasons), "no candidate")
+        raise ValueError(f"gpus: no feasible plan for {spec.name} on {gpus} GPUs of "
+                         f"{cspec.name} ({counts['enumerated']} tried, most dropped as "
+                         f"{top_reason!r}); valid: more GPUs, another global batch or a "
+                         "wider search space")
+    rows.sort(key=lambda row: _sort_key(row, sort))
+    best = rows[:top]
+    if final_fidelity != rank_fidelity:
+        again = _parallel(_evaluate_chunk, spec, cspec, [r["_plan"] for r in best],
+                          (final_fidelity,), workers,
+                          _ticker(report, f"confirming ({final_fidelity})", len(best)))
+        best = [_row(r["_plan"], res, fail, token_count, price, final_fidelity,
+                     ranked_step_time_s=r["step_time_s"]) for r, res in zip(best, again)]
+        best.sort(key=lambda row: _sort_key(row, sort))
+    model_ref = model if isinstance(model, str) else spec.name
+    cluster_ref = cluster if isinstance(cluster, str) else cspec.name
+    plans = []
+    for i, row in enumerate(best, 1):
+        plan = row.pop("_plan")
+        command = simulate_command(model_ref, cluster_ref, gpus, plan, row["fidelity"],
+                                   overrides)
+        plans.append({"rank": i, **row, "command": "trainsim " + shlex.join(command)})
+    inputs = {"model": spec.name, "cluster": cspec.name, "gpus": gpus, "seq_len": seq_len,
+              "global_batch": global_batch, "tokens": token_count,
+              "price_per_gpu_hour": price, "profile": profile, "sort": sort,
+              "ranking_fidelity": rank_fidelity, "final_fidelity": final_fidelity,
+              "overrides": dict(overrides or {}),
+              **{f"failure_{k}": v for k, v in fail.items()}}
+    return PlanReport(plans=plans, counts=counts, dropped=reasons, inputs=inputs)
+
+
+def _ticker(report: Callable[[str, int, int], None], phase: str, total: int
+            ) -> Callable[[int], None]:
+    done = [0]
+    report(phase, 0, total)
+
+    def tick(n: int) -> None:
+        done[0] += n
+        report(phase, done[0], total)
+    return tick
+
+
+def _plan_key(plan: ParallelPlan) -> tuple:
+    """A total order on plans, so ties rank the same way every run."""
+    return (plan.tp, plan.pp, plan.cp, plan.ep, plan.vpp, plan.micro_batch, plan.zero,
+            plan.recompute, plan.schedule)
+
+
+def _row(plan: ParallelPlan, result: dict, fail: dict, tokens: float | None,
+         price: float | None, fidelity: str, ranked_step_time_s: float | None = None) -> dict:
+    effective = result["tokens_per_s"] * fail["goodput"]
+    days = tokens / effective / SECONDS_PER_DAY if tokens is not None else None
+    cost = days * 24 * plan.world_size * price if days is not None and price is not None \
+        else None
+    return {"plan": plan_flags(plan) | {"gpus": plan.world_size}, **result,
+            "goodput": fail["goodput"], "checkpoint_interval_s": fail["checkpoint_interval_s"],
+            "effective_tokens_per_s": effective, "days_to_train": days, "cost": cost,
+            "fidelity": fidelity,
+            "ranked_step_time_s": result["step_time_s"] if ranked_step_time_s is None
+            else ranked_step_time_s, "_plan": plan}
+
+
+def _sort_key(row: dict, sort: str) -> tuple:
+    primary = row["cost"] if sort == "cost" else -row["effective_tokens_per_s"]
+    # Ties (equal simulated times): less memory first, then the fixed plan order.
+    return (primary, row["peak_memory_bytes"], _plan_key(row["_plan"]))
+
+
+def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
+                cluster: str | ClusterSpec = "dgx-h100", min_gpus: int | None = None,
+                max_gpus: int | None = None, progress=None, **search_kwargs) -> dict:
+    """The inverse question: the fewest GPUs that train ``tokens`` in ``days``, and how.
+
+    Tries whole nodes doubling from ``min_gpus`` (default one node) up to ``max_gpus``
+    (default the cluster), running :func:`search` (top 1) at each count, and stops at
+    the first count whose best plan meets the deadline (days to train include failure
+    goodput). Between two doublings the answer is not refined: it is the smallest
+    power-of-two number of nodes that is enough.
+
+    Returns:
+        ``{"answer": best plan row with "gpus" or None, "tried": [{gpus, days_to_train,
+        step_time_s, mfu, cost, plan fields}...], "tokens", "days", "max_gpus_tried"}``.
+
+    Raises:
+        ValueError: for bad inputs (one line).
+    """
+    from sim import api
+    from sim.longrun import parse_tokens
+
+    token_count = parse_tokens(tokens)
+    deadline = _positive_number("days", days)
+    cspec = api.resolve_cluster(cluster, search_kwargs.get("overrides"))
+    node = cspec.gpus_per_node
+    limit = cspec.max_nodes * node if max_gpus is None else \
+        _positive_number("max_gpus", max_gpus, integer=True)
+    count = node if min_gpus is None else _positive_number("min_gpus", min_gpus, integer=True)
+    tried, answer = [], None
+    while count <= limit:
+        try:
+            found = search(model, cluster=cluster, gpus=count, tokens=token_count, top=1,
+                           progress=progress, **search_kwargs)
+        except ValueError as problem:
+            if not str(problem).startswith("gpus: no feasible plan"):
+                raise
+            tried.append({"gpus": count, "days_to_train": None, "note": "no feasible plan"})
+            count *= 2
+            continue
+        best = found.plans[0]
+        tried.append({"gpus": count, "days_to_train": best["days_to_train"],
+                      "step_time_s": best["step_time_s"], "mfu": best["mfu"],
+                      "goodput": best["goodput"], "cost": best["cost"],
+                      **{k: v for k, v in best["plan"].items() if k != "gpus"}})
+        if best["days_to_train"] <= deadline:
+            answer = {"gpus": count, **best}
+            break
+        count *= 2
+    return {"answer": answer, "tried": tried, "tokens": token_count, "days": deadline,
+            "max_gpus_tried": tried[-1]["gpus"] if tried else None}
