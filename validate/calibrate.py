@@ -15,7 +15,7 @@ common factor when the sizes cannot separate the two). The latency fields are
 multiplied by ``r_alpha``, the bandwidth efficiency divided by ``r_beta`` (an
 efficiency that would pass 1 moves the excess into the raw rate). The planner may pick
 other algorithms/protocols once the parameters change, so this repeats until the
-factors settle (at most :data:`FIT_ROUNDS` rounds).
+factors settle (see :func:`fit_comm`).
 
 **Compute.** Measured op times become tables of time vs work per (kind, dtype)
 (``CalibratedComputeModel``), and the GpuSpec gets the best GEMM rate (matmul peak x
@@ -173,8 +173,6 @@ def _read_directory(path: Path, found: Inputs) -> None:
                                               max(durations[(rank, index)], 1) * 1e-9,
                                               f"{path.name}:replay"))
         env = measured.env.get(min(measured.env)) if measured.env else {}
-        found.cpu_measurements |= not (env or {}).get("cuda_available", False) or \
-            (env or {}).get("backend") == "gloo"
         found.versions.update(_versions_of(env or {}))
         what.append(f"replay of {measured.program.name!r}, {len(measured.iterations)} "
                     f"iterations, {measured.program.world_size} ranks")
@@ -189,8 +187,9 @@ def _read_directory(path: Path, found: Inputs) -> None:
             found.compute.append(ComputePoint(rec["kind"], canonical_dtype(rec["dtype"]),
                                               rec["work"], rec["time_s"], f"{path.name}:compute"))
         what.append(f"{len(records)} compute microbenchmark points of rank {rank}")
-        env = store.read_meta("env", rank=rank) or {}
-        found.cpu_measurements |= not env.get("cuda_available", False)
+    env0 = store.read_meta("env", rank=0) or {}
+    found.cpu_measurements |= bool(what) and (env0.get("backend") == "gloo"
+                                              or not env0.get("cuda_available", False))
     if not what:
         raise ValueError(f"inputs: {str(path)!r} holds no measurements; give a directory "
                          "written by trainsim validate replay/collectives/gemm")
@@ -210,8 +209,8 @@ class _Decomposed:
     label: str
 
 
-def _decompose(spec: ClusterSpec, point: CommPoint,
-               planners: dict) -> _Decomposed:
+def _decompose(spec: ClusterSpec, point: CommPoint, planners: dict,
+               protocol: str = "auto") -> _Decomposed:
     """The simulator's time of ``point`` split into latency and bandwidth parts, and the
     spec fields each part is fitted through: a network collective's latency through the
     network hop latency (times its network steps), any other through the base latency
@@ -227,7 +226,7 @@ def _decompose(spec: ClusterSpec, point: CommPoint,
     if point.kind == "p2p":
         plan = point_to_point(layout, point.ranks[0], point.ranks[1], point.size_bytes)
     else:
-        plan = planner.plan(point.kind, point.ranks, point.size_bytes)
+        plan = planner.plan(point.kind, point.ranks, point.size_bytes, protocol=protocol)
     latency = model.base_latency_s(plan) + sum(model.phase_latency_s(ph, plan.protocol)
                                                for ph in plan.phases)
     bandwidth = sum(model.phase_bandwidth_s(ph, plan.protocol) for ph in plan.phases)
@@ -292,11 +291,9 @@ def _solve_once(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
         sbb += w * b * b
         sat += w * a * t
         sbt += w * b * t
-    latency_share = max(a / t for a, _, t in rows)
-    bandwidth_share = max(b / t for _, b, t in rows)
-    if latency_share < MIN_SHARE and sbb > 0:
+    if max(a / t for a, _, t in rows) < MIN_SHARE and sbb > 0:
         return 1.0, max(1e-6, (sbt - sab) / sbb)
-    if bandwidth_share < MIN_SHARE and saa > 0:
+    if max(b / t for _, b, t in rows) < MIN_SHARE and saa > 0:
         return max(1e-6, (sat - sab) / saa), 1.0
     det = saa * sbb - sab * sab
     if det > 1e-9 * max(saa * sbb, 1e-300):
@@ -312,49 +309,69 @@ def _solve_once(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 def fit_comm(spec: ClusterSpec, points: Sequence[CommPoint]) -> tuple[dict, ClusterSpec]:
     """Fit the communication fields of ``spec`` to ``points``.
 
+    Outer loop: each point's protocol is the one the planner picks under the current
+    parameters; inner loop: the fit with those protocols held fixed (so the groups do
+    not change under it) until the factors settle; then the planner chooses again, until
+    its choices stop changing (at most :data:`FIT_ROUNDS` times each).
+
     Returns ``({spec field path: value}, the fitted spec)``.
     """
     fields: dict[str, float] = {}
     current = spec
+    choice: list[str] | None = None
     for _ in range(FIT_ROUNDS):
         planners: dict = {}
-        groups: dict[tuple, list] = {}
-        for point in points:
-            d = _decompose(current, point, planners)
-            groups.setdefault((d.latency_field, d.latency_count, d.bandwidth_field), []).append(
-                (d.latency_s, d.bandwidth_s, point.time_s))
-        latency: dict[str, list[tuple[float, int]]] = {}
-        beta: dict[str, list[tuple[float, int]]] = {}
-        for (lat_field, count, bw_field), rows in groups.items():
-            ra, rb = _solve(rows)
-            mean_a = sum(a for a, _, _ in rows) / len(rows)
-            # additive: the field moves so that this group's latency part becomes ra * A
-            proposal = max(0.0, get_field(current, lat_field) + (ra - 1.0) * mean_a / count)
-            latency.setdefault(lat_field, []).append((proposal, len(rows)))
-            if any(b > 0 for _, b, _ in rows):
-                beta.setdefault(bw_field, []).append((rb, len(rows)))
-        change = 0.0
-        for name, proposals in latency.items():
-            value = sum(v * n for v, n in proposals) / sum(n for _, n in proposals)
-            old = get_field(current, name)
-            change = max(change, abs(value - old) / max(old, value, 1e-12))
-            fields[name] = value
-        for name, ratios in beta.items():
-            weight = sum(n for _, n in ratios)
-            ratio = math.exp(sum(n * math.log(r) for r, n in ratios) / weight)
-            change = max(change, abs(math.log(ratio)))
-            value = get_field(current, name) / ratio
-            if value > 1.0:
-                rate = _RATE_FOR.get(name, {})
-                rate_field = rate.get(current.scale_up.kind) or rate.get("*")
-                if rate_field:
-                    fields[rate_field] = get_field(current, rate_field) * value
-                value = 1.0
-            fields[name] = value
-        current = apply_calibration(spec, Calibration(fields))
-        if change < 1e-3:
+        new_choice = [_decompose(current, p, planners).label.split("/")[1] for p in points]
+        if new_choice == choice:
             break
+        choice = new_choice
+        for _ in range(FIT_ROUNDS):
+            fields, current, change = _fit_round(spec, current, fields, points, choice)
+            if change < 1e-3:
+                break
     return fields, current
+
+
+def _fit_round(spec: ClusterSpec, current: ClusterSpec, fields: dict,
+               points: Sequence[CommPoint], protocols: Sequence[str]):
+    """One update of every group's latency and bandwidth field; returns the new fields,
+    the spec they give and the largest relative change."""
+    fields = dict(fields)
+    planners: dict = {}
+    groups: dict[tuple, list] = {}
+    for point, protocol in zip(points, protocols):
+        d = _decompose(current, point, planners, protocol)
+        groups.setdefault((d.latency_field, d.latency_count, d.bandwidth_field), []).append(
+            (d.latency_s, d.bandwidth_s, point.time_s))
+    latency: dict[str, list[tuple[float, int]]] = {}
+    beta: dict[str, list[tuple[float, int]]] = {}
+    for (lat_field, count, bw_field), rows in groups.items():
+        ra, rb = _solve(rows)
+        mean_a = sum(a for a, _, _ in rows) / len(rows)
+        # additive: the field moves so that this group's latency part becomes ra * A
+        proposal = max(0.0, get_field(current, lat_field) + (ra - 1.0) * mean_a / count)
+        latency.setdefault(lat_field, []).append((proposal, len(rows)))
+        if any(b > 0 for _, b, _ in rows):
+            beta.setdefault(bw_field, []).append((rb, len(rows)))
+    change = 0.0
+    for name, proposals in latency.items():
+        value = sum(v * n for v, n in proposals) / sum(n for _, n in proposals)
+        old = get_field(current, name)
+        change = max(change, abs(value - old) / max(old, value, 1e-12))
+        fields[name] = value
+    for name, ratios in beta.items():
+        weight = sum(n for _, n in ratios)
+        ratio = math.exp(sum(n * math.log(r) for r, n in ratios) / weight)
+        change = max(change, abs(math.log(ratio)))
+        value = get_field(current, name) / ratio
+        if value > 1.0:
+            rate = _RATE_FOR.get(name, {})
+            rate_field = rate.get(current.scale_up.kind) or rate.get("*")
+            if rate_field:
+                fields[rate_field] = get_field(current, rate_field) * value
+            value = 1.0
+        fields[name] = value
+    return fields, apply_calibration(spec, Calibration(fields)), change
 
 
 def comm_residuals(spec: ClusterSpec, points: Sequence[CommPoint]) -> dict:

@@ -1,7 +1,9 @@
 """Start the ranks of a measurement: N local processes, or join torchrun / Slurm.
 
-* ``--nproc N`` (:func:`launch_local`): this process spawns N workers itself
-  (``python -m validate.worker TASK.json``) with ``MASTER_ADDR=127.0.0.1``, a free
+* ``--nproc N`` (:func:`launch_local`): this process starts N workers itself (forked
+  on Linux after importing torch once -- importing torch takes seconds per process on a
+  small CI machine; elsewhere ``python -m validate.worker TASK.json``) with
+  ``MASTER_ADDR=127.0.0.1``, a free
   ``MASTER_PORT``, ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set, and watches them: when
   one dies, the others are stopped (they would wait for it until the timeout), and the
   exit code of the first failure is returned.
@@ -90,13 +92,26 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
     task_path.write_text(json.dumps(task, sort_keys=True))
     port = free_port()
     procs = []
+    forking = hasattr(os, "fork") and sys.platform.startswith("linux")
+    if forking:
+        import torch  # noqa: F401  (imported once here; forked ranks inherit it)
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
     for rank in range(nproc):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1",
+        env = dict(MASTER_ADDR="127.0.0.1",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS",
                                                   str(max(1, (os.cpu_count() or 1) // nproc))), MASTER_PORT=str(port), RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
-        procs.append(subprocess.Popen([sys.executable, "-m", "validate.worker", str(task_path)],
-                                      env=env))
+        if forking:
+            proc = context.Process(target=_forked_rank, args=(str(task_path), env),
+                                   name=f"trainsim-rank{rank}")
+            proc.start()
+            procs.append(_Forked(proc))
+        else:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "validate.worker", str(task_path)],
+                env=dict(os.environ, **env)))
     failure = 0
     try:
         while True:
@@ -113,7 +128,42 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
     return failure
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+def _forked_rank(task_path: str, env: dict) -> None:
+    """Body of a forked rank: its environment, then the worker."""
+    os.environ.update(env)
+    from validate.worker import main
+
+    main([task_path])
+
+
+class _Forked:
+    """A forked rank with the part of the Popen interface the launcher uses."""
+
+    def __init__(self, process) -> None:
+        self.process = process
+
+    def poll(self) -> int | None:
+        """Exit code (negative: killed by that signal), None while running."""
+        return self.process.exitcode
+
+    def send_signal(self, number: int) -> None:
+        """Send a signal to the rank's pid."""
+        if self.process.pid is not None and self.process.exitcode is None:
+            os.kill(self.process.pid, number)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the rank to end."""
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired("trainsim-rank", timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        """SIGKILL the rank."""
+        self.send_signal(signal.SIGKILL)
+
+
+def _stop(procs: list, grace_s: float) -> None:
     """Terminate the workers this launcher started that still run, by pid."""
     alive = [p for p in procs if p.poll() is None]
     for p in alive:

@@ -1,0 +1,79 @@
+"""Must show: calibrating from published nccl-tests results reproduces their busbw
+within 5 % (median over the lines of >= 1 MiB) through the public path: `trainsim
+calibrate` writes a file, the simulator's collective sweep runs on the preset with that
+file applied, and its busbw is compared with the measured busbw line by line."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from conftest import SHARED_DATA, require_shared_data, run_cli
+from hardware.calibration import apply_calibration, load_calibration
+from hardware.catalog import load_cluster
+from sim.collective_bench import collective_sweep
+from validate.nccl_log import read_nccl_csv
+
+MIB = 1 << 20
+#: Stated tolerance (issue 6): median relative busbw error over lines >= 1 MiB.
+TOLERANCE = 0.05
+
+#: Each published source with the preset of its hardware (SOURCES.md).
+SOURCES = [
+    # SOURCES.md: the H100 node's all_reduce is ring-like, "treat as NVLS not engaged"
+    ("together_h100_1node", "dgx-h100", ["--set", "scale_up.nvls=false"]),
+    ("gcp_a3mega_2node", "gcp-a3-mega", []),
+    ("liplus_a100_sendrecv", "dgx-a100", []),
+    # a preset of another fabric (8x 400G InfiniBand instead of A3 Mega's TCPXO): the
+    # fit alone has to bring it onto the measurements
+    ("gcp_a3mega_2node", "dgx-h100", []),
+]
+
+
+@pytest.mark.parametrize("source, cluster, extra", SOURCES)
+def test_calibration_reproduces_published_busbw(capsys, tmp_path, source, cluster, extra):
+    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    out = tmp_path / f"{source}.toml"
+    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", source,
+                           "--cluster", cluster, *extra, "--out", str(out))
+    assert code == 0, err
+    spec = apply_calibration(load_cluster(cluster), load_calibration(out))
+    errors = []
+    for series in read_nccl_csv(csv_path, source_id=source):
+        sizes = [s for s in series.sizes_bytes if s >= MIB]
+        simulated = collective_sweep(series.kind, spec, nodes=series.nodes,
+                                     gpus_per_node=series.gpus_per_node, sizes=sizes)
+        by_size = dict(zip(simulated.size_bytes, simulated.busbw_GBps))
+        for size, measured in zip(series.sizes_bytes, series.busbw_GBps()):
+            if size >= MIB:
+                errors.append(abs(by_size[size] / measured - 1.0))
+    assert len(errors) >= 4
+    median = statistics.median(errors)
+    assert median <= TOLERANCE, f"{source}: median busbw error {median:.3f} > {TOLERANCE}"
+
+
+def test_uncalibrated_preset_is_measurably_worse():
+    """The check can fail: the dgx-h100 preset without calibration misses the A3 Mega
+    measurements by far more than the tolerance."""
+    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    series = read_nccl_csv(csv_path, source_id="gcp_a3mega_2node")[0]
+    spec = load_cluster("dgx-h100")
+    sizes = [s for s in series.sizes_bytes if s >= MIB]
+    simulated = collective_sweep(series.kind, spec, nodes=series.nodes,
+                                 gpus_per_node=series.gpus_per_node, sizes=sizes)
+    measured = [b for s, b in zip(series.sizes_bytes, series.busbw_GBps()) if s >= MIB]
+    errors = [abs(s / m - 1) for s, m in zip(simulated.busbw_GBps, measured)]
+    assert statistics.median(errors) > 10 * TOLERANCE
+
+
+def test_calibrate_bad_input_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "calibrate", str(tmp_path / "nothing"), "--out",
+                           str(tmp_path / "c.toml"))
+    assert code == 2 and err.startswith("error: inputs:") and err.count("\n") == 1
+    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", "nope", "--out",
+                           str(tmp_path / "c.toml"), "--cluster", "dgx-h100")
+    assert code == 2 and "source: 'nope'" in err and "valid:" in err
+    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--out", str(tmp_path / "c.toml"))
+    assert code == 2 and "cluster: give --cluster" in err
