@@ -70,12 +70,16 @@ def collective(
     set_: Optional[List[str]] = typer.Option(None, "--set",
                                              help="Override a preset field: key=value "
                                                   "(e.g. nic.gbit_per_s=200); repeatable."),
+    calibration: Optional[str] = typer.Option(None, help="Calibration file (trainsim "
+                                              "calibrate) applied to the cluster."),
 ) -> None:
     """Simulate nccl-tests for one collective over all GPUs of the job."""
     from sim import api
 
     _check_choice("format", output_format, FORMATS)
     spec = api.resolve_cluster(cluster, _overrides(set_))
+    if calibration:
+        spec = _calibrated(spec, calibration)
     console = Console(stderr=True)
     show_progress = output_format == "table" and console.is_terminal
     with console.status("simulating...", spinner="dots") if show_progress else nullcontext():
@@ -133,12 +137,17 @@ def simulate(
                                                   "(0.5 = half speed); repeatable."),
     layers_per_stage: Optional[str] = typer.Option(None, help="Uneven split of the layers over "
                                                    "pp*vpp stages, e.g. 7,8,8,...,7."),
+    calibration: Optional[str] = typer.Option(None, help="Calibration file (trainsim "
+                                              "calibrate) applied to the cluster."),
 ) -> None:
     """Simulate one training step: step time, MFU, memory and where the time goes."""
     from sim import api
     from strategies.memory import OutOfMemoryError
 
     _check_choice("format", output_format, ("table", "json"))
+    if calibration:
+        spec = _calibrated(api.resolve_cluster(cluster, _overrides(set_)), calibration)
+        cluster, set_ = spec, None
     if trace and fidelity == "analytic":
         raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
                         "or flow to write a trace")
@@ -166,6 +175,13 @@ def simulate(
         print(json.dumps(result.to_dict(), indent=1))
         return
     _print_step(result)
+
+
+def _calibrated(spec, calibration: str):
+    """``spec`` with a calibration file applied (hardware.calibration)."""
+    from hardware.calibration import apply_calibration, load_calibration
+
+    return apply_calibration(spec, load_calibration(calibration))
 
 
 def _layer_split(text: Optional[str]) -> tuple[int, ...] | None:

@@ -49,12 +49,18 @@ def register(app: typer.Typer, parse_overrides, check_choice, exit_oom: int) -> 
         seed: int = typer.Option(0, help="First random seed."),
         output_format: str = typer.Option("table", "--format", help="table or json."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
+        calibration: Optional[str] = typer.Option(None, help="Calibration file (trainsim "
+                                                  "calibrate) applied to the cluster."),
     ) -> None:
         """Interruptions, goodput and days to train of a long run, Monte-Carlo over seeds."""
         from sim.longrun import failures as simulate_failures
         from strategies.memory import OutOfMemoryError
 
         check_choice("format", output_format, ("table", "json"))
+        if calibration:
+            from sim.cli_validate import calibrated_cluster
+
+            cluster, set_ = calibrated_cluster(cluster, parse_overrides(set_), calibration), None
         if (days is None) == (tokens is None):
             raise ValueError("days: give exactly one of --days or --tokens")
         try:
