@@ -37,9 +37,10 @@ def _str_list(text: Optional[str]) -> tuple[str, ...] | None:
 
 
 def _progress(output_format: str):
-    """A rich progress bar on stderr (table output, or a terminal), else no-op."""
+    """A rich progress bar on stderr when it is a terminal and the output is a table
+    (a redirected stderr or machine-readable output gets no bar codes), else no-op."""
     console = Console(stderr=True)
-    if output_format != "table" and not console.is_terminal:
+    if output_format != "table" or not console.is_terminal:
         return nullcontext(None)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=True)
@@ -184,7 +185,8 @@ def _print_counts(report, console: Console) -> None:
                   f"{c['equivalent']} equivalent to another, "
                   f"{c['bounded']} bounded out (cannot reach the top), {c['examined']} "
                   f"examined: {c['out_of_memory']} out of memory, {c['dominated']} "
-                  f"dominated, {c['simulated']} simulated")
+                  f"dominated, {c['feasible']} feasible ranked "
+                  f"({c['simulated']} simulated)")
     for reason, count in report.dropped.items():
         console.print(f"  {count:6d}  {reason}")
 

@@ -525,6 +525,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
               "out_of_memory": sum(v for k, v in dropped.items() if k.startswith("out of")),
               "dominated": sum(v for k, v in dropped.items() if k.startswith("dominated")),
               "feasible": len(rows), "simulated": len(rows) + dominated_late,
+              "final_simulated": min(top, len(rows)),
               "bounded": len(ordered) - examined}
     if counts["bounded"]:
         dropped["bounded: step-time lower bound above the top plans' simulated time"] = \

@@ -1,0 +1,133 @@
+"""Plotly figures for what-if studies. Every helper returns a ``plotly.graph_objects.Figure``.
+
+* :func:`step_breakdown_figure`: where a step's time goes, per pipeline rank;
+* :func:`pipeline_gantt_figure`: the compute spans of every simulated rank over time;
+* :func:`scaling_figure`: MFU and throughput against the GPU count;
+* :func:`goodput_vs_interval_figure`: re-exported from :mod:`sim.longrun`;
+* :func:`busbw_figure`: nccl-tests busbw against message size, measured points overlaid.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import pandas as pd
+
+from sim.longrun import goodput_vs_interval_figure  # noqa: F401  (one implementation)
+
+__all__ = ["busbw_figure", "goodput_vs_interval_figure", "pipeline_gantt_figure",
+           "scaling_figure", "step_breakdown_figure"]
+
+
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def step_breakdown_figure(result, *, title: str | None = None):
+    """Stacked bars: seconds per category (compute, optimizer, exposed comm per axis,
+    bubble) for every pipeline rank of a :class:`sim.step.StepResult` (or its
+    ``to_dict()``)."""
+    go = _go()
+    stages = result["stage_breakdown"] if isinstance(result, Mapping) else {
+        f"pp{p}": b for p, b in result.stage_breakdown.items()}
+    frame = pd.DataFrame(stages).T
+    fig = go.Figure()
+    for category in frame.columns:
+        if frame[category].abs().sum() > 0:
+            fig.add_trace(go.Bar(name=category, x=list(frame.index), y=frame[category]))
+    fig.update_layout(barmode="stack", title=title or "Where the step goes",
+                      xaxis_title="pipeline rank", yaxis_title="seconds",
+                      template="plotly_white")
+    return fig
+
+
+def pipeline_gantt_figure(result, *, stream: str | None = "compute", title: str | None = None):
+    """Gantt chart per rank: one bar per span (forward, backward, ...) from the step's
+    timeline; needs a replayed step (``event`` or ``flow`` fidelity).
+
+    Raises:
+        ValueError: when the result has no timeline (``analytic`` fidelity).
+    """
+    go = _go()
+    frame = result.timeline_frame()
+    if frame.empty:
+        raise ValueError("result: the step has no timeline (analytic fidelity replays "
+                         "nothing); simulate with fidelity='event'")
+    if stream is not None:
+        frame = frame[frame["stream"] == stream]
+    # One bar per run of consecutive kernels of one action kind and stage (".F0",
+    # ".B1", ".W2" in op names), not one per kernel. Op names carry no micro-batch
+    # (kernels are shared between micro-batches), so back-to-back forwards of the
+    # warm-up merge into one bar.
+    frame = frame.assign(tag=frame["op"].astype(str).str.extract(r"\.([FBIW]\d+)",
+                                                                  expand=False))
+    frame = frame.dropna(subset=["tag"]).sort_values(["rank", "start_ns"])
+    new_bar = (frame["tag"] != frame["tag"].shift()) | (frame["rank"] != frame["rank"].shift())
+    frame = frame.assign(bar=new_bar.cumsum(), phase=frame["tag"].str[0])
+    bars = frame.groupby("bar").agg(rank=("rank", "first"), phase=("phase", "first"),
+                                    tag=("tag", "first"), start_ns=("start_ns", "min"),
+                                    end_ns=("end_ns", "max"))
+    fig = go.Figure()
+    names = {"F": "forward", "B": "backward", "I": "backward (input)",
+             "W": "backward (weights)"}
+    for phase, part in bars.groupby("phase"):
+        fig.add_trace(go.Bar(name=names[phase], y=[f"rank {r}" for r in part["rank"]],
+                             x=(part["end_ns"] - part["start_ns"]) / 1e6,
+                             base=part["start_ns"] / 1e6, orientation="h",
+                             hovertext=part["tag"]))
+    fig.update_layout(barmode="overlay", title=title or "Pipeline timeline (compute stream)",
+                      xaxis_title="time (ms)", yaxis_title="", template="plotly_white")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
+                   throughput: str = "tokens_per_s", group: str | None = None,
+                   title: str | None = None):
+    """MFU (left axis, %) and throughput (right axis) against the GPU count, one line
+    per ``group`` value if given."""
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    groups = frame.groupby(group) if group else [(None, frame)]
+    for key, part in groups:
+        part = part.sort_values(x)
+        label = "" if key is None else f" {key}"
+        fig.add_trace(go.Scatter(x=part[x], y=100 * part[mfu], mode="lines+markers",
+                                 name=f"MFU{label}"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=part[x], y=part[throughput], mode="lines+markers",
+                                 line=dict(dash="dot"), name=f"{throughput}{label}"),
+                      secondary_y=True)
+    fig.update_xaxes(title_text=x, type="log")
+    fig.update_yaxes(title_text="MFU (%)", secondary_y=False)
+    fig.update_yaxes(title_text=throughput, secondary_y=True)
+    fig.update_layout(title=title or "MFU and throughput vs GPU count",
+                      template="plotly_white")
+    return fig
+
+
+def busbw_figure(simulated: pd.DataFrame | Mapping[str, pd.DataFrame], *,
+                 measured: pd.DataFrame | None = None, title: str | None = None):
+    """busbw (GB/s = 1e9 B/s) against message size (bytes, log axis): a line per
+    simulated sweep (:func:`sim.api.collective` frames, several by name in a dict) and
+    ``measured`` points (columns ``size_bytes``, ``busbw_GBps``, optional ``label``)."""
+    go = _go()
+    sweeps = simulated if isinstance(simulated, Mapping) else {"simulated": simulated}
+    fig = go.Figure()
+    for name, frame in sweeps.items():
+        fig.add_trace(go.Scatter(x=frame["size_bytes"], y=frame["busbw_GBps"],
+                                 mode="lines", name=str(name)))
+    if measured is not None:
+        groups = measured.groupby("label") if "label" in measured else [("measured",
+                                                                         measured)]
+        for label, part in groups:
+            fig.add_trace(go.Scatter(x=part["size_bytes"], y=part["busbw_GBps"],
+                                     mode="markers", name=str(label),
+                                     marker=dict(symbol="x", size=8)))
+    fig.update_layout(title=title or "busbw vs message size", xaxis_type="log",
+                      xaxis_title="message size (bytes)", yaxis_title="busbw (GB/s, 1e9 B/s)",
+                      template="plotly_white")
+    return fig

@@ -1,0 +1,133 @@
+"""trainsim plan: enumeration, pruning, the lower bound, exact top-K, reproducible plans."""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+
+import pytest
+
+from conftest import expect_one_line_error, run_cli, tiny_models
+from sim import planner
+from sim.api import resolve_cluster
+from sim.step import simulate_step
+from strategies.models import load_model
+
+
+@pytest.fixture(scope="module")
+def small_report():
+    return planner.search("llama3-8b", cluster="dgx-h100", gpus=16, seq_len=2048,
+                          global_batch=32, tokens="100B", price_per_gpu_hour=2.0, top=4,
+                          workers=1)
+
+
+def test_counts_add_up_and_reasons_are_given(small_report):
+    c = small_report.counts
+    assert c["enumerated"] == c["invalid"] + c["equivalent"] + c["bounded"] + c["examined"]
+    assert c["examined"] == c["out_of_memory"] + c["dominated"] + c["feasible"]
+    assert c["out_of_memory"] > 0  # llama3-8b at tp 1 pp 1 mb 4 does not fit 80 GB
+    assert sum(v for k, v in small_report.dropped.items() if k.startswith("out of memory")) \
+        == c["out_of_memory"]
+
+
+def test_plans_are_ranked_with_goodput_days_and_cost(small_report):
+    plans = small_report.plans
+    assert [p["rank"] for p in plans] == [1, 2, 3, 4]
+    times = [p["step_time_s"] for p in plans]
+    assert times == sorted(times)
+    for p in plans:
+        assert p["fidelity"] == planner.ranking_fidelities()[1]
+        assert 0 < p["goodput"] < 1
+        expected_days = 100e9 / (p["tokens_per_s"] * p["goodput"]) / 86400
+        assert p["days_to_train"] == pytest.approx(expected_days)
+        assert p["cost"] == pytest.approx(expected_days * 24 * 16 * 2.0)
+        for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                    "peak_memory_bytes", "memory", "breakdown", "inputs"):
+            assert key in p
+
+
+def test_each_plan_rerun_through_simulate_gives_the_same_step_time(small_report, capsys):
+    for p in small_report.plans:
+        argv = shlex.split(p["command"])[1:] + ["--format", "json"]
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        assert json.loads(out)["step_time_s"] == p["step_time_s"]
+
+
+def test_bounded_search_finds_the_same_top_plans_as_brute_force():
+    dense, _ = tiny_models()
+    cluster = resolve_cluster("dgx-h100")
+    report = planner.search(dense, cluster=cluster, gpus=16, seq_len=1024, global_batch=64,
+                            top=5, workers=1)
+    assert report.counts["bounded"] > 0  # the bound did skip work here
+    valid, _ = planner.enumerate_plans(dense, cluster, 16, seq_len=1024, global_batch=64)
+    # Everything fits this tiny model, so recompute is always dominated by "none".
+    times = sorted(simulate_step(dense, cluster, p, fidelity="analytic").step_time_s
+                   for p in valid if p.recompute == "none")
+    ranked = sorted(p["ranked_step_time_s"] for p in report.plans)
+    assert ranked == times[:5]
+
+
+@pytest.mark.parametrize("name,gpus", [("llama3-8b", 64), ("mixtral-8x7b", 64)])
+def test_lower_bound_never_exceeds_the_simulated_step(name, gpus):
+    model, cluster = load_model(name), resolve_cluster("dgx-h100")
+    valid, _ = planner.enumerate_plans(model, cluster, gpus, seq_len=4096, global_batch=128)
+    rng = random.Random(7)
+    checked = 0
+    for i, plan in enumerate(rng.sample(valid, 40)):
+        for fidelity in (("analytic", "event") if i < 3 else ("analytic",)):
+            try:
+                step = simulate_step(model, cluster, plan, fidelity=fidelity).step_time_s
+            except ValueError:  # out of memory
+                continue
+            assert planner.step_time_lower_bound_s(model, cluster, plan) <= step, plan
+            checked += 1
+    assert checked >= 10
+
+
+def test_plan_cli_json_shares_simulate_keys(capsys):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8",
+                             "--global-batch", "16", "--seq-len", "2048", "--top", "2",
+                             "--tokens", "1T", "--price-per-gpu-hour", "3", "--format", "json",
+                             "--pp", "1,2", "--micro-batch", "1")
+    assert code == 0, err
+    plans = json.loads(out)
+    assert len(plans) == 2
+    assert {"step_time_s", "mfu", "days_to_train", "cost", "plan", "command"} <= set(plans[0])
+    assert "examined" in err  # the counts go to stderr, not into the JSON
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--sort", "fast"), ("sort", "fast", "valid")),
+    (("--gpus", "12"), ("gpus", "12", "multiple of 8")),
+    (("--zero", "5"), ("zero", "5", "valid")),
+    (("--tp", "two"), ("tp", "two")),
+])
+def test_plan_cli_bad_input_is_one_line(capsys, args, words):
+    base = {"--gpus": "8"}
+    argv = ["plan", "--model", "llama3-8b"]
+    if "--gpus" not in args:
+        argv += ["--gpus", base["--gpus"]]
+    code, out, err = run_cli(capsys, *argv, *args)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for word in words:
+        assert word in err
+
+
+def test_gpus_needed_is_the_first_count_meeting_the_deadline():
+    dense, _ = tiny_models()
+    result = planner.gpus_needed(dense, tokens="2T", days=1.0, cluster="dgx-h100",
+                                 seq_len=1024, global_batch=64, workers=1)
+    answer = result["answer"]
+    assert answer is not None and answer["days_to_train"] <= 1.0
+    tried = result["tried"]
+    assert tried[-1]["gpus"] == answer["gpus"]
+    assert all(t["days_to_train"] is None or t["days_to_train"] > 1.0 for t in tried[:-1])
+    assert len(tried) >= 2  # one node was not enough: the search did double
+
+
+def test_search_space_rejects_bad_values():
+    expect_one_line_error(lambda: planner.SearchSpace(recompute=("some",)), "recompute")
+    expect_one_line_error(lambda: planner.SearchSpace(tp=(0,)), "tp")
