@@ -379,7 +379,8 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
             results[i] = result
             if cache is not None:
                 write_text_atomic(cache / f"{hashes[i]}.json", json.dumps(
-                    {"scenario": scenarios[i], "result": result}, sort_keys=True, default=str))
+                    {"scenario": scenarios[i], "result": result}, default=str))
+                # (key order kept: a resumed table has the columns of a fresh one)
         report("scenarios", len(results), len(scenarios))
         if out is not None and time.monotonic() - last_flush > FLUSH_EVERY_S:
             write_table(results_frame(scenarios, results), out)
