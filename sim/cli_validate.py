@@ -56,8 +56,9 @@ def _backend(backend: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _run(task: dict, nproc: Optional[int]) -> None:
+def _run(task: dict, nproc: Optional[int]) -> int:
     """Run a measurement task: N local processes, or this one inside torchrun/srun.
+    Returns this process's rank (0 for a local launch): only rank 0 reports.
 
     Raises:
         ValueError: no --nproc outside a job; a worker failed (with its exit code).
@@ -69,8 +70,8 @@ def _run(task: dict, nproc: Optional[int]) -> None:
         if code:
             print(f"error: a rank exited with code {code}; measurements finished so far are "
                   f"in {task['out']}; rerun the same command to resume", file=sys.stderr)
-            sys.exit(code if code != 2 else 2)
-        return
+            sys.exit(code)
+        return 0
     env = distributed_env()
     if env is None:
         raise ValueError("nproc: not inside torchrun/srun; give --nproc N to start N local "
@@ -78,6 +79,7 @@ def _run(task: dict, nproc: Optional[int]) -> None:
     from validate.worker import run_task
 
     run_task(task, env)
+    return env.rank
 
 
 def _program(example: Optional[str], program_file: Optional[str], model: Optional[str],
@@ -172,7 +174,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
                 "source": {"example": example, "program": program, "model": model,
                            "plan": {k: v for k, v in plan_fields.items() if v is not None}}}
         write_text_atomic(directory / "run.json", json.dumps(task, indent=1, sort_keys=True))
-        _run(task, nproc)
+        if _run(task, nproc):
+            return
         from validate.spans import load_measurements
 
         measured = load_measurements(directory)
@@ -212,8 +215,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         task = {"task": "collectives", "out": out, "backend": _backend(backend),
                 "ops": chosen_ops, "sizes": sizes, "type": dtype, "iters": iters,
                 "warmup": warmup, "nodes": nodes}
-        _run(task, nproc)
-        _print_collectives(out, chosen_ops, output_format)
+        if not _run(task, nproc):
+            _print_collectives(out, chosen_ops, output_format)
 
     @validate_app.command("gemm")
     def gemm(
@@ -236,7 +239,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         task = {"task": "gemm", "out": out, "backend": _backend(backend), "dtype": dtype,
                 "gemm_sizes": gemm_sizes, "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
                 "iters": iters, "warmup": warmup}
-        _run(task, nproc)
+        if _run(task, nproc):
+            return
         from validate.store import MeasurementStore
 
         records = MeasurementStore(out).read_series("compute").get(0, [])

@@ -77,3 +77,50 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path):
     assert code == 2 and "source: 'nope'" in err and "valid:" in err
     code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--out", str(tmp_path / "c.toml"))
     assert code == 2 and "cluster: give --cluster" in err
+
+
+def test_collective_command_applies_a_calibration(capsys, tmp_path):
+    """`trainsim collective --calibration` gives the calibrated busbw (same check, via the
+    command a planner runs): dgx-h100 calibrated on the A3 Mega run matches that run."""
+    import json
+
+    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    cal = tmp_path / "a3.toml"
+    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", "gcp_a3mega_2node",
+                           "--cluster", "dgx-h100", "--out", str(cal))
+    assert code == 0, err
+    common = ("collective", "all_reduce", "--cluster", "dgx-h100", "--nodes", "2",
+              "--min-bytes", "1M", "--max-bytes", "8G", "--format", "json")
+    code, out, err = run_cli(capsys, *common, "--calibration", str(cal))
+    assert code == 0, err
+    calibrated = {r["size_bytes"]: r["busbw_GBps"] for r in json.loads(out)}
+    plain = {r["size_bytes"]: r["busbw_GBps"] for r in json.loads(run_cli(capsys, *common)[1])}
+    series = read_nccl_csv(csv_path, source_id="gcp_a3mega_2node")[0]
+    measured = {s: b for s, b in zip(series.sizes_bytes, series.busbw_GBps()) if s >= MIB}
+    err_cal = statistics.median(abs(calibrated[s] / b - 1) for s, b in measured.items())
+    err_plain = statistics.median(abs(plain[s] / b - 1) for s, b in measured.items())
+    assert err_cal <= TOLERANCE < err_plain
+
+
+def test_simulate_and_failures_accept_a_calibration(capsys, tmp_path):
+    """A calibration that halves the sustained GPU rate slows `trainsim simulate`'s step;
+    a broken calibration file is a one-line error."""
+    import json
+
+    cal = tmp_path / "slow.toml"
+    cal.write_text('[fields]\n"gpu.sustained_fraction" = 0.375\n')
+    common = ("simulate", "--model", "llama2-7b", "--gpus", "8", "--tp", "8", "--seq-len",
+              "2048", "--format", "json")
+    code, out, err = run_cli(capsys, *common)
+    assert code == 0, err
+    base = json.loads(out)["step_time_s"]
+    code, out, err = run_cli(capsys, *common, "--calibration", str(cal))
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] > 1.5 * base
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[fields]\n"gpu.sustained_fraction" = 3.0\n')
+    code, _, err = run_cli(capsys, *common, "--calibration", str(bad))
+    assert code == 2 and "gpu.sustained_fraction" in err and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "failures", "--model", "llama2-7b", "--gpus", "8", "--tp",
+                           "8", "--days", "1", "--seeds", "2", "--calibration", str(bad))
+    assert code == 2 and "gpu.sustained_fraction" in err
