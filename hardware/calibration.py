@@ -243,6 +243,24 @@ def get_field(obj: Any, path: str) -> Any:
     return obj
 
 
+def spec_leaves(spec: ClusterSpec) -> dict[str, Any]:
+    """``{field path: value}`` of every scalar a calibration can set (no ``sources``)."""
+    leaves: dict[str, Any] = {}
+    pending: list[tuple[str, Any]] = [("", spec)]
+    while pending:
+        prefix, node = pending.pop()
+        if dataclasses.is_dataclass(node):
+            items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)
+                     if f.name != "sources"]
+        elif isinstance(node, Mapping):
+            items = list(node.items())
+        else:
+            leaves[prefix] = node
+            continue
+        pending.extend((f"{prefix}.{key}" if prefix else str(key), value) for key, value in items)
+    return leaves
+
+
 def apply_calibration(spec: ClusterSpec, calibration: Calibration) -> ClusterSpec:
     """``spec`` with every ``[fields]`` entry set; the sources name the file.
 

@@ -47,13 +47,9 @@ def _sizes(text: str, field: str) -> list[int]:
 
 
 def _backend(backend: str) -> str:
-    if backend not in ("auto", "nccl", "gloo"):
-        raise ValueError(f"backend: {backend!r} is not valid; valid: auto, nccl, gloo")
-    if backend != "auto":
-        return backend
-    import torch
+    from validate.worker import resolve_backend
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return resolve_backend(backend)
 
 
 def _run(task: dict, nproc: Optional[int]) -> int:

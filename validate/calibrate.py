@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from hardware.calibration import (FLOP_KEYED_KINDS, Calibration, ComputeTable,
-                                  apply_calibration, calibration_to_toml, get_field)
-from hardware.catalog import cluster_to_dict, load_cluster
+                                  apply_calibration, calibration_to_toml, get_field,
+                                  spec_leaves)
+from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel, canonical_dtype
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
@@ -276,6 +277,17 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     return ra, rb
 
 
+def _normal_sums(rows: Iterable[tuple[float, float, float]]) -> tuple[float, ...]:
+    """Sums of the normal equations of t ~ c0 x0 + c1 x1 with weights 1/t^2 (relative
+    error): (x0 x0, x0 x1, x1 x1, x0 t, x1 t)."""
+    sums = [0.0] * 5
+    for x0, x1, t in rows:
+        w = 1.0 / (t * t)
+        for i, term in enumerate((x0 * x0, x0 * x1, x1 * x1, x0 * t, x1 * t)):
+            sums[i] += w * term
+    return tuple(sums)
+
+
 def _solve_once(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     """(r_alpha, r_beta) minimising the relative squared error of r_a A + r_b B vs t.
 
@@ -283,14 +295,7 @@ def _solve_once(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     factor 1 and the other is fitted alone; when the rows cannot separate the two (one
     size), one common factor scales both.
     """
-    saa = sab = sbb = sat = sbt = 0.0
-    for a, b, t in rows:
-        w = 1.0 / (t * t)
-        saa += w * a * a
-        sab += w * a * b
-        sbb += w * b * b
-        sat += w * a * t
-        sbt += w * b * t
+    saa, sab, sbb, sat, sbt = _normal_sums(rows)
     if max(a / t for a, _, t in rows) < MIN_SHARE and sbb > 0:
         return 1.0, max(1e-6, (sbt - sab) / sbb)
     if max(b / t for _, b, t in rows) < MIN_SHARE and saa > 0:
@@ -455,14 +460,7 @@ def fit_compute(spec: ClusterSpec, points: Sequence[ComputePoint]) -> dict:
 
 def _linear_fit(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     """(c0, c1) of t = c0 * x0 + c1 * x1 by relative least squares (may be negative)."""
-    s00 = s01 = s11 = s0t = s1t = 0.0
-    for x0, x1, t in rows:
-        w = 1.0 / (t * t)
-        s00 += w * x0 * x0
-        s01 += w * x0 * x1
-        s11 += w * x1 * x1
-        s0t += w * x0 * t
-        s1t += w * x1 * t
+    s00, s01, s11, s0t, s1t = _normal_sums(rows)
     det = s00 * s11 - s01 * s01
     if det <= 0:
         return 0.0, s1t / s11 if s11 else 0.0
@@ -508,15 +506,6 @@ class _Probe:
 # ------------------------------------------------------------------ the command
 
 
-def _flat(data, prefix=""):
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flat(value, path + ".")
-        else:
-            yield path, value
-
-
 def base_cluster(cluster: str | None, overrides: dict | None, inputs: Inputs) -> tuple[str, ClusterSpec]:
     """The preset the measurements are fitted against, and its name/path.
 
@@ -544,9 +533,9 @@ def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
     name, spec = base_cluster(cluster, overrides, inputs)
     fields: dict = {}
     if overrides:  # the overrides the fit assumed travel with it, as spec fields
-        plain_base = dict(_flat(cluster_to_dict(load_cluster(name))))
-        for path, value in _flat(cluster_to_dict(spec)):
-            if not path.startswith("sources") and plain_base.get(path) != value \
+        plain_base = spec_leaves(load_cluster(name))
+        for path, value in spec_leaves(spec).items():
+            if plain_base.get(path) != value \
                     and isinstance(value, (int, float, bool)) \
                     and not ("efficiency" in path and value == 0):
                 fields[path] = value

@@ -22,6 +22,21 @@ from validate.store import MeasurementStore, iteration_name
 BACKENDS = ("nccl", "gloo")
 
 
+def resolve_backend(backend: str) -> str:
+    """``nccl`` or ``gloo``; ``auto`` is nccl where CUDA GPUs are visible, else gloo.
+
+    Raises:
+        ValueError: an unknown backend (one line).
+    """
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"backend: {backend!r} is not valid; valid: auto, {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def _device(backend: str, env: DistEnv):
     import torch
 
