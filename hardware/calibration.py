@@ -12,6 +12,10 @@ it and applies it, with no dependency on torch or on the rest of trainsim::
     [compute_tables."matmul/fp32"]   measured op time vs work of one kernel kind/dtype
     work = [...]            FLOPs (matmul, attention) or HBM bytes (other kinds)
     time_s = [...]          seconds the op occupied its stream (launch included)
+    [rank_speed]            "<rank>" = measured speed of that rank's kernels relative to
+                            the tables (1 = as the tables; 0.8 = 25 % longer), e.g. a
+                            rank sharing its CPU core with other work; used when the
+                            same job shape is simulated (validate compare)
     [residuals]             fit quality (free-form, kept as is)
 
 :func:`apply_calibration` sets the ``[fields]`` on a :class:`ClusterSpec` with
@@ -42,7 +46,7 @@ from hardware.units import seconds_to_ns
 
 #: Kinds whose table is keyed by FLOPs; every other kind by HBM bytes.
 FLOP_KEYED_KINDS = ("matmul", "attention")
-_SECTIONS = ("provenance", "fields", "compute_tables", "residuals")
+_SECTIONS = ("provenance", "fields", "compute_tables", "rank_speed", "residuals")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class Calibration:
         provenance: inputs, versions, date, base cluster.
         residuals: fit quality.
         source: the file it came from.
+        rank_speed: ``{rank: speed}`` measured per rank (see the module docstring).
     """
 
     fields: Mapping[str, Any]
@@ -87,6 +92,7 @@ class Calibration:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     residuals: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    rank_speed: Mapping[int, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ reading / writing
@@ -122,8 +128,14 @@ def load_calibration(path: str | Path) -> Calibration:
         pairs = sorted(zip(work, times))
         tables[(kind, canonical_dtype(dtype, field=f"compute_tables.{name}"))] = ComputeTable(
             tuple(float(w) for w, _ in pairs), tuple(float(t) for _, t in pairs))
+    speeds = {}
+    for rank, speed in data.get("rank_speed", {}).items():
+        if not str(rank).isdigit() or not isinstance(speed, (int, float)) or not speed > 0:
+            raise ValueError(f"calibration: rank_speed.{rank} = {speed!r} in {str(path)!r}; "
+                             "valid: a rank number = a speed > 0")
+        speeds[int(rank)] = float(speed)
     calibration = Calibration(fields, tables, data.get("provenance", {}),
-                              data.get("residuals", {}), str(path))
+                              data.get("residuals", {}), str(path), speeds)
     for key, value in fields.items():  # fail on load, not on first use
         _checked_value(key, value)
     return calibration
@@ -131,7 +143,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 def calibration_to_toml(fields: Mapping[str, Any],
                         compute_tables: Mapping[tuple[str, str], ComputeTable],
-                        provenance: Mapping[str, Any], residuals: Mapping[str, Any]) -> str:
+                        provenance: Mapping[str, Any], residuals: Mapping[str, Any],
+                        rank_speed: Mapping[int, float] | None = None) -> str:
     """TOML text of a calibration (the format :func:`load_calibration` reads)."""
     lines = ["# trainsim calibration file, written by `trainsim calibrate`.",
              "# [fields] are ClusterSpec field paths in SI units (s, bytes/s, FLOP/s, "
@@ -141,6 +154,8 @@ def calibration_to_toml(fields: Mapping[str, Any],
     for (kind, dtype), table in sorted(compute_tables.items()):
         _table(lines, f'compute_tables."{kind}/{dtype}"',
                {"work": list(table.work), "time_s": list(table.time_s)})
+    if rank_speed:
+        _table(lines, "rank_speed", {str(r): float(v) for r, v in sorted(rank_speed.items())})
     _table(lines, "residuals", residuals)
     return "\n".join(lines) + "\n"
 

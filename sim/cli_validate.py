@@ -177,7 +177,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         measured = load_measurements(directory)
         steps = measured.step_times_ns()
         print(f"replayed {prog.name!r} on {prog.world_size} ranks ({chosen}): "
-              f"{len(steps)} iterations in {out}; step time mean {measured.step_time_ns() / 1e6:.2f} "
+              f"{len(steps)} iterations in {out}; step time mean "
+              f"{measured.step_time_ns() / 1e6:.2f} "
               f"ms (min {min(steps) / 1e6:.2f}, max {max(steps) / 1e6:.2f})")
 
     @validate_app.command("collectives")
@@ -255,8 +256,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
     def compare(
         directory: str = typer.Argument(..., help="A directory written by validate replay."),
         calibration: Optional[str] = typer.Option(None, help="Calibration file to apply."),
-        cluster: Optional[str] = typer.Option(None, help="Preset (default: the calibration's, "
-                                              "or cpu-host for CPU runs)."),
+        cluster: Optional[str] = typer.Option(None, help="Preset, or cpu-host (default: the "
+                                              "calibration's, or cpu-host for CPU runs)."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset "
                                                  "field."),
         fidelity: str = typer.Option("analytic", help="analytic or flow."),

@@ -52,6 +52,8 @@ def test_calibrated_simulation_reproduces_the_measured_step(capsys, replay_dir, 
             "p2p"} <= set(kinds)
     # the measured step is a real measurement, not the simulation echoed back
     assert result["step_time_s"]["measured"] != result["step_time_s"]["simulated"]
+    # every rank got a measured speed (ranks sharing a busier core run slower)
+    assert sorted(int(r) for r in result["inputs"]["rank_speed"]) == [0, 1, 2, 3]
     # past the tolerance the command says so and exits non-zero
     code, out, err = run_cli(capsys, "validate", "compare", str(replay_dir), "--calibration",
                              str(cal), "--format", "json", "--tolerance", "1e-9")
@@ -224,3 +226,54 @@ def test_gemm_on_gpu(capsys, tmp_path):
     code, _, err = run_cli(capsys, "validate", "gemm", "--backend", "nccl", "--nproc", "1",
                            "--dtype", "bf16", "--sizes", "1024,4096", "--out", str(tmp_path))
     assert code == 0, err
+
+
+def test_program_file_with_every_collective_kind_replays(capsys, tmp_path):
+    """A hand-written 2-rank Program (every collective kind the IR has, send/recv,
+    cross-stream deps) replays from a file with gloo, and compare reads it back."""
+    from strategies.ir import CollectiveOp, ComputeOp, Program, RecvOp, SendOp, matmul_op
+    from validate.program_io import program_to_json
+
+    def rank_ops(rank: int):
+        peer = 1 - rank
+        ops = [matmul_op("mm", 1, 64, 64, 64, dtype="fp32"),
+               ComputeOp(name="attn", kind="attention", flops=4 * 2 * 16 * 32 * 8,
+                         bytes=4096, shape=(1, 2, 1, 16, 16, 8), dtype="fp32"),
+               ComputeOp(name="norm", kind="norm", flops=100, bytes=8192, dtype="fp32")]
+        for i, kind in enumerate(("all_reduce", "all_gather", "reduce_scatter", "alltoall",
+                                  "broadcast", "reduce", "sendrecv")):
+            ops.append(CollectiveOp(name=kind, key=f"{kind}#0", kind=kind, group=(0, 1),
+                                    size_bytes=4096, root=0 if kind in ("broadcast", "reduce")
+                                    else None, dtype="fp32", deps=(0,) if i == 0 else ()))
+        if rank == 0:
+            ops.append(SendOp(name="send", peer=peer, size_bytes=2048, tag="t", deps=(2,)))
+        else:
+            ops.append(RecvOp(name="recv", peer=peer, size_bytes=2048, tag="t"))
+            ops.append(ComputeOp(name="after", kind="elementwise", bytes=1024, dtype="fp32",
+                                 deps=(len(ops) - 1,)))
+        return tuple(ops)
+
+    program = Program(ops_by_rank={0: rank_ops(0), 1: rank_ops(1)}, world_size=2,
+                      name="every kind")
+    path = tmp_path / "program.json"
+    path.write_text(program_to_json(program))
+    out = tmp_path / "run"
+    code, text, err = run_cli(capsys, "validate", "replay", "--program", str(path), "--backend",
+                              "gloo", "--nproc", "2", "--iterations", "2", "--warmup", "1",
+                              "--out", str(out))
+    assert code == 0, err
+    from validate.spans import load_measurements
+
+    measured = load_measurements(out)
+    kinds = sorted(inst.kind for inst in measured.comm_instances())
+    assert kinds == sorted(["all_reduce", "all_gather", "reduce_scatter", "alltoall",
+                            "broadcast", "reduce", "sendrecv", "p2p"])
+    # the dependent op started after the recv it waits for had finished
+    for it in measured.iterations:
+        recv_end = it[(1, len(rank_ops(1)) - 2)][1]
+        assert it[(1, len(rank_ops(1)) - 1)][0] >= recv_end
+    code, text, err = run_cli(capsys, "calibrate", str(out), "--out", str(tmp_path / "c.toml"))
+    assert code == 0, err
+    code, text, _ = run_cli(capsys, "validate", "compare", str(out), "--calibration",
+                            str(tmp_path / "c.toml"), "--format", "json", "--tolerance", "100")
+    assert code == 0 and "broadcast" in json.loads(text)["per_op_kind"]

@@ -63,18 +63,21 @@ def test_calibration_file_round_trip_and_apply(tmp_path):
               "scale_up.link_efficiency": 0.5, "gpu.peak_flops_per_s.fp32": 5e10}
     tables = {("matmul", "fp32"): ComputeTable((1e6, 1e8), (1e-4, 2e-3))}
     text = calibration_to_toml(fields, tables, {"inputs": ["x"], "versions": {"torch": "1"}},
-                               {"comm": {"a b": {"median_rel_err": 0.01}}})
+                               {"comm": {"a b": {"median_rel_err": 0.01}}}, {0: 0.8, 1: 1.2})
     path = tmp_path / "cal.toml"
     path.write_text(text)
     cal = load_calibration(path)
     spec = apply_calibration(_cpu_host(), cal)
     assert spec.gpu.kernel_launch_s == 2e-5
     assert spec.comm.base_latency_s["ring"]["Simple"] == 3e-5
-    assert spec.comm.base_latency_s["tree"]["Simple"] == _cpu_host().comm.base_latency_s["tree"]["Simple"]
+    untouched = _cpu_host().comm.base_latency_s["tree"]["Simple"]
+    assert spec.comm.base_latency_s["tree"]["Simple"] == untouched
     assert spec.scale_up.link_efficiency == 0.5
     assert spec.gpu.peak_flops_per_s["fp32"] == 5e10
     assert "calibration" in spec.sources["gpu.kernel_launch_s"]
     assert cal.provenance["versions"]["torch"] == "1"
+    assert cal.rank_speed == {0: 0.8, 1: 1.2}
+    assert cal.compute_tables[("matmul", "fp32")](1e6) == 1e-4
 
 
 def test_calibration_errors_are_one_line(tmp_path):
@@ -86,8 +89,8 @@ def test_calibration_errors_are_one_line(tmp_path):
     bad_path = write('[fields]\n"gpu.warp_drive" = 1.0\n')
     expect_one_line_error(lambda: apply_calibration(spec, load_calibration(bad_path)),
                           "gpu.warp_drive", "valid:")
-    expect_one_line_error(lambda: load_calibration(write('[fields]\n"scale_up.link_efficiency" = 1.5\n')),
-                          "scale_up.link_efficiency", "(0, 1]")
+    too_high = write('[fields]\n"scale_up.link_efficiency" = 1.5\n')
+    expect_one_line_error(lambda: load_calibration(too_high), "scale_up.link_efficiency", "(0, 1]")
     expect_one_line_error(lambda: load_calibration(write("[nonsense]\n")), "[nonsense]", "valid:")
     expect_one_line_error(lambda: load_calibration(tmp_path / "missing.toml"), "not found")
 

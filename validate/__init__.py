@@ -1,7 +1,21 @@
-"""Real execution: replay a Program on GPUs with torch.distributed and calibrate.
+"""Real execution: replay a Program on real hardware with torch.distributed, measure,
+calibrate the simulator and compare.
 
-This is the only package that may import torch, and only inside its own
-modules (never at ``import validate``), so the simulator runs without torch.
-The runner, microbenchmarks and calibration arrive with issue 6; nothing here
-is importable yet beyond this docstring.
+This is the only package that imports torch, and only inside the modules that run
+ranks (replay, kernels, microbench, worker, env_info), never at ``import validate``:
+the simulator runs without torch, and calibration and comparison need none.
+
+Modules, one job each:
+
+* ``examples`` -- built-in example Programs (``tiny``: pp 2 x dp 2 transformer);
+* ``program_io`` -- Programs as JSON files;
+* ``launch`` / ``worker`` -- start N local ranks, or join torchrun / srun; run one rank;
+* ``replay`` / ``kernels`` -- execute a rank's ops and time them;
+* ``microbench`` -- collectives (nccl-tests columns), GEMM and copy sweeps;
+* ``store`` -- append-only, atomic measurement files per rank (resume);
+* ``env_info`` -- versions, GPUs, hosts, ``nvidia-smi topo -m``;
+* ``spans`` -- measured timelines beside their Program;
+* ``nccl_log`` -- nccl-tests stdout and the shared CSV tables;
+* ``calibrate`` -- fit the hardware model, write a calibration file;
+* ``compare`` -- simulate what a directory measured, report the error.
 """

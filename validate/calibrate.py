@@ -18,7 +18,8 @@ other algorithms/protocols once the parameters change, so this repeats until the
 factors settle (see :func:`fit_comm`).
 
 **Compute.** Measured op times become tables of time vs work per (kind, dtype)
-(``CalibratedComputeModel``), and the GpuSpec gets the best GEMM rate (matmul peak x
+(``CalibratedComputeModel``), each replayed rank a speed relative to the tables
+(:func:`rank_speeds`: a rank sharing a busier core runs slower), and the GpuSpec gets the best GEMM rate (matmul peak x
 efficiency) and a copy fit ``t = launch + bytes / bandwidth`` (HBM bandwidth x
 efficiency, kernel launch), for kinds without a table and for ``--calibration`` on
 ``trainsim simulate``.
@@ -88,6 +89,7 @@ class Inputs:
 
     comm: list[CommPoint] = field(default_factory=list)
     compute: list[ComputePoint] = field(default_factory=list)
+    rank_ops: dict[int, list[ComputePoint]] = field(default_factory=dict)
     described: list[str] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     cpu_measurements: bool = False
@@ -96,7 +98,9 @@ class Inputs:
 # ------------------------------------------------------------------ reading inputs
 
 
-def _job_shape(measurements: Measurements) -> tuple[int, int]:
+def job_shape(measurements: Measurements) -> tuple[int, int]:
+    """(nodes, ranks per node) of a replay: its distinct host names (one node when the
+    ranks do not split evenly over them)."""
     hosts = measurements.hosts() or ["localhost"]
     world = measurements.program.world_size
     nodes = len(hosts) if world % len(hosts) == 0 else 1
@@ -155,7 +159,7 @@ def _read_directory(path: Path, found: Inputs) -> None:
     what = []
     if (path / "program.json").exists() and store.read_series("replay"):
         measured = load_measurements(path)
-        nodes, gpn = _job_shape(measured)
+        nodes, gpn = job_shape(measured)
         # Instances of one (kind, size, group size) are pooled into their mean: single
         # instances on a busy host vary with scheduling (a transfer that finished while
         # its receiver was busy measures ~0), and a step adds up their expected cost.
@@ -170,9 +174,10 @@ def _read_directory(path: Path, found: Inputs) -> None:
         durations = measured.mean_occupancy_ns()
         for rank, index, op in compute_ops(measured.program):
             work = op.flops if op.kind in FLOP_KEYED_KINDS else op.bytes
-            found.compute.append(ComputePoint(op.kind, canonical_dtype(op.dtype), work,
-                                              max(durations[(rank, index)], 1) * 1e-9,
-                                              f"{path.name}:replay"))
+            point = ComputePoint(op.kind, canonical_dtype(op.dtype), work,
+                                 max(durations[(rank, index)], 1) * 1e-9, f"{path.name}:replay")
+            found.compute.append(point)
+            found.rank_ops.setdefault(rank, []).append(point)
         env = measured.env.get(min(measured.env)) if measured.env else {}
         found.versions.update(_versions_of(env or {}))
         what.append(f"replay of {measured.program.name!r}, {len(measured.iterations)} "
@@ -181,7 +186,8 @@ def _read_directory(path: Path, found: Inputs) -> None:
         for rec in records:
             found.comm.append(CommPoint(rec["op"], tuple(range(rec["ranks"])), rec["size_bytes"],
                                         rec["time_us"] * 1e-6, rec["nodes"],
-                                        rec["gpus_per_node"], f"{path.name}:collectives:{rec['op']}"))
+                                        rec["gpus_per_node"],
+                                        f"{path.name}:collectives:{rec['op']}"))
         what.append(f"{len(records)} collective rows")
     for rank, records in store.read_series("compute").items():
         for rec in records:
@@ -467,6 +473,19 @@ def _linear_fit(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     return (s0t * s11 - s1t * s01) / det, (s00 * s1t - s01 * s0t) / det
 
 
+def rank_speeds(tables: dict, rank_ops: dict[int, list[ComputePoint]]) -> dict[int, float]:
+    """Speed of each replayed rank: the tables' time of its compute ops over their
+    measured time (the tables average all ranks; a rank on a busier core comes out
+    below 1). The engine's ``rank_speed`` divides that rank's kernel times by it."""
+    speeds = {}
+    for rank, points in sorted(rank_ops.items()):
+        predicted = sum(tables[(p.kind, p.dtype)](max(p.work, 1.0)) for p in points)
+        measured = sum(p.time_s for p in points)
+        if predicted > 0 and measured > 0:
+            speeds[rank] = predicted / measured
+    return speeds
+
+
 def compute_residuals(spec: ClusterSpec, tables: dict, points: Sequence[ComputePoint]) -> dict:
     """Per (kind/dtype): relative error of the tables and of the fitted roofline."""
     model = ComputeModel(spec.gpu)
@@ -506,8 +525,15 @@ class _Probe:
 # ------------------------------------------------------------------ the command
 
 
-def base_cluster(cluster: str | None, overrides: dict | None, inputs: Inputs) -> tuple[str, ClusterSpec]:
-    """The preset the measurements are fitted against, and its name/path.
+def preset_path(name: str) -> str:
+    """``cpu-host`` names :data:`CPU_HOST_PRESET`; anything else is passed on as is."""
+    return str(CPU_HOST_PRESET) if name == "cpu-host" else name
+
+
+def base_cluster(cluster: str | None, overrides: dict | None,
+                 inputs: Inputs) -> tuple[str, ClusterSpec]:
+    """The preset the measurements are fitted against, and its name (``cpu-host`` for the
+    CPU preset, so a calibration file does not carry this checkout's path).
 
     Raises:
         ValueError: no cluster given and the inputs do not say (GPU measurements).
@@ -516,8 +542,8 @@ def base_cluster(cluster: str | None, overrides: dict | None, inputs: Inputs) ->
         if not inputs.cpu_measurements:
             raise ValueError("cluster: give --cluster, the preset the measurements ran on "
                              "(e.g. dgx-h100); only CPU (gloo) runs default to cpu-host")
-        cluster = str(CPU_HOST_PRESET)
-    return cluster, load_cluster(cluster, overrides)
+        cluster = "cpu-host"
+    return cluster, load_cluster(preset_path(cluster), overrides)
 
 
 def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
@@ -533,7 +559,7 @@ def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
     name, spec = base_cluster(cluster, overrides, inputs)
     fields: dict = {}
     if overrides:  # the overrides the fit assumed travel with it, as spec fields
-        plain_base = spec_leaves(load_cluster(name))
+        plain_base = spec_leaves(load_cluster(preset_path(name)))
         for path, value in spec_leaves(spec).items():
             if plain_base.get(path) != value \
                     and isinstance(value, (int, float, bool)) \
@@ -550,6 +576,7 @@ def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
         fitted = apply_calibration(spec, Calibration(fields))
         residuals["comm"] = comm_residuals(fitted, inputs.comm)
     tables = compute_tables(inputs.compute)
+    speeds = rank_speeds(tables, inputs.rank_ops) if inputs.rank_ops else {}
     if tables:
         residuals["compute"] = compute_residuals(fitted, tables, inputs.compute)
     from importlib.metadata import PackageNotFoundError, version
@@ -573,9 +600,9 @@ def calibrate(paths: Sequence[str | Path], *, cluster: str | None = None,
                   "(algorithm family, protocol, tier) on the simulator's own cost terms; "
                   "compute tables = mean measured time per work",
     }
-    text = calibration_to_toml(fields, tables, provenance, residuals)
+    text = calibration_to_toml(fields, tables, provenance, residuals, speeds)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, text)
     return {"fields": fields, "compute_tables": tables, "provenance": provenance,
-            "residuals": residuals, "spec": fitted}
+            "residuals": residuals, "rank_speed": speeds, "spec": fitted}

@@ -1,8 +1,9 @@
 """Simulate what a replay directory measured and report the error.
 
 The Program of the directory is replayed by the simulator's engine on the cluster
-(a preset, ``cpu-host`` for CPU runs) with the calibration applied: its spec fields,
-and its compute tables for the op kinds they cover. Measured and simulated timelines
+(a preset, ``cpu-host`` for CPU runs) with the calibration applied: its spec fields, its
+compute tables for the op kinds they cover, and its per-rank speeds when they were
+measured on this job's ranks (the engine's straggler mechanism). Measured and simulated timelines
 are read by the same functions (validate.spans):
 
 * ``step_time_error``: |simulated - measured| / measured of the step time, the makespan
@@ -23,7 +24,7 @@ from hardware.calibration import CalibratedComputeModel, apply_calibration, load
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
-from validate.calibrate import CPU_HOST_PRESET, _job_shape
+from validate.calibrate import job_shape, preset_path
 from validate.spans import comm_durations, compute_ops, load_measurements, timeline_intervals
 
 FIDELITIES = ("analytic", "flow")
@@ -59,15 +60,18 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
         if env.get("cuda_available"):
             raise ValueError("cluster: give --cluster (the preset the GPUs belong to) or a "
                              "--calibration made for them")
-        cluster = str(CPU_HOST_PRESET)
-    spec = load_cluster(cluster, overrides)
+        cluster = "cpu-host"
+    spec = load_cluster(preset_path(cluster), overrides)
     if cal is not None:
         spec = apply_calibration(spec, cal)
-    nodes, gpus_per_node = _job_shape(measured)
+    nodes, gpus_per_node = job_shape(measured)
     compute = CalibratedComputeModel(spec.gpu, cal.compute_tables if cal else {})
     program = measured.program
+    # measured per-rank speeds apply to the job they were measured on
+    speeds = (dict(cal.rank_speed) if cal is not None
+              and set(cal.rank_speed) == set(program.ranks()) else {})
     result = Engine(program, ClusterLayout(spec, nodes, gpus_per_node), fidelity=fidelity,
-                    compute=compute).run()
+                    compute=compute, rank_speed=speeds).run()
     simulated = timeline_intervals(program, result.timeline)
 
     kinds: dict[str, dict] = {}
@@ -111,7 +115,8 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
         "tolerance": tolerance,
         "within_tolerance": error is not None and error <= tolerance,
         "inputs": {"directory": str(directory), "cluster": spec.name, "cluster_source": cluster,
-                   "calibration": calibration, "fidelity": fidelity, "nodes": nodes,
+                   "calibration": calibration, "rank_speed": speeds, "fidelity": fidelity,
+                   "nodes": nodes,
                    "gpus_per_node": gpus_per_node, "program": program.name,
                    "world_size": program.world_size},
     }

@@ -53,7 +53,8 @@ def environment(backend: str | None = None, *, topology: bool = True) -> dict:
     if torch.cuda.is_available():
         try:
             version = torch.cuda.nccl.version()
-            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+            info["nccl"] = (".".join(map(str, version)) if isinstance(version, tuple)
+                            else str(version))
         except (AttributeError, RuntimeError):
             pass
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

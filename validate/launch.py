@@ -99,9 +99,9 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
 
         context = multiprocessing.get_context("fork")
     for rank in range(nproc):
-        env = dict(MASTER_ADDR="127.0.0.1",
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS",
-                                                  str(max(1, (os.cpu_count() or 1) // nproc))), MASTER_PORT=str(port), RANK=str(rank),
+        threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        env = dict(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS=threads, MASTER_PORT=str(port),
+                   RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
         if forking:
             proc = context.Process(target=_forked_rank, args=(str(task_path), env),

@@ -107,7 +107,8 @@ def parse_nccl_tests(text: str, *, label: str = "log", kind: str | None = None) 
     kind = found_kind or kind or _kind_from_text(Path(label).name)
     if kind not in COLLECTIVE_KINDS:
         raise ValueError(f"nccl-tests: cannot tell the collective of {label!r}; name the file "
-                         f"after it (e.g. all_reduce_perf.log); valid: {', '.join(COLLECTIVE_KINDS)}")
+                         f"after it (e.g. all_reduce_perf.log); valid: "
+                         f"{', '.join(COLLECTIVE_KINDS)}")
     if not sizes:
         raise ValueError(f"nccl-tests: {label!r} has no result lines (size count type ...)")
     if not ranks:
@@ -166,7 +167,8 @@ def read_nccl_csv(path: str | Path, *, source_id: str | None = None) -> list[Ncc
         series[key].times_us.append(float(row["oop_time_us"]))
     if not series:
         valid = sorted({r["source_id"] for r in rows})
-        raise ValueError(f"source: {source_id!r} is not in {str(path)!r}; valid: {', '.join(valid)}")
+        raise ValueError(f"source: {source_id!r} is not in {str(path)!r}; valid: "
+                         f"{', '.join(valid)}")
     return list(series.values())
 
 

@@ -275,6 +275,8 @@ class RankReplayer:
 
     def _loop(self, stream: str, indices: list[int], threads: int) -> None:
         torch.set_num_threads(threads)  # per thread: OpenMP's count is thread-local
+        if self.cuda:
+            torch.cuda.set_device(self.device)  # the current device is per thread too
         while True:
             self._go.wait()
             try:
