@@ -32,10 +32,15 @@ same ops without an event loop, in three parts:
    reduced over data parallelism as they fill, the optimizer and ZeRO's
    parameter all-gather; the step ends when the last rank does.
 
+ZeRO-3's parameter gathers depend on nothing, so the data-parallel stream runs
+them ahead of use: the first layer of the step waits for its gather, and a rank
+whose gathers outlast its compute ends no sooner than all of them.
+
 Where the event fidelity must agree: without pipeline parallelism the step is
-one rank's list schedule, so the two agree to the nanosecond (tests). With
-pipelines they differ by how waits inside the steady state and the drain
-overlap the reduction; tests bound the difference.
+one rank's list schedule (with ZeRO-3, of all its actions in order), so the two
+agree to the nanosecond (tests). With pipelines they differ by how waits inside
+the steady state and the drain overlap the reduction: under 1 % on the tested
+schedules, under 5 % with ZeRO-3, whose prefetch also runs through the bubbles.
 
 Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
 (its TP/CP peers wait for them); the step is the slower of that pipeline and the
@@ -49,6 +54,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Mapping, Sequence
 
+from hardware.catalog import cluster_to_dict
 from hardware.compute import ComputeModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
@@ -107,6 +113,16 @@ class PricingCache:
         self.max_layouts = max_layouts
         self._entries: dict[tuple[int, int, int], tuple[ClusterSpec, CollectivePlanner,
                                                         dict[tuple, int]]] = {}
+        self._cluster_dicts: dict[int, tuple[ClusterSpec, dict]] = {}
+
+    def cluster_dict(self, cluster: ClusterSpec) -> dict:
+        """``hardware.catalog.cluster_to_dict`` of ``cluster``, computed once per spec
+        (results embed it; building it costs more than pricing a plan)."""
+        entry = self._cluster_dicts.get(id(cluster))
+        if entry is None:
+            entry = (cluster, cluster_to_dict(cluster))
+            self._cluster_dicts[id(cluster)] = entry
+        return entry[1]
 
     def planner(self, layout: ClusterLayout) -> tuple[CollectivePlanner, dict[tuple, int]]:
         """The planner of ``layout`` and its collective prices (ns by op signature)."""
@@ -139,6 +155,7 @@ class OpPricer:
         self.speed = speed
         self._compute_cache: dict[tuple, int] = {}
         self._collective_cache = {} if collective_prices is None else collective_prices
+        self.ops_scheduled = 0
 
     def duration_ns(self, op: Op) -> int:
         """Nanoseconds the op takes once it starts; point-to-point ops cost 0 here
@@ -170,6 +187,7 @@ class OpPricer:
 
     def schedule(self, ops: Sequence[Op]) -> OpListCost:
         """List-schedule ``ops`` (stream order and ``deps``) on one rank."""
+        self.ops_scheduled += len(ops)
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
         cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
@@ -216,12 +234,14 @@ class AnalyticStep:
         breakdown_s: per pipeline rank, seconds of compute, optimizer, exposed
             communication per axis and bubble (the keys of sim.breakdown).
         critical: the pipeline rank that ends last.
+        ops_priced: ops list-scheduled to get there (the model's work).
     """
 
     step_ns: int
     rank_end_ns: list[int]
     breakdown_s: dict[int, dict[str, float]]
     critical: int
+    ops_priced: int = 0
 
 
 @dataclass
@@ -233,6 +253,8 @@ class _RankCosts:
     last_backward: OpListCost    # the last micro-batch's backward alone
     finish: OpListCost           # the same with gradient reduction and optimizer
     weight_ns: int = 0           # ZB-H1: its weight-gradient part, off the drain's path
+    gathers_ns: int = 0          # ZeRO-3: the step's parameter gathers back to back
+    first_gather_ns: int = 0     # ZeRO-3: the gather the first layer waits for
 
 
 def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
@@ -262,6 +284,7 @@ class AnalyticStepModel:
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
         self._part_costs: dict[tuple, OpListCost] = {}
+        self._ops: dict[tuple, Op | None] = {}
 
     def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
@@ -291,26 +314,16 @@ class AnalyticStepModel:
                       for s in range(p, len(lowerer.stage_layers), self.plan.pp)))
 
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
-        """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage. Layers run back
-        to back on the compute stream and their CP exchanges end inside them, so
-        the stage costs the sum of its layers' and edges' list schedules, priced
-        once per layer type. ZeRO-3 prefetches every layer's parameters at the
-        stage's start, so it is scheduled whole."""
-        if self.plan.zero == 3:
-            ops = self.lowerer.action_ops(p, [Action(stage, comp, 0)], finish_step=False)
-            return pricer.schedule(ops)
-        parts: list[int | str] = list(self.lowerer.stage_layers[stage])
-        if stage == 0:
-            parts.append("embedding")
-        if stage == len(self.lowerer.stage_layers) - 1:
-            parts.append("head")
-        counts: dict[int | str, int] = {}
-        for part in parts:  # one evaluation per kind of part (dense, MoE, edges)
-            kind = part if isinstance(part, str) else self.lowerer.model.is_moe_layer(part)
-            first = next((p_ for p_ in counts if _kind(self.lowerer, p_) == kind), part)
-            counts[first] = counts.get(first, 0) + 1
+        """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
+        add up, one evaluation per kind (ZeRO-3's gathers are prefetched, see
+        :meth:`_gathers_ns`)."""
+        counts: dict[object, tuple[int | str, int]] = {}
+        for part in self._stage_parts(stage):
+            kind = _kind(self.lowerer, part)
+            first, count = counts.get(kind, (part, 0))
+            counts[kind] = (first, count + 1)
         total = OpListCost(exposed_ns={})
-        for part, count in counts.items():
+        for part, count in counts.values():
             cost = self._part_cost(pricer, p, part, comp)
             total.total_ns += cost.total_ns * count
             total.compute_ns += cost.compute_ns * count
@@ -345,6 +358,7 @@ class AnalyticStepModel:
                             forward.compute_ns + backward.compute_ns, 0, {})
         _add(per_mb.exposed_ns, forward.exposed_ns)
         _add(per_mb.exposed_ns, backward.exposed_ns)
+        gathers, first_gather = self._gathers_ns(pricer, p)
         weight = 0
         if self.plan.schedule == "zb-h1":
             weight = self._work_cost(pricer, p, [a for a in work if a.comp == "W"]).total_ns
@@ -352,7 +366,8 @@ class AnalyticStepModel:
         else:
             fill = per_mb.total_ns / self.plan.vpp
         return _RankCosts(per_mb, fill, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail), weight)
+                          self._finish_cost(pricer, p, tail), weight,
+                          gathers * self.plan.num_microbatches, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
@@ -362,41 +377,109 @@ class AnalyticStepModel:
 
     def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
         """The last micro-batch's backward with its gradient buckets reduced on the
-        data-parallel stream as they fill (as strategies.lowering issues them), then
-        the optimizer and ZeRO's parameter all-gathers."""
+        data-parallel stream as they fill, then the optimizer and ZeRO's parameter
+        all-gathers."""
+        return self._walk(pricer, p, tail, finish=True)
+
+    def _gathers_ns(self, pricer: OpPricer, p: int) -> tuple[int, int]:
+        """ZeRO-3 on rank ``p``: (one micro-batch's parameter gathers back to back,
+        the first one). They depend on nothing, so the data-parallel stream runs
+        them ahead of use from the step's start; compute waits for the first, and
+        for the rest only if the stream falls behind: a gather-bound rank ends no
+        sooner than all of its step's gathers."""
+        if self.plan.zero != 3:
+            return 0, 0
+        work, _ = self._rank_actions(p)
+        total = first = 0
+        for action in work:
+            for layer in self.lowerer.stage_layers[action.stage]:
+                op = self._gather_op(p, layer)
+                duration = pricer.duration_ns(op) if op is not None else 0
+                first = first or duration
+                total += duration
+        return total, first
+
+    def _gather_op(self, p: int, layer: int) -> Op | None:
+        """ZeRO-3's parameter gather of a layer, built once per layer kind."""
+        key = ("gather", p, _kind(self.lowerer, layer))
+        if key not in self._ops:
+            self._ops[key] = self.lowerer.param_gather_op(p, layer)
+        return self._ops[key]
+
+    def _embedding_forward_ns(self) -> int:
+        """The embedding's forward on pipeline rank 0 (before its first layer)."""
+        return self._part_cost(self.stage_pricers.get(0, self.pricer), 0, "embedding",
+                               "F").total_ns
+
+    def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
+              finish: bool, gathers: bool = False) -> OpListCost:
+        """List schedule of ``actions`` on rank ``p``, part by part in the order the
+        lowering issues them: layers and edges run back to back on the compute
+        stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
+        end inside them); with ``finish``, the data-parallel stream reduces the
+        gradient buckets of the last micro-batch as they fill, then the optimizer
+        and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
+        gathers run on the data-parallel stream in issue order (all of an action's
+        at its start) and each layer waits for its own: for a rank whose actions
+        run back to back (no pipeline) this is the replay's schedule exactly."""
         lowerer, plan = self.lowerer, self.plan
-        if plan.zero == 3:  # parameter prefetches share the stream with reductions
-            return pricer.schedule(lowerer.action_ops(p, tail, finish_step=True))
         cost = OpListCost(exposed_ns={})
-        reductions: list[tuple[int, Op]] = []
-        pending: dict[int, dict[str, float]] = {}
+        dp_free = 0
 
-        def reduce(due: list[tuple[str, float]], ready_ns: int) -> None:
+        def on_dp_stream(op: Op | None, ready_ns: int) -> int:
+            nonlocal dp_free
+            if op is not None:
+                dp_free = max(dp_free, ready_ns) + pricer.duration_ns(op)
+            return dp_free
+
+        def reduce(due: list[tuple[str, float]]) -> None:
             for group, size in due:
-                op = lowerer.reduction_op(p, group, size)
-                if op is not None:
-                    reductions.append((ready_ns, op))
+                key = ("reduce", p, group, size)
+                if key not in self._ops:
+                    self._ops[key] = lowerer.reduction_op(p, group, size)
+                on_dp_stream(self._ops[key], cost.total_ns)
 
-        for action in tail:
-            grads = pending.setdefault(action.stage, {})
-            first_layer = lowerer.stage_layers[action.stage][0]
-            for part in self._stage_parts(action.stage):
-                part_cost = self._part_cost(pricer, p, part, action.comp)
+        pending: dict[int, dict[str, float]] = {}
+        used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
+        last = len(lowerer.stage_layers) - 1
+        for action in actions:
+            stage, comp = action.stage, action.comp
+            layers = list(lowerer.stage_layers[stage])
+            if comp == "F":
+                parts = (["embedding"] if stage == 0 else []) + layers
+                parts += ["head"] if stage == last else []
+            else:
+                parts = self._stage_parts(stage)
+                layers.reverse()
+            reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
+                          and action.microbatch == plan.num_microbatches - 1)
+            grads = pending.setdefault(stage, {})
+            gathered: dict[int, int] = {}
+            for part in parts:
+                if gathers and not isinstance(part, str):
+                    if not gathered:  # issued at the action's start, waited for per layer
+                        gathered = {layer: on_dp_stream(self._gather_op(p, layer), 0)
+                                    for layer in layers}
+                    wait = gathered[part] - cost.total_ns
+                    if wait > 0:
+                        cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
+                        cost.total_ns += wait
+                part_cost = self._part_cost(pricer, p, part, comp)
                 cost.total_ns += part_cost.total_ns
                 cost.compute_ns += part_cost.compute_ns
-                _add(cost.exposed_ns, part_cost.exposed_ns)
-                if action.comp in ("B", "W") and plan.overlap_grad_reduce:
-                    final = part == "embedding" or (part == first_layer and action.stage != 0)
-                    reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final),
-                           cost.total_ns)
+                if part_cost.exposed_ns:
+                    used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
+                if reduce_now:
+                    final = part == "embedding" or (part == layers[-1] and stage != 0)
+                    reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final))
+        for part_cost, count in used.values():
+            _add(cost.exposed_ns, part_cost.exposed_ns, count)
+        if not finish:
+            return cost
         if not plan.overlap_grad_reduce:
-            for stage in sorted({a.stage for a in tail}):
-                kernels = [k for part in reversed(self._stage_parts(stage))
-                           for k in lowerer.part_kernels(part)]
-                reduce(lowerer.fill_buckets(kernels, {}, True), cost.total_ns)
-        dp_free = 0
-        for ready_ns, op in reductions:
-            dp_free = max(dp_free, ready_ns) + pricer.duration_ns(op)
+            for stage in sorted({a.stage for a in actions}):
+                reduce(lowerer.fill_buckets([k for part in reversed(self._stage_parts(stage))
+                                             for k in lowerer.part_kernels(part)], {}, True))
         compute_end = cost.total_ns
         if dp_free > compute_end:
             cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
@@ -420,6 +503,8 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
+        if plan.zero == 3 and pp == 1:
+            return self._whole_rank_step()
         work = [r.per_microbatch.total_ns for r in ranks]
         slowest = max(range(pp), key=lambda r: (work[r], -r))
         pipe_ns = math.ceil(m * work[slowest]
@@ -427,19 +512,43 @@ class AnalyticStepModel:
                             + 2 * (pp - 1) * t_p2p)
         if plan.schedule == "zb-h1" and pp > 1:
             pipe_ns = self._zero_bubble_ns(t_p2p)
+        # ZeRO-3: the first layer of the step waits for its parameters; the rest
+        # arrive ahead of use unless the gathers outlast the compute
+        first_wait = max(0, ranks[0].first_gather_ns - self._embedding_forward_ns())
+        pipe_ns += first_wait
         ends, drained = [], 0
         for rank in ranks:
             last_start = pipe_ns - drained - rank.last_backward.total_ns
-            ends.append(last_start + rank.finish.total_ns)
+            after_backward = rank.finish.total_ns - rank.last_backward.total_ns
+            # a gather-bound rank ends no sooner than its gathers, then what
+            # follows the last backward (reductions, optimizer)
+            ends.append(max(last_start + rank.finish.total_ns,
+                            rank.gathers_ns + after_backward))
             # the gradient leaves a rank after its input-gradient part (ZB-H1 runs
             # the weight-gradient part while the ranks before it work)
             drained += rank.last_backward.total_ns - rank.weight_ns + t_p2p
         step_ns = max(ends)
-        breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0)
+        breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0,
+                                        first_wait if p == 0 else 0)
                      for p, rank in enumerate(ranks)}
         critical = max(range(pp), key=lambda r: (ends[r], -r))
+        pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
-                            critical=critical)
+                            critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers))
+
+    def _whole_rank_step(self) -> AnalyticStep:
+        """Without pipeline parallelism the step is one rank's list schedule: every
+        action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
+        pricer = self.stage_pricers.get(0, self.pricer)
+        actions = list(cached_schedule(self.plan.schedule, 1, self.plan.num_microbatches, 1)[0])
+        cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
+        row = {"compute": cost.compute_ns / 1e9, "optimizer": cost.optimizer_ns / 1e9}
+        for axis in AXES_IN_ORDER:
+            row[f"exposed_{axis}"] = cost.exposed_ns.get(axis, 0) / 1e9
+        row["bubble"] = max(cost.total_ns - cost.compute_ns - cost.optimizer_ns
+                            - sum(cost.exposed_ns.values()), 0) / 1e9
+        return AnalyticStep(step_ns=cost.total_ns, rank_end_ns=[cost.total_ns],
+                            breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled)
 
     def _zero_bubble_ns(self, t_p2p: int) -> int:
         """ZB-H1 fills the drain with deferred weight-gradient work; with unequal
@@ -451,16 +560,16 @@ class AnalyticStepModel:
             pricer = self.stage_pricers.get(p, self.pricer)
             for comp in "FIW":
                 durations[comp].append(self._phase_cost(pricer, p, p, comp).total_ns)
-        actions = cached_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
         backward = [i + w for i, w in zip(durations["I"], durations["W"])]
-        return int(simulate_unit_times(actions, plan.pp, plan.vpp, durations["F"], backward,
-                                       durations["W"], t_p2p).makespan)
+        return schedule_makespan(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches,
+                                 durations["F"], backward, durations["W"], t_p2p)
 
     @staticmethod
-    def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int) -> dict[str, float]:
+    def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int,
+                   gather_wait_ns: int) -> dict[str, float]:
         """Seconds per category: m micro-batches, plus what finishing the step adds
         (reduction, optimizer, parameter all-gather) beyond the last backward."""
-        exposed: dict[str, int] = {}
+        exposed: dict[str, int] = {"dp": gather_wait_ns}
         _add(exposed, rank.per_microbatch.exposed_ns, m)
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
@@ -514,6 +623,33 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step
+
+
+def schedule_makespan(schedule: str, pp: int, vpp: int, microbatches: int,
+                      t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
+                      t_comm: int) -> int:
+    """Makespan of a pipeline schedule with per-stage durations (integers, any unit),
+    as strategies.pipeline.simulate_unit_times replays it, in O(pp^2) for any number
+    of micro-batches.
+
+    Past the warm-up every micro-batch adds the same period (the steady state
+    repeats), so long schedules are extrapolated from replays of ``3 pp``,
+    ``3 pp + 1`` and ``3 pp + 2`` micro-batches once those show a constant period;
+    otherwise the whole schedule is replayed.
+    """
+    def makespan(m: int) -> int:
+        actions = cached_schedule(schedule, pp, m, vpp)
+        return int(simulate_unit_times(actions, pp, vpp, list(t_f), list(t_b),
+                                       None if t_w is None else list(t_w), t_comm,
+                                       check=False).makespan)
+
+    short = 3 * pp
+    if microbatches <= short + 2:
+        return makespan(microbatches)
+    spans = [makespan(short + k) for k in range(3)]
+    if spans[2] - spans[1] != spans[1] - spans[0]:
+        return makespan(microbatches)
+    return spans[0] + (microbatches - short) * (spans[1] - spans[0])
 
 
 @lru_cache(maxsize=256)

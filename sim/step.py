@@ -26,6 +26,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Mapping, Sequence
 from dataclasses import dataclass, field
 import pandas as pd
@@ -42,7 +43,7 @@ from strategies.lowering import StepLowerer, StepLowering
 from sim.breakdown import rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, rank_memory
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action, max_inflight_microbatches
+from strategies.pipeline import max_inflight_microbatches
 from strategies.plan import ParallelPlan, validate_plan
 
 
@@ -68,6 +69,8 @@ class StepResult:
             servers, placement, server ranks, steps, staleness, GPUs and nodes in all,
             ``step_ends_s`` (E(t), module docstring), makespan, server memory and
             server shard 0's busy seconds per step (aggregation, updates).
+        stats: work done: SimPy ``events``, ``ops`` and ``spans`` of a replay;
+            ``ops_priced`` by the analytic model.
     """
 
     step_time_s: float
@@ -82,6 +85,7 @@ class StepResult:
     timeline: Timeline = field(repr=False)
     lowering: StepLowering | None = field(repr=False)
     ps: dict[str, object] | None = None
+    stats: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable summary (no timeline)."""
@@ -135,17 +139,37 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
+def inflight_microbatches(plan: ParallelPlan) -> tuple[int, ...]:
+    """Peak micro-batches each pipeline rank holds activations of, under the plan's
+    schedule (strategies.pipeline.max_inflight_microbatches).
+
+    Past the warm-up, 1F1B-like schedules free one micro-batch per one they
+    start, so the peak is reached within ``pp * (2 * vpp + 2)`` micro-batches;
+    longer schedules are cut there (a whole number of rounds of ``pp``), which
+    keeps memory checks of sweeps cheap. GPipe holds every micro-batch.
+    """
+    m = plan.num_microbatches
+    cap = plan.pp * (2 * plan.vpp + 2)
+    if plan.schedule != "gpipe" and m > cap:
+        m = cap
+    return _inflight(plan.schedule, plan.pp, m, plan.vpp)
+
+
+@lru_cache(maxsize=256)
+def _inflight(schedule: str, pp: int, microbatches: int, vpp: int) -> tuple[int, ...]:
+    return tuple(max_inflight_microbatches(cached_schedule(schedule, pp, microbatches, vpp)))
+
+
 def stage_memory(model: ModelSpec, plan: ParallelPlan,
                  stage_layers: Sequence[Sequence[int]],
-                 actions: Sequence[Sequence[Action]]) -> dict[int, MemoryBreakdown]:
+                 inflight: Sequence[int]) -> dict[int, MemoryBreakdown]:
     """Peak memory of every pipeline rank under the plan's schedule.
 
     Args:
         stage_layers: global layer indices of each virtual stage.
-        actions: schedule actions of each pipeline rank (activations held
-            follow from them, strategies.pipeline.max_inflight_microbatches).
+        inflight: micro-batches whose activations each pipeline rank holds at
+            its peak (:func:`inflight_microbatches`).
     """
-    inflight = max_inflight_microbatches(actions)
     stages = len(stage_layers)
     result = {}
     for p in range(plan.pp):
@@ -210,8 +234,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             raise ValueError(f"straggler: rank {rank} speed {speed!r} is not valid; "
                              "give a speed > 0 (0.5 = half speed)")
     lowerer = StepLowerer(model, plan)
-    actions = cached_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
-    memory = stage_memory(model, plan, lowerer.stage_layers, actions)
+    memory = stage_memory(model, plan, lowerer.stage_layers, inflight_microbatches(plan))
     if check_memory:
         for p, breakdown in memory.items():
             check_fits(breakdown, cluster.gpu.hbm_bytes, lowerer.representatives[p], plan=plan)
@@ -247,6 +270,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                 "critical_rank": critical},
         timeline=timeline,
         lowering=lowering,
+        stats=dict(result.stats),
     )
 
 
@@ -267,11 +291,13 @@ def _analytic_result(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         memory=memory,
         breakdown=step.breakdown_s[step.critical],
         stage_breakdown=step.breakdown_s,
-        inputs={**resolved_inputs(model, cluster, plan, "analytic", layout, {}),
+        inputs={**resolved_inputs(model, cluster, plan, "analytic", layout, {},
+                                  cluster_dict=cache.cluster_dict(cluster) if cache else None),
                 "stragglers": {str(r): v for r, v in sorted(stragglers.items())},
                 "critical_rank": critical},
         timeline=Timeline(),
         lowering=None,
+        stats={"ops_priced": step.ops_priced},
     )
 
 
@@ -287,9 +313,12 @@ def throughput(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
 
 def resolved_inputs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, fidelity: str,
-                    layout: ClusterLayout, plans: dict[str, str]) -> dict[str, object]:
-    """What a result embeds to be reproducible (DESIGN.md principle 6)."""
-    return {"model": model.name, "cluster": cluster_to_dict(cluster), "plan": _plan_dict(plan),
+                    layout: ClusterLayout, plans: dict[str, str],
+                    cluster_dict: dict | None = None) -> dict[str, object]:
+    """What a result embeds to be reproducible (DESIGN.md principle 6);
+    ``cluster_dict``: the cluster's ``cluster_to_dict``, when already built."""
+    cluster_dict = cluster_to_dict(cluster) if cluster_dict is None else cluster_dict
+    return {"model": model.name, "cluster": cluster_dict, "plan": _plan_dict(plan),
             "gpus": plan.world_size, "fidelity": fidelity, "nodes": layout.nodes,
             "gpus_per_node": layout.gpus_per_node, "plans_chosen": _count_plans(plans)}
 

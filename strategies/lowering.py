@@ -370,6 +370,14 @@ class StepLowerer:
         index = self._reduce_bucket(b, group, size, "bucket", 0)
         return b.ops[index] if index >= 0 else None
 
+    def param_gather_op(self, p: int, layer: int) -> Op | None:
+        """ZeRO-3's all-gather of one layer's parameters on pipeline rank ``p`` (None
+        without ZeRO-3 or data parallelism)."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        index = self._zero3_gather(b, [layer], "gather").get(layer, -1)
+        return b.ops[index] if index >= 0 else None
+
     def optimizer_ops(self, p: int) -> list[Op]:
         """The optimizer step of pipeline rank ``p`` and, under ZeRO 1/2, the
         parameter all-gathers after it."""

@@ -627,6 +627,7 @@ def simulate_unit_times(
     t_b: Durations,
     t_w: Durations | None = None,
     t_comm: Number = 0,
+    check: bool = True,
 ) -> ScheduleTiming:
     """Exact event simulation of per-rank action lists with fixed durations.
 
@@ -649,6 +650,8 @@ def simulate_unit_times(
             split and unsplit schedules do the same total work. Ignored for
             lists with only B.
         t_comm: point-to-point latency between ranks (>= 0).
+        check: validate the lists' structure first (:func:`check_schedule`); lists
+            from :func:`schedule_actions` may skip it.
 
     Returns:
         :class:`ScheduleTiming`.
@@ -657,7 +660,8 @@ def simulate_unit_times(
         ValueError: on incomplete or deadlocking lists, negative durations,
             missing ``t_w`` for split lists, or ``t_w > t_b``.
     """
-    _structure(actions, pp, vpp, None)
+    if check:
+        _structure(actions, pp, vpp, None)
     num_stages = pp * vpp
     tf = _as_stage_durations("t_f", t_f, num_stages)
     tb = _as_stage_durations("t_b", t_b, num_stages)
