@@ -120,6 +120,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         program: Optional[str] = typer.Option(None, help="Program JSON file."),
         model: Optional[str] = typer.Option(None, help="Model preset or file (with plan "
                                             "flags)."),
+        cluster: Optional[str] = typer.Option(None, help="Preset of this hardware, recorded "
+                                              "for calibrate and compare (e.g. dgx-h100)."),
         gpus: Optional[int] = typer.Option(None, help="GPUs (= dp*tp*pp*cp) with --model."),
         tp: int = typer.Option(1, help="Tensor-parallel size."),
         pp: int = typer.Option(1, help="Pipeline-parallel size."),
@@ -165,7 +167,12 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         if not existing.exists():
             write_text_atomic(existing, text)
         chosen = _backend(backend)
-        task = {"task": "replay", "out": str(directory), "backend": chosen,
+        if cluster:
+            from hardware.catalog import load_cluster
+            from validate.calibrate import preset_path
+
+            load_cluster(preset_path(cluster))  # a bad name fails now, not after the run
+        task = {"task": "replay", "out": str(directory), "backend": chosen, "cluster": cluster,
                 "iterations": iterations, "warmup": warmup, "timeout_s": timeout_s,
                 "source": {"example": example, "program": program, "model": model,
                            "plan": {k: v for k, v in plan_fields.items() if v is not None}}}

@@ -19,8 +19,8 @@ factors settle (see :func:`fit_comm`).
 
 **Compute.** Measured op times become tables of time vs work per (kind, dtype)
 (``CalibratedComputeModel``), each replayed rank a speed relative to the tables
-(:func:`rank_speeds`: a rank sharing a busier core runs slower), and the GpuSpec gets the best GEMM rate (matmul peak x
-efficiency) and a copy fit ``t = launch + bytes / bandwidth`` (HBM bandwidth x
+(:func:`rank_speeds`: a rank sharing a busier core runs slower), and the GpuSpec gets
+the best GEMM rate (matmul peak x efficiency) and a copy fit ``t = launch + bytes / bandwidth`` (HBM bandwidth x
 efficiency, kernel launch), for kinds without a table and for ``--calibration`` on
 ``trainsim simulate``.
 """
@@ -91,6 +91,7 @@ class Inputs:
     compute: list[ComputePoint] = field(default_factory=list)
     rank_ops: dict[int, list[ComputePoint]] = field(default_factory=dict)
     described: list[str] = field(default_factory=list)
+    cluster_hint: str | None = None
     versions: dict = field(default_factory=dict)
     cpu_measurements: bool = False
 
@@ -180,6 +181,7 @@ def _read_directory(path: Path, found: Inputs) -> None:
             found.rank_ops.setdefault(rank, []).append(point)
         env = measured.env.get(min(measured.env)) if measured.env else {}
         found.versions.update(_versions_of(env or {}))
+        found.cluster_hint = found.cluster_hint or (measured.run or {}).get("cluster")
         what.append(f"replay of {measured.program.name!r}, {len(measured.iterations)} "
                     f"iterations, {measured.program.world_size} ranks")
     for rank, records in store.read_series("collectives").items():
@@ -538,6 +540,7 @@ def base_cluster(cluster: str | None, overrides: dict | None,
     Raises:
         ValueError: no cluster given and the inputs do not say (GPU measurements).
     """
+    cluster = cluster or inputs.cluster_hint
     if cluster is None:
         if not inputs.cpu_measurements:
             raise ValueError("cluster: give --cluster, the preset the measurements ran on "

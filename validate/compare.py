@@ -56,6 +56,8 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     if cluster is None and cal is not None:
         cluster = cal.provenance.get("base_cluster")
     if cluster is None:
+        cluster = (measured.run or {}).get("cluster")
+    if cluster is None:
         env = measured.env.get(min(measured.env), {}) if measured.env else {}
         if env.get("cuda_available"):
             raise ValueError("cluster: give --cluster (the preset the GPUs belong to) or a "
