@@ -271,6 +271,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         tolerance: float = typer.Option(0.15, help="Exit 1 when the step-time error exceeds "
                                         "this fraction."),
         output_format: str = typer.Option("table", "--format", help="table or json."),
+        trace: Optional[str] = typer.Option(None, help="Write Perfetto traces PREFIX.measured"
+                                            ".json and PREFIX.simulated.json."),
     ) -> None:
         """Simulate what DIR measured; print the error per op kind and of the step time."""
         from validate.compare import compare as run_compare
@@ -278,7 +280,7 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         check_choice("format", output_format, ("table", "json"))
         result = run_compare(directory, calibration=calibration, cluster=cluster,
                              overrides=parse_overrides(set_), fidelity=fidelity,
-                             tolerance=tolerance)
+                             tolerance=tolerance, trace_prefix=trace)
         if output_format == "json":
             print(json.dumps(result, indent=1))
         else:

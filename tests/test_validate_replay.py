@@ -38,6 +38,8 @@ def replay_dir(tmp_path_factory):
 
 
 def test_calibrated_simulation_reproduces_the_measured_step(capsys, replay_dir, tmp_path):
+    from validate.program_io import load_program
+
     cal = tmp_path / "cal.toml"
     code, out, err = run_cli(capsys, "calibrate", str(replay_dir), "--out", str(cal))
     assert code == 0, err
@@ -56,8 +58,13 @@ def test_calibrated_simulation_reproduces_the_measured_step(capsys, replay_dir, 
     assert sorted(int(r) for r in result["inputs"]["rank_speed"]) == [0, 1, 2, 3]
     # past the tolerance the command says so and exits non-zero
     code, out, err = run_cli(capsys, "validate", "compare", str(replay_dir), "--calibration",
-                             str(cal), "--format", "json", "--tolerance", "1e-9")
+                             str(cal), "--format", "json", "--tolerance", "1e-9", "--trace",
+                             str(tmp_path / "step"))
     assert code == 1 and "exceeds tolerance" in err
+    for which in ("measured", "simulated"):  # Perfetto traces side by side
+        events = json.loads((tmp_path / f"step.{which}.json").read_text())["traceEvents"]
+        assert sum(1 for e in events if e.get("ph") == "X") == sum(
+            len(ops) for ops in load_program(replay_dir / "program.json").ops_by_rank.values())
 
 
 def test_without_calibration_the_cpu_host_placeholders_are_far_off(capsys, replay_dir):

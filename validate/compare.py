@@ -25,7 +25,8 @@ from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
 from validate.calibrate import job_shape, preset_path
-from validate.spans import comm_durations, compute_ops, load_measurements, timeline_intervals
+from validate.spans import (comm_durations, compute_ops, load_measurements, measured_timeline,
+                            timeline_intervals)
 
 FIDELITIES = ("analytic", "flow")
 
@@ -36,8 +37,11 @@ def _relative(simulated: float, measured: float) -> float | None:
 
 def compare(directory: str, *, calibration: str | None = None, cluster: str | None = None,
             overrides: dict | None = None, fidelity: str = "analytic",
-            tolerance: float = 0.15) -> dict:
+            tolerance: float = 0.15, trace_prefix: str | None = None) -> dict:
     """Simulate the measured Program and compare (see the module docstring).
+
+    With ``trace_prefix``, writes Perfetto/Chrome traces ``PREFIX.measured.json`` (the
+    first kept iteration) and ``PREFIX.simulated.json`` side by side.
 
     Returns a JSON-serialisable dict with ``step_time_error``, ``per_op_kind``,
     ``step_time_s`` (measured, simulated, the measured spread), ``tolerance``,
@@ -75,6 +79,12 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     result = Engine(program, ClusterLayout(spec, nodes, gpus_per_node), fidelity=fidelity,
                     compute=compute, rank_speed=speeds).run()
     simulated = timeline_intervals(program, result.timeline)
+    if trace_prefix:
+        process_of = lambda rank: rank // gpus_per_node  # noqa: E731 - one process per node
+        measured_timeline(program, measured.kept()[0]).write_chrome_trace(
+            f"{trace_prefix}.measured.json", process_of=process_of)
+        result.timeline.write_chrome_trace(f"{trace_prefix}.simulated.json",
+                                           process_of=process_of)
 
     kinds: dict[str, dict] = {}
     durations = measured.mean_occupancy_ns()

@@ -171,6 +171,26 @@ def load_measurements(directory: str | Path) -> Measurements:
     return Measurements(program, iterations, env, store.read_meta("run"))
 
 
+def measured_timeline(program: Program, intervals: Intervals):
+    """A :class:`sim.timeline.Timeline` of one measured iteration (for Perfetto traces
+    beside the simulated one)."""
+    from sim.timeline import Timeline
+
+    timeline = Timeline()
+    for rank in program.ranks():
+        for index, op in enumerate(program.ops_by_rank[rank]):
+            start, end = intervals[(rank, index)]
+            if isinstance(op, ComputeOp):
+                timeline.record(rank, op.stream, op.name, op.kind, start, end, op.bytes,
+                                op.flops, "compute")
+            else:
+                kind = (op.kind if isinstance(op, CollectiveOp)
+                        else "send" if isinstance(op, SendOp) else "recv")
+                timeline.record(rank, op.stream, op.name, kind, start, end, op.size_bytes,
+                                0.0, "comm")
+    return timeline
+
+
 def step_time_ns(intervals: Intervals) -> int:
     """Makespan: last end minus first start over every rank and op."""
     starts = [s for s, _ in intervals.values()]
