@@ -226,6 +226,9 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
     def gemm(
         out: str = typer.Option(..., help="Measurement directory."),
         sizes: str = typer.Option("256,512,1024,2048", help="Square GEMM sizes n (n x n x n)."),
+        shapes: Optional[str] = typer.Option(None, help="More GEMMs as BxMxNxK, comma-"
+                                             "separated ([b,m,k] @ [b,k,n]), e.g. "
+                                             "1x8192x1024x8192."),
         dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp64."),
         copy_sizes: str = typer.Option("1M,4M,16M,64M", help="Copy sizes for memory "
                                        "bandwidth."),
@@ -240,8 +243,16 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         if len(gemm_sizes) != len(_split(sizes, "sizes")) or min(gemm_sizes) <= 0:
             raise ValueError(f"sizes: {sizes!r} is not valid; give positive integers, e.g. "
                              "256,512,1024")
+        gemm_shapes = []
+        for text in _split(shapes, "shapes") if shapes else []:
+            parts = text.lower().split("x")
+            if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"shapes: {text!r} is not valid; give BxMxNxK with positive "
+                                 "integers, e.g. 1x4096x4096x4096")
+            gemm_shapes.append([int(p) for p in parts])
         task = {"task": "gemm", "out": out, "backend": _backend(backend), "dtype": dtype,
-                "gemm_sizes": gemm_sizes, "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
+                "gemm_sizes": gemm_sizes, "gemm_shapes": gemm_shapes,
+                "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
                 "iters": iters, "warmup": warmup}
         if _run(task, nproc):
             return

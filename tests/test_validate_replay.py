@@ -171,14 +171,16 @@ def test_collectives_microbenchmark_and_calibration_from_it(capsys, tmp_path):
 def test_gemm_microbenchmark(capsys, tmp_path):
     out = tmp_path / "gemm"
     code, text, err = run_cli(capsys, "validate", "gemm", "--backend", "gloo", "--nproc", "1",
-                              "--dtype", "fp32", "--sizes", "64,128", "--copy-sizes", "64K,1M",
+                              "--dtype", "fp32", "--sizes", "64,128", "--shapes", "2x32x48x16",
+                              "--copy-sizes", "64K,1M",
                               "--iters", "3", "--out", str(out))
     assert code == 0, err
     from validate.store import MeasurementStore
 
     records = MeasurementStore(out).read_series("compute")[0]
     kinds = sorted(r["kind"] for r in records)
-    assert kinds == ["matmul", "matmul", "memcpy", "memcpy"]
+    assert kinds == ["matmul", "matmul", "matmul", "memcpy", "memcpy"]
+    assert [2, 32, 48, 16] in [r.get("shape") for r in records]
     for r in records:
         assert r["time_s"] > 0 and r["work"] > 0
     assert "TFLOP/s" in text and "GB/s" in text

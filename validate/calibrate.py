@@ -20,9 +20,9 @@ factors settle (see :func:`fit_comm`).
 **Compute.** Measured op times become tables of time vs work per (kind, dtype)
 (``CalibratedComputeModel``), each replayed rank a speed relative to the tables
 (:func:`rank_speeds`: a rank sharing a busier core runs slower), and the GpuSpec gets
-the best GEMM rate (matmul peak x efficiency) and a copy fit ``t = launch + bytes / bandwidth`` (HBM bandwidth x
-efficiency, kernel launch), for kinds without a table and for ``--calibration`` on
-``trainsim simulate``.
+the best GEMM rate (matmul peak x efficiency) and a copy fit
+``t = launch + bytes / bandwidth`` (HBM bandwidth x efficiency, kernel launch), for
+kinds without a table and for ``--calibration`` on ``trainsim simulate``.
 """
 
 from __future__ import annotations

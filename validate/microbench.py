@@ -5,9 +5,10 @@
   is the average per call, the slowest rank's); one row per (op, size) written by rank 0
   to ``collectives/`` as soon as it is measured. Sizes follow nccl-tests: the total
   for all_gather and reduce_scatter; sendrecv sends to rank+1 and receives from rank-1.
-* :func:`run_compute` -- on each rank's own device: square GEMMs ``n x n x n`` in a
-  dtype, and copies of a size sweep (HBM / memory bandwidth: a copy of ``s`` bytes moves
-  ``2 s`` bytes); one point per shape to ``compute/`` of that rank.
+* :func:`run_compute` -- on each rank's own device: GEMMs (square ``n x n x n``, or any
+  ``b x m x n x k``: ``[b, m, k] @ [b, k, n]``) in a dtype, and copies of a size sweep
+  (HBM / memory bandwidth: a copy of ``s`` bytes moves ``2 s`` bytes); one point per
+  shape to ``compute/`` of that rank.
 
 Both resume: a point already on disk is not measured again.
 """
@@ -146,17 +147,19 @@ def run_compute(task: dict, env: DistEnv, device, store: MeasurementStore) -> No
         raise ValueError(f"dtype: {dtype_name!r} is not valid; valid: fp32, bf16, fp16, "
                          "fp64") from None
     iters, warmup = int(task.get("iters", 10)), int(task.get("warmup", 3))
-    for n in task.get("gemm_sizes", []):
-        name = f"matmul-{dtype_name}-{int(n):06d}"
+    shapes = [(1, n, n, n) for n in task.get("gemm_sizes", [])]
+    shapes += [tuple(shape) for shape in task.get("gemm_shapes", [])]
+    for bsz, m, n, k in shapes:
+        name = f"matmul-{dtype_name}-{bsz}x{m}x{n}x{k}"
         if store.has(env.rank, "compute", name):
             continue
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        out = torch.empty(n, n, device=device, dtype=dtype)
+        a = torch.randn(bsz, m, k, device=device).to(dtype)
+        b = torch.randn(bsz, k, n, device=device).to(dtype)
+        out = torch.empty(bsz, m, n, device=device, dtype=dtype)
         time_s = _timed(lambda: torch.matmul(a, b, out=out), iters, warmup, device)
-        flops = 2.0 * n ** 3
+        flops = 2.0 * bsz * m * n * k
         store.write(env.rank, "compute", name, {
-            "kind": "matmul", "dtype": dtype_name, "shape": [1, n, n, n], "work": flops,
+            "kind": "matmul", "dtype": dtype_name, "shape": [bsz, m, n, k], "work": flops,
             "time_s": time_s, "flops_per_s": flops / time_s, "device": str(device)})
     for size in task.get("copy_sizes", []):
         name = f"memcpy-{int(size):015d}"

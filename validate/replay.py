@@ -216,8 +216,11 @@ class RankReplayer:
         of compute ops is waited at once (stream order). A second thread per stream
         would add a cross-thread wake-up to every dependency, which costs milliseconds
         on an oversubscribed CPU host. Communication end times: the work's future
-        callback when the backend has one (collectives), else the first moment this
-        thread sees the work completed (checked before every op; send/recv).
+        callback when the backend has one (collectives), else when this thread waits for
+        it (gloo's send/recv report no completion before ``wait``): a recv is waited by
+        the op that needs its data, so its end is the arrival or that moment; a send ends
+        at the end of the iteration at the latest. The comparison uses the receiver's end
+        (validate.spans.comm_durations), never a send's.
         """
         t0 = time.perf_counter_ns()
         times: list[list[int] | None] = [None] * len(self.ops)
