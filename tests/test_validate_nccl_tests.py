@@ -6,6 +6,7 @@ file applied, and its busbw is compared with the measured busbw line by line."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -31,13 +32,34 @@ SOURCES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def calibrations(tmp_path_factory):
+    """``make(source, cluster, extra) -> calibration file``, each made once per module
+    with `trainsim calibrate` (the A3 Mega fit from dgx-h100 takes seconds)."""
+    from sim.cli import main
+
+    made = {}
+    folder = tmp_path_factory.mktemp("calibrations")
+
+    def make(source: str, cluster: str, extra: list[str]) -> Path:
+        key = (source, cluster, tuple(extra))
+        if key not in made:
+            csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+            out = folder / f"{source}-{cluster}-{len(made)}.toml"
+            try:
+                main(["calibrate", str(csv_path), "--source", source, "--cluster", cluster,
+                      *extra, "--out", str(out)])
+            except SystemExit as done:
+                assert not done.code, f"calibrate exited with {done.code}"
+            made[key] = out
+        return made[key]
+    return make
+
+
 @pytest.mark.parametrize("source, cluster, extra", SOURCES)
-def test_calibration_reproduces_published_busbw(capsys, tmp_path, source, cluster, extra):
+def test_calibration_reproduces_published_busbw(calibrations, source, cluster, extra):
     csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
-    out = tmp_path / f"{source}.toml"
-    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", source,
-                           "--cluster", cluster, *extra, "--out", str(out))
-    assert code == 0, err
+    out = calibrations(source, cluster, extra)
     spec = apply_calibration(load_cluster(cluster), load_calibration(out))
     errors = []
     for series in read_nccl_csv(csv_path, source_id=source):
@@ -79,16 +101,13 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path):
     assert code == 2 and "cluster: give --cluster" in err
 
 
-def test_collective_command_applies_a_calibration(capsys, tmp_path):
+def test_collective_command_applies_a_calibration(capsys, calibrations):
     """`trainsim collective --calibration` gives the calibrated busbw (same check, via the
     command a planner runs): dgx-h100 calibrated on the A3 Mega run matches that run."""
     import json
 
     csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
-    cal = tmp_path / "a3.toml"
-    code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", "gcp_a3mega_2node",
-                           "--cluster", "dgx-h100", "--out", str(cal))
-    assert code == 0, err
+    cal = calibrations("gcp_a3mega_2node", "dgx-h100", [])
     common = ("collective", "all_reduce", "--cluster", "dgx-h100", "--nodes", "2",
               "--min-bytes", "1M", "--max-bytes", "8G", "--format", "json")
     code, out, err = run_cli(capsys, *common, "--calibration", str(cal))
