@@ -155,6 +155,10 @@ class OpPricer:
         self.speed = speed
         self._compute_cache: dict[tuple, int] = {}
         self._collective_cache = {} if collective_prices is None else collective_prices
+        # group tuples get small numbers once per pricer (see _group_id)
+        self._group_numbers: dict[tuple[int, ...], int] = {}
+        self._groups_by_id: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._own_prices: dict[tuple, int] = {}
         self.ops_scheduled = 0
 
     def duration_ns(self, op: Op) -> int:
@@ -170,14 +174,32 @@ class OpPricer:
                 self._compute_cache[key] = duration
             return duration
         if isinstance(op, CollectiveOp):
-            key = (op.kind, op.group, op.size_bytes, op.algorithm)
-            duration = self._collective_cache.get(key)
+            key = (op.kind, self._group_id(op.group), op.size_bytes, op.algorithm)
+            # numbers are per pricer, so the shared prices are keyed by the group too,
+            # hashed only on a miss of the pricer's own table
+            duration = self._own_prices.get(key)
+            if duration is not None:
+                return duration
+            shared_key = (op.kind, op.group, op.size_bytes, op.algorithm)
+            duration = self._collective_cache.get(shared_key)
             if duration is None:
-                plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
-                duration = self.planner.model.plan_time_ns(plan)
-                self._collective_cache[key] = duration
+                duration = self.planner.cost(op.kind, op.group, op.size_bytes,
+                                             op.algorithm).duration_ns
+                self._collective_cache[shared_key] = duration
+            self._own_prices[key] = duration
             return duration
         return 0
+
+    def _group_id(self, group: tuple[int, ...]) -> int:
+        """A small key for a group: hashing a 16,384-rank tuple on every lookup would
+        cost more than the pricing (tuples do not cache their hash). Groups are
+        looked up by identity first; each new tuple object is hashed once."""
+        entry = self._groups_by_id.get(id(group))
+        if entry is None or entry[0] is not group:
+            number = self._group_numbers.setdefault(group, len(self._group_numbers))
+            entry = (group, number)
+            self._groups_by_id[id(group)] = entry  # keeps the tuple, so its id stays its own
+        return entry[1]
 
     def p2p_ns(self, src: int, dst: int, size_bytes: int) -> int:
         """Nanoseconds of one point-to-point transfer."""
@@ -284,6 +306,7 @@ class AnalyticStepModel:
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
         self._part_costs: dict[tuple, OpListCost] = {}
+        self._phase_costs: dict[tuple, OpListCost] = {}
         self._ops: dict[tuple, Op | None] = {}
 
     def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
@@ -317,6 +340,10 @@ class AnalyticStepModel:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
         add up, one evaluation per kind (ZeRO-3's gathers are prefetched, see
         :meth:`_gathers_ns`)."""
+        key = (id(pricer), stage, comp)
+        total = self._phase_costs.get(key)
+        if total is not None:
+            return total
         counts: dict[object, tuple[int | str, int]] = {}
         for part in self._stage_parts(stage):
             kind = _kind(self.lowerer, part)
@@ -328,6 +355,7 @@ class AnalyticStepModel:
             total.total_ns += cost.total_ns * count
             total.compute_ns += cost.compute_ns * count
             _add(total.exposed_ns, cost.exposed_ns, count)
+        self._phase_costs[key] = total
         return total
 
     def _part_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str) -> OpListCost:

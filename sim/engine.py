@@ -71,6 +71,19 @@ class SimulationResult:
     inputs: dict[str, object] = field(default_factory=dict)
 
 
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules (each is processed
+    once by ``run``): the work measure of the scale benchmarks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
 class Engine:
     """One simulation of one Program.
 
@@ -106,7 +119,7 @@ class Engine:
             check_program(program, world_size=layout.world_size)
         self.program = program
         self.layout = layout
-        self.env = simpy.Environment()
+        self.env = CountingEnvironment()
         self.planner = planner or CollectivePlanner(layout, layout.spec.comm)
         self.fabric = make_fabric(fidelity, self.env, self.planner.model)
         self.fidelity = fidelity
@@ -114,7 +127,7 @@ class Engine:
         self.timeline = Timeline()
         self._done: dict[int, dict[int, simpy.Event]] = {}
         self._meetings: dict[object, _Rendezvous] = {}
-        self._plans: dict[str, CommPlan] = {}
+        self._chosen: dict[str, str] = {}
         self._present_cache: dict[tuple[int, ...], int] = {}
         self._referenced: dict[int, set[int]] = {}
         self._finished: dict[int, int] = {}
@@ -157,7 +170,8 @@ class Engine:
                 f"deadlock: {sum(unfinished.values())} ops never finished (first on rank "
                 f"{rank}, after {index} finished ops); check the program with "
                 "strategies.program_check")
-        stats = {"ops": self.program.num_ops(), "spans": len(self.timeline)}
+        stats = {"ops": self.program.num_ops(), "spans": len(self.timeline),
+                 "events": self.env.events_scheduled}
         network = getattr(self.fabric, "network", None)
         if network is not None:
             stats["flow_rate_solves"] = network.rate_solves
@@ -166,7 +180,7 @@ class Engine:
             timeline=self.timeline,
             makespan_ns=self.timeline.makespan_ns(),
             fidelity=self.fidelity,
-            plans={key: f"{plan.label}/{plan.protocol}" for key, plan in self._plans.items()},
+            plans=dict(self._chosen),
             stats=stats,
             inputs={"cluster": self.layout.spec.name, "nodes": self.layout.nodes,
                     "gpus_per_node": self.layout.gpus_per_node, "fidelity": self.fidelity},
@@ -220,8 +234,15 @@ class Engine:
             return self._compute_ns(op, self._speed.get(rank, 1.0))
         if (self.fidelity != "flow" and isinstance(op, CollectiveOp)
                 and self._members_present(op) == 1):
-            return self.fabric.duration_ns(self._collective_plan(op))
+            return self._collective_ns(op)
         return None
+
+    def _collective_ns(self, op: CollectiveOp) -> int:
+        """α-β duration of a collective, priced without building its transfers
+        (CollectivePlanner.cost); its choice is recorded like a plan's."""
+        cost = self.planner.cost(op.kind, op.group, op.size_bytes, op.algorithm)
+        self._chosen[op.key] = f"{cost.algorithm}/{cost.protocol}"
+        return cost.duration_ns
 
     def _compute_ns(self, op: ComputeOp, speed: float = 1.0) -> int:
         """Duration of a compute op on a rank of ``speed``, memoised per op object (a
@@ -242,7 +263,11 @@ class Engine:
     def _execute(self, rank: int, op: Op):
         """Run one communication op; return when data began to move (the last
         participant arrived)."""
-        if isinstance(op, CollectiveOp):
+        if isinstance(op, CollectiveOp) and self.fidelity != "flow":
+            duration = self._collective_ns(op)
+            meeting = self._meet(op.key, self._members_present(op), lambda: duration,
+                                 lambda plan: ())
+        elif isinstance(op, CollectiveOp):
             if self._members_present(op) == 1:
                 # Alone (a reduced program's representative): nobody to wait for.
                 started = self.env.now
@@ -312,7 +337,7 @@ class Engine:
 
     def _collective_plan(self, op: CollectiveOp) -> CommPlan:
         plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
-        self._plans[op.key] = plan
+        self._chosen[op.key] = f"{plan.label}/{plan.protocol}"
         return plan
 
     def _meet(self, key: object, expected: int, make_plan, make_mirrors) -> _Rendezvous:
@@ -330,9 +355,13 @@ class Engine:
             self.env.process(self._communicate(plan, make_mirrors(plan), meeting.done))
         return meeting
 
-    def _communicate(self, plan: CommPlan, mirrors: tuple[CommPlan, ...],
+    def _communicate(self, plan: CommPlan | int, mirrors: tuple[CommPlan, ...],
                      done: simpy.Event) -> Iterator[simpy.Event]:
-        yield from self.fabric.run(plan, mirrors)
+        """Run a plan on the fabric, or wait a duration already priced (ns)."""
+        if isinstance(plan, int):
+            yield self.env.timeout(plan)
+        else:
+            yield from self.fabric.run(plan, mirrors)
         done.succeed()
 
     def _record(self, rank: int, op: Op, start_ns: int, end_ns: int) -> None:

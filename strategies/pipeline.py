@@ -496,15 +496,20 @@ def _run(
     free_at: list[Number] = [0] * pp
     spans: list[list[tuple[Action, Number, Number]]] = [[] for _ in range(pp)]
     remaining = sum(len(row) for row in actions)
+    # dependencies of the action each rank waits on, computed once per action
+    waiting: list[list | None] = [None] * pp
     while remaining:
         progressed = False
         for rank in range(pp):
             row = actions[rank]
             while pos[rank] < len(row):
                 action = row[pos[rank]]
-                deps = _dependencies(action, num_stages, has_split)
+                deps = waiting[rank]
+                if deps is None:
+                    deps = waiting[rank] = _dependencies(action, num_stages, has_split)
                 if any(d not in finish for d in deps):
                     break
+                waiting[rank] = None
                 start = free_at[rank]
                 for d in deps:
                     ready = finish[d]

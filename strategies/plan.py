@@ -261,9 +261,14 @@ class RankLayout:
     def group(self, rank: int, *axes: str) -> tuple[int, ...]:
         """Ranks that differ from ``rank`` only along ``axes``, in communicator order."""
         base = self.coords(rank)
-        ranks = [rank - sum(base[a] * self.strides[a] for a in axes)]
-        for axis in axes:
-            ranks = [r + i * self.strides[axis] for i in range(self.sizes[axis]) for r in ranks]
+        first = rank - sum(base[a] * self.strides[a] for a in axes)
+        spans = [(self.strides[a], self.sizes[a]) for a in axes if self.sizes[a] > 1]
+        if len(spans) == 1:  # one axis: an arithmetic progression (the common case)
+            stride, size = spans[0]
+            return tuple(range(first, first + stride * size, stride))
+        ranks = [first]
+        for stride, size in spans:
+            ranks = [r + i * stride for i in range(size) for r in ranks]
         return tuple(sorted(ranks))
 
     def ep_group(self, rank: int) -> tuple[int, ...]:
@@ -278,9 +283,9 @@ class RankLayout:
         """Ranks holding the same experts (reduce expert gradients): dp / ep of them."""
         ep = self.plan.ep
         dp_index = self.coords(rank)["dp"]
-        base = rank - dp_index * self.strides["dp"]
-        return tuple(base + (dp_index % ep + i * ep) * self.strides["dp"]
-                     for i in range(self.plan.dp // ep))
+        stride = self.strides["dp"]
+        first = rank - dp_index * stride + dp_index % ep * stride
+        return tuple(range(first, first + self.plan.dp // ep * ep * stride, ep * stride))
 
     def stage_rank(self, pp_index: int, like: int) -> int:
         """The rank at pipeline position ``pp_index`` with ``like``'s other coordinates."""

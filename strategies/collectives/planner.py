@@ -8,11 +8,12 @@ by ``auto`` (NCCL has no such algorithm) but can be asked for.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from hardware.network import CommPlan, NetworkModel, Phase
 from hardware.spec import PROTOCOLS, CommTuningSpec
 from hardware.topology import ClusterLayout
+from hardware.units import seconds_to_ns
 from strategies.collectives import algorithms as alg
 from strategies.ir import COLLECTIVE_KINDS
 
@@ -39,6 +40,17 @@ FAMILY = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvls_tree": "nvls",
           "hierarchical": "ring",
           "direct": "direct"}
 _NOT_AUTO = {"hierarchical"}
+#: Size at which plans are built to read their per-byte costs (any size gives the
+#: same coefficients up to rounding: every transfer is proportional to the size).
+_REFERENCE_BYTES = float(1 << 30)
+
+
+class PlanCost(NamedTuple):
+    """The choice :meth:`CollectivePlanner.plan` makes and its α-β duration."""
+
+    algorithm: str
+    protocol: str
+    duration_ns: int
 
 
 def valid_algorithms(kind: str) -> list[str]:
@@ -64,6 +76,9 @@ class CollectivePlanner:
         self.layout = layout
         self.model = NetworkModel(layout, comm)
         self._plans: dict[tuple, CommPlan] = {}
+        self._costs: dict[tuple, PlanCost] = {}
+        self._affine: dict[tuple, tuple[int, tuple[float, ...]]] = {}
+        self._reference_phases: dict[tuple, tuple[Phase, ...]] = {}
         self._geometry: dict[tuple[int, ...], alg.GroupGeometry] = {}
 
     def geometry(self, group: Sequence[int]) -> alg.GroupGeometry:
@@ -119,8 +134,66 @@ class CollectivePlanner:
             self._plans[key] = found
         return found
 
-    def _build(self, kind: str, group: Sequence[int], size_bytes: int, algorithm: str,
-               protocol: str) -> CommPlan:
+    def cost(self, kind: str, group: Sequence[int], size_bytes: int,
+             algorithm: str = "auto", protocol: str = "auto") -> PlanCost:
+        """What :meth:`plan` would choose and how long it takes, without building it.
+
+        Every term of the α-β cost is either fixed (base and hop latencies) or
+        proportional to the size (the most-loaded link's bytes), so each
+        candidate algorithm x protocol is built once per group, at a reference
+        size, and priced for any size from its per-phase coefficients. The
+        choice is :meth:`plan`'s; the duration can differ from
+        ``model.plan_time_ns(plan(...))`` by the rounding of a nanosecond.
+        This is what the event and analytic fidelities charge for a collective.
+
+        Raises:
+            ValueError: as :meth:`plan`.
+        """
+        key = (kind, tuple(group), size_bytes, algorithm, protocol)
+        found = self._costs.get(key)
+        if found is not None:
+            return found
+        candidates, geometry = self._candidates(kind, group, size_bytes, algorithm, protocol)
+        if not candidates:
+            found = PlanCost(valid_algorithms(kind)[1], "Simple", 0)
+        else:
+            best: PlanCost | None = None
+            for name in candidates:
+                for proto in self._protocols(name, protocol, size_bytes):
+                    fixed_ns, per_byte_s = self._coefficients(kind, geometry, name, proto)
+                    duration = fixed_ns + sum(seconds_to_ns(size_bytes * c) for c in per_byte_s)
+                    if best is None or duration < best.duration_ns:
+                        best = PlanCost(name, proto, duration)
+            if best is None:
+                raise ValueError(
+                    f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes "
+                    f"here; valid: auto, {', '.join(PROTOCOLS)}")
+            found = best
+        self._costs[key] = found
+        return found
+
+    def _coefficients(self, kind: str, geometry: alg.GroupGeometry, name: str,
+                      protocol: str) -> tuple[int, tuple[float, ...]]:
+        """(fixed ns, seconds per byte of each phase) of one algorithm and protocol."""
+        key = (kind, geometry.group, name, protocol)
+        found = self._affine.get(key)
+        if found is None:
+            phases = self._reference_phases.get(key[:3])
+            if phases is None:  # built once for all protocols
+                phases = tuple(BUILDERS[kind][name](geometry, _REFERENCE_BYTES))
+                self._reference_phases[key[:3]] = phases
+            plan = CommPlan(FAMILY[name], protocol, phases, name)
+            fixed = seconds_to_ns(self.model.base_latency_s(plan))
+            fixed += sum(seconds_to_ns(self.model.phase_latency_s(ph, protocol))
+                         for ph in plan.phases)
+            found = (fixed, tuple(self.model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES
+                                  for ph in plan.phases))
+            self._affine[key] = found
+        return found
+
+    def _candidates(self, kind: str, group: Sequence[int], size_bytes: int, algorithm: str,
+                    protocol: str) -> tuple[list[str], alg.GroupGeometry]:
+        """Algorithms to evaluate (none: nothing to move) and the group's geometry."""
         choices = valid_algorithms(kind)
         if algorithm not in choices:
             raise ValueError(
@@ -132,15 +205,21 @@ class CollectivePlanner:
             raise ValueError(f"size: {size_bytes} is negative; give a size >= 0 bytes")
         geometry = self.geometry(group)
         if geometry.size == 1 or size_bytes == 0:
-            return CommPlan(FAMILY[choices[1]], "Simple", (), choices[1])
+            return [], geometry
         if algorithm == "auto":
-            candidates = [a for a in BUILDERS[kind]
-                          if a not in _NOT_AUTO and self._available(kind, a, geometry) is None]
-        else:
-            reason = self._available(kind, algorithm, geometry, explicit=True)
-            if reason is not None:
-                raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
-            candidates = [algorithm]
+            return [a for a in BUILDERS[kind]
+                    if a not in _NOT_AUTO and self._available(kind, a, geometry) is None], geometry
+        reason = self._available(kind, algorithm, geometry, explicit=True)
+        if reason is not None:
+            raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
+        return [algorithm], geometry
+
+    def _build(self, kind: str, group: Sequence[int], size_bytes: int, algorithm: str,
+               protocol: str) -> CommPlan:
+        candidates, geometry = self._candidates(kind, group, size_bytes, algorithm, protocol)
+        if not candidates:
+            name = valid_algorithms(kind)[1]
+            return CommPlan(FAMILY[name], "Simple", (), name)
         best: tuple[int, CommPlan] | None = None
         for name in candidates:
             phases = tuple(BUILDERS[kind][name](geometry, size_bytes))
