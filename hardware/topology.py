@@ -202,6 +202,24 @@ class ClusterLayout:
         """Ingress of NIC ``rail`` of ``node``."""
         return self._nic_in + node * self.spec.nic.count_per_node + rail
 
+    def scale_nic(self, rank: int, fraction: float) -> list[int]:
+        """Run the NIC serving ``rank`` (both directions) at ``fraction`` of its rate,
+        before a simulation starts (a degraded or flapping link); return the ranks
+        that NIC serves.
+
+        Raises:
+            ValueError: for a rank outside the layout or a fraction outside (0, 1].
+        """
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank: {rank} is outside the layout; valid: 0..{self.world_size - 1}")
+        if not 0 < fraction <= 1:
+            raise ValueError(f"nic rate: {fraction!r} is not valid; give 0 < fraction <= 1")
+        node, rail = self.node_of(rank), self.rail_of(rank)
+        for link in (self.nic_out_link(node, rail), self.nic_in_link(node, rail)):
+            self.capacity_bytes_per_s[link] *= fraction
+        return [r for r in range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
+                if self.rail_of(r) == rail]
+
     def link_name(self, link: int) -> str:
         """Human-readable name of a link id, e.g. ``"nic_out[12]"``, for reports."""
         for start, count, label in self._link_ranges:

@@ -25,6 +25,7 @@ from sim.step import StepResult, simulate_step
 from strategies.ir import Program
 from strategies.model_spec import ModelSpec
 from strategies.models import load_model
+from strategies.perturbations import Perturbations
 from strategies.plan import ParallelPlan
 
 
@@ -117,6 +118,7 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
              fidelity: str = "event", overrides: Mapping[str, object] | None = None,
              stragglers: Mapping[int, float] | None = None,
              cache: PricingCache | None = None,
+             perturbations: Perturbations | None = None,
              **plan_fields: object) -> StepResult:
     """Simulate one training step (see :func:`sim.step.simulate_step`).
 
@@ -135,6 +137,9 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
             ``flow`` (the replay with per-link max-min contention).
         overrides: dotted preset keys to change.
         stragglers: ``{rank: speed}`` of slow ranks (0.5 = half speed).
+        perturbations: throttling episodes, degraded or flapping links, nodes of
+            another GPU generation, slow ranks (strategies.perturbations); the
+            result's ``perturbation_cost`` says what they cost the step.
         cache: a :class:`sim.analytic_step.PricingCache` shared by the calls of a
             sweep at ``analytic`` fidelity (same answers, faster).
 
@@ -150,7 +155,7 @@ def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
                          f"({', '.join(plan_fields)})")
     return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity,
-                         stragglers=stragglers, cache=cache)
+                         stragglers=stragglers, cache=cache, perturbations=perturbations)
 
 
 def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:

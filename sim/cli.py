@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.catalog import parse_override
+from sim.cli_perturbations import parse_perturbations
 
 app = typer.Typer(
     name="trainsim",
@@ -135,6 +136,14 @@ def simulate(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
     straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
                                                   "(0.5 = half speed); repeatable."),
+    thermal: Optional[List[str]] = typer.Option(None, help="A throttling episode as "
+                                                "RANK:START_S:DURATION_S:SPEED; repeatable."),
+    degraded_nic: Optional[List[str]] = typer.Option(None, help="The NIC serving RANK at a "
+                                                     "fraction of its rate: RANK:FRACTION."),
+    flapping_link: Optional[List[str]] = typer.Option(None, help="The NIC link of RANK up "
+                                                      "UP_S, down DOWN_S: RANK:UP_S:DOWN_S."),
+    node_gpu: Optional[List[str]] = typer.Option(None, help="A node with the GPUs of another "
+                                                 "preset (mixed generations): NODE:PRESET."),
     layers_per_stage: Optional[str] = typer.Option(None, help="Uneven split of the layers over "
                                                    "pp*vpp stages, e.g. 7,8,8,...,7."),
     calibration: Optional[str] = typer.Option(None, help="Calibration file (trainsim "
@@ -153,7 +162,10 @@ def simulate(
                         "or flow to write a trace")
     try:
         result = api.simulate(model, cluster=cluster, gpus=gpus, fidelity=fidelity,
-                              stragglers=_stragglers(straggler),
+                              perturbations=parse_perturbations(
+                                  straggler=straggler, thermal=thermal,
+                                  degraded_nic=degraded_nic, flapping_link=flapping_link,
+                                  node_gpu=node_gpu),
                               layers_per_stage=_layer_split(layers_per_stage),
                               overrides=_overrides(set_), tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                               vpp=vpp, micro_batch=micro_batch, global_batch=global_batch,
@@ -195,19 +207,6 @@ def _layer_split(text: Optional[str]) -> tuple[int, ...] | None:
                         "separated by commas, e.g. 7,8,8,7") from None
 
 
-def _stragglers(pairs: Optional[List[str]]) -> dict[int, float]:
-    """``["5:0.5"]`` -> ``{5: 0.5}``; one-line error for anything else."""
-    result = {}
-    for text in pairs or []:
-        rank, _, speed = text.partition(":")
-        try:
-            result[int(rank)] = float(speed)
-        except ValueError:
-            raise UserError(f"straggler: {text!r} is not valid; give RANK:SPEED, "
-                            "e.g. 5:0.5") from None
-    return result
-
-
 def _print_step(result) -> None:
     console = Console(width=120)
     plan = result.inputs["plan"]
@@ -225,6 +224,12 @@ def _print_step(result) -> None:
     summary.add_row("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}")
     summary.add_row("MFU", f"{result.mfu:.1%}")
     summary.add_row("peak memory (GiB)", f"{result.peak_memory_bytes / 2**30:.2f}")
+    cost = result.perturbation_cost
+    if cost is not None:
+        summary.add_row("step time without perturbations (s)",
+                        f"{cost['baseline_step_time_s']:.4f}")
+        summary.add_row(f"what they cost (critical rank {cost['critical_rank']})",
+                        f"+{cost['slowdown_s']:.4f} s ({cost['slowdown']:+.1%})")
     console.print(summary)
     ps = result.ps
     if ps is not None:

@@ -30,6 +30,7 @@ from hardware.topology import ClusterLayout
 from sim.timeline import Timeline
 from strategies.collectives.algorithms import point_to_point
 from strategies.collectives.planner import CollectivePlanner
+from strategies.perturbations import stretched_ns
 from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
 from strategies.program_check import check_program
 
@@ -101,6 +102,11 @@ class Engine:
         rank_speed: ``{rank: speed}`` of ranks whose kernels run at another
             speed (0.5 = a straggler at half speed: every compute op takes twice
             as long); others run at 1.
+        rank_episodes: ``{rank: [(start_ns, end_ns, speed), ...]}`` throttling
+            episodes (sorted, not overlapping): a compute op progresses at
+            ``speed`` while it overlaps one (strategies.perturbations.stretched_ns).
+        rank_compute: ``{rank: timer}`` of ranks whose GPU differs from the
+            others' (mixed generations); others use ``compute``.
 
     Raises:
         ValueError: when the program does not fit the layout or the fidelity
@@ -110,7 +116,9 @@ class Engine:
     def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "event",
                  compute: ComputeTimer | None = None,
                  planner: CollectivePlanner | None = None, check: bool = True,
-                 rank_speed: Mapping[int, float] | None = None) -> None:
+                 rank_speed: Mapping[int, float] | None = None,
+                 rank_episodes: Mapping[int, list[tuple[int, int, float]]] | None = None,
+                 rank_compute: Mapping[int, ComputeTimer] | None = None) -> None:
         if program.world_size > layout.world_size:
             raise ValueError(
                 f"world_size: the program has {program.world_size} ranks but the cluster "
@@ -136,6 +144,8 @@ class Engine:
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
         self._present_domains: set[int] | None = None
         self._speed = dict(rank_speed or {})
+        self._episodes = {r: list(e) for r, e in (rank_episodes or {}).items() if e}
+        self._rank_compute = dict(rank_compute or {})
         for rank, speed in self._speed.items():
             if not speed > 0:
                 raise ValueError(f"rank_speed: rank {rank} has speed {speed!r}; give a speed > 0")
@@ -198,7 +208,7 @@ class Engine:
                 pending = [done[d] for d in op.deps if not done[d].triggered]
                 if pending:
                     yield self.env.all_of(pending)
-            duration = self._fixed_ns(op, rank)
+            duration = self._fixed_ns(op, rank, self.env.now)
             if duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
                 # collective nobody else joins, at analytic fidelity) that
@@ -210,7 +220,7 @@ class Engine:
                     following = ops[indices[position + 1]]
                     if following.deps:
                         break
-                    duration = self._fixed_ns(following, rank)
+                    duration = self._fixed_ns(following, rank, spans[-1][2])
                     if duration is None:
                         break
                     position += 1
@@ -228,10 +238,14 @@ class Engine:
                 done[index].succeed()
             position += 1
 
-    def _fixed_ns(self, op: Op, rank: int) -> int | None:
-        """Duration of an op known before it runs, or None if it depends on others."""
+    def _fixed_ns(self, op: Op, rank: int, start_ns: int) -> int | None:
+        """Duration of an op starting at ``start_ns`` known before it runs, or None
+        if it depends on others."""
         if isinstance(op, ComputeOp):
-            return self._compute_ns(op, self._speed.get(rank, 1.0))
+            duration = self._compute_ns(op, self._speed.get(rank, 1.0),
+                                        self._rank_compute.get(rank))
+            episodes = self._episodes.get(rank)
+            return duration if episodes is None else stretched_ns(start_ns, duration, episodes)
         if (self.fidelity != "flow" and isinstance(op, CollectiveOp)
                 and self._members_present(op) == 1):
             return self._collective_ns(op)
@@ -244,17 +258,19 @@ class Engine:
         self._chosen[op.key] = f"{cost.algorithm}/{cost.protocol}"
         return cost.duration_ns
 
-    def _compute_ns(self, op: ComputeOp, speed: float = 1.0) -> int:
-        """Duration of a compute op on a rank of ``speed``, memoised per op object (a
-        step repeats the same op objects thousands of times; the program keeps them
-        alive, so ids are stable)."""
-        key = (id(op), speed)
+    def _compute_ns(self, op: ComputeOp, speed: float = 1.0,
+                    timer: ComputeTimer | None = None) -> int:
+        """Duration of a compute op on a rank of ``speed`` (and its own GPU's
+        ``timer``), memoised per op object (a step repeats the same op objects
+        thousands of times; the program keeps them alive, so ids are stable)."""
+        key = (id(op), speed, id(timer))
         duration = self._durations.get(key)
         if duration is None:
-            if self.compute is None:
+            timer = timer or self.compute
+            if timer is None:
                 raise ValueError(f"compute: op {op.name!r} needs a compute model; "
                                  "pass compute=ComputeModel(gpu)")
-            duration = self.compute.duration_ns(op)
+            duration = timer.duration_ns(op)
             if speed != 1.0:
                 duration = math.ceil(duration / speed)
             self._durations[key] = duration

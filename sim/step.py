@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from typing import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from hardware.catalog import cluster_to_dict
@@ -44,7 +44,9 @@ from sim.breakdown import rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, rank_memory
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import max_inflight_microbatches
+from strategies.perturbations import Perturbations, check_perturbations
 from strategies.plan import ParallelPlan, validate_plan
+from sim.perturbed import apply_perturbations
 
 
 @dataclass
@@ -71,6 +73,8 @@ class StepResult:
             server shard 0's busy seconds per step (aggregation, updates).
         stats: work done: SimPy ``events``, ``ops`` and ``spans`` of a replay;
             ``ops_priced`` by the analytic model.
+        perturbation_cost: with perturbations, the unperturbed step, the
+            slowdown (seconds and fraction) and the critical rank.
     """
 
     step_time_s: float
@@ -86,6 +90,7 @@ class StepResult:
     lowering: StepLowering | None = field(repr=False)
     ps: dict[str, object] | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    perturbation_cost: dict[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable summary (no timeline)."""
@@ -100,6 +105,8 @@ class StepResult:
             "stage_breakdown": {f"pp{p}": b for p, b in self.stage_breakdown.items()},
             "inputs": self.inputs,
             **({"ps": self.ps} if self.ps is not None else {}),
+            **({"perturbation_cost": self.perturbation_cost}
+               if self.perturbation_cost is not None else {}),
         }
 
     def breakdown_frame(self) -> pd.DataFrame:
@@ -184,7 +191,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   gpus: int | None = None, fidelity: str = "event",
                   check_memory: bool = True, compute: ComputeTimer | None = None,
                   stragglers: Mapping[int, float] | None = None,
-                  cache: PricingCache | None = None) -> StepResult:
+                  cache: PricingCache | None = None,
+                  perturbations: Perturbations | None = None) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` under ``plan``.
 
     Args:
@@ -204,6 +212,11 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             and the step waits for it wherever synchronous training does.
         cache: planners and collective prices shared between ``analytic``
             evaluations (sim.analytic_step.PricingCache; a sweep passes one).
+        perturbations: slow ranks, throttling episodes, degraded or flapping
+            NIC links, nodes of another GPU generation
+            (strategies.perturbations; ``stragglers`` adds slow ranks). The
+            result's ``perturbation_cost`` compares the step with the same step
+            unperturbed: what the slowest rank costs the whole job.
 
     Raises:
         ValueError: for an invalid plan (one line naming the field).
@@ -225,28 +238,38 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     if fidelity not in STEP_FIDELITIES:
         raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(STEP_FIDELITIES)}")
     layout = job_layout(cluster, plan.world_size)
-    stragglers = dict(stragglers or {})
-    for rank, speed in stragglers.items():
-        if not 0 <= rank < plan.world_size:
-            raise ValueError(f"straggler: rank {rank} is outside the job; "
-                             f"valid: 0..{plan.world_size - 1}")
-        if not speed > 0:
-            raise ValueError(f"straggler: rank {rank} speed {speed!r} is not valid; "
-                             "give a speed > 0 (0.5 = half speed)")
+    perturbations = perturbations or Perturbations()
+    if stragglers:
+        perturbations = replace(perturbations,
+                                slow_ranks={**perturbations.slow_ranks, **stragglers})
+    check_perturbations(perturbations, world_size=plan.world_size, nodes=layout.nodes)
+    stragglers = dict(perturbations.slow_ranks)
+    only_slow_ranks = perturbations == Perturbations(slow_ranks=perturbations.slow_ranks)
+    if fidelity == "analytic" and not only_slow_ranks:
+        raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
+                         "for throttling episodes, degraded or flapping links and mixed GPUs")
+    applied = apply_perturbations(perturbations, layout)
     lowerer = StepLowerer(model, plan)
     memory = stage_memory(model, plan, lowerer.stage_layers, inflight_microbatches(plan))
     if check_memory:
         for p, breakdown in memory.items():
-            check_fits(breakdown, cluster.gpu.hbm_bytes, lowerer.representatives[p], plan=plan)
+            check_fits(breakdown, applied.smallest_hbm_bytes, lowerer.representatives[p],
+                       plan=plan)
     if fidelity == "analytic":
-        return _analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
-                                stragglers, cache)
-    lowering = lowerer.lower(distinct=sorted(stragglers), mirrors=fidelity == "flow")
+        result = _analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
+                                  stragglers, cache)
+        if perturbations:
+            result.perturbation_cost = _perturbation_cost(
+                result.step_time_s, int(result.inputs["critical_rank"]), model, cluster, plan,
+                fidelity, compute)
+        return result
+    lowering = lowerer.lower(distinct=sorted(applied.distinct), mirrors=fidelity == "flow")
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
     engine = Engine(lowering.program, layout, fidelity=fidelity,
                     compute=compute or ComputeModel(cluster.gpu), check=False,
-                    rank_speed=stragglers)
+                    rank_speed=applied.rank_speed, rank_episodes=applied.rank_episodes,
+                    rank_compute=applied.rank_compute)
     result = engine.run()
     timeline = result.timeline
     step_ns = result.makespan_ns
@@ -267,11 +290,26 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         stage_breakdown=stage_breakdown,
         inputs={**resolved_inputs(model, cluster, plan, fidelity, layout, result.plans),
                 "stragglers": {str(r): v for r, v in sorted(stragglers.items())},
+                "perturbations": perturbations.to_dict(),
                 "critical_rank": critical},
         timeline=timeline,
         lowering=lowering,
         stats=dict(result.stats),
+        perturbation_cost=(_perturbation_cost(step_s, critical, model, cluster, plan, fidelity,
+                                              compute) if perturbations else None),
     )
+
+
+def _perturbation_cost(step_s: float, critical: int, model: ModelSpec, cluster: ClusterSpec,
+                       plan: ParallelPlan, fidelity: str,
+                       compute: ComputeTimer | None) -> dict[str, object]:
+    """What the perturbations cost the whole job: the step against the same step
+    with every rank alike (simulated at the same fidelity)."""
+    baseline = simulate_step(model, cluster, plan, fidelity=fidelity, check_memory=False,
+                             compute=compute).step_time_s
+    return {"baseline_step_time_s": baseline, "step_time_s": step_s,
+            "slowdown_s": step_s - baseline, "slowdown": step_s / baseline - 1,
+            "critical_rank": critical}
 
 
 def _analytic_result(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
