@@ -4,9 +4,10 @@ The event fidelity replays every op of the step in SimPy. This model prices the
 same ops without an event loop, in three parts:
 
 1. **One micro-batch of each virtual stage.** The step lowering builds the ops of
-   one forward and one backward of the stage (:meth:`StepLowerer.action_ops`), so
-   the kernels, TP/CP/EP communication and recompute are exactly those the event
-   fidelity runs. A list schedule prices them on one rank: ops on a stream run in
+   one layer's (or the embedding's, or the head's) forward and backward
+   (:meth:`StepLowerer.phase_ops`), so the kernels, TP/CP/EP communication and
+   recompute are exactly those the event fidelity runs; a stage is its layers back
+   to back, priced once per layer kind. A list schedule prices them on one rank: ops on a stream run in
    order, an op starts when its stream is free and its dependencies are done, and
    symmetric collective members arrive together. Compute ops cost what
    :class:`hardware.compute.ComputeModel` says, collectives what the α-β network
@@ -87,12 +88,6 @@ class OpListCost:
     compute_ns: int = 0
     optimizer_ns: int = 0
     exposed_ns: dict[str, int] = field(default_factory=dict)
-
-    def scaled(self, factor: int) -> "OpListCost":
-        """The cost of ``factor`` back-to-back repetitions."""
-        return OpListCost(self.total_ns * factor, self.compute_ns * factor,
-                          self.optimizer_ns * factor,
-                          {k: v * factor for k, v in self.exposed_ns.items()})
 
 
 def _axis(op: Op) -> str:

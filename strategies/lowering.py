@@ -510,21 +510,10 @@ class StepLowerer:
             self._layer_backward(b, part, tag, comp)
         return b.ops
 
-    def action_ops(self, p: int, actions: Sequence[Action], *, finish_step: bool) -> list[Op]:
-        """Ops of pipeline rank ``p``'s representative for ``actions`` alone.
-
-        With ``finish_step`` the ops end the step as in :meth:`lower`: the last
-        micro-batch's backward reduces gradients over data parallelism, then the
-        optimizer runs. Without it no backward reduces gradients (what the
-        closed-form step model prices as one micro-batch's work, sim.analytic_step).
-        """
-        return self._lower_rank(p, self.representatives[p], actions, finish_step=finish_step)
-
-    def _lower_rank(self, p: int, rank: int, actions: Sequence[Action],
-                    finish_step: bool = True) -> list[Op]:
+    def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
-        last_mb = plan.num_microbatches - 1 if finish_step else -1
+        last_mb = plan.num_microbatches - 1
         pending: dict[int, dict[str, float]] = {}
         dp_ops: list[int] = []
         last_compute_stage: dict[int, int] = {}
@@ -568,8 +557,6 @@ class StepLowerer:
                 if action.comp in ("B", "I"):
                     self._backward_send(b, s, j)
                 last_compute_stage[s] = b.last()
-        if not finish_step:
-            return b.ops
         if not plan.overlap_grad_reduce:
             for s in sorted(last_compute_stage):
                 kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]
