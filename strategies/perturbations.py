@@ -22,6 +22,7 @@ with the ranks coupled to it, next to the representatives
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -162,7 +163,7 @@ def stretched_ns(start_ns: int, work_ns: int, episodes: list[tuple[int, int, flo
             now = begin
         progress = (end - now) * speed
         if left <= progress:
-            return int(-(-(now + left / speed - start_ns) // 1))
+            return math.ceil(now + left / speed - start_ns)
         left -= progress
         now = end
-    return int(-(-(now + left - start_ns) // 1))
+    return math.ceil(now + left - start_ns)
