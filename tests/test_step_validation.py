@@ -8,6 +8,9 @@ all-reduce after the backward (no overlap), no distributed optimizer, micro-batc
 non-interleaved 1F1B. The published step time follows from the published TFLOP/s per
 GPU: those runs count 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs per step.
 
+Megatron-LM 2022 (megatron_lm_mfu_hfu_2022.csv): MFU of 22B-1T GPT models with sequence
+parallelism and selective recompute at data-parallel size 1 (configurations below).
+
 MosaicML llm-foundry (mosaicml_llmfoundry_mpt_throughput.csv): MPT-13B/30B/70B on 128
 H100s with PyTorch FSDP (ZeRO-3), flash attention and activation checkpointing.
 
@@ -126,4 +129,45 @@ def test_mosaic_h100_throughput_within_tolerance(name, hidden, heads, layers, gp
     error = (simulated - published) / published
     print(f"\nMPT-{name} on {gpus} H100: published {published} tokens/s/GPU, simulated "
           f"{simulated:.0f} ({error:+.1%}), MFU {result.mfu:.1%}")
+    assert abs(error) <= TOLERANCE
+
+
+# Megatron-LM 2022 (megatron_lm_mfu_hfu_2022.csv): model FLOPs utilization of GPT models
+# on A100 80GB with sequence parallelism and selective recompute, data-parallel size 1.
+# Configurations from Korthikanti et al. 2022 (arXiv 2205.05198), Table 3: heads, hidden,
+# layers, tensor-, pipeline-parallel size, GPUs, global batch; micro-batch 1, sequence
+# 2048, vocabulary 51,200, the software of 2022 (attention not fused: selective recompute
+# re-runs its core). MFU counts 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) FLOPs per step over
+# the A100's 312 TFLOP/s (Korthikanti et al. 2022, Section 6).
+KORTHIKANTI_2022 = {"22B": (64, 6144, 48, 8, 1, 8, 4), "175B": (96, 12288, 96, 8, 8, 64, 64),
+                    "530B": (128, 20480, 105, 8, 35, 280, 280),
+                    "1T": (160, 25600, 128, 8, 64, 512, 512)}
+
+
+def _megatron_2022_mfu() -> dict[str, float]:
+    path = require_shared_data(SHARED_DATA / "megatron_lm_mfu_hfu_2022.csv")
+    with open(path, newline="") as handle:
+        return {r["model_size"]: float(r["model_flops_utilization_pct"]) / 100
+                for r in csv.DictReader(handle)}
+
+
+@pytest.mark.parametrize("label", list(KORTHIKANTI_2022))
+def test_megatron_2022_mfu_within_tolerance(label):
+    """Step time implied by the published MFU vs the simulated one (closed-form step
+    model: these are non-interleaved 1F1B pipelines, where it equals the replay)."""
+    heads, hidden, layers, tp, pp, gpus, batch = KORTHIKANTI_2022[label]
+    model = ModelSpec(name=f"megatron-2022-{label}", num_layers=layers, hidden_size=hidden,
+                      num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+                      ffn_hidden_size=4 * hidden, vocab_size=VOCAB, mlp="gelu",
+                      norm="layernorm", tied_embeddings=True, dropout=True)
+    plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, micro_batch=1, global_batch=batch,
+                        seq_len=SEQ, recompute="selective", zero=0, flash_attention=False)
+    flops = 72 * batch * SEQ * layers * hidden ** 2 * (
+        1 + SEQ / (6 * hidden) + VOCAB / (12 * layers * hidden))
+    published_s = flops / (_megatron_2022_mfu()[label] * 312e12 * gpus)
+    result = simulate_step(model, load_cluster("dgx-a100"), plan, check_memory=False,
+                           fidelity="analytic")
+    error = result.step_time_s / published_s - 1
+    print(f"\nMegatron 2022 {label} on {gpus} A100: published {published_s:.2f} s, "
+          f"simulated {result.step_time_s:.2f} s ({error:+.1%})")
     assert abs(error) <= TOLERANCE
