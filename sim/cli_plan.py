@@ -86,7 +86,7 @@ def register(app: typer.Typer, parse_overrides, check_choice, exit_oom: int) -> 
         ep: Optional[str] = typer.Option(None, help="EP sizes to try (MoE)."),
         vpp: Optional[str] = typer.Option(None, help="Virtual stages to try (interleaved)."),
         micro_batch: str = typer.Option("1,2,4", help="Micro-batch sizes to try."),
-        zero: str = typer.Option("1,3", help="ZeRO stages to try."),
+        zero: str = typer.Option("0,1,2,3", help="ZeRO stages to try."),
         recompute: str = typer.Option("none,full", help="Recompute modes to try."),
         schedule: str = typer.Option("1f1b,interleaved,zb-h1", help="Schedules to try."),
         workers: Optional[int] = typer.Option(None, help="Simulating processes."),

@@ -95,7 +95,7 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     vpp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] = (1, 2, 4)
-    zero: tuple[int, ...] = (1, 3)
+    zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = ("none", "full")
     schedule: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
 
@@ -141,8 +141,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, gpus: int, *, seq_le
     experts = model.moe.num_experts if model.moe else 0
     tps = space.tp or [d for d in _divisors(model.num_kv_heads)
                        if d <= cluster.scale_up.domain_gpus]
-    # At least 4 layers per stage by default: thinner stages are valid but their
-    # schedules (thousands of actions) cost ~1 s each to price and never win here.
+    # At least 4 layers per stage by default: thinner stages are valid (ask for them
+    # with pp) but move more activations per layer and never won in our searches.
     pps = space.pp or sorted(p for p in set(_divisors(model.num_layers))
                              | {2**k for k in range(model.num_layers.bit_length())}
                              if 4 * p <= model.num_layers or p == 1)
