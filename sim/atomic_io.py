@@ -26,6 +26,8 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     directory = target.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp creates the file 0600; give the result the mode a plain open() would
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -44,6 +46,13 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """:func:`write_bytes_atomic` for UTF-8 text."""
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -263,3 +263,13 @@ def test_record_fast_path_and_many_spans():
 def test_add_rejects_non_span():
     with pytest.raises(TypeError):
         Timeline().add((0, "c", "a", "k", 0, 1))
+
+
+def test_atomic_writes_get_the_mode_of_a_plain_open(tmp_path):
+    """Temporary files start private (0600); results must not stay that way."""
+    from sim.atomic_io import write_text_atomic
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    written = write_text_atomic(tmp_path / "atomic.txt", "x")
+    assert (written.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
