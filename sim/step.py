@@ -1,8 +1,12 @@
 """Simulate one training step and report where its time goes.
 
 ``simulate_step`` checks the plan, checks memory (a plan that does not fit
-raises :class:`strategies.memory.OutOfMemoryError` with the breakdown), lowers
-the step to a Program, replays it and measures the timeline.
+raises :class:`strategies.memory.OutOfMemoryError` with the breakdown), then
+at ``event`` or ``flow`` fidelity lowers the step to a Program, replays it and
+measures the timeline; at ``analytic`` fidelity it prices the same ops in
+closed form (:mod:`sim.analytic_step`). Perturbations (slow or throttled GPUs,
+degraded links, mixed GPU generations; :mod:`strategies.perturbations`) break
+the rank symmetry and are replayed rank by rank (:mod:`sim.perturbed`).
 
 Breakdown of the step time of the critical rank (the pipeline rank whose
 timeline ends last), in seconds, attributed in this order so nothing is
