@@ -275,21 +275,19 @@ class FlowFabric:
 
     def _with_mirrors(self, plan: CommPlan, mirrors: Sequence[CommPlan],
                       index: int) -> Sequence[FlowRequest]:
-        """Phase ``index`` of ``plan`` plus the same phase of the mirror plans that
-        share a link with it, directly or through other mirrors (the others cannot
-        change its rates)."""
+        """Phase ``index`` of ``plan`` plus the same phase of every mirror plan, as
+        one batch. A mirror sharing no link with anything simulated changes no rate
+        but still costs solver time: the engine leaves those out (Engine._may_contend)."""
         key = (id(plan), tuple(id(m) for m in mirrors), index)
         cached = self._mirrored.get(key)
         if cached is not None:
             return cached[1]
-        own = list(self._phase_requests(plan, index))
-        links = {link for request in own for link in request.links}
-        waiting = [list(self._phase_requests(m, index)) for m in mirrors
-                   if index < len(m.phases)]
-        for requests in waiting:
-            own.extend(requests)
-        self._mirrored[key] = ((plan, tuple(mirrors)), own)
-        return own
+        requests = list(self._phase_requests(plan, index))
+        for mirror in mirrors:
+            if index < len(mirror.phases):
+                requests.extend(self._phase_requests(mirror, index))
+        self._mirrored[key] = ((plan, tuple(mirrors)), requests)
+        return requests
 
     def run(self, plan: CommPlan, mirrors: Sequence[CommPlan] = ()) -> Iterator[simpy.Event]:
         """SimPy process body: base latency, then each phase's latency and flows.

@@ -150,9 +150,7 @@ class OpPricer:
         self.speed = speed
         self._compute_cache: dict[tuple, int] = {}
         self._collective_cache = {} if collective_prices is None else collective_prices
-        # group tuples get small numbers once per pricer (see _group_id)
-        self._group_numbers: dict[tuple[int, ...], int] = {}
-        self._groups_by_id: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._kept_groups: dict[int, tuple[int, ...]] = {}
         self._own_prices: dict[tuple, int] = {}
         self.ops_scheduled = 0
 
@@ -169,9 +167,12 @@ class OpPricer:
                 self._compute_cache[key] = duration
             return duration
         if isinstance(op, CollectiveOp):
-            key = (op.kind, self._group_id(op.group), op.size_bytes, op.algorithm)
-            # numbers are per pricer, so the shared prices are keyed by the group too,
-            # hashed only on a miss of the pricer's own table
+            # Hashing a 16,384-rank tuple on every lookup would cost more than the
+            # pricing (tuples do not cache their hash): the pricer's own table is keyed
+            # by the group's identity (the tuple kept alive, so its id stays its own);
+            # the table shared through a PricingCache by the group itself, on a miss.
+            self._kept_groups.setdefault(id(op.group), op.group)
+            key = (op.kind, id(op.group), op.size_bytes, op.algorithm)
             duration = self._own_prices.get(key)
             if duration is not None:
                 return duration
@@ -184,17 +185,6 @@ class OpPricer:
             self._own_prices[key] = duration
             return duration
         return 0
-
-    def _group_id(self, group: tuple[int, ...]) -> int:
-        """A small key for a group: hashing a 16,384-rank tuple on every lookup would
-        cost more than the pricing (tuples do not cache their hash). Groups are
-        looked up by identity first; each new tuple object is hashed once."""
-        entry = self._groups_by_id.get(id(group))
-        if entry is None or entry[0] is not group:
-            number = self._group_numbers.setdefault(group, len(self._group_numbers))
-            entry = (group, number)
-            self._groups_by_id[id(group)] = entry  # keeps the tuple, so its id stays its own
-        return entry[1]
 
     def p2p_ns(self, src: int, dst: int, size_bytes: int) -> int:
         """Nanoseconds of one point-to-point transfer."""
@@ -326,7 +316,7 @@ class AnalyticStepModel:
         """Ranks with equal signatures do equal work (symmetry of the stages)."""
         model, lowerer = self.lowerer.model, self.lowerer
         last = len(lowerer.stage_layers) - 1
-        return (p in self.stage_pricers, self.stage_pricers.get(p, self.pricer).speed,
+        return (self.stage_pricers.get(p, self.pricer).speed,
                 tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
                        s == 0, s == last)
                       for s in range(p, len(lowerer.stage_layers), self.plan.pp)))

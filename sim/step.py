@@ -248,8 +248,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                                 slow_ranks={**perturbations.slow_ranks, **stragglers})
     check_perturbations(perturbations, world_size=plan.world_size, nodes=layout.nodes)
     stragglers = dict(perturbations.slow_ranks)
-    only_slow_ranks = perturbations == Perturbations(slow_ranks=perturbations.slow_ranks)
-    if fidelity == "analytic" and not only_slow_ranks:
+    if fidelity == "analytic" and not perturbations.only_slow_ranks():
         raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)

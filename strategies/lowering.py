@@ -61,6 +61,9 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 OPTIMIZER_FLOPS_PER_PARAM = 12
 
 COMPUTE = "compute"
+#: Communication groups of a rank: tensor, context, gradient (data x context),
+#: expert and expert-gradient parallelism.
+GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad")
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 
@@ -154,10 +157,7 @@ class StepLowerer:
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         groups = self._group_cache.get(rank)
         if groups is None:
-            layout = self.layout
-            groups = {"tp": layout.group(rank, "tp"), "cp": layout.group(rank, "cp"),
-                      "grad": layout.group(rank, "dp", "cp"), "ep": layout.ep_group(rank),
-                      "expert_grad": layout.expert_dp_group(rank)}
+            groups = {name: self._group_of(rank, name) for name in GROUP_NAMES}
             self._group_cache[rank] = groups
         return groups
 
@@ -476,7 +476,8 @@ class StepLowerer:
         return Mirrors(groups=groups, pairs=pairs)
 
     def _group_of(self, rank: int, name: str) -> tuple[int, ...]:
-        """Group ``name`` of any rank, uncached (mirrors visit every rank once)."""
+        """Group ``name`` (:data:`GROUP_NAMES`) of any rank, uncached (mirrors visit
+        every rank once)."""
         layout = self.layout
         if name == "ep":
             return layout.ep_group(rank)

@@ -80,6 +80,11 @@ class Perturbations:
         return bool(self.slow_ranks or self.thermal or self.degraded_nics
                     or self.flapping_links or self.node_gpus)
 
+    def only_slow_ranks(self) -> bool:
+        """Nothing but whole-step slow ranks (what the analytic fidelity models)."""
+        return not (self.thermal or self.degraded_nics or self.flapping_links
+                    or self.node_gpus)
+
     def nic_rates(self) -> dict[int, float]:
         """``{rank: fraction of its NIC's rate}`` from degraded and flapping links."""
         rates = dict(self.degraded_nics)
