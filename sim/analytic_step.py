@@ -171,11 +171,11 @@ class OpPricer:
             # pricing (tuples do not cache their hash): the pricer's own table is keyed
             # by the group's identity (the tuple kept alive, so its id stays its own);
             # the table shared through a PricingCache by the group itself, on a miss.
-            self._kept_groups.setdefault(id(op.group), op.group)
             key = (op.kind, id(op.group), op.size_bytes, op.algorithm)
             duration = self._own_prices.get(key)
             if duration is not None:
                 return duration
+            self._kept_groups[id(op.group)] = op.group
             shared_key = (op.kind, op.group, op.size_bytes, op.algorithm)
             duration = self._collective_cache.get(shared_key)
             if duration is None:
