@@ -12,23 +12,18 @@ same ops without an event loop, in three parts:
    symmetric collective members arrive together. Compute ops cost what
    :class:`hardware.compute.ComputeModel` says, collectives what the α-β network
    model says (the costs the event fidelity uses, to the nanosecond).
-2. **The pipeline.** With ``T_r`` the work of pipeline rank ``r`` per micro-batch
-   (all its virtual stages), ``m`` micro-batches, ``v`` virtual stages per rank and
-   the critical rank ``c = argmax T_r``, the schedule ends at
-
-   ``m * T_c + sum_{r != c} fill_r + 2 (p - 1) * t_p2p``
-
-   where ``fill_r = T_r / v`` for GPipe, 1F1B and interleaved 1F1B (the bubble
-   ``(p - 1) / v`` of a stage's work, Narayanan et al. 2021, Section 2.2) and
-   ``fill_r = F_r + I_r - W_r`` for ZB-H1 (Qi et al. 2023, Table 1). For equal
-   stages this is ``(m + (p - 1) / v) * T``; unequal stages wait for the slowest.
-   How much of the drain ZB-H1's deferred weight gradients hide with unequal
-   stages has no closed form: its action lists are replayed with the per-stage
-   durations instead (strategies.pipeline.simulate_unit_times, O(m * p)).
-   The forward of the first micro-batch and the backward of the last cross
-   ``p - 1`` pipeline edges each, ``t_p2p`` apiece.
-3. **The end of the step.** Rank ``r``'s last backward ends ``sum_{q < r}
-   (B_q + t_p2p)`` before rank 0's (the drain). From its start, the same list
+2. **The pipeline.** Each virtual stage's forward, backward (and, for schedules
+   that split it, weight-gradient part) of one micro-batch, priced on the rank that
+   holds it, go to the schedule object
+   (:meth:`strategies.schedules.PipelineSchedule.timing`), which returns when each
+   rank's last action ends: its closed form where it has one (the 1F1B family:
+   ``m T_c + sum_{r != c} T_r / v + 2 (p - 1) t_p2p``, Narayanan et al. 2021, §2.2),
+   else an exact replay of its action lists extrapolated over the steady state's
+   period (zero bubble and any schedule added later). The forward of the first
+   micro-batch and the backward of the last cross ``p - 1`` pipeline edges each,
+   ``t_p2p`` apiece.
+3. **The end of the step.** From the start of rank ``r``'s last backward (its
+   last action's end, minus the last micro-batch's backward), the same list
    schedule prices the last micro-batch's backward with its gradient buckets
    reduced over data parallelism as they fill, the optimizer and ZeRO's
    parameter all-gather; the step ends when the last rank does.
@@ -52,7 +47,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
@@ -65,7 +59,8 @@ from strategies.collectives.planner import CollectivePlanner
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action, schedule_actions, simulate_unit_times
+from strategies.pipeline import Action
+from strategies.schedules import PipelineTiming
 from strategies.plan import ParallelPlan
 
 COMPUTE_STREAM = "compute"
@@ -256,10 +251,8 @@ class _RankCosts:
     """What one pipeline rank's work costs (ns): per micro-batch, and at the end."""
 
     per_microbatch: OpListCost   # forward + backward of all its virtual stages
-    fill_ns: float               # its share of the pipeline fill and drain
     last_backward: OpListCost    # the last micro-batch's backward alone
     finish: OpListCost           # the same with gradient reduction and optimizer
-    weight_ns: int = 0           # ZB-H1: its weight-gradient part, off the drain's path
     gathers_ns: int = 0          # ZeRO-3: the step's parameter gathers back to back
     first_gather_ns: int = 0     # ZeRO-3: the gather the first layer waits for
 
@@ -298,8 +291,8 @@ class AnalyticStepModel:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
         last micro-batch's backward actions in the order the rank runs them."""
         plan = self.plan
-        stages = list(range(p, plan.pp * plan.vpp, plan.pp))
-        split = plan.schedule == "zb-h1"
+        stages = list(self.lowerer.placement.stages_of(p))
+        split = self.lowerer.schedule.split_backward
         last = plan.num_microbatches - 1
         work = [Action(s, "F", 0) for s in stages]
         tail = []
@@ -319,7 +312,7 @@ class AnalyticStepModel:
         return (self.stage_pricers.get(p, self.pricer).speed,
                 tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
                        s == 0, s == last)
-                      for s in range(p, len(lowerer.stage_layers), self.plan.pp)))
+                      for s in lowerer.placement.stages_of(p)))
 
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
@@ -372,14 +365,8 @@ class AnalyticStepModel:
         _add(per_mb.exposed_ns, forward.exposed_ns)
         _add(per_mb.exposed_ns, backward.exposed_ns)
         gathers, first_gather = self._gathers_ns(pricer, p)
-        weight = 0
-        if self.plan.schedule == "zb-h1":
-            weight = self._work_cost(pricer, p, [a for a in work if a.comp == "W"]).total_ns
-            fill = forward.total_ns + backward.total_ns - 2 * weight
-        else:
-            fill = per_mb.total_ns / self.plan.vpp
-        return _RankCosts(per_mb, fill, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail), weight,
+        return _RankCosts(per_mb, self._work_cost(pricer, p, tail),
+                          self._finish_cost(pricer, p, tail),
                           gathers * self.plan.num_microbatches, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
@@ -518,28 +505,18 @@ class AnalyticStepModel:
             ranks.append(by_signature[signature])
         if plan.zero == 3 and pp == 1:
             return self._whole_rank_step()
-        work = [r.per_microbatch.total_ns for r in ranks]
-        slowest = max(range(pp), key=lambda r: (work[r], -r))
-        pipe_ns = math.ceil(m * work[slowest]
-                            + sum(r.fill_ns for p, r in enumerate(ranks) if p != slowest)
-                            + 2 * (pp - 1) * t_p2p)
-        if plan.schedule == "zb-h1" and pp > 1:
-            pipe_ns = self._zero_bubble_ns(t_p2p)
+        timing = self._pipeline_timing(t_p2p)
         # ZeRO-3: the first layer of the step waits for its parameters; the rest
         # arrive ahead of use unless the gathers outlast the compute
         first_wait = max(0, ranks[0].first_gather_ns - self._embedding_forward_ns())
-        pipe_ns += first_wait
-        ends, drained = [], 0
-        for rank in ranks:
-            last_start = pipe_ns - drained - rank.last_backward.total_ns
+        ends = []
+        for rank, compute_end in zip(ranks, timing.rank_end):
+            last_start = compute_end + first_wait - rank.last_backward.total_ns
             after_backward = rank.finish.total_ns - rank.last_backward.total_ns
             # a gather-bound rank ends no sooner than its gathers, then what
             # follows the last backward (reductions, optimizer)
             ends.append(max(last_start + rank.finish.total_ns,
                             rank.gathers_ns + after_backward))
-            # the gradient leaves a rank after its input-gradient part (ZB-H1 runs
-            # the weight-gradient part while the ranks before it work)
-            drained += rank.last_backward.total_ns - rank.weight_ns + t_p2p
         step_ns = max(ends)
         breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0,
                                         first_wait if p == 0 else 0)
@@ -553,7 +530,7 @@ class AnalyticStepModel:
         """Without pipeline parallelism the step is one rank's list schedule: every
         action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
-        actions = list(cached_schedule(self.plan.schedule, 1, self.plan.num_microbatches, 1)[0])
+        actions = list(self.lowerer.schedule.actions(1, self.plan.num_microbatches, 1)[0])
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
         row = {"compute": cost.compute_ns / 1e9, "optimizer": cost.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
@@ -563,19 +540,26 @@ class AnalyticStepModel:
         return AnalyticStep(step_ns=cost.total_ns, rank_end_ns=[cost.total_ns],
                             breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled)
 
-    def _zero_bubble_ns(self, t_p2p: int) -> int:
-        """ZB-H1 fills the drain with deferred weight-gradient work; with unequal
-        stages how much it hides has no closed form, so the schedule's actions are
-        replayed with their per-stage durations (strategies.pipeline, O(m * p))."""
-        plan = self.plan
-        durations = {comp: [] for comp in "FIW"}
-        for p in range(plan.pp):
+    def _pipeline_timing(self, t_p2p: int) -> PipelineTiming:
+        """When each pipeline rank's compute ends: the schedule's own timing
+        (:meth:`strategies.schedules.PipelineSchedule.timing`, its closed form or an
+        exact replay of its actions) with each virtual stage's forward, backward and
+        weight-gradient time for one micro-batch, priced on the rank that holds it."""
+        plan, lowerer = self.plan, self.lowerer
+        schedule, placement = lowerer.schedule, lowerer.placement
+        durations: dict[str, list[int]] = {"F": [], "B": [], "W": []}
+        for stage in range(lowerer.num_stages):
+            p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
-            for comp in "FIW":
-                durations[comp].append(self._phase_cost(pricer, p, p, comp).total_ns)
-        backward = [i + w for i, w in zip(durations["I"], durations["W"])]
-        return schedule_makespan(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches,
-                                 durations["F"], backward, durations["W"], t_p2p)
+            durations["F"].append(self._phase_cost(pricer, p, stage, "F").total_ns)
+            if schedule.split_backward:
+                weight = self._phase_cost(pricer, p, stage, "W").total_ns
+                durations["W"].append(weight)
+                durations["B"].append(self._phase_cost(pricer, p, stage, "I").total_ns + weight)
+            else:
+                durations["B"].append(self._phase_cost(pricer, p, stage, "B").total_ns)
+        return schedule.timing(plan.pp, plan.num_microbatches, plan.vpp, durations["F"],
+                               durations["B"], durations["W"] or None, t_p2p)
 
     @staticmethod
     def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int,
@@ -636,37 +620,3 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step
-
-
-def schedule_makespan(schedule: str, pp: int, vpp: int, microbatches: int,
-                      t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
-                      t_comm: int) -> int:
-    """Makespan of a pipeline schedule with per-stage durations (integers, any unit),
-    as strategies.pipeline.simulate_unit_times replays it, in O(pp^2) for any number
-    of micro-batches.
-
-    Past the warm-up every micro-batch adds the same period (the steady state
-    repeats), so long schedules are extrapolated from replays of ``3 pp``,
-    ``3 pp + 1`` and ``3 pp + 2`` micro-batches once those show a constant period;
-    otherwise the whole schedule is replayed.
-    """
-    def makespan(m: int) -> int:
-        actions = cached_schedule(schedule, pp, m, vpp)
-        return int(simulate_unit_times(actions, pp, vpp, list(t_f), list(t_b),
-                                       None if t_w is None else list(t_w), t_comm,
-                                       check=False).makespan)
-
-    short = 3 * pp
-    if microbatches <= short + 2:
-        return makespan(microbatches)
-    spans = [makespan(short + k) for k in range(3)]
-    if spans[2] - spans[1] != spans[1] - spans[0]:
-        return makespan(microbatches)
-    return spans[0] + (microbatches - short) * (spans[1] - spans[0])
-
-
-@lru_cache(maxsize=256)
-def cached_schedule(schedule: str, pp: int, microbatches: int, vpp: int
-                    ) -> tuple[tuple[Action, ...], ...]:
-    """Schedule actions per pipeline rank, memoised (sweeps repeat few shapes)."""
-    return tuple(tuple(row) for row in schedule_actions(schedule, pp, microbatches, vpp))

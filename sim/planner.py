@@ -49,6 +49,7 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import ModelSpec
 from strategies.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan, validate_plan
+from strategies.schedules import get_schedule
 
 SECONDS_PER_DAY = 86_400.0
 #: Tokens per step the default global batch aims at (Llama 3 405B started at 4M tokens;
@@ -86,7 +87,8 @@ class SearchSpace:
             heads up to the NVLink domain; pp = divisors of the layer count and powers
             of two, leaving at least 4 layers per stage (uneven splits are allowed); cp = 1, 2, 4; ep = divisors of
             the expert count; vpp = 2, 4 (interleaved only); micro-batch 1, 2, 4.
-        zero: ZeRO stages. recompute: modes. schedule: pipeline schedules.
+        zero: ZeRO stages. recompute: modes. schedule: pipeline schedules (None: those
+            registered as searched by default, strategies.schedules).
     """
 
     tp: tuple[int, ...] | None = None
@@ -97,9 +99,12 @@ class SearchSpace:
     micro_batch: tuple[int, ...] = (1, 2, 4)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = ("none", "full")
-    schedule: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
+    schedule: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.schedule is None:  # the registered schedules worth trying unasked
+            object.__setattr__(self, "schedule", tuple(
+                name for name in SCHEDULES if get_schedule(name).searched_by_default))
         for name in ("tp", "pp", "cp", "ep", "vpp", "micro_batch"):
             values = getattr(self, name)
             if values is not None and (not values or any(
@@ -148,22 +153,24 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, gpus: int, *, seq_le
                              if 4 * p <= model.num_layers or p == 1)
     cps = space.cp or [1, 2, 4]
     eps = space.ep or ([d for d in _divisors(experts)] if experts else [1])
-    vpps = space.vpp or [2, 4]
     plans, rejected = [], Counter()
     cluster_gpus = cluster.max_nodes * cluster.gpus_per_node
+    # Without pipeline parallelism every schedule runs the same actions: keep the
+    # first one that runs on a single stage per rank.
+    without_pipeline = next((name for name in space.schedule
+                             if 1 in get_schedule(name).vpp_choices), None)
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if gpus % (tp * pp * cp):
             continue  # not a factorisation of the GPU count: not a candidate at all
         dp = gpus // (tp * pp * cp)
         for ep, mb, zero, rc, sched in itertools.product(
                 eps, space.micro_batch, space.zero, space.recompute, space.schedule):
-            if pp == 1 and sched != next(x for x in space.schedule if x != "interleaved"
-                                         ) if sched != "interleaved" else False:
+            if pp == 1 and sched != without_pipeline:
                 rejected["equivalent: a schedule has no effect without pipeline "
                          "parallelism"] += 1
                 continue
-            vs = [v for v in vpps if pp > 1] if sched == "interleaved" else [1]
-            for vpp in vs:
+            choices = get_schedule(sched).vpp_choices
+            for vpp in choices if choices == (1,) or space.vpp is None else space.vpp:
                 plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp,
                                     micro_batch=mb, global_batch=global_batch,
                                     seq_len=seq_len, zero=zero, recompute=rc,
@@ -188,8 +195,9 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     ones the lowering emits) priced by the cluster's compute model: forward + backward
     per micro-batch, plus the forward again under full recompute (the selective kernels
     under selective recompute); summed over the layers, divided by ``pp`` (the critical
-    pipeline rank computes at least the average), times ``m`` micro-batches, times the
-    1F1B/interleaved bubble ``1 + (p - 1) / (v m)`` (none counted for ZB-H1). Embedding,
+    pipeline rank computes at least the average), times ``m`` micro-batches, plus the
+    schedule's own lower bound on the bubble
+    (:meth:`strategies.schedules.PipelineSchedule.bubble_lower_bound`). Embedding,
     head, communication, the optimizer and ZeRO-3 gathers only add to the real time.
     Tests check the bound against the simulator.
     """
@@ -201,12 +209,12 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     compute_s = per_microbatch * plan.num_microbatches
     if plan.pp == 1:
         return compute_s
-    if plan.schedule == "zb-h1":
-        # ZB-H1's fill per stage is F + I - W (Qi et al. 2023); every stage holds at
-        # least floor(L / p) layers.
-        fill = max(0.0, min(f for _, f in kinds)) * (model.num_layers // plan.pp)
-        return compute_s + (plan.pp - 1) * fill
-    return compute_s + (plan.pp - 1) * per_microbatch / plan.vpp
+    # a stage's F + I - W (Qi et al. 2023) is at least the smallest layer's, times the
+    # fewest layers a stage holds
+    stages = plan.pp * plan.vpp
+    fill = max(0.0, min(f for _, f in kinds)) * (model.num_layers // stages) * plan.vpp
+    return compute_s + get_schedule(plan.schedule).bubble_lower_bound(
+        plan.pp, plan.vpp, per_microbatch, fill)
 
 
 _LAYER_CACHE: dict[tuple, tuple] = {}

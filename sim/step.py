@@ -30,8 +30,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Mapping, Sequence
+from typing import Mapping
 from dataclasses import dataclass, field, replace
 import pandas as pd
 
@@ -39,15 +38,14 @@ from hardware.catalog import cluster_to_dict
 from hardware.compute import ComputeModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_step import PricingCache, analytic_step, cached_schedule
+from sim.analytic_step import PricingCache, analytic_step
 from sim.engine import ComputeTimer, Engine
 from sim.timeline import Timeline
 from strategies import model_costs
 from strategies.lowering import StepLowerer, StepLowering
 from sim.breakdown import rank_breakdowns
-from strategies.memory import MemoryBreakdown, check_fits, rank_memory
+from strategies.memory import MemoryBreakdown, check_fits, rank_memory, stage_activation_bytes
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import max_inflight_microbatches
 from strategies.perturbations import Perturbations, check_perturbations
 from strategies.plan import ParallelPlan, validate_plan
 from sim.perturbed import apply_perturbations
@@ -150,45 +148,22 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
-def inflight_microbatches(plan: ParallelPlan) -> tuple[int, ...]:
-    """Peak micro-batches each pipeline rank holds activations of, under the plan's
-    schedule (strategies.pipeline.max_inflight_microbatches).
-
-    Past the warm-up, 1F1B-like schedules free one micro-batch per one they
-    start, so the peak is reached within ``pp * (2 * vpp + 2)`` micro-batches;
-    longer schedules are cut there (a whole number of rounds of ``pp``), which
-    keeps memory checks of sweeps cheap. GPipe holds every micro-batch.
-    """
-    m = plan.num_microbatches
-    cap = plan.pp * (2 * plan.vpp + 2)
-    if plan.schedule != "gpipe" and m > cap:
-        m = cap
-    return _inflight(plan.schedule, plan.pp, m, plan.vpp)
-
-
-@lru_cache(maxsize=256)
-def _inflight(schedule: str, pp: int, microbatches: int, vpp: int) -> tuple[int, ...]:
-    return tuple(max_inflight_microbatches(cached_schedule(schedule, pp, microbatches, vpp)))
-
-
-def stage_memory(model: ModelSpec, plan: ParallelPlan,
-                 stage_layers: Sequence[Sequence[int]],
-                 inflight: Sequence[int]) -> dict[int, MemoryBreakdown]:
-    """Peak memory of every pipeline rank under the plan's schedule.
-
-    Args:
-        stage_layers: global layer indices of each virtual stage.
-        inflight: micro-batches whose activations each pipeline rank holds at
-            its peak (:func:`inflight_microbatches`).
-    """
-    stages = len(stage_layers)
-    result = {}
-    for p in range(plan.pp):
-        layers = [layer for s in range(p, stages, plan.pp) for layer in stage_layers[s]]
-        result[p] = rank_memory(model, plan, layers=layers, has_embedding=p == 0,
-                                has_head=(stages - 1) % plan.pp == p,
-                                inflight_microbatches=inflight[p])
-    return result
+def stage_memory(model: ModelSpec, plan: ParallelPlan, lowerer: StepLowerer
+                 ) -> dict[int, MemoryBreakdown]:
+    """Peak memory of every pipeline rank under the plan's schedule: its model states,
+    and the activations the schedule keeps in flight at its peak, each (stage,
+    micro-batch) weighed by that stage's own activations
+    (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`)."""
+    last = lowerer.num_stages - 1
+    stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
+                                          has_head=s == last)
+                   for s, layers in enumerate(lowerer.stage_layers)]
+    held = lowerer.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
+                                                  stage_bytes)
+    return {p: rank_memory(model, plan, layers=lowerer.rank_layers(p),
+                           has_embedding=lowerer.holds_embedding(p),
+                           has_head=lowerer.holds_head(p), held_activation_bytes=held[p])
+            for p in range(plan.pp)}
 
 
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
@@ -253,7 +228,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
     lowerer = StepLowerer(model, plan)
-    memory = stage_memory(model, plan, lowerer.stage_layers, inflight_microbatches(plan))
+    memory = stage_memory(model, plan, lowerer)
     if check_memory:
         for p, breakdown in memory.items():
             check_fits(breakdown, applied.smallest_hbm_bytes, lowerer.representatives[p],

@@ -46,7 +46,8 @@ from hardware.compute import ELEMENT_BYTES
 from strategies import model_costs as costs
 from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action, schedule_actions
+from strategies.pipeline import Action
+from strategies.schedules import get_schedule
 from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
 
 #: Bytes per gradient element reduced over data parallelism (bf16 gradients,
@@ -144,6 +145,8 @@ class StepLowerer:
         self.layout = RankLayout(plan)
         self.stage_layers = split_layers(model.num_layers, plan)
         self.num_stages = plan.pp * plan.vpp
+        self.schedule = get_schedule(plan.schedule)
+        self.placement = self.schedule.placement(plan.pp, plan.vpp)
         self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
         self.tokens = plan.micro_batch * plan.seq_len // plan.cp
         self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
@@ -422,7 +425,7 @@ class StepLowerer:
                 (:class:`strategies.ir.Mirrors`), for the flow fidelity.
         """
         plan = self.plan
-        all_actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        all_actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
         programs = {}
         for p, rank in enumerate(self.representatives):
             programs[rank] = self._lower_rank(p, rank, all_actions[p])
@@ -447,9 +450,9 @@ class StepLowerer:
         layout, plan = self.layout, self.plan
         groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
         pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
-        next_stage = {p: p + 1 for p in range(plan.pp - 1)}
-        if plan.vpp > 1 and plan.pp > 1:
-            next_stage[plan.pp - 1] = 0  # virtual stages wrap around the ranks
+        next_rank: dict[int, list[int]] = {}
+        for p, q in self.placement.edges():
+            next_rank.setdefault(p, []).append(q)
         for p, rep in enumerate(self.representatives):
             absent = [layout.rank(tp=t, cp=c, dp=d, pp=p) for d in range(plan.dp)
                       for c in range(plan.cp) for t in range(plan.tp)]
@@ -466,8 +469,7 @@ class StepLowerer:
                     if not present.intersection(other):
                         found.add(other)
                 groups[group] = tuple(sorted(found))
-            if p in next_stage:
-                q = next_stage[p]
+            for q in next_rank.get(p, ()):
                 edges = [(r, layout.stage_rank(q, like=r)) for r in absent]
                 edges = [(a, b) for a, b in edges if b not in present]
                 peer = self.representatives[q]
@@ -488,7 +490,7 @@ class StepLowerer:
     def rank_ops(self, p: int) -> list[Op]:
         """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
         plan = self.plan
-        actions = schedule_actions(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
         return self._lower_rank(p, self.representatives[p], actions[p])
 
     def phase_ops(self, p: int, part: int | str, comp: str) -> list[Op]:
@@ -572,7 +574,7 @@ class StepLowerer:
     def _forward_action(self, b: _RankBuilder, s: int, j: int, layers: Sequence[int],
                         tag: str) -> None:
         recv = None
-        if s > 0:
+        if s > 0 and self._crosses(s - 1, s):
             recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(b, s - 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
                                 stream="pp.recv.fwd"))
@@ -587,34 +589,50 @@ class StepLowerer:
         if s == self.num_stages - 1:
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")
-        else:
+        elif self._crosses(s, s + 1):
             b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(b, s + 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
                          stream="pp.send.fwd", deps=(b.last(),)))
 
     def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s < self.num_stages - 1:
+        if s < self.num_stages - 1 and self._crosses(s, s + 1):
             recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(b, s + 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
                                 stream="pp.recv.bwd"))
             b.wait(recv)
 
     def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s > 0:
+        if s > 0 and self._crosses(s - 1, s):
             b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(b, s - 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
                          stream="pp.send.bwd", deps=(b.last(),)))
 
     def _stage_rank(self, b: _RankBuilder, stage: int) -> int:
         """The rank of ``b``'s pipeline that holds virtual stage ``stage``."""
-        return self.layout.stage_rank(stage % self.plan.pp, like=b.rank)
+        return self.layout.stage_rank(self.placement.rank_of(stage), like=b.rank)
+
+    def _crosses(self, stage: int, following: int) -> bool:
+        """Whether two stages sit on different pipeline ranks (a V-shaped placement
+        keeps the middle pair on one rank: no transfer)."""
+        return self.placement.rank_of(stage) != self.placement.rank_of(following)
+
+    def rank_layers(self, p: int) -> list[int]:
+        """Global layer indices pipeline rank ``p`` holds (all its virtual stages)."""
+        return [layer for s in self.placement.stages_of(p) for layer in self.stage_layers[s]]
+
+    def holds_embedding(self, p: int) -> bool:
+        """Pipeline rank ``p`` holds the first stage (the input embedding)."""
+        return self.placement.rank_of(0) == p
+
+    def holds_head(self, p: int) -> bool:
+        """Pipeline rank ``p`` holds the last stage (final norm, output head, loss)."""
+        return self.placement.rank_of(self.num_stages - 1) == p
 
     def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
         plan = self.plan
-        layers = [layer for s in range(p, self.num_stages, plan.pp) for layer in self.stage_layers[s]]
-        params = costs.rank_params(self.model, layers=layers, tp=plan.tp, ep=plan.ep,
-                                   has_embedding=p == 0,
-                                   has_head=(self.num_stages - 1) % plan.pp == p)
+        params = costs.rank_params(self.model, layers=self.rank_layers(p), tp=plan.tp,
+                                   ep=plan.ep, has_embedding=self.holds_embedding(p),
+                                   has_head=self.holds_head(p))
         dense = params.dense_params / (plan.dp * plan.cp if plan.zero >= 1 else 1)
         expert = params.expert_params / (plan.dp // plan.ep if plan.zero >= 1 else 1)
         local = dense + expert

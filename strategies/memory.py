@@ -22,9 +22,12 @@ Choices (assumptions, stated once):
   cost 3 bytes per parameter (2 + 1); gradients stay bf16 and the optimizer fp32; stored
   activations stay bf16 (Transformer Engine can keep fp8 copies of linear inputs; not
   assumed). Norm and embedding weights are counted the same way (a small overestimate).
-* Activations: ``inflight_microbatches`` times the per-micro-batch bytes of every held layer
-  (:func:`strategies.model_costs.activation_bytes_per_layer`), plus the embedding's and the
-  head's (fp32 loss logits ``4*n*V/t``) when held. With ``recompute="full"``, the backward
+* Activations: what the pipeline schedule keeps alive at a rank's peak, each in-flight
+  (stage, micro-batch) weighed by that stage's own bytes (:func:`stage_activation_bytes`:
+  its layers' :func:`strategies.model_costs.activation_bytes_per_layer`, plus the
+  embedding's and the head's — fp32 loss logits ``4*n*V/t`` — on the stages that hold
+  them). An interleaved rank's in-flight chunks each hold one chunk's layers, not all of
+  the rank's. With ``recompute="full"``, the backward
   rematerialises one layer's full activations at a time: the largest held layer's
   ``recompute="none"`` activations are added once (Korthikanti et al. 2022, Section 5).
   Dropout masks are counted as in Korthikanti et al. (the cost model's default).
@@ -42,6 +45,7 @@ Units: bytes (GiB = 2**30 bytes only in messages).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -61,6 +65,7 @@ __all__ = [
     "ZERO3_PREFETCH_LAYERS",
     "check_fits",
     "rank_memory",
+    "stage_activation_bytes",
 ]
 
 #: bf16 weights (ZeRO paper: fp16 parameters, 2 bytes).
@@ -138,8 +143,31 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.2f}"
 
 
+def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
+                           has_embedding: bool, has_head: bool) -> float:
+    """Activations one micro-batch leaves on a pipeline stage for its backward, bytes:
+    the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
+    ``plan.recompute``) plus the embedding's and the head's when the stage holds them.
+    The memory model weighs each in-flight (stage, micro-batch) by this."""
+    act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
+                      sequence_parallel=plan.sequence_parallel)
+    act_dtype = "bf16" if plan.dtype == "fp8" else plan.dtype
+    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
+    kinds = model_costs.layer_types(model, layers)
+    total = sum(count * model_costs.activation_bytes_per_layer(
+                    model, layer, recompute=plan.recompute, dtype=act_dtype, **layer_kwargs)
+                for layer, count in kinds.items())
+    if has_embedding:
+        total += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
+                                                        **act_kwargs)
+    if has_head:
+        total += model_costs.head_activation_bytes(model, dtype=act_dtype, **act_kwargs)
+    return total
+
+
 def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
-                has_embedding: bool, has_head: bool, inflight_microbatches: int) -> MemoryBreakdown:
+                has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
+                held_activation_bytes: float | None = None) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
@@ -149,10 +177,12 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     * weights    = ``w*(P_d/D + P_e/D_e)`` if z = 3 else ``w*(P_d + P_e)``;
     * gradients  = ``2*(P_d/D + P_e/D_e)`` if z >= 2 else ``2*(P_d + P_e)``;
     * optimizer  = ``12*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``;
-    * activations = ``inflight * (sum of activation_bytes_per_layer over layers
-      + embedding activations if has_embedding + head activations if has_head)``
-      ``+ max over layers of the recompute="none" activations`` if ``plan.recompute`` is full
-      (and inflight > 0);
+    * activations = ``held_activation_bytes`` (what the schedule's in-flight stages and
+      micro-batches hold at the rank's peak, each weighed by its
+      :func:`stage_activation_bytes`; :meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`),
+      or ``inflight * stage_activation_bytes(layers, ...)`` for a rank whose in-flight
+      micro-batches each hold all its layers; ``+ max over layers of the recompute="none"
+      activations`` if ``plan.recompute`` is full (and anything is held);
     * comm buffers = ``2*grad_bucket_bytes`` if D > 1, plus for z = 3 and D > 1
       ``w * (sum of the two largest held layers' P_d + P_e)``;
     * workspace = :data:`WORKSPACE_BYTES`.
@@ -164,8 +194,10 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         layers: indices of the transformer layers this rank holds (all its virtual stages).
         has_embedding: the rank holds the input embedding (first pipeline stage).
         has_head: the rank holds the final norm, LM head and loss (last stage).
-        inflight_microbatches: micro-batches whose activations are alive at the peak
-            (1F1B: ``pp - stage`` for stage index ``stage``; GPipe: all of them).
+        inflight_microbatches: micro-batches whose activations of every held layer are
+            alive at the peak (1F1B: ``pp - stage``; GPipe: all of them).
+        held_activation_bytes: instead, the activations held at the peak, bytes (give
+            exactly one of the two).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -174,9 +206,15 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         ValueError: ``ep`` not dividing ``dp*cp``, negative in-flight count, unknown zero
             stage or recompute mode, sizes the model cannot be split by.
     """
-    if isinstance(inflight_microbatches, bool) or not isinstance(inflight_microbatches, int) \
-            or inflight_microbatches < 0:
+    if (inflight_microbatches is None) == (held_activation_bytes is None):
+        raise ValueError("inflight_microbatches: give exactly one of inflight_microbatches and "
+                         "held_activation_bytes")
+    if inflight_microbatches is not None and (
+            isinstance(inflight_microbatches, bool) or not isinstance(inflight_microbatches, int)
+            or inflight_microbatches < 0):
         raise ValueError(f"inflight_microbatches: {inflight_microbatches!r} must be an integer >= 0")
+    if held_activation_bytes is not None and not 0 <= held_activation_bytes < math.inf:
+        raise ValueError(f"held_activation_bytes: {held_activation_bytes!r} must be finite and >= 0")
     if plan.zero not in ZERO_STAGES:
         raise ValueError(f"zero: {plan.zero!r} is not a ZeRO stage; valid: {', '.join(map(str, ZERO_STAGES))}")
     if plan.recompute not in RECOMPUTE:
@@ -207,24 +245,20 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     grads = sharded(GRAD_BYTES_PER_PARAM, plan.zero >= 2)
     optimizer = sharded(OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
 
-    act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
-                      sequence_parallel=plan.sequence_parallel)
-    act_dtype = "bf16" if fp8 else plan.dtype
-    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
-    kinds = model_costs.layer_types(model, layers)
-    per_mb = sum(count * model_costs.activation_bytes_per_layer(
-                     model, layer, recompute=plan.recompute, dtype=act_dtype, **layer_kwargs)
-                 for layer, count in kinds.items())
-    if has_embedding:
-        per_mb += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
-                                                         **act_kwargs)
-    if has_head:
-        per_mb += model_costs.head_activation_bytes(model, dtype=act_dtype, **act_kwargs)
-    activations = inflight_microbatches * per_mb
-    if plan.recompute == "full" and inflight_microbatches > 0 and len(layers) > 0:
-        activations += max(model_costs.activation_bytes_per_layer(model, layer, recompute="none",
-                                                                  dtype=act_dtype, **layer_kwargs)
-                           for layer in kinds)
+    if held_activation_bytes is None:
+        activations = inflight_microbatches * stage_activation_bytes(
+            model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head)
+    else:
+        activations = float(held_activation_bytes)
+    if plan.recompute == "full" and activations > 0 and len(layers) > 0:
+        # the backward rematerialises one layer's full activations at a time
+        layer_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
+                            cp=plan.cp, sequence_parallel=plan.sequence_parallel,
+                            flash_attention=plan.flash_attention, dropout=model.dropout)
+        activations += max(model_costs.activation_bytes_per_layer(
+                               model, layer, recompute="none",
+                               dtype="bf16" if fp8 else plan.dtype, **layer_kwargs)
+                           for layer in model_costs.layer_types(model, layers))
 
     comm = 0.0
     if dp_group > 1:

@@ -64,7 +64,7 @@ from strategies.memory import (GRAD_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM, Mem
                                OPTIMIZER_BYTES_PER_PARAM as OPTIMIZER_STATE_BYTES_PER_PARAM,
                                WORKSPACE_BYTES, rank_memory)
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import schedule_actions
+from strategies.schedules import schedule_actions
 from strategies.plan import DP_MODES, ParallelPlan, RankLayout
 
 PS_MODES = tuple(mode for mode in DP_MODES if mode != "allreduce")

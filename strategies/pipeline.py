@@ -1,4 +1,8 @@
-"""Pipeline-parallel schedules as per-rank action lists.
+"""Pipeline-parallel action lists: notation, stage placement, checking and exact timing.
+
+This module is the machinery every pipeline schedule shares; the schedules
+themselves (GPipe, 1F1B, interleaved, zero bubble, ...) are classes in
+:mod:`strategies.schedules`, each owning its action lists and its placement.
 
 Notation (PyTorch ``torch.distributed.pipelining`` ``_Action``): an action is
 ``(stage, computation, microbatch)`` printed ``f"{stage}{comp}{mb}"``:
@@ -9,27 +13,14 @@ Notation (PyTorch ``torch.distributed.pipelining`` ``_Action``): an action is
   schedules split B into I and W;
 * ``2W1``: backward for the *weights* only.
 
-Stages are GLOBAL virtual stage indices ``0 .. pp*vpp - 1``. With interleaving
-(``vpp > 1``) pipeline rank ``r`` holds stages ``r, r + pp, r + 2*pp, ...``
-(Megatron-LM's interleaved layout), so stage ``s`` lives on rank ``s % pp``.
-Micro-batches are ``0 .. m-1``.
-
-Schedules (:data:`PIPELINE_SCHEDULES`, the same names as
-``strategies.plan.SCHEDULES``):
-
-* ``gpipe``: every forward, then every backward (Huang et al. 2019).
-* ``1f1b``: PipeDream-flush / Megatron non-interleaved 1F1B (Narayanan et al.
-  2021): rank ``r`` does ``min(pp - r - 1, m)`` warm-up forwards, then
-  alternates one forward and one backward, then drains the backwards.
-* ``interleaved``: Megatron interleaved 1F1B (Narayanan et al. 2021,
-  arXiv 2104.04473 §2.2), ``vpp > 1`` model chunks per rank.
-* ``zb-h1``: Zero Bubble H1 (Qi et al. 2023, arXiv 2401.10241 §2.1): 1F1B
-  with B split into I and W; rank ``r`` defers up to ``r`` weight passes, so
-  every rank holds at most ``pp`` micro-batches between F and W (1F1B's
-  peak) and the deferred W passes fill the cool-down bubbles.
+Stages are GLOBAL virtual stage indices ``0 .. S-1`` of the model cut in ``S``
+pieces; stage ``s`` sends activations to ``s+1`` and gradients to ``s-1``. A
+:class:`StagePlacement` says which pipeline rank holds each stage: Megatron's
+interleaved layout puts stage ``s`` on rank ``s % pp``; V-shaped schedules put
+stages ``r`` and ``2 pp - 1 - r`` on rank ``r``. Micro-batches are ``0 .. m-1``.
 
 Dependencies between actions (used by :func:`check_schedule` and
-:func:`simulate_unit_times`), with ``S = pp * vpp`` stages:
+:func:`simulate_unit_times`):
 
 * ``F(s, j)`` needs ``F(s-1, j)`` (for ``s > 0``);
 * ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, for ``s < S-1``, the
@@ -37,10 +28,12 @@ Dependencies between actions (used by :func:`check_schedule` and
 * ``W(s, j)`` needs ``I(s, j)``;
 * actions of one rank run one at a time, in list order.
 
-Point-to-point transfers are assumed buffered (a send never waits for its
-receiver); only compute is ordered. Times in this module are in whatever unit
-the caller uses (the engine uses integer nanoseconds); with ``int`` or
-:class:`fractions.Fraction` durations every result is exact.
+A dependency produced on another rank arrives ``t_comm`` later (a buffered
+point-to-point transfer: a send never waits for its receiver); one produced on
+the same rank (consecutive stages of a V on one rank) is there at once. Times
+in this module are in whatever unit the caller uses (the engine uses integer
+nanoseconds); with ``int`` or :class:`fractions.Fraction` durations every
+result is exact.
 """
 
 from __future__ import annotations
@@ -52,26 +45,24 @@ from numbers import Rational, Real
 from typing import NamedTuple, Sequence, Union
 
 __all__ = [
-    "PIPELINE_SCHEDULES",
     "COMPUTATIONS",
     "Action",
     "parse_action",
     "parse_actions",
     "format_schedule",
-    "schedule_actions",
-    "stage_of_rank",
-    "stages_of_rank",
+    "StagePlacement",
+    "interleaved_placement",
+    "v_placement",
     "PeerStages",
     "peer_stages",
     "send_target",
     "check_schedule",
     "max_inflight_microbatches",
+    "peak_held",
     "ScheduleTiming",
     "simulate_unit_times",
 ]
 
-#: Pipeline schedules this module builds (kept equal to ``plan.SCHEDULES``).
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 #: Compute actions: Forward, full Backward, backward-Input, backward-Weight.
 COMPUTATIONS = ("F", "B", "I", "W")
 
@@ -87,7 +78,7 @@ class Action:
     """One compute action of a pipeline rank.
 
     Attributes:
-        stage: global virtual stage index (``0 .. pp*vpp - 1``).
+        stage: global virtual stage index (``0 .. S-1``).
         comp: ``"F"`` forward, ``"B"`` full backward, ``"I"`` backward for
             the input only, ``"W"`` backward for the weights only.
         microbatch: micro-batch index (``0 .. m-1``).
@@ -143,36 +134,106 @@ def format_schedule(actions: Sequence[Sequence[Action]]) -> str:
     )
 
 
-# --------------------------------------------------------------------------- layout
+# --------------------------------------------------------------------------- placement
 
 
-def stage_of_rank(stage: int, pp: int) -> int:
-    """The pipeline rank that holds global virtual stage ``stage``: ``stage % pp``.
+def _check_pos_int(name: str, value: object) -> None:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
 
-    (Named for the mapping "stage -> its rank" in the interleaved layout where
-    rank ``r`` holds stages ``r, r+pp, r+2pp, ...``.)
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Which pipeline rank holds each global virtual stage.
+
+    Attributes:
+        pp: pipeline ranks.
+        rank_of_stage: the rank of stage ``s`` at index ``s`` (every rank holds
+            the same number of stages).
 
     Raises:
-        ValueError: if ``pp < 1`` or ``stage < 0``.
+        ValueError: when a rank is out of range or ranks hold unequal numbers
+            of stages.
     """
-    _check_pos_int("pp", pp)
-    if not _is_int(stage) or stage < 0:
-        raise ValueError(f"stage={stage!r} is invalid; valid: an int >= 0")
-    return stage % pp
+
+    pp: int
+    rank_of_stage: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_pos_int("pp", self.pp)
+        counts = [0] * self.pp
+        for stage, rank in enumerate(self.rank_of_stage):
+            if not _is_int(rank) or not 0 <= rank < self.pp:
+                raise ValueError(f"rank_of_stage[{stage}]={rank!r} is invalid; "
+                                 f"valid: 0 .. {self.pp - 1}")
+            counts[rank] += 1
+        if len(set(counts)) != 1 or counts[0] == 0:
+            raise ValueError(f"rank_of_stage={self.rank_of_stage!r} is invalid; valid: every "
+                             f"one of the {self.pp} ranks holds the same number of stages")
+
+    @property
+    def num_stages(self) -> int:
+        """Global virtual stages ``S``."""
+        return len(self.rank_of_stage)
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Virtual stages (model chunks) each rank holds."""
+        return self.num_stages // self.pp
+
+    def rank_of(self, stage: int) -> int:
+        """The pipeline rank that holds ``stage``.
+
+        Raises:
+            ValueError: for a stage outside ``0 .. S-1``.
+        """
+        if not _is_int(stage) or not 0 <= stage < self.num_stages:
+            raise ValueError(f"stage={stage!r} is invalid; valid: 0 .. {self.num_stages - 1}")
+        return self.rank_of_stage[stage]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """Stages rank ``rank`` holds, ascending.
+
+        Raises:
+            ValueError: for a rank outside ``0 .. pp-1``.
+        """
+        if not _is_int(rank) or not 0 <= rank < self.pp:
+            raise ValueError(f"rank={rank!r} is invalid; valid: 0 .. {self.pp - 1} (pp={self.pp})")
+        return tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank)
+
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        """``(rank, next rank)`` of every stage boundary that crosses ranks, in stage
+        order without repeats: the pipeline's point-to-point links."""
+        seen: list[tuple[int, int]] = []
+        for stage in range(self.num_stages - 1):
+            pair = (self.rank_of_stage[stage], self.rank_of_stage[stage + 1])
+            if pair[0] != pair[1] and pair not in seen:
+                seen.append(pair)
+        return tuple(seen)
 
 
-def stages_of_rank(rank: int, pp: int, vpp: int = 1) -> list[int]:
-    """Global virtual stages held by pipeline rank ``rank``: ``rank + c*pp``
-    for model chunk ``c = 0 .. vpp-1``.
+def interleaved_placement(pp: int, vpp: int = 1) -> StagePlacement:
+    """Megatron-LM's layout: rank ``r`` holds stages ``r, r + pp, r + 2 pp, ...``
+    (``vpp`` of them; one with ``vpp = 1``).
 
     Raises:
-        ValueError: if ``rank`` is outside ``0 .. pp-1`` or pp/vpp < 1.
+        ValueError: if ``pp`` or ``vpp`` is not an int >= 1.
     """
     _check_pos_int("pp", pp)
     _check_pos_int("vpp", vpp)
-    if not _is_int(rank) or not 0 <= rank < pp:
-        raise ValueError(f"rank={rank!r} is invalid; valid: 0 .. {pp - 1} (pp={pp})")
-    return [rank + chunk * pp for chunk in range(vpp)]
+    return StagePlacement(pp, tuple(s % pp for s in range(pp * vpp)))
+
+
+def v_placement(pp: int) -> StagePlacement:
+    """The V-shaped layout of ZB-V and DualPipeV (Qi et al. 2024, arXiv 2405.15362;
+    DeepSeek-V3 report, arXiv 2412.19437): ``2 pp`` stages, rank ``r`` holds stages
+    ``r`` and ``2 pp - 1 - r``, so the first and last stages share rank 0.
+
+    Raises:
+        ValueError: if ``pp`` is not an int >= 1.
+    """
+    _check_pos_int("pp", pp)
+    return StagePlacement(pp, tuple(range(pp)) + tuple(reversed(range(pp))))
 
 
 class PeerStages(NamedTuple):
@@ -187,191 +248,35 @@ class PeerStages(NamedTuple):
     gradients_to: int | None
 
 
-def peer_stages(stage: int, pp: int, vpp: int = 1) -> PeerStages:
-    """Peers of ``stage`` in a pipeline of ``pp * vpp`` stages: the forward of
-    stage ``s`` sends activations to ``s+1`` (held by rank ``(s+1) % pp``), the
-    backward (B or I) sends gradients to ``s-1``.
+def peer_stages(stage: int, num_stages: int) -> PeerStages:
+    """Peers of ``stage`` in a pipeline of ``num_stages`` stages: the forward of
+    stage ``s`` sends activations to ``s+1``, the backward (B or I) sends gradients
+    to ``s-1``.
 
     Raises:
-        ValueError: if ``stage`` is outside ``0 .. pp*vpp-1``.
+        ValueError: if ``stage`` is outside ``0 .. num_stages-1``.
     """
-    _check_pos_int("pp", pp)
-    _check_pos_int("vpp", vpp)
-    num_stages = pp * vpp
+    _check_pos_int("num_stages", num_stages)
     if not _is_int(stage) or not 0 <= stage < num_stages:
-        raise ValueError(
-            f"stage={stage!r} is invalid; valid: 0 .. {num_stages - 1} (pp*vpp={pp}*{vpp})"
-        )
+        raise ValueError(f"stage={stage!r} is invalid; valid: 0 .. {num_stages - 1}")
     return PeerStages(
         activations_to=stage + 1 if stage + 1 < num_stages else None,
         gradients_to=stage - 1 if stage > 0 else None,
     )
 
 
-def send_target(action: Action, pp: int, vpp: int = 1) -> tuple[int, int] | None:
-    """``(stage, rank)`` the output of ``action`` is sent to, or None (W
-    actions, the last stage's F, the first stage's B/I).
-
-    The send is point-to-point only if the target rank differs from the
-    action's own rank (with ``pp == 1`` everything stays on rank 0).
-    """
-    peers = peer_stages(action.stage, pp, vpp)
+def send_target(action: Action, placement: StagePlacement) -> tuple[int, int] | None:
+    """``(stage, rank)`` the output of ``action`` goes to, or None (W actions, the
+    last stage's F, the first stage's B/I). It is a point-to-point transfer only
+    when the target rank differs from the action's own rank."""
+    peers = peer_stages(action.stage, placement.num_stages)
     if action.comp == "F":
         target = peers.activations_to
     elif action.comp in ("B", "I"):
         target = peers.gradients_to
     else:
         target = None
-    return None if target is None else (target, target % pp)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check_pos_int(name: str, value: object) -> None:
-    if not _is_int(value) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
-
-
-def _validate_schedule_args(schedule: str, pp: int, microbatches: int, vpp: int) -> None:
-    if schedule not in PIPELINE_SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is invalid; valid: one of {PIPELINE_SCHEDULES}")
-    _check_pos_int("pp", pp)
-    _check_pos_int("microbatches", microbatches)
-    _check_pos_int("vpp", vpp)
-    if schedule == "interleaved":
-        if vpp < 2:
-            raise ValueError(
-                f"vpp={vpp} is invalid for schedule='interleaved'; valid: vpp >= 2 "
-                f"(use '1f1b' for vpp=1)"
-            )
-        if microbatches % pp != 0:
-            raise ValueError(
-                f"microbatches={microbatches} is invalid for schedule='interleaved' with pp={pp}; "
-                f"valid: a multiple of pp (e.g. {pp * max(1, -(-microbatches // pp))})"
-            )
-    elif vpp != 1:
-        raise ValueError(
-            f"vpp={vpp} is invalid for schedule={schedule!r}; valid: vpp=1 "
-            f"(virtual stages need schedule='interleaved')"
-        )
-
-
-# --------------------------------------------------------------------------- schedules
-
-
-def schedule_actions(schedule: str, pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
-    """The ordered compute actions of every pipeline rank (index = rank).
-
-    Args:
-        schedule: one of :data:`PIPELINE_SCHEDULES`.
-        pp: pipeline-parallel size (ranks), >= 1.
-        microbatches: micro-batches per step ``m``, >= 1. Any ``m >= 1`` is
-            valid for ``gpipe``, ``1f1b`` and ``zb-h1`` (with ``m < pp`` the
-            warm-up is simply cut short); ``interleaved`` needs ``m % pp == 0``.
-        vpp: model chunks (virtual stages) per rank; must be 1 except for
-            ``interleaved``, which needs ``vpp >= 2``.
-
-    Returns:
-        ``pp`` lists of :class:`Action`; stages are global virtual stage
-        indices. ``gpipe``, ``1f1b`` and ``interleaved`` use full backwards
-        (``B``); ``zb-h1`` uses ``I`` + ``W``.
-
-    Raises:
-        ValueError: on an unknown schedule or invalid pp/microbatches/vpp
-            (one line naming the field, its value and what is valid).
-    """
-    _validate_schedule_args(schedule, pp, microbatches, vpp)
-    builder = {
-        "gpipe": _gpipe,
-        "1f1b": _one_f_one_b,
-        "interleaved": _interleaved,
-        "zb-h1": _zb_h1,
-    }[schedule]
-    return [builder(rank, pp, microbatches, vpp) for rank in range(pp)]
-
-
-def _gpipe(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
-    return [Action(rank, "F", j) for j in range(m)] + [Action(rank, "B", j) for j in range(m)]
-
-
-def _one_f_one_b(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
-    warmup = min(pp - rank - 1, m)
-    out = [Action(rank, "F", j) for j in range(warmup)]
-    for k in range(m - warmup):  # steady state: one forward, one backward
-        out.append(Action(rank, "F", warmup + k))
-        out.append(Action(rank, "B", k))
-    out += [Action(rank, "B", j) for j in range(m - warmup, m)]  # cool-down
-    return out
-
-
-def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
-    """Megatron interleaved 1F1B for one rank.
-
-    The rank walks ``m * vpp`` "virtual micro-batches" k. Micro-batches go in
-    groups of ``pp``: within a round of ``pp * vpp`` consecutive k, the first
-    ``pp`` run chunk 0 on micro-batches ``g*pp .. g*pp+pp-1``, the next ``pp``
-    run chunk 1 on the same micro-batches, and so on. Backwards walk the
-    chunks in reverse order (last chunk first). Warm-up is
-    ``(pp - rank - 1) * 2 + (vpp - 1) * pp`` forwards (all of them when
-    ``m == pp``, as Megatron does), then one forward + one backward per step,
-    then the remaining backwards.
-    """
-    total = m * vpp
-    group = pp * vpp
-
-    def chunk_and_mb(k: int, forward: bool) -> tuple[int, int]:
-        chunk = (k % group) // pp
-        if not forward:
-            chunk = vpp - 1 - chunk
-        microbatch = (k // group) * pp + k % pp
-        return chunk, microbatch
-
-    def fwd(k: int) -> Action:
-        chunk, mb = chunk_and_mb(k, True)
-        return Action(rank + chunk * pp, "F", mb)
-
-    def bwd(k: int) -> Action:
-        chunk, mb = chunk_and_mb(k, False)
-        return Action(rank + chunk * pp, "B", mb)
-
-    if m == pp:
-        warmup = total
-    else:
-        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
-    out = [fwd(k) for k in range(warmup)]
-    for k in range(total - warmup):
-        out.append(fwd(warmup + k))
-        out.append(bwd(k))
-    out += [bwd(k) for k in range(total - warmup, total)]
-    return out
-
-
-def _zb_h1(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
-    """ZB-H1 for one rank: 1F1B's F / backward order with B split into I and
-    W; after each I, a W is issued only if more than ``rank`` weight passes are
-    pending, and the deferred W passes close the schedule (filling the
-    cool-down bubbles). The last rank thus starts its I passes earliest."""
-    warmup = min(pp - rank - 1, m)
-    out = [Action(rank, "F", j) for j in range(warmup)]
-    next_f, next_i, next_w = warmup, 0, 0
-
-    def input_then_maybe_weight() -> None:
-        nonlocal next_i, next_w
-        out.append(Action(rank, "I", next_i))
-        next_i += 1
-        if next_i - next_w > rank:
-            out.append(Action(rank, "W", next_w))
-            next_w += 1
-
-    while next_f < m:
-        out.append(Action(rank, "F", next_f))
-        next_f += 1
-        input_then_maybe_weight()
-    while next_i < m:
-        input_then_maybe_weight()
-    out += [Action(rank, "W", j) for j in range(next_w, m)]
-    return out
+    return None if target is None else (target, placement.rank_of(target))
 
 
 # --------------------------------------------------------------------------- checking & timing
@@ -380,15 +285,22 @@ Number = Union[int, float, Fraction]
 Durations = Union[Number, Sequence[Number]]
 
 
+def _as_placement(placement: StagePlacement | int, vpp: int = 1) -> StagePlacement:
+    """A placement, or Megatron's interleaved one for ``pp`` ranks and ``vpp`` stages each."""
+    if isinstance(placement, StagePlacement):
+        return placement
+    return interleaved_placement(placement, vpp)
+
+
 def _structure(
-    actions: Sequence[Sequence[Action]], pp: int, vpp: int, microbatches: int | None
+    actions: Sequence[Sequence[Action]], placement: StagePlacement, microbatches: int | None
 ) -> int:
     """Check placement and completeness; return the number of micro-batches."""
-    _check_pos_int("pp", pp)
-    _check_pos_int("vpp", vpp)
+    pp = placement.pp
     if len(actions) != pp:
         raise ValueError(f"actions has {len(actions)} rank lists; valid: exactly pp={pp}")
-    num_stages = pp * vpp
+    num_stages = placement.num_stages
+    rank_of = placement.rank_of_stage
     seen: dict[tuple[int, str, int], int] = {}
     mbs = set()
     for rank, row in enumerate(actions):
@@ -400,12 +312,12 @@ def _structure(
             if action.stage >= num_stages:
                 raise ValueError(
                     f"action {action} on rank {rank}: stage={action.stage} is invalid; "
-                    f"valid: 0 .. {num_stages - 1} (pp*vpp={pp}*{vpp})"
+                    f"valid: 0 .. {num_stages - 1} ({num_stages} stages)"
                 )
-            if action.stage % pp != rank:
+            if rank_of[action.stage] != rank:
                 raise ValueError(
-                    f"action {action} is on rank {rank}; valid: rank {action.stage % pp} "
-                    f"(stage % pp) holds stage {action.stage}"
+                    f"action {action} is on rank {rank}; valid: rank {rank_of[action.stage]} "
+                    f"holds stage {action.stage}"
                 )
             key = (action.stage, action.comp, action.microbatch)
             if key in seen:
@@ -427,7 +339,7 @@ def _structure(
     for stage in range(num_stages):
         for j in range(microbatches):
             has = {c: (stage, c, j) in seen for c in COMPUTATIONS}
-            where = f"stage {stage} (rank {stage % pp}), micro-batch {j}"
+            where = f"stage {stage} (rank {rank_of[stage]}), micro-batch {j}"
             if not has["F"]:
                 raise ValueError(f"{where} has no forward {stage}F{j}; valid: exactly one F")
             if has["B"] and (has["I"] or has["W"]):
@@ -465,7 +377,7 @@ def _as_stage_durations(name: str, value: Durations, num_stages: int) -> list[Nu
         if len(value) != num_stages:
             raise ValueError(
                 f"{name} has {len(value)} entries; valid: a number or one per stage "
-                f"({num_stages} = pp*vpp)"
+                f"({num_stages} stages)"
             )
         values = list(value)
     else:
@@ -478,8 +390,7 @@ def _as_stage_durations(name: str, value: Durations, num_stages: int) -> list[Nu
 
 def _run(
     actions: Sequence[Sequence[Action]],
-    pp: int,
-    num_stages: int,
+    placement: StagePlacement,
     duration,
     t_comm: Number,
 ):
@@ -488,6 +399,7 @@ def _run(
     Returns per rank a list of (action, start, end); raises ValueError naming
     the first stuck action (lowest rank) if the lists deadlock.
     """
+    pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
     has_split = {
         (a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"
     }
@@ -513,7 +425,7 @@ def _run(
                 start = free_at[rank]
                 for d in deps:
                     ready = finish[d]
-                    if d[0] % pp != rank:
+                    if rank_of[d[0]] != rank:
                         ready = ready + t_comm
                     if ready > start:
                         start = ready
@@ -541,12 +453,16 @@ def _run(
 
 
 def check_schedule(
-    actions: Sequence[Sequence[Action]], pp: int, vpp: int = 1, microbatches: int | None = None
+    actions: Sequence[Sequence[Action]], placement: StagePlacement | int, vpp: int = 1,
+    microbatches: int | None = None
 ) -> None:
     """Check that per-rank action lists form a complete, deadlock-free step.
 
-    Complete: every action sits on the rank holding its stage
-    (``stage % pp``), stages are in ``0 .. pp*vpp-1``, and every stage ×
+    ``placement``: a :class:`StagePlacement`, or ``pp`` for Megatron's interleaved
+    layout of ``vpp`` stages per rank.
+
+    Complete: every action sits on the rank holding its stage, stages are in
+    ``0 .. S-1``, and every stage ×
     micro-batch has exactly one F and either exactly one B or exactly one I
     and one W (micro-batches ``0 .. microbatches-1``; inferred as max + 1 when
     None). Deadlock-free: executing each rank's list in order under the
@@ -556,8 +472,9 @@ def check_schedule(
         ValueError: naming the first problem found; for a deadlock, the
             stuck action of the lowest rank and the actions it waits for.
     """
-    _structure(actions, pp, vpp, microbatches)
-    _run(actions, pp, pp * vpp, lambda a: 0, 0)
+    placement = _as_placement(placement, vpp)
+    _structure(actions, placement, microbatches)
+    _run(actions, placement, lambda a: 0, 0)
 
 
 def max_inflight_microbatches(
@@ -574,8 +491,9 @@ def max_inflight_microbatches(
     * ``release="weight"``: released by the B or the W (an I keeps the
       inputs the W still needs — the zero-bubble paper's accounting).
 
-    With ``vpp > 1`` the count is in virtual-stage units (each holds the
-    activations of ``1/vpp`` of the rank's layers).
+    With several stages per rank the count is in virtual-stage units (each
+    holds the activations of its own stage's layers; :func:`peak_held` weighs
+    them).
     """
     if release not in ("input", "weight"):
         raise ValueError(f"release={release!r} is invalid; valid: 'input' or 'weight'")
@@ -589,6 +507,32 @@ def max_inflight_microbatches(
                 peak = max(peak, held)
             elif action.comp in freeing:
                 held -= 1
+        peaks.append(peak)
+    return peaks
+
+
+def peak_held(actions: Sequence[Sequence[Action]], stage_bytes: Sequence[float]) -> list[float]:
+    """Peak bytes of activations each rank holds, from the order of its actions: an
+    activation of stage ``s`` (``stage_bytes[s]``, one micro-batch) is held from its
+    F until its B or I (the memory model's accounting, ``release="input"`` of
+    :func:`max_inflight_microbatches`), so stages of unequal size weigh what they
+    hold.
+
+    Raises:
+        ValueError: when an action's stage has no entry in ``stage_bytes``.
+    """
+    peaks = []
+    for row in actions:
+        held = peak = 0.0
+        for action in row:
+            if action.stage >= len(stage_bytes):
+                raise ValueError(f"stage_bytes has {len(stage_bytes)} entries; valid: one per "
+                                 f"stage (action {action})")
+            if action.comp == "F":
+                held += stage_bytes[action.stage]
+                peak = max(peak, held)
+            elif action.comp in ("B", "I"):
+                held -= stage_bytes[action.stage]
         peaks.append(peak)
     return peaks
 
@@ -626,7 +570,7 @@ class ScheduleTiming:
 
 def simulate_unit_times(
     actions: Sequence[Sequence[Action]],
-    pp: int,
+    placement: StagePlacement | int,
     vpp: int,
     t_f: Durations,
     t_b: Durations,
@@ -645,7 +589,8 @@ def simulate_unit_times(
 
     Args:
         actions: per-rank action lists (checked with :func:`check_schedule`).
-        pp, vpp: pipeline ranks and virtual stages per rank.
+        placement, vpp: a :class:`StagePlacement` (``vpp`` ignored), or ``pp``
+            and ``vpp`` for Megatron's interleaved layout.
         t_f: forward duration of one virtual stage on one micro-batch; a
             number, or a sequence with one entry per global stage.
         t_b: duration of the FULL backward (input + weight gradients) of one
@@ -665,9 +610,10 @@ def simulate_unit_times(
         ValueError: on incomplete or deadlocking lists, negative durations,
             missing ``t_w`` for split lists, or ``t_w > t_b``.
     """
+    placement = _as_placement(placement, vpp)
     if check:
-        _structure(actions, pp, vpp, None)
-    num_stages = pp * vpp
+        _structure(actions, placement, None)
+    num_stages = placement.num_stages
     tf = _as_stage_durations("t_f", t_f, num_stages)
     tb = _as_stage_durations("t_b", t_b, num_stages)
     split = any(a.comp in ("I", "W") for row in actions for a in row)
@@ -699,7 +645,7 @@ def simulate_unit_times(
             return tb[s] - tw[s]
         return tw[s]
 
-    spans = _run(actions, pp, num_stages, duration, t_comm)
+    spans = _run(actions, placement, duration, t_comm)
     ends = [row[-1][2] for row in spans if row]
     makespan = max(ends) if ends else 0
     busy = tuple(sum((end - start for _, start, end in row), 0) for row in spans)

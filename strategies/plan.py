@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from strategies.schedules import SCHEDULES, get_schedule
+
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 PLAN_DTYPES = ("bf16", "fp8")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
@@ -144,6 +145,7 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         raise ValueError(f"recompute: {plan.recompute!r} is not valid; valid: {', '.join(RECOMPUTE)}")
     if plan.schedule not in SCHEDULES:
         raise ValueError(f"schedule: {plan.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}")
+    schedule = get_schedule(plan.schedule)
     if plan.dtype not in PLAN_DTYPES:
         raise ValueError(f"dtype: {plan.dtype!r} is not valid; valid: {', '.join(PLAN_DTYPES)}")
     if num_heads % plan.tp:
@@ -167,17 +169,18 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
     elif num_layers < stages:
         raise ValueError(f"pp: {num_layers} layers cannot fill pp {plan.pp} x vpp {plan.vpp} = "
                          f"{stages} stages; valid: pp*vpp <= {num_layers}")
-    if plan.vpp > 1 and plan.schedule != "interleaved":
-        raise ValueError(f"vpp: {plan.vpp} virtual stages need schedule 'interleaved', "
-                         f"not {plan.schedule!r}")
-    if plan.schedule == "interleaved" and plan.vpp < 2:
-        raise ValueError("vpp: the interleaved schedule needs vpp >= 2 virtual stages per rank")
     if plan.global_batch % (plan.dp * plan.micro_batch):
         raise ValueError(f"global_batch: {plan.global_batch} is not divisible by dp {plan.dp} x "
                          f"micro_batch {plan.micro_batch} = {plan.dp * plan.micro_batch}")
-    if plan.schedule == "interleaved" and plan.num_microbatches % plan.pp:
-        raise ValueError(f"global_batch: gives {plan.num_microbatches} micro-batches, which the "
-                         f"interleaved schedule needs divisible by pp {plan.pp}")
+    try:
+        schedule.check(plan.pp, plan.num_microbatches, plan.vpp)
+    except ValueError as problem:
+        field_name = str(problem).split("=", 1)[0]
+        if field_name == "microbatches":
+            raise ValueError(f"global_batch: gives {plan.num_microbatches} micro-batches per "
+                             f"pipeline, which schedule {plan.schedule!r} rejects: {problem}"
+                             ) from None
+        raise ValueError(f"{field_name}: {problem}") from None
     if plan.ep > 1:
         if num_experts == 0:
             raise ValueError(f"ep: {plan.ep} needs a mixture-of-experts model; give ep 1")

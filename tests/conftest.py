@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from example_schedule import EagerOneFOneB
+from strategies.schedules import register
+
+# A schedule added the way a user adds one (tests/example_schedule.py): registered
+# before collection, so every test parametrized over the registry covers it.
+register(EagerOneFOneB())
 #: Published measurements live beside the repository (../shared/data).
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -13,6 +13,7 @@ Where they must agree and how far they may differ elsewhere:
 import pytest
 
 from sim import api
+from strategies.schedules import SCHEDULES
 from conftest import run_cli
 
 EXACT = [
@@ -75,6 +76,27 @@ def test_analytic_is_within_one_percent_of_event_with_pipelines(case):
           f"{event.step_time_s:.4f} s, {error:+.3%}")
     assert abs(error) < 0.01
     assert analytic.breakdown["compute"] == pytest.approx(event.breakdown["compute"], rel=0.01)
+    assert analytic.breakdown["bubble"] == pytest.approx(event.breakdown["bubble"], rel=0.1,
+                                                         abs=1e-3 * event.step_time_s)
+
+
+def _schedule_case(schedule):
+    from strategies.schedules import get_schedule
+
+    vpp = get_schedule(schedule).vpp_choices[0]
+    return dict(model="llama3-8b", gpus=64, tp=2, pp=4, vpp=vpp, seq_len=4096,
+                global_batch=128, schedule=schedule)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_analytic_is_within_one_percent_of_event_for_every_registered_schedule(schedule):
+    """Every schedule in the registry (tests/example_schedule.py's too): the closed-form
+    step model asks the schedule object, so a new one is priced without other edits."""
+    analytic, event = _both(_schedule_case(schedule))
+    error = analytic.step_time_s / event.step_time_s - 1
+    print(f"\n{schedule}: analytic {analytic.step_time_s:.4f} s, event "
+          f"{event.step_time_s:.4f} s, {error:+.3%}")
+    assert abs(error) < 0.01
     assert analytic.breakdown["bubble"] == pytest.approx(event.breakdown["bubble"], rel=0.1,
                                                          abs=1e-3 * event.step_time_s)
 
@@ -142,33 +164,63 @@ def test_cli_analytic_json_records_its_fidelity(capsys):
     assert data["inputs"]["fidelity"] == "analytic" and data["step_time_s"] > 0
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("zb-h1", 1), ("interleaved", 2),
-                                          ("interleaved", 4), ("gpipe", 1)])
-def test_inflight_count_of_a_cut_schedule_equals_the_full_one(schedule, vpp):
-    """Memory checks cut long schedules after the warm-up (sim.step.inflight_microbatches)."""
-    from sim.analytic_step import cached_schedule
-    from sim.step import inflight_microbatches
-    from strategies.pipeline import max_inflight_microbatches
+def _shapes(schedule):
+    """(pp, vpp) shapes a registered schedule accepts, for the checks below."""
+    from strategies.schedules import get_schedule
 
-    for pp in (2, 4, 8, 16):
+    found = []
+    for pp in (2, 4, 8):
+        for vpp in (1, 2, 4):
+            try:
+                get_schedule(schedule).check(pp, 2 * pp, vpp)
+            except ValueError:
+                continue
+            found.append((pp, vpp))
+    return found
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_memory_horizon_of_every_schedule_gives_the_full_peak(schedule):
+    """Memory checks cut long schedules at the schedule's horizon
+    (PipelineSchedule.memory_horizon); stages of unequal activations weigh what they hold."""
+    from strategies.pipeline import peak_held
+    from strategies.schedules import get_schedule
+
+    sched = get_schedule(schedule)
+    for pp, vpp in _shapes(schedule):
+        stage_bytes = [100.0 + 7 * s for s in range(pp * vpp)]
+        stage_bytes[0] += 50
+        stage_bytes[-1] += 300
         for m in (pp * 2, pp * 8, pp * 20, pp * 33):
-            plan = api.make_plan(dp=1, pp=pp, vpp=vpp, schedule=schedule, global_batch=m)
-            full = max_inflight_microbatches(cached_schedule(schedule, pp, m, vpp))
-            assert list(inflight_microbatches(plan)) == full, (pp, m)
+            full = peak_held(sched.actions(pp, m, vpp), stage_bytes)
+            assert sched.peak_activation_bytes(pp, m, vpp, stage_bytes) == full, (pp, vpp, m)
 
 
-@pytest.mark.parametrize("pp", [2, 4, 8, 16])
-def test_zero_bubble_long_schedules_extrapolate_exactly(pp):
-    """ZB-H1 steps of many micro-batches come from short replays plus whole periods;
-    stages as a model has them: the first and last heavier (embedding, head)."""
-    from sim.analytic_step import cached_schedule, schedule_makespan
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_every_schedule_times_long_pipelines_as_a_replay(schedule):
+    """A schedule's timing (its closed form, or a replay extrapolated over the steady
+    state's period) equals the exact replay of all its actions when stages are equal;
+    a replayed schedule's equals it with unequal stages too (the first and last
+    heavier: embedding, head)."""
     from strategies.pipeline import simulate_unit_times
+    from strategies.schedules import PipelineSchedule, get_schedule
 
-    t_f = [1000] * pp
-    t_f[0], t_f[-1] = 1100, 1400
-    t_w = [f * 6 // 10 for f in t_f]
-    t_b = [f * 2 for f in t_f]
-    for m in (4 * pp, 7 * pp + 3, 64):
-        full = simulate_unit_times(cached_schedule("zb-h1", pp, m, 1), pp, 1, t_f, t_b, t_w,
-                                   37).makespan
-        assert schedule_makespan("zb-h1", pp, 1, m, t_f, t_b, t_w, 37) == full
+    sched = get_schedule(schedule)
+    replayed = type(sched).timing is PipelineSchedule.timing
+    for pp, vpp in _shapes(schedule):
+        stages = pp * vpp
+        for equal in (True, False):
+            if not equal and not replayed:
+                continue
+            t_f = [1000] * stages
+            if not equal:
+                t_f[0], t_f[-1] = 1100, 1400
+            t_w = [f * 6 // 10 for f in t_f] if sched.split_backward else None
+            t_b = [f * 2 for f in t_f]
+            comm = 0 if equal and not replayed else 37
+            for m in (4 * pp, 7 * pp, 64 * pp // pp * pp):
+                full = simulate_unit_times(sched.actions(pp, m, vpp), sched.placement(pp, vpp),
+                                           vpp, t_f, t_b, t_w, comm)
+                timing = sched.timing(pp, m, vpp, t_f, t_b, t_w, comm)
+                assert timing.makespan == full.makespan, (pp, vpp, m, equal)
+                assert timing.rank_end[0] == max(e for _, _, e in full.spans[0])

@@ -244,3 +244,56 @@ def test_llama3_8b_fits_an_h100_only_when_sharded():
     z1 = rank_memory(m, _plan(dp=8, seq_len=8192, micro_batch=1, zero=1, recompute="full"), **kw)
     assert _states(z1) / 1e9 == pytest.approx((4 + 12 / 8) * 8.03, rel=0.01)
     check_fits(z1, capacity, rank=0)
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def test_interleaved_activations_weigh_each_inflight_chunk_by_its_own_layers():
+    """Interleaved 1F1B, p = 4, v = 2, m = 8, 16 layers: 8 chunks of 2 layers; rank 0
+    holds stages 0 and 4. Forward k runs chunk (k mod 8) // 4 on micro-batch
+    (k // 8) 4 + k mod 4, backward k the chunks reversed. Megatron's warm-up on rank 0
+    is (p - 1) 2 + (v - 1) p = 10 forwards (k = 0..3: stage 0, mb 0-3; k = 4..7:
+    stage 4, mb 0-3; k = 8, 9: stage 0, mb 4, 5), then forward 10 (stage 0, mb 6):
+    7 S_0 + 4 S_4 held; backward 0 frees stage 4 mb 0 and forward 11 adds stage 0 mb 7:
+    8 S_0 + 3 S_4; later forwards are stage 4's, each after a stage-4 backward. The
+    peak is the larger of the two (S_0 carries the embedding, so the second), where
+    counting each of the 11 in-flight chunks with all 4 of the rank's layers would give
+    11 (S_0 + S_4).
+
+    Rank 3 (stages 3 and 7, the head on 7): warm-up (4 - 3 - 1) 2 + 4 = 4 forwards of
+    stage 3 (mb 0-3), then forward 4 (stage 7, mb 0): 4 S_3 + S_7; stage 7's forwards
+    and backwards alternate until forward 8 (stage 3, mb 4): 5 S_3."""
+    from sim.step import stage_memory
+    from strategies.lowering import StepLowerer
+    from strategies.memory import stage_activation_bytes
+
+    model = replace(MHA, num_layers=16)
+    plan = _plan(dp=1, pp=4, vpp=2, schedule="interleaved", global_batch=16)
+    assert plan.num_microbatches == 8
+    memory = stage_memory(model, plan, StepLowerer(model, plan))
+
+    def stage(layers, embedding=False, head=False):
+        return stage_activation_bytes(model, plan, layers=layers, has_embedding=embedding,
+                                      has_head=head)
+
+    s0, s4 = stage([0, 1], embedding=True), stage([8, 9])
+    assert s0 > s4
+    assert memory[0].activations_bytes == max(7 * s0 + 4 * s4, 8 * s0 + 3 * s4) == 8 * s0 + 3 * s4
+    s3, s7 = stage([6, 7]), stage([14, 15], head=True)
+    assert memory[3].activations_bytes == max(4 * s3 + s7, 5 * s3)
+
+
+def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
+    from sim.step import stage_memory
+    from strategies.lowering import StepLowerer
+    from strategies.memory import stage_activation_bytes
+
+    model = replace(MHA, num_layers=8)
+    plan = _plan(dp=1, pp=4, global_batch=32)
+    memory = stage_memory(model, plan, StepLowerer(model, plan))
+    for p in range(4):
+        layers = [2 * p, 2 * p + 1]
+        per_mb = stage_activation_bytes(model, plan, layers=layers, has_embedding=p == 0,
+                                        has_head=p == 3)
+        assert memory[p].activations_bytes == (4 - p) * per_mb

@@ -25,21 +25,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies.pipeline import (
-    PIPELINE_SCHEDULES,
     Action,
     PeerStages,
+    StagePlacement,
     check_schedule,
     format_schedule,
+    interleaved_placement,
     max_inflight_microbatches,
     parse_action,
     parse_actions,
     peer_stages,
-    schedule_actions,
     send_target,
     simulate_unit_times,
-    stage_of_rank,
-    stages_of_rank,
+    v_placement,
 )
+from strategies.schedules import SCHEDULES, schedule_actions
+
+#: The four schedules this file pins by their published closed forms.
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def strs(actions):
@@ -90,35 +93,48 @@ def test_parse_actions_and_format_schedule():
 
 
 def test_schedule_names_match_plan():
-    from strategies.plan import SCHEDULES
+    from strategies.plan import SCHEDULES as PLAN_SCHEDULES
 
-    assert tuple(PIPELINE_SCHEDULES) == tuple(SCHEDULES)
+    assert tuple(PLAN_SCHEDULES) == tuple(SCHEDULES)
+    assert set(PIPELINE_SCHEDULES) <= set(SCHEDULES)
 
 
 # --------------------------------------------------------------------------- layout
 
 
 def test_stage_layout_and_peers():
-    assert [stage_of_rank(s, 4) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
-    assert stages_of_rank(1, 4, 3) == [1, 5, 9]
-    assert peer_stages(0, 4, 2) == PeerStages(activations_to=1, gradients_to=None)
-    assert peer_stages(3, 4, 2) == PeerStages(activations_to=4, gradients_to=2)
-    assert peer_stages(7, 4, 2) == PeerStages(activations_to=None, gradients_to=6)
+    megatron = interleaved_placement(4, 2)
+    assert [megatron.rank_of(s) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert interleaved_placement(4, 3).stages_of(1) == (1, 5, 9)
+    assert peer_stages(0, 8) == PeerStages(activations_to=1, gradients_to=None)
+    assert peer_stages(3, 8) == PeerStages(activations_to=4, gradients_to=2)
+    assert peer_stages(7, 8) == PeerStages(activations_to=None, gradients_to=6)
     # Forward of stage 3 (rank 3) goes to stage 4, which rank 0 holds.
-    assert send_target(Action(3, "F", 0), 4, 2) == (4, 0)
-    assert send_target(Action(4, "B", 0), 4, 2) == (3, 3)
-    assert send_target(Action(4, "I", 0), 4, 2) == (3, 3)
-    assert send_target(Action(4, "W", 0), 4, 2) is None
-    assert send_target(Action(7, "F", 0), 4, 2) is None
-    assert send_target(Action(0, "B", 0), 4, 2) is None
+    assert send_target(Action(3, "F", 0), megatron) == (4, 0)
+    assert send_target(Action(4, "B", 0), megatron) == (3, 3)
+    assert send_target(Action(4, "I", 0), megatron) == (3, 3)
+    assert send_target(Action(4, "W", 0), megatron) is None
+    assert send_target(Action(7, "F", 0), megatron) is None
+    assert send_target(Action(0, "B", 0), megatron) is None
+    assert megatron.edges() == ((0, 1), (1, 2), (2, 3), (3, 0))
+
+
+def test_v_placement_puts_both_ends_on_the_first_rank():
+    v = v_placement(4)
+    assert v.rank_of_stage == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert v.stages_of(0) == (0, 7) and v.stages_of(3) == (3, 4)
+    # the turn of the V (stages 3 -> 4) stays on rank 3: no transfer
+    assert send_target(Action(3, "F", 0), v) == (4, 3)
+    assert v.edges() == ((0, 1), (1, 2), (2, 3), (3, 2), (2, 1), (1, 0))
 
 
 @pytest.mark.parametrize("call, field", [
-    (lambda: stage_of_rank(3, 0), "pp"),
-    (lambda: stage_of_rank(-1, 4), "stage"),
-    (lambda: stages_of_rank(4, 4), "rank"),
-    (lambda: peer_stages(8, 4, 2), "stage"),
-    (lambda: peer_stages(0, 4, 0), "vpp"),
+    (lambda: interleaved_placement(0), "pp"),
+    (lambda: interleaved_placement(4).rank_of(-1), "stage"),
+    (lambda: interleaved_placement(4).stages_of(4), "rank"),
+    (lambda: peer_stages(8, 8), "stage"),
+    (lambda: interleaved_placement(4, 0), "vpp"),
+    (lambda: StagePlacement(2, (0, 0, 1)), "rank_of_stage"),
 ])
 def test_layout_errors_name_the_field(call, field):
     with pytest.raises(ValueError, match=f"^{field}="):

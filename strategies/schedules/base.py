@@ -1,0 +1,226 @@
+"""What a pipeline schedule is: its actions, its placement, its timing and memory.
+
+A schedule owns its shape (DESIGN.md, "schedules own their shape"): the step
+lowering, the closed-form step model, the memory model and the planner ask the
+schedule object, never its name. A new schedule is one subclass of
+:class:`PipelineSchedule` in its own module plus one entry in the registry
+(:mod:`strategies.schedules`); everything else follows from these methods:
+
+* :meth:`~PipelineSchedule.check` — which ``(pp, microbatches, vpp)`` it accepts;
+* :meth:`~PipelineSchedule.placement` — which rank holds each virtual stage;
+* :meth:`~PipelineSchedule.rank_actions` — the ordered actions of one rank;
+* :meth:`~PipelineSchedule.timing` — makespan and each rank's last end for given
+  per-stage durations (default: an exact replay, extrapolated over the periodic
+  steady state; a schedule may override it with its closed form);
+* :meth:`~PipelineSchedule.peak_activation_bytes` — activations each rank holds
+  at its peak;
+* :meth:`~PipelineSchedule.bubble_lower_bound` — a lower bound on the time a
+  rank idles (the planner's pruning; 0 is always valid).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import ClassVar, Sequence
+
+from strategies.pipeline import (
+    Action,
+    StagePlacement,
+    check_schedule,
+    interleaved_placement,
+    peak_held,
+    simulate_unit_times,
+)
+
+
+@dataclass(frozen=True)
+class PipelineTiming:
+    """When a pipeline's compute ends (times in the caller's unit, integers).
+
+    Attributes:
+        makespan: end of the last action of any rank (every rank starts at 0).
+        rank_end: per pipeline rank, the end of its last action.
+    """
+
+    makespan: int
+    rank_end: tuple[int, ...]
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+
+
+class PipelineSchedule:
+    """Base class of pipeline schedules (see the module docstring).
+
+    Class attributes a subclass sets:
+        name: the name users give (``--schedule``).
+        summary: one line for help texts.
+        source: where the schedule is described (paper, section).
+        split_backward: actions split the backward into I (input) and W (weights).
+        searched_by_default: ``trainsim plan`` tries it without being asked.
+        vpp_choices: virtual stages per rank the planner tries by default.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    split_backward: ClassVar[bool] = False
+    searched_by_default: ClassVar[bool] = True
+    vpp_choices: ClassVar[tuple[int, ...]] = (1,)
+
+    # ------------------------------------------------------------------ shape
+    def check(self, pp: int, microbatches: int, vpp: int) -> None:
+        """Reject shapes the schedule cannot run, one line naming the field.
+
+        The base accepts any ``pp, microbatches >= 1`` with ``vpp == 1``.
+
+        Raises:
+            ValueError: naming ``pp``, ``microbatches`` or ``vpp``.
+        """
+        _positive_int("pp", pp)
+        _positive_int("microbatches", microbatches)
+        _positive_int("vpp", vpp)
+        if vpp != 1:
+            raise ValueError(f"vpp={vpp} is invalid for schedule={self.name!r}; valid: vpp=1 "
+                             "(virtual stages need an interleaved or V-shaped schedule)")
+
+    def microbatch_step(self, pp: int) -> int:
+        """Micro-batch counts the schedule accepts are multiples of this (1: any)."""
+        return 1
+
+    def placement(self, pp: int, vpp: int) -> StagePlacement:
+        """Which rank holds each of the ``pp * vpp`` stages (default: Megatron's
+        interleaved layout, stage ``s`` on rank ``s % pp``)."""
+        return interleaved_placement(pp, vpp)
+
+    def rank_actions(self, rank: int, pp: int, microbatches: int, vpp: int) -> list[Action]:
+        """The ordered actions of pipeline rank ``rank`` (shape already checked)."""
+        raise NotImplementedError(f"schedule {self.name!r} defines no actions")
+
+    def actions(self, pp: int, microbatches: int, vpp: int = 1) -> tuple[tuple[Action, ...], ...]:
+        """The ordered actions of every pipeline rank (index = rank), memoised.
+
+        Raises:
+            ValueError: for a shape :meth:`check` rejects.
+        """
+        return _actions(self, pp, microbatches, vpp)
+
+    # ----------------------------------------------------------------- timing
+    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+        """Makespan and each rank's last end with per-stage durations.
+
+        Args:
+            t_f, t_b: forward and full backward of each stage for one micro-batch.
+            t_w: weight-gradient part of each stage's backward (split schedules).
+            t_comm: a point-to-point transfer between ranks.
+
+        The default replays the action lists exactly
+        (:func:`strategies.pipeline.simulate_unit_times`). Past the warm-up the
+        steady state repeats, so a long schedule is extrapolated from three
+        replays that show a constant period (checked for the makespan and every
+        rank's end); otherwise the whole schedule is replayed.
+        """
+        placement = self.placement(pp, vpp)
+        step = self.microbatch_step(pp)
+        weights = None if not self.split_backward else list(t_w or [0] * len(t_f))
+
+        def replay(m: int) -> PipelineTiming:
+            timing = simulate_unit_times(self.actions(pp, m, vpp), placement, vpp, list(t_f),
+                                         list(t_b), weights, t_comm, check=False)
+            ends = tuple(int(row[-1][2]) if row else 0 for row in timing.spans)
+            return PipelineTiming(int(timing.makespan), ends)
+
+        short = -(-3 * pp // step) * step
+        if microbatches <= short + 2 * step:
+            return replay(microbatches)
+        base = short + (microbatches - short) % step
+        runs = [replay(base + k * step) for k in range(3)]
+        periods = {(b.makespan - a.makespan, *(y - x for x, y in zip(a.rank_end, b.rank_end)))
+                   for a, b in zip(runs, runs[1:])}
+        if len(periods) != 1:
+            return replay(microbatches)
+        period = periods.pop()
+        repeats = (microbatches - base) // step
+        return PipelineTiming(runs[0].makespan + repeats * period[0],
+                              tuple(e + repeats * d for e, d in zip(runs[0].rank_end, period[1:])))
+
+    def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
+                           fill_per_stage: float) -> float:
+        """A lower bound on the idle time of the busiest rank (planner pruning).
+
+        Args:
+            work_per_microbatch: forward + backward of one micro-batch on the
+                average rank (all its stages).
+            fill_per_stage: a lower bound on one stage's ``F + I - W``.
+
+        The base returns 0, which bounds any schedule.
+        """
+        return 0.0
+
+    # ----------------------------------------------------------------- memory
+    def memory_horizon(self, pp: int, vpp: int) -> int | None:
+        """Micro-batches after which no rank's peak of held activations grows
+        (None: the whole schedule must be walked). Memory checks walk only that
+        many, which keeps them cheap for long schedules."""
+        return None
+
+    def peak_activation_bytes(self, pp: int, microbatches: int, vpp: int,
+                              stage_bytes: Sequence[float]) -> list[float]:
+        """Peak bytes of activations each rank holds (held from a stage's F to its
+        B or I; :func:`strategies.pipeline.peak_held`), walking the schedule cut at
+        :meth:`memory_horizon`.
+
+        Args:
+            stage_bytes: activations of one micro-batch of each stage, bytes.
+        """
+        horizon = self.memory_horizon(pp, vpp)
+        m = microbatches if horizon is None else min(microbatches, horizon)
+        return peak_held(self.actions(pp, m, vpp), stage_bytes)
+
+    def peak_inflight(self, pp: int, microbatches: int, vpp: int) -> list[int]:
+        """Peak number of (stage, micro-batch) activations each rank holds."""
+        return [int(x) for x in self.peak_activation_bytes(pp, microbatches, vpp,
+                                                            [1.0] * (pp * vpp))]
+
+    def __repr__(self) -> str:
+        return f"<schedule {self.name}>"
+
+
+@lru_cache(maxsize=512)
+def _actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int
+             ) -> tuple[tuple[Action, ...], ...]:
+    schedule.check(pp, microbatches, vpp)
+    return tuple(tuple(schedule.rank_actions(rank, pp, microbatches, vpp)) for rank in range(pp))
+
+
+def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequence[int],
+                       t_b: Sequence[int], t_comm: int) -> PipelineTiming:
+    """Closed form of the 1F1B family (GPipe, 1F1B, interleaved 1F1B).
+
+    With ``T_r`` the forward + backward of one micro-batch over rank ``r``'s
+    ``v`` stages and ``c = argmax T_r`` the busiest rank, the pipeline ends at
+
+    ``m T_c + sum_{r != c} T_r / v + 2 (p - 1) t_comm``
+
+    (the bubble ``(p - 1) / v`` of a stage's work, Narayanan et al. 2021, §2.2; for
+    equal stages ``(m + (p - 1) / v) T``; unequal stages wait for the slowest).
+    The drain runs the last micro-batch's backward from the last rank to the
+    first, so rank ``r`` ends ``sum_{q < r} (B_q + t_comm)`` before rank 0, with
+    ``B_q`` the backward of rank ``q``'s stages.
+    """
+    pp, vpp = placement.pp, placement.stages_per_rank
+    work = [sum(t_f[s] + t_b[s] for s in placement.stages_of(r)) for r in range(pp)]
+    slowest = max(range(pp), key=lambda r: (work[r], -r))
+    makespan = math.ceil(microbatches * work[slowest]
+                         + sum(w for r, w in enumerate(work) if r != slowest) / vpp
+                         + 2 * (pp - 1) * t_comm)
+    ends, drained = [], 0
+    for rank in range(pp):
+        ends.append(makespan - drained)
+        drained += sum(t_b[s] for s in placement.stages_of(rank)) + t_comm
+    return PipelineTiming(makespan, tuple(ends))

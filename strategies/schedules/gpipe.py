@@ -1,0 +1,31 @@
+"""GPipe: every forward, then every backward (Huang et al. 2019, arXiv 1811.06965)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from strategies.pipeline import Action
+from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+
+
+class GPipe(PipelineSchedule):
+    """All ``m`` forwards, then all ``m`` backwards, on every rank. Its bubble equals
+    1F1B's, ``(p - 1) / (m + p - 1)``, but a rank holds every micro-batch's
+    activations at once."""
+
+    name = "gpipe"
+    summary = "all forwards, then all backwards (holds every micro-batch)"
+    source = "Huang et al. 2019, GPipe, arXiv 1811.06965"
+    searched_by_default = False  # 1F1B does the same work in less memory
+
+    def rank_actions(self, rank: int, pp: int, microbatches: int, vpp: int) -> list[Action]:
+        return ([Action(rank, "F", j) for j in range(microbatches)]
+                + [Action(rank, "B", j) for j in range(microbatches)])
+
+    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
+
+    def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
+                           fill_per_stage: float) -> float:
+        return (pp - 1) * work_per_microbatch

@@ -1,0 +1,78 @@
+"""Interleaved 1F1B: Megatron-LM's virtual pipeline stages (Narayanan et al. 2021,
+arXiv 2104.04473, §2.2)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from strategies.pipeline import Action
+from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+
+
+class Interleaved(PipelineSchedule):
+    """Each rank holds ``v >= 2`` model chunks (rank ``r``: stages ``r, r + p, ...``),
+    which cuts the bubble to ``(p - 1) / (v m + p - 1)`` at the price of ``v`` times
+    the point-to-point traffic and ``1 + (p - 1) / (p v)`` times 1F1B's activations
+    on the first rank."""
+
+    name = "interleaved"
+    summary = "Megatron's interleaved 1F1B over vpp >= 2 model chunks per rank"
+    source = "Narayanan et al. 2021, arXiv 2104.04473, Section 2.2"
+    vpp_choices = (2, 4)
+
+    def check(self, pp: int, microbatches: int, vpp: int) -> None:
+        for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+        if vpp < 2:
+            raise ValueError(f"vpp={vpp} is invalid for schedule='interleaved'; valid: vpp >= 2 "
+                             "(use '1f1b' for vpp=1)")
+        if microbatches % pp:
+            raise ValueError(
+                f"microbatches={microbatches} is invalid for schedule='interleaved' with pp={pp}; "
+                f"valid: a multiple of pp (e.g. {pp * max(1, -(-microbatches // pp))})")
+
+    def microbatch_step(self, pp: int) -> int:
+        return pp
+
+    def rank_actions(self, rank: int, pp: int, microbatches: int, vpp: int) -> list[Action]:
+        """The rank walks ``m * v`` virtual micro-batches k in groups of ``p``: within a
+        round of ``p v`` consecutive k, the first ``p`` run chunk 0 on micro-batches
+        ``g p .. g p + p - 1``, the next ``p`` chunk 1 on the same micro-batches, and so
+        on; backwards walk the chunks in reverse. Warm-up is ``(p - r - 1) 2 + (v - 1) p``
+        forwards (all of them when ``m == p``, as Megatron does), then one forward and
+        one backward per step, then the remaining backwards."""
+        total = microbatches * vpp
+        group = pp * vpp
+
+        def chunk_and_mb(k: int, forward: bool) -> tuple[int, int]:
+            chunk = (k % group) // pp
+            if not forward:
+                chunk = vpp - 1 - chunk
+            return chunk, (k // group) * pp + k % pp
+
+        def action(k: int, comp: str) -> Action:
+            chunk, mb = chunk_and_mb(k, comp == "F")
+            return Action(rank + chunk * pp, comp, mb)
+
+        if microbatches == pp:
+            warmup = total
+        else:
+            warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+        out = [action(k, "F") for k in range(warmup)]
+        for k in range(total - warmup):
+            out.append(action(warmup + k, "F"))
+            out.append(action(k, "B"))
+        out += [action(k, "B") for k in range(total - warmup, total)]
+        return out
+
+    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
+
+    def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
+                           fill_per_stage: float) -> float:
+        return (pp - 1) * work_per_microbatch / vpp
+
+    def memory_horizon(self, pp: int, vpp: int) -> int | None:
+        return pp * (2 * vpp + 2)  # past the warm-up each forward frees one chunk

@@ -1,0 +1,40 @@
+"""1F1B: PipeDream-flush, Megatron-LM's non-interleaved schedule (Narayanan et al. 2021,
+arXiv 2104.04473, §2.2; Harlap et al. 2018 for PipeDream)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from strategies.pipeline import Action
+from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+
+
+class OneFOneB(PipelineSchedule):
+    """Rank ``r`` runs ``min(p - r - 1, m)`` warm-up forwards, then alternates one
+    forward and one backward, then drains the backwards: the bubble of GPipe,
+    ``(p - 1) / (m + p - 1)``, holding at most ``p - r`` micro-batches."""
+
+    name = "1f1b"
+    summary = "one forward, one backward (PipeDream-flush, Megatron's default)"
+    source = "Narayanan et al. 2021, arXiv 2104.04473, Section 2.2"
+
+    def rank_actions(self, rank: int, pp: int, microbatches: int, vpp: int) -> list[Action]:
+        m = microbatches
+        warmup = min(pp - rank - 1, m)
+        out = [Action(rank, "F", j) for j in range(warmup)]
+        for k in range(m - warmup):  # steady state: one forward, one backward
+            out.append(Action(rank, "F", warmup + k))
+            out.append(Action(rank, "B", k))
+        out += [Action(rank, "B", j) for j in range(m - warmup, m)]  # cool-down
+        return out
+
+    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
+
+    def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
+                           fill_per_stage: float) -> float:
+        return (pp - 1) * work_per_microbatch
+
+    def memory_horizon(self, pp: int, vpp: int) -> int | None:
+        return 4 * pp  # the peak, p - r micro-batches, is reached in the warm-up
