@@ -40,7 +40,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from hardware.compute import ComputeModel, canonical_dtype
+from hardware.compute import ComputeModel
+from hardware.units import canonical_dtype
 from hardware.spec import ClusterSpec, GpuSpec
 from hardware.units import seconds_to_ns
 

@@ -37,11 +37,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Mapping, Protocol
 
-from hardware.spec import GpuSpec
-from hardware.units import seconds_to_ns
+from hardware.spec import COMPUTE_KINDS, GpuSpec
+from hardware.units import DTYPE_ALIASES, canonical_dtype, seconds_to_ns
 
-#: Kernel classes the compute model prices; the Program IR's ComputeOp.kind.
-COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
 
 
 class ComputeOp(Protocol):
@@ -90,31 +88,6 @@ VECTOR_EFFICIENCY = 0.5
 #: Kinds timed with the matmul curve; every other kind is a vector (CUDA-core) kernel.
 TENSOR_CORE_KINDS = ("matmul", "attention")
 
-#: Bytes per element of each canonical dtype.
-ELEMENT_BYTES: Mapping[str, float] = {
-    "fp64": 8,
-    "fp32": 4,
-    "tf32": 4,  # stored as fp32; TF32 is a math mode
-    "bf16": 2,
-    "fp16": 2,
-    "fp8": 1,
-    "fp4": 0.5,
-}
-
-#: Spellings accepted for each canonical dtype (lower-cased, ``torch.``/``jnp.`` stripped).
-DTYPE_ALIASES: Mapping[str, str] = {
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "single": "fp32",
-    "fp64": "fp64", "float64": "fp64", "double": "fp64", "f64": "fp64",
-    "tf32": "tf32", "tensorfloat32": "tf32", "tensorfloat-32": "tf32",
-    "fp8": "fp8", "float8": "fp8", "f8": "fp8",
-    "fp8_e4m3": "fp8", "fp8_e4m3fn": "fp8", "float8_e4m3fn": "fp8", "f8e4m3fn": "fp8",
-    "e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e5m2": "fp8", "f8e5m2": "fp8", "e5m2": "fp8",
-    "fp4": "fp4", "float4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "fp4_e2m1": "fp4",
-    "float4_e2m1fn_x2": "fp4", "e2m1": "fp4",
-}
-
 #: Which measured curve a dtype's matmuls follow when the profile has no curve of its own.
 #: fp16 runs on the same tensor-core datapath as bf16; IEEE fp32 (CUDA cores, PyTorch's
 #: default with ``allow_tf32=False``) and fp64 follow the TF32 curve read at their own,
@@ -128,23 +101,6 @@ CURVE_FOR_DTYPE: Mapping[str, tuple[str, ...]] = {
     "fp8": ("fp8", "bf16"),
     "fp4": ("fp4", "fp8", "bf16"),
 }
-
-
-def canonical_dtype(dtype: str, *, field: str = "dtype") -> str:
-    """Canonical dtype name (``"bfloat16"`` -> ``"bf16"``, ``"torch.float32"`` -> ``"fp32"``).
-
-    Raises:
-        ValueError: naming ``field`` when the spelling is unknown.
-    """
-    key = str(dtype).strip().lower()
-    for prefix in ("torch.", "jnp.", "np.", "numpy."):
-        if key.startswith(prefix):
-            key = key[len(prefix):]
-    try:
-        return DTYPE_ALIASES[key]
-    except KeyError:
-        valid = ", ".join(sorted(set(DTYPE_ALIASES.values())))
-        raise ValueError(f"{field}: {dtype!r} is not a known dtype; valid dtypes: {valid}") from None
 
 
 # ---------------------------------------------------------------------------- the table

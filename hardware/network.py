@@ -1,8 +1,9 @@
 """Network performance models behind one interface, at two fidelities.
 
-Communication reaches the network as :class:`CommPlan` objects: a sequence of
-:class:`Phase` objects, each a set of concurrent, pipelined :class:`Transfer`
-objects (strategies/collectives builds them). A phase costs
+Communication reaches the network as plans (strategies.collectives.plans builds
+them; this module reads them through :class:`CommPlanLike`, :class:`PhaseLike` and
+:class:`TransferLike`): a sequence of phases, each a set of concurrent, pipelined
+transfers. A phase costs
 
     latency  = intra_steps * hop[scale-up tier][protocol]
              + inter_steps * (hop[network][protocol] + switch_hops * switch_latency)
@@ -11,10 +12,11 @@ objects (strategies/collectives builds them). A phase costs
 and a plan adds the base latency of its algorithm family and protocol once
 (the shape of NCCL's own tuning model, src/graph/tuning.cc).
 
-* :class:`AnalyticFabric` (fidelity ``analytic``): closed-form alpha-beta. A
-  phase's bandwidth time is ``max over links of load / capacity`` where the
-  load counts only this plan's own transfers: links shared *within* a
-  collective are accounted for, other traffic is not.
+* closed-form alpha-beta (:meth:`NetworkModel.plan_time_ns`; the ``analytic``
+  and ``event`` fidelities of :class:`hardware.cost.CostModel`): a phase's
+  bandwidth time is ``max over links of load / capacity`` where the load counts
+  only this plan's own transfers: links shared *within* a collective are
+  accounted for, other traffic is not;
 * :class:`FlowFabric` (fidelity ``flow``): the transfers become flows in a
   :class:`hardware.flow.FlowNetwork` shared by everything running at the same
   time, with max-min fair sharing of every link.
@@ -27,7 +29,7 @@ both fidelities give the same time (tests/test_network.py checks it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import simpy
@@ -39,65 +41,33 @@ from hardware.units import seconds_to_ns
 
 #: How a transfer is driven, which changes the bandwidth it reaches.
 TRANSFER_MODES = ("collective", "p2p", "nvls")
-#: ``analytic`` and ``event`` price a collective by its α-β closed form (one
-#: collective has no schedule to replay, so the two names agree); ``flow`` shares
-#: link bandwidth max-min fairly among the transfers in flight.
-FIDELITIES = ("analytic", "event", "flow")
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    """Payload moved from one GPU to another during a phase.
-
-    Attributes:
-        src, dst: global ranks (``src == dst`` with mode ``nvls`` means the
-            GPU's traffic to and from the NVSwitch).
-        payload_bytes: bytes delivered over the whole phase.
-        mode: ``collective`` (NCCL collective kernels), ``p2p`` (send/recv)
-            or ``nvls`` (NVLink SHARP in-switch reduction).
-    """
+class TransferLike(Protocol):
+    """What the network reads of a transfer (strategies.collectives.plans.Transfer)."""
 
     src: int
     dst: int
     payload_bytes: float
-    mode: str = "collective"
+    mode: str
 
 
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """Concurrent pipelined transfers and the steps their latency adds up over.
+class PhaseLike(Protocol):
+    """What the network reads of a phase (strategies.collectives.plans.Phase)."""
 
-    Attributes:
-        name: label, e.g. ``"reduce_scatter"``.
-        transfers: what moves.
-        intra_steps: pipeline steps whose hop stays in the scale-up domain.
-        inter_steps: pipeline steps whose hop crosses the network.
-        switch_hops: scale-out switches one network hop crosses.
-    """
-
-    name: str
-    transfers: tuple[Transfer, ...]
+    transfers: Sequence[TransferLike]
     intra_steps: int
     inter_steps: int
-    switch_hops: int = 0
+    switch_hops: int
 
 
-@dataclass(frozen=True, slots=True)
-class CommPlan:
-    """How one communication operation runs: algorithm, protocol, phases.
-
-    Attributes:
-        family: algorithm family keying the base latency (``ring``, ``tree``,
-            ``nvls``, ``direct``).
-        protocol: ``LL``, ``LL128`` or ``Simple``.
-        phases: run one after another.
-        label: algorithm name for reports (e.g. ``"hierarchical"``).
-    """
+class CommPlanLike(Protocol):
+    """What the network reads of a plan (strategies.collectives.plans.CommPlanLike)."""
 
     family: str
     protocol: str
-    phases: tuple[Phase, ...]
-    label: str = ""
+    phases: Sequence[PhaseLike]
+    label: str
 
 
 class NetworkModel:
@@ -117,7 +87,7 @@ class NetworkModel:
             if spec.scale_up.nvls_efficiency > 0 else np.inf
         )
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
-        self._loads: dict[int, tuple[Phase, dict[str, np.ndarray]]] = {}
+        self._loads: dict[int, tuple[PhaseLike, dict[str, np.ndarray]]] = {}
         self._tier_names = ("nvlink", "pcie", "network")
         self._tier_index = np.asarray(
             [self._tier_names.index(t) for t in layout.link_tier], dtype=np.int64)
@@ -137,7 +107,7 @@ class NetworkModel:
             weight *= self._nvls_factor
         return weight
 
-    def links_of(self, transfer: Transfer) -> tuple[int, ...]:
+    def links_of(self, transfer: TransferLike) -> tuple[int, ...]:
         """Links a transfer crosses (NVLS: the GPU's own NVLink ports)."""
         layout = self.layout
         if transfer.mode == "nvls":
@@ -149,14 +119,14 @@ class NetworkModel:
             self._paths[key] = links
         return links
 
-    def request(self, transfer: Transfer, protocol: str) -> FlowRequest:
+    def request(self, transfer: TransferLike, protocol: str) -> FlowRequest:
         """The links a transfer loads and its wire bytes per payload byte on each."""
         links = self.links_of(transfer)
         tiers = self.layout.link_tier
         weights = tuple(self._weights[(tiers[link], protocol, transfer.mode)] for link in links)
         return FlowRequest(links, weights, float(transfer.payload_bytes))
 
-    def phase_latency_s(self, phase: Phase, protocol: str) -> float:
+    def phase_latency_s(self, phase: PhaseLike, protocol: str) -> float:
         """Latency of a phase: its steps times the hop latency of their tier."""
         hop = self.comm.hop_latency_s
         switch_s = self.layout.spec.fabric.switch_hop_latency_s
@@ -164,11 +134,11 @@ class NetworkModel:
         inter = phase.inter_steps * (hop["network"][protocol] + phase.switch_hops * switch_s)
         return intra + inter
 
-    def base_latency_s(self, plan: CommPlan) -> float:
+    def base_latency_s(self, plan: CommPlanLike) -> float:
         """Fixed cost of one call of the plan's algorithm family and protocol."""
         return self.comm.base_latency_s[plan.family][plan.protocol]
 
-    def _payload_per_link(self, phase: Phase) -> dict[str, np.ndarray]:
+    def _payload_per_link(self, phase: PhaseLike) -> dict[str, np.ndarray]:
         """Payload bytes each link carries in a phase, per transfer mode (cached)."""
         cached = self._loads.get(id(phase))
         if cached is not None:
@@ -189,7 +159,12 @@ class NetworkModel:
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         return loads
 
-    def phase_bandwidth_s(self, phase: Phase, protocol: str) -> float:
+    def bandwidth_factor(self, family: str, protocol: str, size_bytes: float) -> float:
+        """How much longer than its full-rate time a message of ``size_bytes`` takes to
+        stream (1.0: the link payload rates of the preset are reached at every size)."""
+        return 1.0
+
+    def phase_bandwidth_s(self, phase: PhaseLike, protocol: str) -> float:
         """Alpha-beta bandwidth time of a phase: max over links of load / capacity.
 
         The load of a link is the wire bytes of this phase's own transfers
@@ -207,7 +182,7 @@ class NetworkModel:
             return 0.0
         return float((wire[used] / self.layout.capacity_bytes_per_s[used]).max())
 
-    def plan_time_s(self, plan: CommPlan) -> float:
+    def plan_time_s(self, plan: CommPlanLike) -> float:
         """Uncontended duration of a plan in seconds (analytic fidelity)."""
         total = self.base_latency_s(plan) if plan.phases else 0.0
         for phase in plan.phases:
@@ -215,7 +190,7 @@ class NetworkModel:
             total += self.phase_bandwidth_s(phase, plan.protocol)
         return total
 
-    def plan_time_ns(self, plan: CommPlan) -> int:
+    def plan_time_ns(self, plan: CommPlanLike) -> int:
         """Uncontended duration of a plan in ns, rounded per term as the engine does."""
         if not plan.phases:
             return 0
@@ -224,31 +199,6 @@ class NetworkModel:
             total += seconds_to_ns(self.phase_latency_s(phase, plan.protocol))
             total += seconds_to_ns(self.phase_bandwidth_s(phase, plan.protocol))
         return total
-
-
-class AnalyticFabric:
-    """Fidelity ``analytic``: every plan takes its uncontended alpha-beta time."""
-
-    fidelity = "analytic"
-
-    def __init__(self, env: simpy.Environment, model: NetworkModel) -> None:
-        self.env = env
-        self.model = model
-        # Keyed by identity; the plan is kept so its id cannot be reused.
-        self._cache: dict[int, tuple[CommPlan, int]] = {}
-
-    def duration_ns(self, plan: CommPlan) -> int:
-        """The plan's uncontended duration in ns (cached per plan)."""
-        cached = self._cache.get(id(plan))
-        if cached is None:
-            cached = (plan, self.model.plan_time_ns(plan))
-            self._cache[id(plan)] = cached
-        return cached[1]
-
-    def run(self, plan: CommPlan, mirrors: Sequence[CommPlan] = ()) -> Iterator[simpy.Event]:
-        """SimPy process body: wait for the plan's duration (``mirrors`` do not
-        contend at this fidelity)."""
-        yield self.env.timeout(self.duration_ns(plan))
 
 
 class FlowFabric:
@@ -261,10 +211,10 @@ class FlowFabric:
         self.model = model
         self.network = FlowNetwork(env, model.layout.capacity_bytes_per_s)
         # Keyed by identity; the plan is kept so its id cannot be reused.
-        self._requests: dict[int, tuple[CommPlan, list[list[FlowRequest]]]] = {}
+        self._requests: dict[int, tuple[CommPlanLike, list[list[FlowRequest]]]] = {}
         self._mirrored: dict[tuple, tuple[tuple, list[FlowRequest]]] = {}
 
-    def _phase_requests(self, plan: CommPlan, index: int) -> Sequence[FlowRequest]:
+    def _phase_requests(self, plan: CommPlanLike, index: int) -> Sequence[FlowRequest]:
         cached = self._requests.get(id(plan))
         if cached is None:
             per_phase = [[self.model.request(t, plan.protocol) for t in phase.transfers]
@@ -273,7 +223,7 @@ class FlowFabric:
             self._requests[id(plan)] = cached
         return cached[1][index]
 
-    def _with_mirrors(self, plan: CommPlan, mirrors: Sequence[CommPlan],
+    def _with_mirrors(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike],
                       index: int) -> Sequence[FlowRequest]:
         """Phase ``index`` of ``plan`` plus the same phase of every mirror plan, as
         one batch. A mirror sharing no link with anything simulated changes no rate
@@ -289,7 +239,7 @@ class FlowFabric:
         self._mirrored[key] = ((plan, tuple(mirrors)), requests)
         return requests
 
-    def run(self, plan: CommPlan, mirrors: Sequence[CommPlan] = ()) -> Iterator[simpy.Event]:
+    def run(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = ()) -> Iterator[simpy.Event]:
         """SimPy process body: base latency, then each phase's latency and flows.
 
         ``mirrors``: the same communication of ranks a symmetry-reduced program
@@ -307,16 +257,3 @@ class FlowFabric:
                 requests = (self._with_mirrors(plan, mirrors, index) if mirrors
                             else self._phase_requests(plan, index))
                 yield self.network.transfer(requests)
-
-
-def make_fabric(fidelity: str, env: simpy.Environment, model: NetworkModel):
-    """Build the fabric of a fidelity.
-
-    Raises:
-        ValueError: for an unknown fidelity, listing the valid ones.
-    """
-    if fidelity in ("analytic", "event"):
-        return AnalyticFabric(env, model)
-    if fidelity == "flow":
-        return FlowFabric(env, model)
-    raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(FIDELITIES)}")

@@ -28,6 +28,8 @@ SCALE_UP_KINDS = ("nvswitch", "nvlink-mesh", "pcie")
 NIC_KINDS = ("ib", "roce", "efa", "tcp")
 FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+#: Kernel classes the compute model prices (the Program IR's ComputeOp.kind).
+COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,3 +212,40 @@ class ClusterSpec:
     fabric: FabricSpec
     comm: CommTuningSpec
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class GroupGeometry:
+    """A communicator laid on the machine: what collective algorithms are built from
+    (:meth:`hardware.topology.ClusterLayout.geometry` makes it).
+
+    Attributes:
+        group: ranks in communicator order.
+        domains: members of each NVLink domain the group touches, domains in
+            ascending order, members ascending.
+        switch_hops: most scale-out switches between consecutive domains.
+    """
+
+    group: tuple[int, ...]
+    domains: tuple[tuple[int, ...], ...]
+    switch_hops: int
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.group)
+
+    @property
+    def num_domains(self) -> int:
+        """NVLink domains spanned."""
+        return len(self.domains)
+
+    @property
+    def local_size(self) -> int:
+        """Fewest members any domain has (channels a ring can use)."""
+        return min(len(d) for d in self.domains)
+
+    @property
+    def uniform(self) -> bool:
+        """Every domain holds the same number of members."""
+        return len({len(d) for d in self.domains}) == 1

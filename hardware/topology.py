@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Sequence
 
 import numpy as np
 
-from hardware.spec import ClusterSpec
+from hardware.spec import ClusterSpec, GroupGeometry
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ class ClusterLayout:
         self.gpus_per_node = gpus_per_node
         self.world_size = nodes * gpus_per_node
         self._nodes_per_domain = max(1, spec.scale_up.domain_gpus // spec.gpus_per_node)
+        self._geometries: dict[tuple[int, ...], GroupGeometry] = {}
         self._build_links()
 
     # ----------------------------------------------------------------- placement
@@ -273,6 +275,37 @@ class ClusterLayout:
             if relay is not None and relay != dst:
                 links += [self.gpu_out_link(relay), self.gpu_in_link(dst)]
         return Path(tuple(links), "network", hops)
+
+    # ----------------------------------------------------------------- groups
+    def geometry(self, group: Sequence[int]) -> GroupGeometry:
+        """A communicator split by NVLink domain, with its network distance (cached).
+
+        Raises:
+            ValueError: for an empty group, duplicate ranks or ranks outside the layout.
+        """
+        key = tuple(group)
+        found = self._geometries.get(key)
+        if found is not None:
+            return found
+        if not key:
+            raise ValueError("group: empty; give at least one rank")
+        if len(set(key)) != len(key):
+            raise ValueError(f"group: {key} repeats a rank; give distinct ranks")
+        bad = [r for r in key if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(
+                f"group: rank {bad[0]} is outside the cluster; valid: 0..{self.world_size - 1}")
+        by_domain: dict[int, list[int]] = {}
+        for rank in sorted(key):
+            by_domain.setdefault(self.domain_of(rank), []).append(rank)
+        domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
+        hops = 0
+        for here, there in zip(domains, domains[1:] + domains[:1]):
+            if here is not there:
+                hops = max(hops, self.path(here[0], there[0]).switch_hops)
+        found = GroupGeometry(key, domains, hops)
+        self._geometries[key] = found
+        return found
 
     def _gpu_on_rail(self, node: int, rail: int) -> int | None:
         """First used GPU of ``node`` whose NIC is ``rail`` (None if no used GPU is)."""

@@ -5,12 +5,15 @@ Conventions used throughout trainsim (DESIGN.md, principle 2):
 * GB = 1e9 bytes, GiB = 2**30 bytes; ``GB/s`` is 1e9 bytes per second.
 * Gb/s (network line rates) is 1e9 *bits* per second.
 * Engine time is an integer number of nanoseconds.
+* Element types have a canonical name (``bf16``, ``fp8``, ...) and a size in bytes
+  (:data:`ELEMENT_BYTES`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Mapping
 
 NS_PER_S = 1_000_000_000
 GB = 1_000_000_000
@@ -78,3 +81,46 @@ def seconds_to_ns(seconds: float) -> int:
 def ns_to_us(ns: int) -> float:
     """Nanoseconds to microseconds as a float."""
     return ns / 1000.0
+
+
+#: Bytes per element of each canonical dtype.
+ELEMENT_BYTES: Mapping[str, float] = {
+    "fp64": 8,
+    "fp32": 4,
+    "tf32": 4,  # stored as fp32; TF32 is a math mode
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "fp4": 0.5,
+}
+
+#: Spellings accepted for each canonical dtype (lower-cased, ``torch.``/``jnp.`` stripped).
+DTYPE_ALIASES: Mapping[str, str] = {
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "single": "fp32",
+    "fp64": "fp64", "float64": "fp64", "double": "fp64", "f64": "fp64",
+    "tf32": "tf32", "tensorfloat32": "tf32", "tensorfloat-32": "tf32",
+    "fp8": "fp8", "float8": "fp8", "f8": "fp8",
+    "fp8_e4m3": "fp8", "fp8_e4m3fn": "fp8", "float8_e4m3fn": "fp8", "f8e4m3fn": "fp8",
+    "e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e5m2": "fp8", "f8e5m2": "fp8", "e5m2": "fp8",
+    "fp4": "fp4", "float4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "fp4_e2m1": "fp4",
+    "float4_e2m1fn_x2": "fp4", "e2m1": "fp4",
+}
+
+
+def canonical_dtype(dtype: str, *, field: str = "dtype") -> str:
+    """Canonical dtype name (``"bfloat16"`` -> ``"bf16"``, ``"torch.float32"`` -> ``"fp32"``).
+
+    Raises:
+        ValueError: naming ``field`` when the spelling is unknown.
+    """
+    key = str(dtype).strip().lower()
+    for prefix in ("torch.", "jnp.", "np.", "numpy."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    try:
+        return DTYPE_ALIASES[key]
+    except KeyError:
+        valid = ", ".join(sorted(set(DTYPE_ALIASES.values())))
+        raise ValueError(f"{field}: {dtype!r} is not a known dtype; valid dtypes: {valid}") from None

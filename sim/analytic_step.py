@@ -9,9 +9,9 @@ same ops without an event loop, in three parts:
    recompute are exactly those the event fidelity runs; a stage is its layers back
    to back, priced once per layer kind. A list schedule prices them on one rank: ops on a stream run in
    order, an op starts when its stream is free and its dependencies are done, and
-   symmetric collective members arrive together. Compute ops cost what
-   :class:`hardware.compute.ComputeModel` says, collectives what the α-β network
-   model says (the costs the event fidelity uses, to the nanosecond).
+   symmetric collective members arrive together. Every op costs what the cost model
+   (:class:`hardware.cost.CostModel`) says: what the event fidelity charges, to the
+   nanosecond.
 2. **The pipeline.** Each virtual stage's forward, backward (and, for schedules
    that split it, weight-gradient part) of one micro-batch, priced on the rank that
    holds it, go to the schedule object
@@ -45,17 +45,15 @@ others, as data parallelism synchronises them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
-from hardware.compute import ComputeModel
+from hardware.cost import ComputeTimer, CostModel, RankConditions
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.breakdown import AXES_IN_ORDER
-from strategies.collectives.algorithms import point_to_point
-from strategies.collectives.planner import CollectivePlanner
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
@@ -85,15 +83,12 @@ class OpListCost:
     exposed_ns: dict[str, int] = field(default_factory=dict)
 
 
-def _axis(op: Op) -> str:
-    return op.name.split(".", 1)[0]
-
-
 class PricingCache:
-    """Collective planners and prices shared by many evaluations (a sweep, a plan
-    search): evaluations on the same cluster spec and job shape reuse the
-    planner, its plans and their prices. Specs are held by identity, so the
-    cache keeps them alive; at most ``max_layouts`` job shapes are kept.
+    """Cost models shared by many evaluations (a sweep, a plan search): evaluations on
+    the same cluster spec, job shape and compute model reuse one
+    :class:`hardware.cost.CostModel`, its collective choices and prices. Specs are held
+    by identity, so the cache keeps them alive; at most ``max_layouts`` job shapes are
+    kept.
 
     Args:
         max_layouts: job shapes (cluster spec, nodes, GPUs per node) to keep.
@@ -101,8 +96,7 @@ class PricingCache:
 
     def __init__(self, max_layouts: int = 64) -> None:
         self.max_layouts = max_layouts
-        self._entries: dict[tuple[int, int, int], tuple[ClusterSpec, CollectivePlanner,
-                                                        dict[tuple, int]]] = {}
+        self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel]] = {}
         self._cluster_dicts: dict[int, tuple[ClusterSpec, dict]] = {}
 
     def cluster_dict(self, cluster: ClusterSpec) -> dict:
@@ -114,78 +108,61 @@ class PricingCache:
             self._cluster_dicts[id(cluster)] = entry
         return entry[1]
 
-    def planner(self, layout: ClusterLayout) -> tuple[CollectivePlanner, dict[tuple, int]]:
-        """The planner of ``layout`` and its collective prices (ns by op signature)."""
-        key = (id(layout.spec), layout.nodes, layout.gpus_per_node)
+    def cost_model(self, layout: ClusterLayout, compute: ComputeTimer | None = None
+                   ) -> CostModel:
+        """The closed-form cost model of ``layout`` (with ``compute``, default the GPU's
+        roofline), shared by every evaluation of the same job shape."""
+        key = (id(layout.spec), layout.nodes, layout.gpus_per_node, id(compute))
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= self.max_layouts:
                 self._entries.pop(next(iter(self._entries)))
-            entry = (layout.spec, CollectivePlanner(layout, layout.spec.comm), {})
+            entry = (layout.spec, compute,
+                     CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic"))
             self._entries[key] = entry
-        return entry[1], entry[2]
+        return entry[2]
 
 
 class OpPricer:
-    """Prices ops as the event fidelity does, and list-schedules op lists.
+    """Asks the cost model for the duration of ops on one rank, and list-schedules op
+    lists.
 
     Args:
-        layout: placement of the job's ranks.
-        compute: prices compute ops.
-        planner: chooses and prices collectives (α-β network model).
-        speed: relative kernel speed of the rank (0.5 = half speed).
+        cost: the cost model (hardware.cost.CostModel).
+        rank: the rank whose conditions (speed) apply; None: an ordinary rank.
     """
 
-    def __init__(self, layout: ClusterLayout, compute: ComputeModel,
-                 planner: CollectivePlanner, speed: float = 1.0,
-                 collective_prices: dict[tuple, int] | None = None) -> None:
-        self.layout = layout
-        self.compute = compute
-        self.planner = planner
-        self.speed = speed
-        self._compute_cache: dict[tuple, int] = {}
-        self._collective_cache = {} if collective_prices is None else collective_prices
+    def __init__(self, cost: CostModel, rank: int | None = None) -> None:
+        self.cost = cost
+        self.rank = rank
+        self.speed = cost.rank_speed(rank)
         self._kept_groups: dict[int, tuple[int, ...]] = {}
         self._own_prices: dict[tuple, int] = {}
         self.ops_scheduled = 0
 
     def duration_ns(self, op: Op) -> int:
         """Nanoseconds the op takes once it starts; point-to-point ops cost 0 here
-        (the pipeline formula prices them)."""
+        (the pipeline's timing prices them)."""
         if isinstance(op, ComputeOp):
-            key = (op.kind, op.flops, op.bytes, op.dtype, op.shape)
-            duration = self._compute_cache.get(key)
-            if duration is None:
-                duration = self.compute.duration_ns(op)
-                if self.speed != 1.0:
-                    duration = math.ceil(duration / self.speed)
-                self._compute_cache[key] = duration
-            return duration
+            return self.cost.compute_ns(op, self.rank)
         if isinstance(op, CollectiveOp):
             # Hashing a 16,384-rank tuple on every lookup would cost more than the
             # pricing (tuples do not cache their hash): the pricer's own table is keyed
             # by the group's identity (the tuple kept alive, so its id stays its own);
-            # the table shared through a PricingCache by the group itself, on a miss.
+            # the cost model's by the group itself, on a miss.
             key = (op.kind, id(op.group), op.size_bytes, op.algorithm)
             duration = self._own_prices.get(key)
-            if duration is not None:
-                return duration
-            self._kept_groups[id(op.group)] = op.group
-            shared_key = (op.kind, op.group, op.size_bytes, op.algorithm)
-            duration = self._collective_cache.get(shared_key)
             if duration is None:
-                duration = self.planner.cost(op.kind, op.group, op.size_bytes,
-                                             op.algorithm).duration_ns
-                self._collective_cache[shared_key] = duration
-            self._own_prices[key] = duration
+                self._kept_groups[id(op.group)] = op.group
+                duration = self.cost.collective(op.kind, op.group, op.size_bytes,
+                                                op.algorithm).duration_ns
+                self._own_prices[key] = duration
             return duration
         return 0
 
     def p2p_ns(self, src: int, dst: int, size_bytes: int) -> int:
         """Nanoseconds of one point-to-point transfer."""
-        if src == dst or size_bytes <= 0:
-            return 0
-        return self.planner.model.plan_time_ns(point_to_point(self.layout, src, dst, size_bytes))
+        return self.cost.p2p_ns(src, dst, size_bytes)
 
     def schedule(self, ops: Sequence[Op]) -> OpListCost:
         """List-schedule ``ops`` (stream order and ``deps``) on one rank."""
@@ -206,7 +183,7 @@ class OpPricer:
                 continue
             waited = ready - stream_free.get(COMPUTE_STREAM, 0)
             if waited > 0 and blocker is not None:
-                axis = _axis(ops[blocker])
+                axis = getattr(ops[blocker], "axis", "")
                 cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + waited
             stream_free[COMPUTE_STREAM] = end[index]
             if isinstance(op, ComputeOp):
@@ -215,13 +192,13 @@ class OpPricer:
                 else:
                     cost.compute_ns += duration
             elif duration:
-                axis = _axis(op)
+                axis = op.axis
                 cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + duration
         cost.total_ns = max(end, default=0)
         compute_end = stream_free.get(COMPUTE_STREAM, 0)
         if cost.total_ns > compute_end:
             last = max(range(len(ops)), key=lambda i: (end[i], -i))
-            axis = _axis(ops[last])
+            axis = getattr(ops[last], "axis", "")
             cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + cost.total_ns - compute_end
         return cost
 
@@ -581,7 +558,7 @@ class AnalyticStepModel:
 
 
 def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                  layout: ClusterLayout, *, compute: ComputeModel | None = None,
+                  layout: ClusterLayout, *, compute: ComputeTimer | None = None,
                   stragglers: Mapping[int, float] | None = None,
                   lowerer: StepLowerer | None = None,
                   cache: PricingCache | None = None) -> AnalyticStep:
@@ -595,27 +572,33 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             data-parallel replica (the replica waits for it); the step is that of
             the slowest replica.
         lowerer: a StepLowerer to reuse.
-        cache: planners and collective prices to share with other evaluations.
+        cache: cost models to share with other evaluations.
 
     Returns:
         :class:`AnalyticStep` of the slowest pipeline.
     """
     lowerer = lowerer or StepLowerer(model, plan)
-    compute = compute or ComputeModel(cluster.gpu)
     if cache is None:
-        planner, prices = CollectivePlanner(layout, layout.spec.comm), {}
+        cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
     else:
-        planner, prices = cache.planner(layout)
-    pricer = OpPricer(layout, compute, planner, collective_prices=prices)
-    replicas: dict[int, dict[int, float]] = {}
-    for rank, speed in (stragglers or {}).items():
+        cost = cache.cost_model(layout, compute)
+    pricer = OpPricer(cost)
+    step = AnalyticStepModel(lowerer, pricer).run()
+    if not stragglers:
+        return step
+    # the slowest rank of each (data-parallel replica, pipeline rank) sets its pace
+    replicas: dict[int, dict[int, int]] = {}
+    for rank, speed in sorted(stragglers.items()):
         coords = lowerer.layout.coords(rank)
         stages = replicas.setdefault(coords["dp"], {})
-        stages[coords["pp"]] = min(speed, stages.get(coords["pp"], 1.0))
-    step = AnalyticStepModel(lowerer, pricer).run()
-    for _, speeds in sorted(replicas.items()):
-        slow = {p: OpPricer(layout, compute, planner, speed, prices) for p, speed in speeds.items()
-                if speed != 1.0}
+        slowest = stages.get(coords["pp"])
+        if slowest is None or speed < stragglers[slowest]:
+            stages[coords["pp"]] = rank
+    slowed = CostModel(layout, ALGORITHMS, compute=cost.compute, fidelity="analytic",
+                       ranks={r: RankConditions(speed=v) for r, v in stragglers.items()})
+    for _, slow_ranks in sorted(replicas.items()):
+        slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
+                if stragglers[rank] != 1.0}
         candidate = AnalyticStepModel(lowerer, pricer, slow).run()
         if candidate.step_ns > step.step_ns:
             step = candidate

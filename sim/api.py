@@ -14,7 +14,7 @@ from typing import Mapping
 import pandas as pd
 
 from hardware.catalog import cluster_to_dict, list_presets, load_cluster
-from hardware.compute import ComputeModel
+from hardware.cost import CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
@@ -22,6 +22,7 @@ from sim.collective_bench import collective_sweep, sweep_sizes
 from sim.engine import Engine, SimulationResult
 from sim.analytic_step import PricingCache
 from sim.step import StepResult, simulate_step
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import Program
 from strategies.model_spec import ModelSpec
 from strategies.models import load_model
@@ -107,7 +108,7 @@ def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100
     spec = resolve_cluster(cluster, overrides)
     layout = ClusterLayout(spec, nodes, spec.gpus_per_node if gpus_per_node is None
                            else gpus_per_node)
-    result = Engine(program, layout, fidelity=fidelity, compute=ComputeModel(spec.gpu)).run()
+    result = Engine(program, CostModel(layout, ALGORITHMS, fidelity=fidelity)).run()
     if trace_path is not None:
         result.timeline.write_chrome_trace(trace_path)
     return result

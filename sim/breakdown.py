@@ -3,8 +3,8 @@
 Attribution order (so nothing is counted twice): compute kernels, the
 optimizer, then the communication of each axis in :data:`AXES_IN_ORDER`
 counted only where nothing attributed before it runs; the rest of the step is
-the bubble (idle time). Communication ops are recognised by their name
-prefix (``tp.``, ``cp.``, ``ep.``, ``pp.``, ``dp.``).
+the bubble (idle time). A communication span's axis is the one its op carries
+(``strategies.ir.CollectiveOp.axis``, ``SendOp.axis``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Sequence
 import numpy as np
 
 from sim.timeline import Timeline
+from strategies.ir import AXES
 
-AXES_IN_ORDER = ("tp", "cp", "ep", "pp", "dp")
+AXES_IN_ORDER = AXES
 
 
 def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -50,9 +51,7 @@ def rank_breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
     compute, optimizer and the axes attributed before it (AXES_IN_ORDER).
     """
     df = timeline.to_dataframe()
-    comm = (df["category"] != "compute").to_numpy()
-    axis = np.full(len(df), "", dtype=object)
-    axis[comm] = [name.split(".", 1)[0] for name in df["op"].to_numpy()[comm]]
+    axis = df["axis"].to_numpy()
     result = {}
     for rank in ranks:
         mine = (df["rank"] == rank).to_numpy()

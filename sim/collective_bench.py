@@ -21,8 +21,9 @@ import pandas as pd
 from hardware.catalog import cluster_to_dict
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from hardware.cost import CostModel
 from sim.engine import Engine
-from strategies.collectives.planner import CollectivePlanner, valid_algorithms
+from strategies.collectives.catalog import ALGORITHMS, valid_algorithms
 from strategies.ir import COLLECTIVE_KINDS, CollectiveOp, Program
 
 TYPE_BYTES = {"int8": 1, "uint8": 1, "half": 2, "bfloat16": 2, "float": 4, "int32": 4,
@@ -117,7 +118,7 @@ def collective_sweep(kind: str, cluster: ClusterSpec, *, nodes: int, gpus_per_no
     if dtype not in TYPE_BYTES:
         raise ValueError(f"type: {dtype!r} is not valid; valid: {', '.join(TYPE_BYTES)}")
     layout = ClusterLayout(cluster, nodes, gpus_per_node)
-    planner = CollectivePlanner(layout, cluster.comm)
+    cost = CostModel(layout, ALGORITHMS, fidelity=fidelity)
     ranks = layout.world_size
     group = tuple(range(ranks))
     type_bytes = TYPE_BYTES[dtype]
@@ -131,7 +132,7 @@ def collective_sweep(kind: str, cluster: ClusterSpec, *, nodes: int, gpus_per_no
                           size_bytes=size, algorithm=algorithm,
                           root=0 if kind in _ROOTED else None)
         program = Program(ops_by_rank={r: (op,) for r in group}, world_size=ranks, name=kind)
-        result = Engine(program, layout, fidelity=fidelity, planner=planner).run()
+        result = Engine(program, cost).run()
         time_s = result.makespan_ns / 1e9
         plan_label = result.plans.get(op.key, "-/-")
         algo_name, proto = plan_label.split("/")

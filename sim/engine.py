@@ -19,26 +19,17 @@ run is identical for identical inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import math
-from typing import Iterator, Mapping, Protocol
+from typing import Iterator
 
 import simpy
 
-from hardware.network import CommPlan, make_fabric
+from hardware.cost import CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.timeline import Timeline
-from strategies.collectives.algorithms import point_to_point
-from strategies.collectives.planner import CollectivePlanner
-from strategies.perturbations import stretched_ns
+from sim.timeline import Timeline, record_op
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
 from strategies.program_check import check_program
-
-
-class ComputeTimer(Protocol):
-    """Anything that prices a compute op (hardware.compute.ComputeModel)."""
-
-    def duration_ns(self, op: ComputeOp) -> int: ...
 
 
 @dataclass
@@ -60,6 +51,7 @@ class SimulationResult:
         makespan_ns: end of the last op minus start of the first.
         fidelity: network fidelity used.
         plans: ``{collective key: "algorithm/protocol"}`` chosen per collective.
+        plan_counts: ``{"axis:kind:algorithm/protocol": collectives}`` over the run.
         stats: counters (ops, events, flow-rate solves).
         inputs: the resolved inputs (cluster, layout, fidelity), for provenance.
     """
@@ -68,6 +60,7 @@ class SimulationResult:
     makespan_ns: int
     fidelity: str
     plans: dict[str, str] = field(default_factory=dict)
+    plan_counts: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     inputs: dict[str, object] = field(default_factory=dict)
 
@@ -90,35 +83,19 @@ class Engine:
 
     Args:
         program: what every rank does.
-        layout: where ranks sit on the cluster (its world size must cover the
-            program's ranks).
-        fidelity: network model: ``event`` (each collective costs its α-β
-            closed form; ``analytic`` is accepted as the same) or ``flow``
-            (max-min fair sharing of links among transfers in flight).
-        compute: prices compute ops; required when the program has any.
-        planner: collective planner to reuse (its plan cache) across runs on
-            the same layout.
+        cost: the cost model (hardware.cost.CostModel) every duration comes from:
+            compute (with per-rank speeds, throttling and GPU generations),
+            collectives and point-to-point transfers, at its fidelity; its layout
+            must hold the program's ranks.
         check: validate the program first (:func:`strategies.program_check.check_program`).
-        rank_speed: ``{rank: speed}`` of ranks whose kernels run at another
-            speed (0.5 = a straggler at half speed: every compute op takes twice
-            as long); others run at 1.
-        rank_episodes: ``{rank: [(start_ns, end_ns, speed), ...]}`` throttling
-            episodes (sorted, not overlapping): a compute op progresses at
-            ``speed`` while it overlaps one (strategies.perturbations.stretched_ns).
-        rank_compute: ``{rank: timer}`` of ranks whose GPU differs from the
-            others' (mixed generations); others use ``compute``.
 
     Raises:
-        ValueError: when the program does not fit the layout or the fidelity
-            is unknown; ProgramError (a ValueError) for a malformed program.
+        ValueError: when the program does not fit the layout; ProgramError (a
+            ValueError) for a malformed program.
     """
 
-    def __init__(self, program: Program, layout: ClusterLayout, *, fidelity: str = "event",
-                 compute: ComputeTimer | None = None,
-                 planner: CollectivePlanner | None = None, check: bool = True,
-                 rank_speed: Mapping[int, float] | None = None,
-                 rank_episodes: Mapping[int, list[tuple[int, int, float]]] | None = None,
-                 rank_compute: Mapping[int, ComputeTimer] | None = None) -> None:
+    def __init__(self, program: Program, cost: CostModel, *, check: bool = True) -> None:
+        layout = cost.layout
         if program.world_size > layout.world_size:
             raise ValueError(
                 f"world_size: the program has {program.world_size} ranks but the cluster "
@@ -126,29 +103,21 @@ class Engine:
         if check:
             check_program(program, world_size=layout.world_size)
         self.program = program
+        self.cost = cost
         self.layout = layout
         self.env = CountingEnvironment()
-        self.planner = planner or CollectivePlanner(layout, layout.spec.comm)
-        self.fabric = make_fabric(fidelity, self.env, self.planner.model)
-        self.fidelity = fidelity
-        self.compute = compute
+        self.fabric = cost.fabric(self.env, present_ranks=program.ranks())
         self.timeline = Timeline()
         self._done: dict[int, dict[int, simpy.Event]] = {}
         self._meetings: dict[object, _Rendezvous] = {}
         self._chosen: dict[str, str] = {}
+        self._chosen_axis: dict[str, str] = {}
         self._present_cache: dict[tuple[int, ...], int] = {}
         self._referenced: dict[int, set[int]] = {}
         self._finished: dict[int, int] = {}
-        self._durations: dict[tuple[int, float], int] = {}
-        self._pair_plans: dict[tuple[int, int, int], tuple[CommPlan, ...]] = {}
+        self._durations: dict[tuple[int, int | None], int] = {}
+        self._throttled = {r for r, c in cost.ranks.items() if c.episodes}
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
-        self._present_domains: set[int] | None = None
-        self._speed = dict(rank_speed or {})
-        self._episodes = {r: list(e) for r, e in (rank_episodes or {}).items() if e}
-        self._rank_compute = dict(rank_compute or {})
-        for rank, speed in self._speed.items():
-            if not speed > 0:
-                raise ValueError(f"rank_speed: rank {rank} has speed {speed!r}; give a speed > 0")
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -181,20 +150,25 @@ class Engine:
                 f"{rank}, after {index} finished ops); check the program with "
                 "strategies.program_check")
         stats = {"ops": self.program.num_ops(), "spans": len(self.timeline),
-                 "events": self.env.events_scheduled}
-        network = getattr(self.fabric, "network", None)
-        if network is not None:
-            stats["flow_rate_solves"] = network.rate_solves
-            stats["flows_completed"] = network.flows_completed
+                 "events": self.env.events_scheduled, **self.fabric.stats()}
         return SimulationResult(
             timeline=self.timeline,
             makespan_ns=self.timeline.makespan_ns(),
-            fidelity=self.fidelity,
+            fidelity=self.cost.fidelity,
             plans=dict(self._chosen),
+            plan_counts=self._plan_counts(),
             stats=stats,
             inputs={"cluster": self.layout.spec.name, "nodes": self.layout.nodes,
-                    "gpus_per_node": self.layout.gpus_per_node, "fidelity": self.fidelity},
+                    "gpus_per_node": self.layout.gpus_per_node,
+                    "fidelity": self.cost.fidelity},
         )
+
+    def _plan_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for key, label in self._chosen.items():
+            name = f"{self._chosen_axis[key]}:{label}"
+            counts[name] = counts.get(name, 0) + 1
+        return dict(sorted(counts.items()))
 
     def _stream(self, rank: int, stream: str, indices: list[int]) -> Iterator[simpy.Event]:
         ops = self.program.ops_by_rank[rank]
@@ -211,7 +185,7 @@ class Engine:
             duration = self._fixed_ns(op, rank, self.env.now)
             if duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
-                # collective nobody else joins, at analytic fidelity) that
+                # collective nobody else joins, when nothing contends) that
                 # nothing else waits on in between costs one event: their spans
                 # follow from their durations.
                 begin = self.env.now
@@ -228,11 +202,11 @@ class Engine:
                     spans.append((index, spans[-1][2], spans[-1][2] + duration))
                 yield self.env.timeout(spans[-1][2] - begin)
                 for member, span_start, span_end in spans:
-                    self._record(rank, ops[member], span_start, span_end)
+                    self._record(rank, member, ops[member], span_start, span_end)
                 self._finished[rank] += len(spans)
             else:
                 started = yield from self._execute(rank, op)
-                self._record(rank, op, started, self.env.now)
+                self._record(rank, index, op, started, self.env.now)
                 self._finished[rank] += 1
             if index in done:
                 done[index].succeed()
@@ -242,103 +216,66 @@ class Engine:
         """Duration of an op starting at ``start_ns`` known before it runs, or None
         if it depends on others."""
         if isinstance(op, ComputeOp):
-            duration = self._compute_ns(op, self._speed.get(rank, 1.0),
-                                        self._rank_compute.get(rank))
-            episodes = self._episodes.get(rank)
-            return duration if episodes is None else stretched_ns(start_ns, duration, episodes)
-        if (self.fidelity != "flow" and isinstance(op, CollectiveOp)
+            if rank in self._throttled:  # the duration depends on when it starts
+                return self.cost.compute_ns(op, rank, start_ns)
+            # memoised per op object (a step repeats the same ops thousands of times;
+            # the program keeps them alive, so ids are stable)
+            key = (id(op), rank if rank in self.cost.ranks else None)
+            duration = self._durations.get(key)
+            if duration is None:
+                duration = self.cost.compute_ns(op, rank)
+                self._durations[key] = duration
+            return duration
+        if (not self.fabric.contended and isinstance(op, CollectiveOp)
                 and self._members_present(op) == 1):
-            return self._collective_ns(op)
+            return self._choose(op).duration_ns
         return None
 
-    def _collective_ns(self, op: CollectiveOp) -> int:
-        """α-β duration of a collective, priced without building its transfers
-        (CollectivePlanner.cost); its choice is recorded like a plan's."""
-        cost = self.planner.cost(op.kind, op.group, op.size_bytes, op.algorithm)
-        self._chosen[op.key] = f"{cost.algorithm}/{cost.protocol}"
-        return cost.duration_ns
-
-    def _compute_ns(self, op: ComputeOp, speed: float = 1.0,
-                    timer: ComputeTimer | None = None) -> int:
-        """Duration of a compute op on a rank of ``speed`` (and its own GPU's
-        ``timer``), memoised per op object (a step repeats the same op objects
-        thousands of times; the program keeps them alive, so ids are stable)."""
-        key = (id(op), speed, id(timer))
-        duration = self._durations.get(key)
-        if duration is None:
-            timer = timer or self.compute
-            if timer is None:
-                raise ValueError(f"compute: op {op.name!r} needs a compute model; "
-                                 "pass compute=ComputeModel(gpu)")
-            duration = timer.duration_ns(op)
-            if speed != 1.0:
-                duration = math.ceil(duration / speed)
-            self._durations[key] = duration
-        return duration
+    def _choose(self, op: CollectiveOp):
+        """The cost model's algorithm, protocol and closed-form duration of a
+        collective; the choice is recorded for the report."""
+        choice = self.cost.collective(op.kind, op.group, op.size_bytes, op.algorithm)
+        self._chosen[op.key] = f"{choice.algorithm}/{choice.protocol}"
+        self._chosen_axis[op.key] = f"{op.axis}:{op.kind}"
+        return choice
 
     def _execute(self, rank: int, op: Op):
         """Run one communication op; return when data began to move (the last
         participant arrived)."""
-        if isinstance(op, CollectiveOp) and self.fidelity != "flow":
-            duration = self._collective_ns(op)
-            meeting = self._meet(op.key, self._members_present(op), lambda: duration,
-                                 lambda plan: ())
-        elif isinstance(op, CollectiveOp):
+        if isinstance(op, CollectiveOp):
+            choice = self._choose(op)
+            run = lambda: self.fabric.run_collective(  # noqa: E731
+                op.kind, op.group, op.size_bytes, choice, self._group_mirrors(op))
             if self._members_present(op) == 1:
                 # Alone (a reduced program's representative): nobody to wait for.
                 started = self.env.now
-                plan = self._collective_plan(op)
-                yield from self.fabric.run(plan, self._group_mirrors(op, plan))
+                yield from run()
                 return started
-            meeting = self._meet(op.key, self._members_present(op),
-                                 lambda: self._collective_plan(op),
-                                 lambda plan: self._group_mirrors(op, plan))
+            meeting = self._meet(op.key, self._members_present(op), run)
         elif isinstance(op, (SendOp, RecvOp)):
             src, dst = (rank, op.peer) if isinstance(op, SendOp) else (op.peer, rank)
             meeting = self._meet(("p2p", src, dst, op.tag), 2,
-                                 lambda: point_to_point(self.layout, src, dst, op.size_bytes),
-                                 lambda plan: self._pair_mirrors(src, dst, op.size_bytes))
+                                 lambda: self.fabric.run_p2p(src, dst, op.size_bytes,
+                                                             self._pair_mirrors(src, dst)))
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
         yield meeting.done
         return meeting.started_ns
 
-    def _group_mirrors(self, op: CollectiveOp, plan: CommPlan) -> tuple[CommPlan, ...]:
-        """At flow fidelity, the same collective of the groups a reduced program
-        leaves out (Program.mirrors), with this plan's algorithm and protocol."""
+    def _group_mirrors(self, op: CollectiveOp) -> tuple[tuple[int, ...], ...]:
+        """The same collective's groups among the ranks a reduced program leaves out
+        (Program.mirrors); only a contended fabric loads links with them."""
         mirrors = self.program.mirrors
-        if self.fidelity != "flow" or mirrors is None:
+        if not self.fabric.contended or mirrors is None:
             return ()
-        found = self._mirror_groups.get(op.group)
-        if found is None:
-            found = tuple(g for g in mirrors.groups.get(op.group, ()) if self._may_contend(g))
-            self._mirror_groups[op.group] = found
-        return tuple(self.planner.plan(op.kind, group, op.size_bytes, plan.label, plan.protocol)
-                     for group in found)
+        return mirrors.groups.get(op.group, ())
 
-    def _may_contend(self, group: tuple[int, ...]) -> bool:
-        """A mirror group inside one scale-up domain that holds no simulated rank
-        loads only that domain's links, which no simulated flow crosses: skipping
-        it changes no rate (a mirror of a cross-domain transfer routed through the
-        domain's scale-up links, PXN, would; the tests pin the cases that agree)."""
-        if self._present_domains is None:
-            self._present_domains = {self.layout.domain_of(r) for r in self.program.ops_by_rank}
-        domains = {self.layout.domain_of(r) for r in group}
-        return len(domains) > 1 or not domains.isdisjoint(self._present_domains)
-
-    def _pair_mirrors(self, src: int, dst: int, size_bytes: int) -> tuple[CommPlan, ...]:
-        """At flow fidelity, the same pipeline transfer between the ranks a reduced
-        program leaves out."""
+    def _pair_mirrors(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+        """The same pipeline transfer between ranks a reduced program leaves out."""
         mirrors = self.program.mirrors
-        if self.fidelity != "flow" or mirrors is None:
+        if not self.fabric.contended or mirrors is None:
             return ()
-        key = (src, dst, size_bytes)
-        found = self._pair_plans.get(key)
-        if found is None:
-            found = tuple(point_to_point(self.layout, a, b, size_bytes)
-                          for a, b in mirrors.pairs.get((src, dst), ()))
-            self._pair_plans[key] = found
-        return found
+        return tuple(mirrors.pairs.get((src, dst), ()))
 
     def _members_present(self, op: CollectiveOp) -> int:
         """Members a collective waits for: all of them, or in a symmetry-reduced
@@ -351,14 +288,9 @@ class Engine:
             self._present_cache[op.group] = present
         return present
 
-    def _collective_plan(self, op: CollectiveOp) -> CommPlan:
-        plan = self.planner.plan(op.kind, op.group, op.size_bytes, op.algorithm)
-        self._chosen[op.key] = f"{plan.label}/{plan.protocol}"
-        return plan
-
-    def _meet(self, key: object, expected: int, make_plan, make_mirrors) -> _Rendezvous:
-        """Arrive at a rendezvous; the last to arrive starts the communication
-        (with the mirrors of ``make_mirrors(plan)``)."""
+    def _meet(self, key: object, expected: int, communicate) -> _Rendezvous:
+        """Arrive at a rendezvous; the last to arrive starts ``communicate()`` (a
+        process body of the fabric)."""
         meeting = self._meetings.get(key)
         if meeting is None:
             meeting = _Rendezvous(expected, 0, self.env.event())
@@ -367,39 +299,27 @@ class Engine:
         if meeting.arrived == meeting.expected:
             del self._meetings[key]
             meeting.started_ns = self.env.now
-            plan = make_plan()
-            self.env.process(self._communicate(plan, make_mirrors(plan), meeting.done))
+            self.env.process(self._communicate(communicate(), meeting.done))
         return meeting
 
-    def _communicate(self, plan: CommPlan | int, mirrors: tuple[CommPlan, ...],
-                     done: simpy.Event) -> Iterator[simpy.Event]:
-        """Run a plan on the fabric, or wait a duration already priced (ns)."""
-        if isinstance(plan, int):
-            yield self.env.timeout(plan)
-        else:
-            yield from self.fabric.run(plan, mirrors)
+    def _communicate(self, body: Iterator[simpy.Event], done: simpy.Event
+                     ) -> Iterator[simpy.Event]:
+        yield from body
         done.succeed()
 
-    def _record(self, rank: int, op: Op, start_ns: int, end_ns: int) -> None:
-        if isinstance(op, ComputeOp):
-            self.timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns,
-                                 op.bytes, op.flops, "compute")
-        elif isinstance(op, CollectiveOp):
-            self.timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns,
-                                 op.size_bytes, 0.0, "comm")
-        else:
-            kind = "send" if isinstance(op, SendOp) else "recv"
-            self.timeline.record(rank, op.stream, op.name, kind, start_ns, end_ns,
-                                 op.size_bytes, 0.0, "comm")
+    def _record(self, rank: int, index: int, op: Op, start_ns: int, end_ns: int) -> None:
+        record_op(self.timeline, rank, index, op, start_ns, end_ns)
 
 
 def simulate(program: Program, cluster: ClusterSpec, *, nodes: int, gpus_per_node: int,
-             fidelity: str = "analytic", compute: ComputeTimer | None = None) -> SimulationResult:
-    """Place ``program`` on ``nodes x gpus_per_node`` GPUs of ``cluster`` and run it.
+             fidelity: str = "event", compute=None) -> SimulationResult:
+    """Place ``program`` on ``nodes x gpus_per_node`` GPUs of ``cluster`` and run it
+    (compute priced by ``compute``, default the cluster GPU's roofline).
 
     Raises:
         ValueError: for a layout the cluster cannot hold, an unknown fidelity,
             or a program that does not fit.
     """
     layout = ClusterLayout(cluster, nodes, gpus_per_node)
-    return Engine(program, layout, fidelity=fidelity, compute=compute).run()
+    cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity=fidelity)
+    return Engine(program, cost).run()

@@ -54,6 +54,7 @@ import pandas as pd
 
 from hardware.catalog import load_cluster
 from hardware.spec import ClusterSpec
+from sim.checkpoint_costs import checkpoint_costs
 from strategies import failures as fl
 from strategies.failures import (
     CheckpointCosts,
@@ -279,7 +280,7 @@ def prepare_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
     else:
         from hardware.units import parse_size_bytes
         size = parse_size_bytes(checkpoint_bytes, field="checkpoint_bytes")
-    costs = fl.checkpoint_costs(checkpoint_bytes=size, mode=checkpoint_mode, units=units,
+    costs = checkpoint_costs(checkpoint_bytes=size, mode=checkpoint_mode, units=units,
                                 cluster=spec, responses=resp)
 
     # Replica size for elastic shrink.

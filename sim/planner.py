@@ -203,7 +203,7 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     """
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute)
-    kinds = [_layer_compute_s(model, cluster.gpu, model.is_moe_layer(i), *args)
+    kinds = [_layer_compute_s(model, cluster, model.is_moe_layer(i), *args)
              for i in range(model.num_layers)]
     per_microbatch = sum(total for total, _ in kinds) / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
@@ -220,25 +220,27 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
 _LAYER_CACHE: dict[tuple, tuple] = {}
 
 
-def _layer_compute_s(model: ModelSpec, gpu, moe: bool, *args) -> float:
+def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, moe: bool, *args) -> float:
     """(seconds of compute of one layer for one micro-batch: forward, backward and
     recompute; its ZB-H1 fill F + I - W), memoised: the specs are unhashable, so they are keyed by identity and kept alive in
     the cache entry (an id is never reused while its object lives)."""
-    key = (id(model), id(gpu), moe, *args)
+    key = (id(model), id(cluster), moe, *args)
     if key not in _LAYER_CACHE:
         if len(_LAYER_CACHE) > 100_000:
             _LAYER_CACHE.clear()
-        _LAYER_CACHE[key] = (model, gpu, _price_layer(model, gpu, moe, *args))
+        _LAYER_CACHE[key] = (model, cluster, _price_layer(model, cluster, moe, *args))
     return _LAYER_CACHE[key][2]
 
 
-def _price_layer(model: ModelSpec, gpu, moe: bool, micro_batch: int, seq_len: int,
+def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch: int, seq_len: int,
                  tp: int, cp: int, ep: int, sequence_parallel: bool, dtype: str,
                  flash_attention: bool, recompute: str) -> float:
-    from hardware.compute import ComputeModel
+    from hardware.cost import CostModel
+    from hardware.topology import ClusterLayout
+    from strategies.collectives.catalog import ALGORITHMS
     from strategies.ir import ComputeOp
 
-    compute = ComputeModel(gpu)
+    cost = CostModel(ClusterLayout(cluster, 1, 1), ALGORITHMS, fidelity="analytic")
     layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
     total = fill = 0.0
     for k in model_costs.layer_kernels(model, layer, micro_batch=micro_batch, seq_len=seq_len,
@@ -246,9 +248,9 @@ def _price_layer(model: ModelSpec, gpu, moe: bool, micro_batch: int, seq_len: in
                                        dtype=dtype, flash_attention=flash_attention,
                                        dropout=model.dropout):
         def price(flops: float, nbytes: float) -> float:
-            return compute.duration_s(ComputeOp(name=k.name, kind=k.kind, flops=flops,
-                                                bytes=nbytes, shape=tuple(k.shape),
-                                                dtype=k.dtype))
+            return cost.compute_ns(ComputeOp(name=k.name, kind=k.kind, flops=flops,
+                                             bytes=nbytes, shape=tuple(k.shape),
+                                             dtype=k.dtype)) / 1e9
         fwd = price(k.fwd_flops, k.fwd_bytes)
         total += fwd + price(k.bwd_input_flops + k.bwd_weight_flops,
                              k.bwd_input_bytes + k.bwd_weight_bytes)

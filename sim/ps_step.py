@@ -21,11 +21,12 @@ makespan and the servers' busy time per step.
 
 from __future__ import annotations
 
-from hardware.compute import ComputeModel
+from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.breakdown import AXES_IN_ORDER, rank_breakdowns
-from sim.engine import ComputeTimer, Engine
+from sim.engine import Engine
+from strategies.collectives.catalog import ALGORITHMS
 from sim.step import StepResult, job_layout, resolved_inputs, throughput
 from sim.timeline import Timeline
 from strategies.memory import MemoryBreakdown, OutOfMemoryError
@@ -81,8 +82,9 @@ def simulate_ps_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         _check_ps_fits(plan, servers, host or server, hbm, lowering.server_ranks[0],
                        server=True)
         _check_ps_fits(plan, servers, worker, hbm, 0, server=False)
-    engine = Engine(lowering.program, layout, fidelity=fidelity,
-                    compute=compute or ComputeModel(cluster.gpu), check=False)
+    engine = Engine(lowering.program,
+                    CostModel(layout, ALGORITHMS, compute=compute, fidelity=fidelity),
+                    check=False)
     result = engine.run()
     timeline = result.timeline
     steps = lowering.steps
@@ -112,7 +114,7 @@ def simulate_ps_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         memory={0: worker},
         breakdown=breakdown,
         stage_breakdown={0: breakdown},
-        inputs=resolved_inputs(model, cluster, plan, fidelity, layout, result.plans),
+        inputs=resolved_inputs(model, cluster, plan, fidelity, layout, result.plan_counts),
         timeline=timeline,
         lowering=lowering,
         ps=ps,

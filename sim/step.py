@@ -35,13 +35,14 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from hardware.catalog import cluster_to_dict
-from hardware.compute import ComputeModel
+from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_step import PricingCache, analytic_step
-from sim.engine import ComputeTimer, Engine
+from sim.engine import Engine
 from sim.timeline import Timeline
 from strategies import model_costs
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.lowering import StepLowerer, StepLowering
 from sim.breakdown import rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, rank_memory, stage_activation_bytes
@@ -244,10 +245,9 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     lowering = lowerer.lower(distinct=sorted(applied.distinct), mirrors=fidelity == "flow")
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
-    engine = Engine(lowering.program, layout, fidelity=fidelity,
-                    compute=compute or ComputeModel(cluster.gpu), check=False,
-                    rank_speed=applied.rank_speed, rank_episodes=applied.rank_episodes,
-                    rank_compute=applied.rank_compute)
+    cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity=fidelity,
+                     ranks=applied.rank_conditions)
+    engine = Engine(lowering.program, cost, check=False)
     result = engine.run()
     timeline = result.timeline
     step_ns = result.makespan_ns
@@ -266,7 +266,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         memory=memory,
         breakdown=by_rank[critical],
         stage_breakdown=stage_breakdown,
-        inputs={**resolved_inputs(model, cluster, plan, fidelity, layout, result.plans),
+        inputs={**resolved_inputs(model, cluster, plan, fidelity, layout, result.plan_counts),
                 "stragglers": {str(r): v for r, v in sorted(stragglers.items())},
                 "perturbations": perturbations.to_dict(),
                 "critical_rank": critical},
@@ -329,14 +329,16 @@ def throughput(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
 
 def resolved_inputs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, fidelity: str,
-                    layout: ClusterLayout, plans: dict[str, str],
+                    layout: ClusterLayout, plan_counts: dict[str, int],
                     cluster_dict: dict | None = None) -> dict[str, object]:
     """What a result embeds to be reproducible (DESIGN.md principle 6);
-    ``cluster_dict``: the cluster's ``cluster_to_dict``, when already built."""
+    ``plan_counts``: how often each algorithm/protocol was chosen, per axis and kind
+    (sim.engine.SimulationResult.plan_counts); ``cluster_dict``: the cluster's
+    ``cluster_to_dict``, when already built."""
     cluster_dict = cluster_to_dict(cluster) if cluster_dict is None else cluster_dict
     return {"model": model.name, "cluster": cluster_dict, "plan": _plan_dict(plan),
             "gpus": plan.world_size, "fidelity": fidelity, "nodes": layout.nodes,
-            "gpus_per_node": layout.gpus_per_node, "plans_chosen": _count_plans(plans)}
+            "gpus_per_node": layout.gpus_per_node, "plans_chosen": dict(plan_counts)}
 
 
 def _plan_dict(plan: ParallelPlan) -> dict[str, object]:
@@ -345,15 +347,3 @@ def _plan_dict(plan: ParallelPlan) -> dict[str, object]:
     data["order"] = list(plan.order)
     data["num_microbatches"] = plan.num_microbatches
     return data
-
-
-def _count_plans(plans: dict[str, str]) -> dict[str, int]:
-    """How often each algorithm/protocol was chosen, per axis (for the report)."""
-    counts: dict[str, int] = {}
-    for key, label in plans.items():
-        axis, kind, _ = key.split(".", 2)
-        name = f"{axis}:{kind}:{label}"
-        counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
-
-

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from sim.atomic_io import write_bytes_atomic
+from strategies.ir import CollectiveOp, ComputeOp, SendOp
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["Span", "Timeline", "COLUMNS"]
+__all__ = ["Span", "Timeline", "COLUMNS", "record_op"]
 
 #: Column order of :meth:`Timeline.to_dataframe` and keys of :meth:`Timeline.to_records`.
 COLUMNS = (
@@ -47,6 +48,8 @@ COLUMNS = (
     "duration_ns",
     "bytes",
     "flops",
+    "op_id",
+    "axis",
 )
 
 # Streams that get the first thread ids (in this order) in Chrome traces.
@@ -67,6 +70,10 @@ class Span:
         bytes: bytes moved (HBM traffic or message size).
         flops: floating-point operations.
         category: coarse class for grouping, e.g. ``"compute"``, ``"comm"``.
+        op_id: index of the op in its rank's Program list (-1 when unknown), so a
+            simulated and a measured span of the same op meet by ``(rank, op_id)``.
+        axis: parallelism a communication span serves (``tp``, ``cp``, ``ep``,
+            ``pp``, ``dp``; ``""`` for compute or when unknown).
 
     Raises:
         ValueError: when rank or a time is not an integer, or ``end_ns <
@@ -82,6 +89,8 @@ class Span:
     bytes: int | float = 0
     flops: float = 0.0
     category: str = ""
+    op_id: int = -1
+    axis: str = ""
 
     def __post_init__(self) -> None:
         if (
@@ -184,7 +193,7 @@ class Timeline:
     def __init__(self, spans: Iterable[Span] = (), *, metadata: Mapping[str, Any] | None = None) -> None:
         """Create a timeline holding ``spans`` (in any order) and a copy of ``metadata``."""
         self.metadata: dict[str, Any] = dict(metadata or {})
-        # (start_ns, rank, stream, op, end_ns, kind, category, bytes, flops)
+        # (start_ns, rank, stream, op, end_ns, kind, category, bytes, flops, op_id, axis)
         self._rows: list[tuple] = []
         self._sorted = True
         self.extend(spans)
@@ -197,7 +206,7 @@ class Timeline:
             raise TypeError(f"Timeline.add takes a Span, got {type(span).__name__}")
         self._rows.append(
             (span.start_ns, span.rank, span.stream, span.op, span.end_ns, span.kind, span.category, span.bytes,
-             span.flops)
+             span.flops, span.op_id, span.axis)
         )
         self._sorted = False
 
@@ -217,6 +226,8 @@ class Timeline:
         bytes: int | float = 0,
         flops: float = 0.0,
         category: str = "",
+        op_id: int = -1,
+        axis: str = "",
     ) -> None:
         """Append a span given field by field, without keeping a :class:`Span` object.
 
@@ -226,7 +237,8 @@ class Timeline:
         if type(start_ns) is not int or type(end_ns) is not int or type(rank) is not int or end_ns < start_ns:
             span = Span(rank, stream, op, kind, start_ns, end_ns, bytes, flops, category)  # validates or raises
             rank, start_ns, end_ns = span.rank, span.start_ns, span.end_ns
-        self._rows.append((start_ns, rank, stream, op, end_ns, kind, category, bytes, flops))
+        self._rows.append((start_ns, rank, stream, op, end_ns, kind, category, bytes, flops, op_id,
+                           axis))
         self._sorted = False
 
     def __len__(self) -> int:
@@ -245,8 +257,9 @@ class Timeline:
 
     def spans(self) -> Iterator[Span]:
         """Iterate over the spans sorted by ``(start_ns, rank, stream, op)``."""
-        for start, rank, stream, op, end, kind, category, nbytes, flops in self._sorted_rows():
-            yield Span(rank, stream, op, kind, start, end, nbytes, flops, category)
+        for start, rank, stream, op, end, kind, category, nbytes, flops, op_id, axis in \
+                self._sorted_rows():
+            yield Span(rank, stream, op, kind, start, end, nbytes, flops, category, op_id, axis)
 
     __iter__ = spans
 
@@ -302,7 +315,7 @@ class Timeline:
         import pandas as pd
 
         rows = self._sorted_rows()
-        cols = list(zip(*rows)) if rows else [()] * 9
+        cols = list(zip(*rows)) if rows else [()] * 11
         start = np.array(cols[0], dtype=np.int64)
         end = np.array(cols[4], dtype=np.int64)
 
@@ -323,6 +336,8 @@ class Timeline:
                 "duration_ns": end - start,
                 "bytes": np.array(cols[7], dtype=np.float64),
                 "flops": np.array(cols[8], dtype=np.float64),
+                "op_id": np.array(cols[9], dtype=np.int64),
+                "axis": text(cols[10]),
             },
             columns=list(COLUMNS),
         )
@@ -334,7 +349,7 @@ class Timeline:
     def from_dataframe(cls, df: "pd.DataFrame", *, metadata: Mapping[str, Any] | None = None) -> "Timeline":
         """Build a timeline from a DataFrame shaped like :meth:`to_dataframe`'s.
 
-        ``category``, ``bytes``, ``flops`` and ``duration_ns`` may be absent;
+        ``category``, ``bytes``, ``flops``, ``op_id``, ``axis`` and ``duration_ns`` may be absent;
         when ``duration_ns`` is present it must equal ``end_ns - start_ns``.
         Integral ``bytes`` come back as ints. ``metadata`` defaults to
         ``df.attrs.get("metadata", {})``.
@@ -360,6 +375,8 @@ class Timeline:
         category = df["category"].fillna("").tolist() if "category" in df.columns else [""] * n
         nbytes = df["bytes"].tolist() if "bytes" in df.columns else [0] * n
         flops = df["flops"].tolist() if "flops" in df.columns else [0.0] * n
+        op_ids = df["op_id"].tolist() if "op_id" in df.columns else [-1] * n
+        axes = df["axis"].fillna("").tolist() if "axis" in df.columns else [""] * n
         duration = df["duration_ns"].tolist() if "duration_ns" in df.columns else None
         if metadata is None:
             metadata = df.attrs.get("metadata", {})
@@ -382,6 +399,8 @@ class Timeline:
                 _plain_bytes(nbytes[i]),
                 float(flops[i]),
                 str(category[i]),
+                _as_int(op_ids[i], "op_id", i),
+                str(axes[i]),
             )
         return timeline
 
@@ -400,8 +419,11 @@ class Timeline:
                 "duration_ns": end - start,
                 "bytes": nbytes,
                 "flops": flops,
+                "op_id": op_id,
+                "axis": axis,
             }
-            for start, rank, stream, op, end, kind, category, nbytes, flops in self._sorted_rows()
+            for start, rank, stream, op, end, kind, category, nbytes, flops, op_id, axis
+            in self._sorted_rows()
         ]
 
     @classmethod
@@ -411,7 +433,7 @@ class Timeline:
     ) -> "Timeline":
         """Build a timeline from dicts like :meth:`to_records`'s.
 
-        ``category``, ``bytes``, ``flops`` and ``duration_ns`` are optional;
+        ``category``, ``bytes``, ``flops``, ``op_id``, ``axis`` and ``duration_ns`` are optional;
         a given ``duration_ns`` must equal ``end_ns - start_ns``.
 
         Raises:
@@ -447,6 +469,8 @@ class Timeline:
                 _plain_bytes(rec.get("bytes", 0)),
                 float(rec.get("flops", 0.0)),
                 str(rec.get("category", "") or ""),
+                _as_int(rec.get("op_id", -1), "op_id", i),
+                str(rec.get("axis", "") or ""),
             )
         return timeline
 
@@ -513,9 +537,11 @@ class Timeline:
                 "args": {
                     "bytes": nbytes if type(nbytes) in plain and math.isfinite(nbytes) else _jsonable(nbytes),
                     "flops": flops if type(flops) in plain and math.isfinite(flops) else _jsonable(flops),
+                    **({"op_id": op_id} if op_id >= 0 else {}),
+                    **({"axis": axis} if axis else {}),
                 },
             }
-            for start, rank, stream, op, end, kind, category, nbytes, flops in rows
+            for start, rank, stream, op, end, kind, category, nbytes, flops, op_id, axis in rows
         )
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": _jsonable(self.metadata)}
 
@@ -533,3 +559,15 @@ class Timeline:
         return write_bytes_atomic(path, data)
 
 
+def record_op(timeline: Timeline, rank: int, op_id: int, op, start_ns: int, end_ns: int) -> None:
+    """Append the span of Program op ``op`` (index ``op_id`` in its rank's list) that ran
+    from ``start_ns`` to ``end_ns``: what the engine records, and what a measured
+    replay records for the same op, so the two meet by ``(rank, op_id)``."""
+    if isinstance(op, ComputeOp):
+        timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns, op.bytes,
+                        op.flops, "compute", op_id)
+        return
+    kind = op.kind if isinstance(op, CollectiveOp) else (
+        "send" if isinstance(op, SendOp) else "recv")
+    timeline.record(rank, op.stream, op.name, kind, start_ns, end_ns, op.size_bytes, 0.0,
+                    "comm", op_id, op.axis)

@@ -115,7 +115,6 @@ __all__ = [
     "UNITS",
     "availability_profile",
     "checkpoint_bytes_for",
-    "checkpoint_costs",
     "constant_rate_profile",
     "daly_interval_s",
     "expected_goodput_exponential",
@@ -705,36 +704,6 @@ class CheckpointCosts:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def checkpoint_costs(*, checkpoint_bytes: int, mode: str, units: JobUnits, cluster: ClusterSpec,
-                     responses: Responses) -> CheckpointCosts:
-    """Save, upload and reload times of a checkpoint (module docstring).
-
-    Raises:
-        ValueError: for a bad mode or a negative size.
-    """
-    _choice("checkpoint_mode", mode, CHECKPOINT_MODES)
-    size = _number("checkpoint_bytes", checkpoint_bytes)
-    r = responses
-    write_s = size / min(r.storage_write_bytes_per_s_per_node * units.nodes,
-                         r.storage_write_bytes_per_s_total)
-    read_s = size / min(r.storage_read_bytes_per_s_per_node * units.nodes,
-                        r.storage_read_bytes_per_s_total)
-    if mode == "sync":
-        blocking, upload = r.checkpoint_fixed_s + write_s, 0.0
-    else:
-        snapshot_s = (size / units.gpus) / (cluster.scale_up.pcie_bytes_per_s
-                                            * r.snapshot_pcie_efficiency)
-        blocking, upload = r.checkpoint_fixed_s + snapshot_s, write_s
-    if r.checkpoint_blocking_s is not None:
-        blocking = r.checkpoint_blocking_s
-    if r.checkpoint_upload_s is not None:
-        upload = r.checkpoint_upload_s if mode == "async" else 0.0
-    reload = r.reload_s if r.reload_s is not None else read_s
-    return CheckpointCosts(checkpoint_bytes=int(size), mode=mode, blocking_s=blocking,
-                           upload_s=upload, reload_s=reload, restart_s=r.reinit_s + reload,
-                           detection_s=r.detection_s)
 
 
 # --------------------------------------------------------------------------- closed forms

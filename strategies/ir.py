@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from hardware.compute import COMPUTE_KINDS, ELEMENT_BYTES, canonical_dtype  # noqa: F401  (COMPUTE_KINDS re-exported)
+from hardware.spec import COMPUTE_KINDS  # noqa: F401  (re-exported: ComputeOp.kind)
+from hardware.units import ELEMENT_BYTES, canonical_dtype
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
@@ -41,6 +42,8 @@ COLLECTIVE_KINDS = (
     "sendrecv",
 )
 COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical", "direct")
+#: Parallelism axes communication serves, in the order reports attribute exposed time.
+AXES = ("tp", "cp", "ep", "pp", "dp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +89,8 @@ class CollectiveOp:
         root: root rank (global) for broadcast and reduce.
         stream: stream the op runs on.
         deps: indices of earlier ops of the same rank this op waits for.
+        axis: the parallelism the collective serves (one of :data:`AXES`, or ``""``
+            outside a training step); reports attribute its time to that axis.
     """
 
     name: str
@@ -98,6 +103,7 @@ class CollectiveOp:
     root: int | None = None
     stream: str = COMM_STREAM
     deps: tuple[int, ...] = ()
+    axis: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +117,7 @@ class _PeerOp:
         tag: matches a send with its recv (same src, dst and tag).
         stream: stream the op runs on.
         deps: indices of earlier ops of the same rank this op waits for.
+        axis: the parallelism the transfer serves (pipeline edges: ``pp``).
     """
 
     name: str
@@ -119,6 +126,7 @@ class _PeerOp:
     tag: str
     stream: str = COMM_STREAM
     deps: tuple[int, ...] = ()
+    axis: str = "pp"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

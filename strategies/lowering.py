@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
-from hardware.compute import ELEMENT_BYTES
+from hardware.units import ELEMENT_BYTES
 from strategies import model_costs as costs
 from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
@@ -205,7 +205,7 @@ class StepLowerer:
         key = self._key(b, f"{axis}.{kind}.{label}", group)
         return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
-                                  dtype="bf16"))
+                                  dtype="bf16", axis=axis))
 
     def _deps_after(self, b: _RankBuilder, *extra: int | None) -> tuple[int, ...]:
         return tuple(sorted({d for d in extra if d is not None and d >= 0}))

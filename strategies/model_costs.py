@@ -70,7 +70,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from hardware.compute import ELEMENT_BYTES, canonical_dtype
+from hardware.units import ELEMENT_BYTES, canonical_dtype
 from strategies.model_spec import ModelSpec
 
 __all__ = [

@@ -255,7 +255,7 @@ class _Assembler:
                             recv[k, w] = add(RecvOp(
                                 name=f"dp.push.w{w}.t{t}.b{k}", peer=w,
                                 size_bytes=self.shards[k][shard], tag=f"push.t{t}.b{k}",
-                                stream=f"dp.recv.w{w}"))
+                                stream=f"dp.recv.w{w}", axis="dp"))
             if not is_worker:
                 for k in buckets:
                     self._server_bucket(add, rank, shard, t, k, recv, None)
@@ -272,7 +272,7 @@ class _Assembler:
                         if server != rank:
                             add(SendOp(name=f"dp.push.s{s}.t{t}.b{k}", peer=server,
                                        size_bytes=self.shards[k][s], tag=f"push.t{t}.b{k}",
-                                       stream=f"dp.push.s{s}", deps=(index,)))
+                                       stream=f"dp.push.s{s}", deps=(index,), axis="dp"))
                     if shard is not None:
                         step_ready += self._server_bucket(add, rank, shard, t, k, recv, index)
             for k in buckets:
@@ -281,7 +281,7 @@ class _Assembler:
                         name = f"dp.pull.s{s}.t{t}.b{k}"
                         step_ready.append((add(RecvOp(
                             name=name, peer=server, size_bytes=self.shards[k][s],
-                            tag=f"pull.t{t}.b{k}", stream=f"dp.pull.s{s}")), name))
+                            tag=f"pull.t{t}.b{k}", stream=f"dp.pull.s{s}", axis="dp")), name))
             ready_index.append(sorted(index for index, _ in step_ready))
             ready_names.append(frozenset(name for _, name in step_ready))
         return ops, tuple(ready_names)
@@ -303,7 +303,8 @@ class _Assembler:
 
         def pull(w: int, done: int) -> None:
             add(SendOp(name=f"dp.pull.w{w}.t{t}.b{k}", peer=w, size_bytes=size,
-                       tag=f"pull.t{t}.b{k}", stream=f"dp.send.w{w}", deps=(done,)))
+                       tag=f"pull.t{t}.b{k}", stream=f"dp.send.w{w}", deps=(done,),
+                       axis="dp"))
 
         mine: list[tuple[int, str]] = []
         if self.mode == "ps-async":

@@ -22,7 +22,6 @@ with the ranks coupled to it, next to the representatives
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -151,24 +150,3 @@ def check_perturbations(perturbations: Perturbations, *, world_size: int, nodes:
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
             raise ValueError(f"node_gpu: node {node!r} is outside the job; "
                              f"valid: 0..{nodes - 1}")
-
-
-def stretched_ns(start_ns: int, work_ns: int, episodes: list[tuple[int, int, float]]) -> int:
-    """Nanoseconds an op of ``work_ns`` at full speed takes when it starts at
-    ``start_ns`` on a rank throttled to ``speed`` during ``[start, end)`` episodes
-    (ns, sorted, not overlapping): the time to accumulate ``work_ns`` of progress."""
-    now, left = start_ns, float(work_ns)
-    for begin, end, speed in episodes:
-        if end <= now:
-            continue
-        if begin > now:  # full speed until the episode
-            if left <= begin - now:
-                break
-            left -= begin - now
-            now = begin
-        progress = (end - now) * speed
-        if left <= progress:
-            return math.ceil(now + left / speed - start_ns)
-        left -= progress
-        now = end
-    return math.ceil(now + left - start_ns)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,9 @@ from strategies.schedules import register
 # A schedule added the way a user adds one (tests/example_schedule.py): registered
 # before collection, so every test parametrized over the registry covers it.
 register(EagerOneFOneB())
-#: Published measurements live beside the repository (../shared/data).
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def require_shared_data(path: Path = SHARED_DATA) -> Path:
-    """Return ``path`` if it exists. Without it, skip on a developer machine but
-    fail in CI (CI=true), where ../shared is always beside the clone: a check
-    against published data must never silently stop running there."""
-    if path.exists():
-        return path
-    message = f"published data not found at {path}"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
-    pytest.skip(message)
+#: Published measurements the tests check against, kept in the repository
+#: (validate/data/*/SOURCES.md says where each comes from).
+DATA = Path(__file__).resolve().parents[1] / "validate" / "data"
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

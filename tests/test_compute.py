@@ -1,6 +1,6 @@
 """Tests of the roofline compute model (hardware/compute.py) and its efficiency table.
 
-Measured values come from OpenXLA's GEMM table (kernel times; ../shared/data/SOURCES.md)
+Measured values come from OpenXLA's GEMM table (kernel times; validate/data/compute/SOURCES.md)
 and stas00's mamf-finder maxima; the GpuSpecs are built here, independent of the presets.
 """
 
@@ -26,12 +26,12 @@ from hardware.compute import (
     matmul_efficiency,
     matmul_profiles,
 )
-from conftest import SHARED_DATA, require_shared_data
+from conftest import DATA
 from hardware.spec import GpuSpec
 from strategies.ir import ComputeOp, matmul_op
 
 REPO = Path(__file__).resolve().parents[1]
-XLA_TABLE = SHARED_DATA / "xla_gpu_matmul_perf_table.csv"
+XLA_TABLE = DATA / "compute" / "xla_gpu_matmul_perf_table.csv"
 
 # H100 SXM5 80GB, dense peaks from the NVIDIA datasheet; max achievable matmul efficiency
 # from mamf-finder (794.5 of 989 TFLOPS bf16).
@@ -93,7 +93,6 @@ def rel(a: float, b: float) -> float:
 
 
 def load_sm90_bf16_grid() -> list[tuple[int, int, int, int, float]]:
-    require_shared_data(XLA_TABLE)
     with XLA_TABLE.open(newline="") as fh:
         rows = [
             (int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r["flops_per_s"]))
@@ -145,7 +144,6 @@ def test_whole_sm90_bf16_grid_error():
 
 def test_table_is_reproducible_from_published_data():
     """The CSV is what tools/derive_matmul_efficiency.py computes (no hand edits)."""
-    require_shared_data(XLA_TABLE)
     result = subprocess.run(
         [sys.executable, str(REPO / "tools" / "derive_matmul_efficiency.py"), "--check", "--quiet"],
         capture_output=True,

@@ -9,6 +9,8 @@ import pytest
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
+from hardware.cost import CostModel, RankConditions
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import (COMPUTE_STREAM, CollectiveOp, ComputeOp, Program,
                            RecvOp, SendOp)
 
@@ -26,7 +28,8 @@ def compute(name, flops, deps=(), stream=COMPUTE_STREAM):
 
 def run(program, nodes=1, gpn=8, fidelity="analytic", preset="dgx-h100"):
     layout = ClusterLayout(load_cluster(preset), nodes, gpn)
-    return Engine(program, layout, fidelity=fidelity, compute=FlopsTimer()).run()
+    return Engine(program, CostModel(layout, ALGORITHMS, fidelity=fidelity,
+                                     compute=FlopsTimer())).run()
 
 
 def spans(result):
@@ -119,7 +122,7 @@ def test_deadlock_is_reported_not_hung():
         run(program, gpn=2)
     layout = ClusterLayout(load_cluster("dgx-h100"), 1, 2)
     with pytest.raises(RuntimeError, match="deadlock"):  # and the engine, if asked not to check
-        Engine(program, layout, check=False).run()
+        Engine(program, CostModel(layout, ALGORITHMS), check=False).run()
 
 
 def test_program_larger_than_the_layout_is_rejected():
@@ -157,8 +160,8 @@ def test_concurrent_dp_rings_contend_on_shared_nics_at_flow_fidelity():
                                   algorithm="ring")]
     program = Program(ops_by_rank=ops, world_size=16)
     layout = ClusterLayout(load_cluster("dgx-h100", {"nic.count_per_node": 4}), 2, 8)
-    analytic = Engine(program, layout, fidelity="analytic").run().makespan_ns
-    flow = Engine(program, layout, fidelity="flow").run().makespan_ns
+    analytic = Engine(program, CostModel(layout, ALGORITHMS, fidelity="analytic")).run().makespan_ns
+    flow = Engine(program, CostModel(layout, ALGORITHMS, fidelity="flow")).run().makespan_ns
     assert flow > 1.5 * analytic
 
 

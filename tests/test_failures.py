@@ -10,8 +10,9 @@ import pytest
 
 from conftest import expect_one_line_error as _one_line_error
 
-from conftest import SHARED_DATA, require_shared_data
+from conftest import DATA
 from hardware.catalog import load_cluster
+from sim.checkpoint_costs import checkpoint_costs
 from strategies import failures as fl
 from strategies.memory import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM
 from strategies.model_costs import param_counts
@@ -49,7 +50,7 @@ def test_llama3_profile_reproduces_table5_exactly():
 
 
 def test_llama3_class_mapping_covers_every_table5_row_once():
-    path = require_shared_data(SHARED_DATA / "llama3_405b_table5_interruptions.csv")
+    path = DATA / "failures" / "llama3_405b_table5_interruptions.csv"
     with open(path, newline="") as handle:
         rows = {r["component"]: int(r["interruption_count"]) for r in csv.DictReader(handle)}
     assert sum(rows.values()) == LLAMA3_INTERRUPTIONS
@@ -180,7 +181,7 @@ def test_sync_and_async_checkpoint_costs():
     units = fl.job_units(H100, 1024)              # 128 nodes
     r = fl.load_responses()
     size = 10**12
-    sync = fl.checkpoint_costs(checkpoint_bytes=size, mode="sync", units=units, cluster=H100,
+    sync = checkpoint_costs(checkpoint_bytes=size, mode="sync", units=units, cluster=H100,
                                responses=r)
     write = min(r.storage_write_bytes_per_s_per_node * 128, r.storage_write_bytes_per_s_total)
     read = min(r.storage_read_bytes_per_s_per_node * 128, r.storage_read_bytes_per_s_total)
@@ -188,18 +189,18 @@ def test_sync_and_async_checkpoint_costs():
     assert sync.upload_s == 0
     assert sync.reload_s == pytest.approx(size / read)
     assert sync.restart_s == pytest.approx(r.reinit_s + size / read)
-    asyn = fl.checkpoint_costs(checkpoint_bytes=size, mode="async", units=units, cluster=H100,
+    asyn = checkpoint_costs(checkpoint_bytes=size, mode="async", units=units, cluster=H100,
                                responses=r)
     snapshot = size / 1024 / (H100.scale_up.pcie_bytes_per_s * r.snapshot_pcie_efficiency)
     assert asyn.blocking_s == pytest.approx(r.checkpoint_fixed_s + snapshot)
     assert asyn.upload_s == pytest.approx(size / write)
     assert asyn.blocking_s < sync.blocking_s
     # The aggregate storage limit binds on a big job.
-    big = fl.checkpoint_costs(checkpoint_bytes=size, mode="sync", units=fl.job_units(H100, 16384),
+    big = checkpoint_costs(checkpoint_bytes=size, mode="sync", units=fl.job_units(H100, 16384),
                               cluster=H100, responses=r)
     assert big.blocking_s == pytest.approx(r.checkpoint_fixed_s
                                            + size / r.storage_write_bytes_per_s_total)
-    fixed = fl.checkpoint_costs(checkpoint_bytes=size, mode="sync", units=units, cluster=H100,
+    fixed = checkpoint_costs(checkpoint_bytes=size, mode="sync", units=units, cluster=H100,
                                 responses=fl.load_responses(checkpoint_blocking_s=7.0,
                                                             reload_s=0.0))
     assert (fixed.blocking_s, fixed.reload_s, fixed.restart_s) == (7.0, 0.0, r.reinit_s)
@@ -276,6 +277,6 @@ def test_bad_inputs_raise_one_line_errors(tmp_path):
     _one_line_error(lambda: fl.job_units(H100, 8 * 4096), "gpus", "2048")
     _one_line_error(lambda: fl.availability_profile(1.5), "monthly_availability", "1.5")
     units = fl.job_units(H100, 8)
-    _one_line_error(lambda: fl.checkpoint_costs(checkpoint_bytes=1, mode="lazy", units=units,
+    _one_line_error(lambda: checkpoint_costs(checkpoint_bytes=1, mode="lazy", units=units,
                                                 cluster=H100, responses=fl.load_responses()),
                     "checkpoint_mode", "'lazy'", "sync, async")

@@ -58,8 +58,100 @@ def test_only_validate_imports_torch():
 
 def test_simulator_runs_without_loading_torch():
     code = ("import sys, sim.cli, sim.api, sim.engine, hardware.network, hardware.compute, "
-            "strategies.collectives.planner, validate; "
+            "hardware.cost, strategies.collectives.catalog, validate; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+#: The hardware models that turn work into time; the cost model (hardware.cost)
+#: composes them and is the only door to them outside hardware/ (validate, which fits
+#: them to measurements, reads them too).
+PRICING_MODULES = {"hardware.compute", "hardware.network", "hardware.flow"}
+#: What strategies may read of hardware: specs, units and the TOML source reader.
+STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources"}
+
+
+def _dotted_imports(path: Path) -> list[tuple[str, int]]:
+    """Full dotted module names a file imports (``from a.b import c`` gives ``a.b``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def _divides_by_a_bandwidth(path: Path) -> list[int]:
+    """Lines dividing by a ``*_bytes_per_s`` quantity: bytes turned into seconds."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            names = [n.attr if isinstance(n, ast.Attribute) else n.id
+                     for n in ast.walk(node.right) if isinstance(n, (ast.Attribute, ast.Name))]
+            if any(name.endswith("_bytes_per_s") for name in names):
+                lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("package", ("strategies", "sim", "trainsim"))
+def test_only_the_cost_model_turns_work_into_time(package):
+    """DESIGN.md's one owner of time: outside hardware/, durations come from
+    hardware.cost.CostModel; nothing imports the compute, network or flow models or
+    divides bytes by a bandwidth itself."""
+    for path in _files(package):
+        for module, line in _dotted_imports(path):
+            assert module not in PRICING_MODULES, \
+                f"{path.relative_to(ROOT)}:{line} imports {module}; ask hardware.cost instead"
+        for line in _divides_by_a_bandwidth(path):
+            pytest.fail(f"{path.relative_to(ROOT)}:{line} divides by a bandwidth; "
+                        "ask hardware.cost for the time")
+
+
+def test_strategies_read_only_hardware_specs_and_units():
+    for path in _files("strategies"):
+        for module, line in _dotted_imports(path):
+            if module.split(".")[0] == "hardware":
+                assert module in STRATEGIES_MAY_READ, \
+                    f"{path.relative_to(ROOT)}:{line} imports {module}"
+
+
+def _schedule_comparisons(path: Path, names: set[str]) -> list[int]:
+    """Lines comparing something called ``schedule`` with a schedule's name
+    (``plan.schedule == "zb-h1"``, ``schedule in ("1f1b", ...)``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        parts = [node.left, *node.comparators]
+        literals = {n.value for part in parts for n in ast.walk(part)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        mentions = any((isinstance(n, ast.Attribute) and "schedule" in n.attr)
+                       or (isinstance(n, ast.Name) and "sched" in n.id)
+                       for part in parts for n in ast.walk(part))
+        if mentions and literals & names:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_schedules_are_never_special_cased_by_name():
+    """Schedules own their shape: outside strategies/schedules no module compares a
+    schedule with a schedule's name or places stages by ``stage % pp``; they ask the
+    schedule object (a new schedule then needs no other edit)."""
+    from strategies.schedules import SCHEDULES
+
+    names = set(SCHEDULES)
+    for package in ("sim", "strategies", "trainsim"):
+        for path in _files(package):
+            if "schedules" in path.parts:
+                continue
+            for line in _schedule_comparisons(path, names):
+                pytest.fail(f"{path.relative_to(ROOT)}:{line} special-cases a schedule by name")
+            text = path.read_text()
+            assert "% plan.pp" not in text and "% self.plan.pp" not in text, \
+                f"{path.relative_to(ROOT)} places stages by stage % pp"

@@ -11,7 +11,7 @@ from conftest import one_line_error as _error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardware.compute import COMPUTE_KINDS
+from hardware.spec import COMPUTE_KINDS
 from strategies.model_costs import (
     BLOCKS,
     CAUSAL_FLOP_FRACTION,

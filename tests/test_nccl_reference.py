@@ -1,4 +1,4 @@
-"""Simulated nccl-tests against published measurements (../shared/data).
+"""Simulated nccl-tests against published measurements (validate/data/nccl).
 
 Each table is simulated on the preset that describes the measured system and
 the busbw error is printed (``pytest -s`` shows the table). The assertion is the
@@ -15,17 +15,17 @@ import csv
 import statistics
 import pytest
 
-from conftest import SHARED_DATA, require_shared_data
+from conftest import DATA
 from hardware.catalog import load_cluster
 from sim.collective_bench import collective_sweep
 
-DATA = SHARED_DATA
+DATA = DATA / "nccl"
 MEDIAN_TOLERANCE = 0.10
 POINT_TOLERANCE = 0.10
 MiB = 1 << 20
 
 def _rows(name: str) -> list[dict[str, str]]:
-    with open(require_shared_data(DATA / name), newline="") as handle:
+    with open(DATA / name, newline="") as handle:
         return list(csv.DictReader(handle))
 
 

@@ -15,7 +15,8 @@ from hardware.flow import FlowNetwork, FlowRequest, max_min_rates
 from hardware.network import NetworkModel
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
-from strategies.collectives.planner import CollectivePlanner
+from hardware.cost import CostModel, RankConditions
+from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, Program
 
 NO_BASE = {f"comm.base_latency_us.ring.{p}": 0.0 for p in ("LL", "LL128", "Simple")}
@@ -32,7 +33,7 @@ def run_collectives(cluster, nodes, gpn, ops_by_group, fidelity):
         for rank in group:
             ops.setdefault(rank, []).append(op)
     program = Program(ops_by_rank=ops, world_size=layout.world_size)
-    result = Engine(program, layout, fidelity=fidelity).run()
+    result = Engine(program, CostModel(layout, ALGORITHMS, fidelity=fidelity)).run()
     df = result.timeline.to_dataframe()
     return {name: int(g.end_ns.max() - g.start_ns.min()) for name, g in df.groupby("op")}, result
 
@@ -69,8 +70,8 @@ def test_ring_all_reduce_closed_form_any_size(size, n):
     bandwidth = cluster.scale_up.nvlink_bytes_per_s * cluster.scale_up.link_efficiency
     expected_ns = (base + 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bandwidth) * 1e9
     layout = ClusterLayout(cluster, 1, n)
-    plan = CollectivePlanner(layout, cluster.comm).plan("all_reduce", range(n), size, "ring",
-                                                        "Simple")
+    plan = CostModel(layout, ALGORITHMS).collective_plan("all_reduce", range(n), size, "ring",
+                                                         "Simple")
     actual = NetworkModel(layout, cluster.comm).plan_time_ns(plan)
     assert 0 <= actual - expected_ns <= 5
 
@@ -81,8 +82,8 @@ def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
     cluster = load_cluster("dgx-h100", NO_BASE)
     layout = ClusterLayout(cluster, 2, 8)
     n, size = 16, 1 << 30
-    plan = CollectivePlanner(layout, cluster.comm).plan("all_reduce", range(n), size, "ring",
-                                                        "Simple")
+    plan = CostModel(layout, ALGORITHMS).collective_plan("all_reduce", range(n), size, "ring",
+                                                         "Simple")
     nvlink = cluster.scale_up.nvlink_bytes_per_s * cluster.scale_up.link_efficiency
     nics = 8 * cluster.nic.bytes_per_s * cluster.nic.link_efficiency
     hop = cluster.comm.hop_latency_s

@@ -13,6 +13,8 @@ from conftest import run_cli, tiny_models
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
 from sim.engine import Engine
+from hardware.cost import CostModel, RankConditions
+from strategies.collectives.catalog import ALGORITHMS
 from sim.ps_step import ps_job_layout, ps_step_ends
 from sim.step import simulate_step
 from strategies import model_costs
@@ -271,7 +273,8 @@ def _run_with_straggler(plan: ParallelPlan, cluster, slow_rank: int, factor: flo
                       for op in ops[slow_rank]]
     program = Program(ops_by_rank=ops, world_size=lowering.program.world_size)
     check_program(program)
-    run = Engine(program, layout, fidelity="flow", compute=SlowTimer(cluster.gpu, factor)).run()
+    run = Engine(program, CostModel(layout, ALGORITHMS, fidelity="flow",
+                                    compute=SlowTimer(cluster.gpu, factor))).run()
     ends = ps_step_ends(run.timeline, lowering)
     return {rank: (e[-1] - e[0]) / (len(e) - 1) / 1e9 for rank, e in ends.items()}
 

@@ -11,8 +11,8 @@ from hardware.compute import ComputeModel
 from sim import api
 from sim.step import simulate_step
 from strategies.models import load_model
-from strategies.perturbations import (FlappingLink, Perturbations, ThermalEpisode,
-                                      stretched_ns)
+from hardware.cost import stretched_ns
+from strategies.perturbations import FlappingLink, Perturbations, ThermalEpisode
 
 MODEL = load_model("llama3-8b")
 H100 = load_cluster("dgx-h100")
@@ -59,8 +59,9 @@ def test_a_nic_at_half_rate_doubles_the_bandwidth_time_of_the_rings_through_it()
     """A ring runs at the pace of its slowest link (Patarasuk & Yuan 2009): one NIC at
     half rate doubles the bandwidth term of every ring through it. The cost is affine
     in the size, t(S) = a + b S, so the extra time is b S = t(2 S) - t(S) at full rate."""
+    from hardware.cost import CostModel
     from hardware.topology import ClusterLayout
-    from strategies.collectives.planner import CollectivePlanner
+    from strategies.collectives.catalog import ALGORITHMS
 
     plan = _exposed_dp_plan()
     base = _step(**plan)
@@ -69,10 +70,10 @@ def test_a_nic_at_half_rate_doubles_the_bandwidth_time_of_the_rings_through_it()
     reductions = spans[(spans["rank"] == 0) & spans["op"].str.startswith("dp.")
                        & (spans["kind"] == "all_reduce")]
     assert len(reductions) >= 1
-    planner = CollectivePlanner(ClusterLayout(H100, 16, 8), H100.comm)
+    cost = CostModel(ClusterLayout(H100, 16, 8), ALGORITHMS)
     group = tuple(range(0, 128, 8))
-    expected_ns = sum(planner.cost("all_reduce", group, 2 * int(size)).duration_ns
-                      - planner.cost("all_reduce", group, int(size)).duration_ns
+    expected_ns = sum(cost.collective("all_reduce", group, 2 * int(size)).duration_ns
+                      - cost.collective("all_reduce", group, int(size)).duration_ns
                       for size in reductions["bytes"])
     extra_s = slow.step_time_s - base.step_time_s
     assert extra_s == pytest.approx(expected_ns / 1e9, rel=0.01)

@@ -1,4 +1,4 @@
-"""Simulated step times against published training runs (../shared/data).
+"""Simulated step times against published training runs (validate/data/published).
 
 Megatron-LM 2021 (Narayanan et al. 2021, Table 1; megatron_lm_a100_weak_scaling_2021.csv):
 GPT models of 1.7B-1T parameters on 32-3072 A100s, vocabulary 51,200, sequence 2048,
@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from conftest import SHARED_DATA, require_shared_data
+from conftest import DATA
 from hardware.catalog import load_cluster
 from sim.step import simulate_step
 from strategies.model_spec import ModelSpec
@@ -41,7 +41,7 @@ SEQ, VOCAB = 2048, 51200
 
 
 def _megatron_rows() -> list[dict[str, str]]:
-    path = require_shared_data(SHARED_DATA / "megatron_lm_a100_weak_scaling_2021.csv")
+    path = DATA / "published" / "orig_megatron_lm_a100_weak_scaling_2021.csv"
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
 
@@ -67,7 +67,8 @@ def megatron_case(row: dict[str, str]) -> tuple[ModelSpec, ParallelPlan, float]:
 
 def _simulate_megatron(row: dict[str, str]) -> tuple[str, float, float, dict]:
     model, plan, published = megatron_case(row)
-    result = simulate_step(model, load_cluster("dgx-a100"), plan, check_memory=False)
+    result = simulate_step(model, load_cluster("dgx-a100"), plan, check_memory=False,
+                           fidelity="analytic")
     return row["model_size_label"], published, result.step_time_s, result.breakdown
 
 
@@ -102,7 +103,7 @@ MOSAIC_H100 = [
 
 
 def test_mosaic_rows_are_the_published_ones():
-    path = require_shared_data(SHARED_DATA / "mosaicml_llmfoundry_mpt_throughput.csv")
+    path = DATA / "published" / "orig_mosaicml_llmfoundry_mpt_throughput.csv"
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     for name, _, _, _, gpus, micro, batch, tokens in MOSAIC_H100:
@@ -145,7 +146,7 @@ KORTHIKANTI_2022 = {"22B": (64, 6144, 48, 8, 1, 8, 4), "175B": (96, 12288, 96, 8
 
 
 def _megatron_2022_mfu() -> dict[str, float]:
-    path = require_shared_data(SHARED_DATA / "megatron_lm_mfu_hfu_2022.csv")
+    path = DATA / "published" / "orig_megatron_lm_mfu_hfu_2022.csv"
     with open(path, newline="") as handle:
         return {r["model_size"]: float(r["model_flops_utilization_pct"]) / 100
                 for r in csv.DictReader(handle)}

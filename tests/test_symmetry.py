@@ -8,9 +8,10 @@ The table of what was compared is printed with ``pytest -s``.
 import pytest
 
 from hardware.catalog import load_cluster
-from hardware.compute import ComputeModel
 from sim.api import make_plan
 from sim.engine import Engine
+from hardware.cost import CostModel, RankConditions
+from strategies.collectives.catalog import ALGORITHMS
 from sim.step import job_layout
 from strategies.lowering import lower_step
 from strategies.models import load_model
@@ -32,9 +33,9 @@ def _run_both(gpus, tp, pp, stragglers, fidelity, overrides=None):
     layout = job_layout(cluster, gpus)
     reduced = lower_step(MODEL, plan, distinct=sorted(stragglers), mirrors=fidelity == "flow")
     full = lower_step(MODEL, plan, distinct=list(range(gpus)))
-    runs = [Engine(lowering.program, layout, fidelity=fidelity,
-                   compute=ComputeModel(cluster.gpu), rank_speed=stragglers).run()
-            for lowering in (reduced, full)]
+    cost = CostModel(layout, ALGORITHMS, fidelity=fidelity,
+                     ranks={r: RankConditions(speed=v) for r, v in stragglers.items()})
+    runs = [Engine(lowering.program, cost).run() for lowering in (reduced, full)]
     return reduced, full, runs
 
 
@@ -78,11 +79,11 @@ def test_without_mirrors_a_shared_nic_would_be_missed():
     steps = {}
     for mirrors in (False, True):
         program = lower_step(MODEL, plan, mirrors=mirrors).program
-        steps[mirrors] = Engine(program, layout, fidelity="flow",
-                                compute=ComputeModel(cluster.gpu)).run().makespan_ns
+        steps[mirrors] = Engine(program, CostModel(layout, ALGORITHMS, fidelity="flow")
+                                ).run().makespan_ns
     full = lower_step(MODEL, plan, distinct=list(range(64))).program
-    steps["full"] = Engine(full, layout, fidelity="flow",
-                           compute=ComputeModel(cluster.gpu)).run().makespan_ns
+    steps["full"] = Engine(full, CostModel(layout, ALGORITHMS, fidelity="flow")
+                           ).run().makespan_ns
     assert steps[True] == steps["full"]
     assert steps[False] < 0.7 * steps["full"]
 

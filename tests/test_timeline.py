@@ -71,7 +71,8 @@ def test_sort_ties_by_rank_stream_op():
 def test_dataframe_columns_and_values():
     df = sample().to_dataframe()
     assert list(df.columns) == list(COLUMNS) == [
-        "rank", "stream", "op", "kind", "category", "start_ns", "end_ns", "duration_ns", "bytes", "flops"
+        "rank", "stream", "op", "kind", "category", "start_ns", "end_ns", "duration_ns", "bytes", "flops",
+        "op_id", "axis"
     ]
     assert len(df) == 5
     assert df["start_ns"].tolist() == [0, 500, 2_500, 3_000, 4_000]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA, require_shared_data, run_cli
+from conftest import DATA, run_cli
 from hardware.calibration import apply_calibration, load_calibration
 from hardware.catalog import load_cluster
 from sim.collective_bench import collective_sweep
@@ -44,7 +44,7 @@ def calibrations(tmp_path_factory):
     def make(source: str, cluster: str, extra: list[str]) -> Path:
         key = (source, cluster, tuple(extra))
         if key not in made:
-            csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+            csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
             out = folder / f"{source}-{cluster}-{len(made)}.toml"
             try:
                 main(["calibrate", str(csv_path), "--source", source, "--cluster", cluster,
@@ -58,7 +58,7 @@ def calibrations(tmp_path_factory):
 
 @pytest.mark.parametrize("source, cluster, extra", SOURCES)
 def test_calibration_reproduces_published_busbw(calibrations, source, cluster, extra):
-    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
     out = calibrations(source, cluster, extra)
     spec = apply_calibration(load_cluster(cluster), load_calibration(out))
     errors = []
@@ -78,7 +78,7 @@ def test_calibration_reproduces_published_busbw(calibrations, source, cluster, e
 def test_uncalibrated_preset_is_measurably_worse():
     """The check can fail: the dgx-h100 preset without calibration misses the A3 Mega
     measurements by far more than the tolerance."""
-    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
     series = read_nccl_csv(csv_path, source_id="gcp_a3mega_2node")[0]
     spec = load_cluster("dgx-h100")
     sizes = [s for s in series.sizes_bytes if s >= MIB]
@@ -93,7 +93,7 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "calibrate", str(tmp_path / "nothing"), "--out",
                            str(tmp_path / "c.toml"))
     assert code == 2 and err.startswith("error: inputs:") and err.count("\n") == 1
-    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
     code, _, err = run_cli(capsys, "calibrate", str(csv_path), "--source", "nope", "--out",
                            str(tmp_path / "c.toml"), "--cluster", "dgx-h100")
     assert code == 2 and "source: 'nope'" in err and "valid:" in err
@@ -106,7 +106,7 @@ def test_collective_command_applies_a_calibration(capsys, calibrations):
     command a planner runs): dgx-h100 calibrated on the A3 Mega run matches that run."""
     import json
 
-    csv_path = require_shared_data(SHARED_DATA / "nccl_tests_measurements.csv")
+    csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
     cal = calibrations("gcp_a3mega_2node", "dgx-h100", [])
     common = ("collective", "all_reduce", "--cluster", "dgx-h100", "--nodes", "2",
               "--min-bytes", "1M", "--max-bytes", "8G", "--format", "json")

@@ -38,12 +38,13 @@ from hardware.calibration import (FLOP_KEYED_KINDS, Calibration, ComputeTable,
                                   apply_calibration, calibration_to_toml, get_field,
                                   spec_leaves)
 from hardware.catalog import load_cluster
-from hardware.compute import ComputeModel, canonical_dtype
+from hardware.compute import ComputeModel
+from hardware.units import canonical_dtype
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.atomic_io import write_text_atomic
-from strategies.collectives.algorithms import point_to_point
-from strategies.collectives.planner import CollectivePlanner
+from hardware.cost import CostModel
+from strategies.collectives.catalog import ALGORITHMS
 from validate.nccl_log import NcclSeries, read_nccl_csv, read_nccl_tests
 from validate.spans import Measurements, compute_ops, load_measurements
 from validate.store import MeasurementStore
@@ -226,16 +227,16 @@ def _decompose(spec: ClusterSpec, point: CommPoint, planners: dict,
     of its algorithm family and protocol; the bandwidth through the efficiency of the
     bottleneck tier (or the protocol's / p2p's relative efficiency)."""
     key = (point.nodes, point.gpus_per_node)
-    planner = planners.get(key)
-    if planner is None:
-        planner = CollectivePlanner(ClusterLayout(spec, point.nodes, point.gpus_per_node),
-                                    spec.comm)
-        planners[key] = planner
-    layout, model = planner.layout, planner.model
+    cost = planners.get(key)
+    if cost is None:
+        cost = CostModel(ClusterLayout(spec, point.nodes, point.gpus_per_node), ALGORITHMS)
+        planners[key] = cost
+    layout, model = cost.layout, cost.network
     if point.kind == "p2p":
-        plan = point_to_point(layout, point.ranks[0], point.ranks[1], point.size_bytes)
+        plan = cost.p2p_plan(point.ranks[0], point.ranks[1], point.size_bytes)
     else:
-        plan = planner.plan(point.kind, point.ranks, point.size_bytes, protocol=protocol)
+        plan = cost.collective_plan(point.kind, point.ranks, point.size_bytes,
+                                    protocol=protocol)
     latency = model.base_latency_s(plan) + sum(model.phase_latency_s(ph, plan.protocol)
                                                for ph in plan.phases)
     bandwidth = sum(model.phase_bandwidth_s(ph, plan.protocol) for ph in plan.phases)

@@ -23,7 +23,9 @@ import statistics
 from hardware.calibration import CalibratedComputeModel, apply_calibration, load_calibration
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
+from hardware.cost import CostModel, RankConditions
 from sim.engine import Engine
+from strategies.collectives.catalog import ALGORITHMS
 from validate.calibrate import job_shape, preset_path
 from validate.spans import (comm_durations, compute_ops, load_measurements, measured_timeline,
                             timeline_intervals)
@@ -76,8 +78,10 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     # measured per-rank speeds apply to the job they were measured on
     speeds = (dict(cal.rank_speed) if cal is not None
               and set(cal.rank_speed) == set(program.ranks()) else {})
-    result = Engine(program, ClusterLayout(spec, nodes, gpus_per_node), fidelity=fidelity,
-                    compute=compute, rank_speed=speeds).run()
+    cost = CostModel(ClusterLayout(spec, nodes, gpus_per_node), ALGORITHMS, compute=compute,
+                     fidelity=fidelity,
+                     ranks={r: RankConditions(speed=v) for r, v in speeds.items()})
+    result = Engine(program, cost).run()
     simulated = timeline_intervals(program, result.timeline)
     if trace_prefix:
         process_of = lambda rank: rank // gpus_per_node  # noqa: E731 - one process per node

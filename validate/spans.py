@@ -173,21 +173,14 @@ def load_measurements(directory: str | Path) -> Measurements:
 
 def measured_timeline(program: Program, intervals: Intervals):
     """A :class:`sim.timeline.Timeline` of one measured iteration (for Perfetto traces
-    beside the simulated one)."""
-    from sim.timeline import Timeline
+    beside the simulated one); spans carry their op's index like the engine's."""
+    from sim.timeline import Timeline, record_op
 
     timeline = Timeline()
     for rank in program.ranks():
         for index, op in enumerate(program.ops_by_rank[rank]):
             start, end = intervals[(rank, index)]
-            if isinstance(op, ComputeOp):
-                timeline.record(rank, op.stream, op.name, op.kind, start, end, op.bytes,
-                                op.flops, "compute")
-            else:
-                kind = (op.kind if isinstance(op, CollectiveOp)
-                        else "send" if isinstance(op, SendOp) else "recv")
-                timeline.record(rank, op.stream, op.name, kind, start, end, op.size_bytes,
-                                0.0, "comm")
+            record_op(timeline, rank, index, op, start, end)
     return timeline
 
 
@@ -199,26 +192,20 @@ def step_time_ns(intervals: Intervals) -> int:
 
 
 def timeline_intervals(program: Program, timeline) -> dict[tuple[int, int], tuple[int, int]]:
-    """``{(rank, op index): (start, end)}`` of a simulated :class:`sim.timeline.Timeline`.
+    """``{(rank, op index): (start, end)}`` of a simulated :class:`sim.timeline.Timeline`,
+    joined by each span's ``op_id``.
 
-    Spans carry no op index; ops of one (rank, stream) run one after another in list
-    order, so each stream's spans, sorted by time, are its ops in order.
+    Raises:
+        ValueError: when a rank's spans and ops do not correspond one to one.
     """
-    by_stream: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    for span in timeline.spans():
-        by_stream.setdefault((span.rank, span.stream), []).append((span.start_ns, span.end_ns))
     out = {}
+    for span in timeline.spans():
+        out[(span.rank, span.op_id)] = (span.start_ns, span.end_ns)
     for rank in program.ranks():
-        indices: dict[str, list[int]] = {}
-        for index, op in enumerate(program.ops_by_rank[rank]):
-            indices.setdefault(op.stream, []).append(index)
-        for stream, members in indices.items():
-            spans = sorted(by_stream.get((rank, stream), []))
-            if len(spans) != len(members):
-                raise ValueError(f"timeline: rank {rank} stream {stream!r} has {len(spans)} "
-                                 f"spans for {len(members)} ops")
-            for index, interval in zip(members, spans):
-                out[(rank, index)] = interval
+        count = len(program.ops_by_rank[rank])
+        found = sum(1 for index in range(count) if (rank, index) in out)
+        if found != count:
+            raise ValueError(f"timeline: rank {rank} has spans for {found} of its {count} ops")
     return out
 
 

@@ -19,72 +19,10 @@ Sizes are nccl-tests sizes (see :mod:`strategies.ir`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from hardware.network import CommPlan, Phase, Transfer
-from hardware.topology import ClusterLayout
-
-
-@dataclass(frozen=True)
-class GroupGeometry:
-    """A communicator laid on the machine.
-
-    Attributes:
-        group: ranks in communicator order.
-        domains: members of each NVLink domain the group touches, domains in
-            ascending order, members ascending.
-        switch_hops: most scale-out switches between consecutive domains.
-    """
-
-    group: tuple[int, ...]
-    domains: tuple[tuple[int, ...], ...]
-    switch_hops: int
-
-    @property
-    def size(self) -> int:
-        """Number of ranks."""
-        return len(self.group)
-
-    @property
-    def num_domains(self) -> int:
-        """NVLink domains spanned."""
-        return len(self.domains)
-
-    @property
-    def local_size(self) -> int:
-        """Fewest members any domain has (channels a ring can use)."""
-        return min(len(d) for d in self.domains)
-
-    @property
-    def uniform(self) -> bool:
-        """Every domain holds the same number of members."""
-        return len({len(d) for d in self.domains}) == 1
-
-
-def group_geometry(layout: ClusterLayout, group: Sequence[int]) -> GroupGeometry:
-    """Split a group by NVLink domain and measure its network distance.
-
-    Raises:
-        ValueError: for an empty group, duplicate ranks or ranks outside the layout.
-    """
-    if not group:
-        raise ValueError("group: empty; give at least one rank")
-    if len(set(group)) != len(group):
-        raise ValueError(f"group: {tuple(group)} repeats a rank; give distinct ranks")
-    bad = [r for r in group if not 0 <= r < layout.world_size]
-    if bad:
-        raise ValueError(
-            f"group: rank {bad[0]} is outside the cluster; valid: 0..{layout.world_size - 1}")
-    by_domain: dict[int, list[int]] = {}
-    for rank in sorted(group):
-        by_domain.setdefault(layout.domain_of(rank), []).append(rank)
-    domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
-    hops = 0
-    for here, there in zip(domains, domains[1:] + domains[:1]):
-        if here is not there:
-            hops = max(hops, layout.path(here[0], there[0]).switch_hops)
-    return GroupGeometry(tuple(group), domains, hops)
+from hardware.spec import GroupGeometry
+from strategies.collectives.plans import CommPlan, Phase, Transfer
 
 
 # ---------------------------------------------------------------------- rings
@@ -287,10 +225,11 @@ def direct_sendrecv(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                   geometry.switch_hops)]
 
 
-def point_to_point(layout: ClusterLayout, src: int, dst: int, size_bytes: int) -> CommPlan:
-    """A single send/recv between two ranks (pipeline-parallel edges)."""
-    path = layout.path(src, dst)
-    crosses = path.tier == "network"
+def point_to_point(geometry: GroupGeometry, size_bytes: float) -> CommPlan:
+    """A single send/recv from ``geometry.group[0]`` to ``group[1]`` (pipeline-parallel
+    edges): one hop, over NVLink inside a domain or over the network between them."""
+    src, dst = geometry.group
+    crosses = geometry.num_domains > 1
     phase = Phase("p2p", (Transfer(src, dst, float(size_bytes), "p2p"),),
-                  0 if crosses or src == dst else 1, 1 if crosses else 0, path.switch_hops)
+                  0 if crosses else 1, 1 if crosses else 0, geometry.switch_hops)
     return CommPlan("direct", "Simple", (phase,), "p2p")

@@ -107,6 +107,7 @@ class PipelineSchedule:
         Raises:
             ValueError: for a shape :meth:`check` rejects.
         """
+        self.check(pp, microbatches, vpp)  # before the cache: True == 1 there
         return _actions(self, pp, microbatches, vpp)
 
     # ----------------------------------------------------------------- timing
@@ -194,7 +195,6 @@ class PipelineSchedule:
 @lru_cache(maxsize=512)
 def _actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int
              ) -> tuple[tuple[Action, ...], ...]:
-    schedule.check(pp, microbatches, vpp)
     return tuple(tuple(schedule.rank_actions(rank, pp, microbatches, vpp)) for rank in range(pp))
 
 

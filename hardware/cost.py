@@ -1,0 +1,515 @@
+"""The one owner of time: every duration of a simulation comes from a :class:`CostModel`.
+
+DESIGN.md: *strategies decide what, hardware decides how long, the engine decides
+when.* The engine, the closed-form step model and the planner ask this model and
+never turn work into time themselves. It prices
+
+* **compute**: a kernel on a rank's GPU (:class:`hardware.compute.ComputeModel`'s
+  roofline, or calibration tables handed in as another :class:`ComputeTimer`), at
+  the rank's speed (a straggler), through its throttling episodes
+  (:func:`stretched_ns`), on the rank's own GPU generation;
+* **collectives**: which algorithm and protocol run (every candidate the algorithm
+  catalog allows on this group and machine, the fastest wins, as NCCL's tuner does)
+  and how long they take;
+* **point-to-point** transfers (pipeline edges).
+
+The algorithm catalog (``strategies.collectives.catalog.ALGORITHMS``) is handed in at
+construction, so this module imports nothing above ``hardware``; plans are read
+through the protocols of :mod:`hardware.network`.
+
+**Fidelity lives here.** ``analytic`` and ``event`` price communication by its α-β
+closed form (:meth:`hardware.network.NetworkModel.plan_time_ns`); ``flow`` runs it as
+flows sharing every link max-min fairly with whatever else is in flight
+(:class:`hardware.network.FlowFabric`). The engine binds a model to its SimPy
+environment with :meth:`CostModel.fabric` and runs communication through it, with no
+branch on the fidelity of its own.
+
+**The affine fast path.** Every α-β term is either fixed (base and hop latencies)
+or proportional to the size (the most-loaded link's bytes), so each candidate
+algorithm × protocol is built once per group, at a reference size, and any size is
+priced from its coefficients: equal, to the rounding of a nanosecond, to building
+the plan at that size (tests). The per-byte coefficient of a phase may depend on
+the size where the network model says so (:meth:`NetworkModel.bandwidth_factor`,
+piecewise over sizes): the fast path asks it per size.
+
+Units: integer nanoseconds for every duration handed out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
+
+import simpy
+
+from hardware.compute import ComputeModel
+from hardware.network import CommPlanLike, FlowFabric, NetworkModel, PhaseLike
+from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
+from hardware.topology import ClusterLayout
+from hardware.units import seconds_to_ns
+
+#: Fidelities of communication: ``analytic`` and ``event`` price it in closed form
+#: (one collective has no schedule to replay, so the two names agree here);
+#: ``flow`` shares link bandwidth max-min fairly among the transfers in flight.
+FIDELITIES = ("analytic", "event", "flow")
+#: Size at which candidate plans are built to read their per-byte costs (any size
+#: gives the same coefficients up to rounding: every transfer is proportional to it).
+_REFERENCE_BYTES = float(1 << 30)
+
+
+class ComputeTimer(Protocol):
+    """Anything that prices a compute op (hardware.compute.ComputeModel, calibration
+    tables): ``duration_ns(op)`` of an op with ``name``, ``kind``, ``flops``,
+    ``bytes``, ``dtype``."""
+
+    def duration_ns(self, op) -> int: ...
+
+
+class CollectiveAlgorithms(Protocol):
+    """What the cost model asks of the collective algorithm catalog
+    (strategies.collectives.catalog.AlgorithmCatalog)."""
+
+    def algorithms(self, kind: str) -> tuple[str, ...]: ...
+
+    def family(self, algorithm: str) -> str: ...
+
+    def chosen_by_auto(self, algorithm: str) -> bool: ...
+
+    def unavailable(self, kind: str, algorithm: str, geometry: GroupGeometry,
+                    spec: ClusterSpec, *, explicit: bool) -> str | None: ...
+
+    def protocols(self, algorithm: str, requested: str) -> tuple[str, ...]: ...
+
+    def phases(self, kind: str, algorithm: str, geometry: GroupGeometry,
+               size_bytes: float) -> Sequence[PhaseLike]: ...
+
+    def plan(self, kind: str, algorithm: str, protocol: str, geometry: GroupGeometry,
+             size_bytes: float, phases: Sequence[PhaseLike] | None = None) -> CommPlanLike: ...
+
+    def empty_plan(self, kind: str) -> CommPlanLike: ...
+
+    def point_to_point(self, geometry: GroupGeometry, size_bytes: float) -> CommPlanLike: ...
+
+
+class CollectiveCost(NamedTuple):
+    """What runs for one collective and how long it takes (closed form).
+
+    Attributes:
+        algorithm: the algorithm chosen (or asked for).
+        protocol: ``LL``, ``LL128`` or ``Simple``.
+        duration_ns: its α-β duration.
+    """
+
+    algorithm: str
+    protocol: str
+    duration_ns: int
+
+
+@dataclass(frozen=True)
+class RankConditions:
+    """How one rank's kernels differ from the job's.
+
+    Attributes:
+        speed: relative kernel speed for the whole step (0.5 = a straggler at half
+            speed: every compute op takes twice as long). In (0, 1] or above.
+        episodes: throttling episodes ``(start_ns, end_ns, speed)``, sorted and not
+            overlapping: a kernel progresses at ``speed`` while it overlaps one.
+        gpu: the rank's GPU when it differs from the job's (mixed generations),
+            priced by its own roofline; None: the job's.
+
+    Raises:
+        ValueError: for a speed that is not > 0, or a malformed episode.
+    """
+
+    speed: float = 1.0
+    episodes: tuple[tuple[int, int, float], ...] = ()
+    gpu: GpuSpec | None = None
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0 or math.isinf(self.speed):
+            raise ValueError(f"rank speed: {self.speed!r} is not valid; give a finite speed > 0")
+        previous_end = -1
+        for start, end, speed in self.episodes:
+            if not (start < end and start >= previous_end and 0 < speed < math.inf):
+                raise ValueError(f"episode: ({start}, {end}, {speed}) is not valid; give sorted, "
+                                 "non-overlapping (start_ns < end_ns, speed > 0) episodes")
+            previous_end = end
+
+
+def stretched_ns(start_ns: int, work_ns: int, episodes: Sequence[tuple[int, int, float]]) -> int:
+    """Nanoseconds an op of ``work_ns`` at full speed takes when it starts at
+    ``start_ns`` on a rank throttled to ``speed`` during ``[start, end)`` episodes
+    (ns, sorted, not overlapping): the time to accumulate ``work_ns`` of progress."""
+    now, left = start_ns, float(work_ns)
+    for begin, end, speed in episodes:
+        if end <= now:
+            continue
+        if begin > now:  # full speed until the episode
+            if left <= begin - now:
+                break
+            left -= begin - now
+            now = begin
+        progress = (end - now) * speed
+        if left <= progress:
+            return math.ceil(now + left / speed - start_ns)
+        left -= progress
+        now = end
+    return math.ceil(now + left - start_ns)
+
+
+def storage_transfer_s(size_bytes: float, *, nodes: int, per_node_bytes_per_s: float,
+                       total_bytes_per_s: float) -> float:
+    """Seconds to write or read ``size_bytes`` of a checkpoint spread over ``nodes``:
+    each node's storage link carries its share, and the storage system's aggregate
+    bandwidth caps the whole (``size / min(per_node x nodes, total)``).
+
+    Raises:
+        ValueError: for a negative size or a bandwidth that is not > 0.
+    """
+    if not size_bytes >= 0:
+        raise ValueError(f"checkpoint_bytes: {size_bytes!r} must be >= 0")
+    rate = min(per_node_bytes_per_s * nodes, total_bytes_per_s)
+    if not rate > 0:
+        raise ValueError(f"storage bandwidth: {rate!r} bytes/s must be > 0")
+    return size_bytes / rate
+
+
+def host_copy_s(size_bytes: float, *, gpus: int, pcie_bytes_per_s: float,
+                efficiency: float) -> float:
+    """Seconds for every GPU to copy its even share of ``size_bytes`` to host memory
+    over its own PCIe link at ``efficiency`` of the link rate (an asynchronous
+    checkpoint's snapshot)."""
+    return (size_bytes / gpus) / (pcie_bytes_per_s * efficiency)
+
+
+class CostModel:
+    """Durations of compute, collectives and point-to-point transfers on one job layout.
+
+    Args:
+        layout: ranks placed on the cluster.
+        algorithms: the collective algorithm catalog
+            (``strategies.collectives.catalog.ALGORITHMS``).
+        compute: prices compute ops (default: the roofline of the cluster's GPU).
+        fidelity: ``analytic``, ``event`` or ``flow`` (:data:`FIDELITIES`).
+        ranks: ``{rank: RankConditions}`` of ranks whose kernels differ.
+
+    Raises:
+        ValueError: for an unknown fidelity, listing the valid ones.
+    """
+
+    def __init__(self, layout: ClusterLayout, algorithms: CollectiveAlgorithms, *,
+                 compute: ComputeTimer | None = None, fidelity: str = "event",
+                 ranks: Mapping[int, RankConditions] | None = None) -> None:
+        if fidelity not in FIDELITIES:
+            raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(FIDELITIES)}")
+        self.layout = layout
+        self.algorithms = algorithms
+        self.fidelity = fidelity
+        self.network = NetworkModel(layout, layout.spec.comm)
+        self.compute = compute if compute is not None else ComputeModel(layout.spec.gpu)
+        self.ranks = dict(ranks or {})
+        self._compute_cache: dict[tuple, int] = {}
+        self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
+        self._choices: dict[tuple, CollectiveCost] = {}
+        self._coefficients: dict[tuple, tuple[int, tuple[float, ...]]] = {}
+        self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
+        self._plans: dict[tuple, CommPlanLike] = {}
+        self._p2p: dict[tuple[int, int, int], int] = {}
+
+    @property
+    def contended(self) -> bool:
+        """Whether communication durations depend on what else is in flight (``flow``):
+        then they are known only when the transfers have run."""
+        return self.fidelity == "flow"
+
+    # ---------------------------------------------------------------- compute
+    def rank_speed(self, rank: int | None) -> float:
+        """Relative kernel speed of ``rank`` for the whole step (1.0 unless slowed)."""
+        conditions = self.ranks.get(rank) if rank is not None else None
+        return 1.0 if conditions is None else conditions.speed
+
+    def compute_ns(self, op, rank: int | None = None, start_ns: int = 0) -> int:
+        """Nanoseconds a compute op takes on ``rank`` when it starts at ``start_ns``:
+        the rank's GPU's price of the kernel, divided by the rank's speed, stretched by
+        its throttling episodes.
+
+        Raises:
+            ValueError: from the compute model, for an op it cannot price.
+        """
+        conditions = self.ranks.get(rank) if rank is not None else None
+        # everything a ComputeTimer may read (calibration tables key by name and kind)
+        key = (op.name, op.kind, op.flops, op.bytes, op.dtype,
+               None if conditions is None else rank)
+        duration = self._compute_cache.get(key)
+        if duration is None:
+            timer = self.compute
+            if conditions is not None and conditions.gpu is not None:
+                timer = self._gpu_timer(conditions.gpu)
+            duration = timer.duration_ns(op)
+            if conditions is not None and conditions.speed != 1.0:
+                duration = math.ceil(duration / conditions.speed)
+            self._compute_cache[key] = duration
+        if conditions is not None and conditions.episodes:
+            return stretched_ns(start_ns, duration, conditions.episodes)
+        return duration
+
+    def _gpu_timer(self, gpu: GpuSpec) -> ComputeModel:
+        """The roofline of another GPU generation, one per GPU spec."""
+        found = self._gpu_timers.get(id(gpu))
+        if found is None:
+            found = (gpu, ComputeModel(gpu))
+            self._gpu_timers[id(gpu)] = found
+        return found[1]
+
+    # ------------------------------------------------------------ collectives
+    def collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                   algorithm: str = "auto", protocol: str = "auto") -> CollectiveCost:
+        """The algorithm and protocol a collective runs with and its α-β duration.
+
+        ``auto`` evaluates every algorithm the catalog allows here (not those it
+        keeps from ``auto``) under every protocol the size allows, and takes the
+        fastest (NCCL: src/enqueue.cc, topoGetAlgoInfo); ties keep the catalog's
+        order. Nothing to move (one rank, 0 bytes) costs 0.
+
+        Raises:
+            ValueError: naming the field for an unknown kind, algorithm or protocol,
+                a negative size, or an algorithm this machine or group cannot run.
+        """
+        key = (kind, tuple(group), size_bytes, algorithm, protocol)
+        found = self._choices.get(key)
+        if found is not None:
+            return found
+        candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm, protocol)
+        if not candidates:
+            empty = self.algorithms.empty_plan(kind)
+            found = CollectiveCost(empty.label, empty.protocol, 0)
+        else:
+            best: CollectiveCost | None = None
+            for name in candidates:
+                for proto in self._protocols(name, protocol, size_bytes):
+                    duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
+                    if best is None or duration < best.duration_ns:
+                        best = CollectiveCost(name, proto, duration)
+            if best is None:
+                raise ValueError(
+                    f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes "
+                    f"here; valid: auto, {', '.join(PROTOCOLS)}")
+            found = best
+        self._choices[key] = found
+        return found
+
+    def collective_plan(self, kind: str, group: Sequence[int], size_bytes: int,
+                        algorithm: str = "auto", protocol: str = "auto") -> CommPlanLike:
+        """The transfers of the collective :meth:`collective` chooses, at ``size_bytes``
+        (what the flow fidelity runs and reports show).
+
+        Raises:
+            ValueError: as :meth:`collective`.
+        """
+        choice = self.collective(kind, group, size_bytes, algorithm, protocol)
+        return self.plan_of(kind, group, size_bytes, choice)
+
+    def plan_of(self, kind: str, group: Sequence[int], size_bytes: int,
+                choice: CollectiveCost) -> CommPlanLike:
+        """The transfers of ``choice`` (an algorithm and protocol) for this group and
+        size, built once per (kind, group, size, choice)."""
+        key = (kind, tuple(group), size_bytes, choice.algorithm, choice.protocol)
+        found = self._plans.get(key)
+        if found is None:
+            geometry = self.layout.geometry(key[1])
+            if geometry.size == 1 or size_bytes == 0:
+                found = self.algorithms.empty_plan(kind)
+            else:
+                found = self.algorithms.plan(kind, choice.algorithm, choice.protocol, geometry,
+                                             size_bytes)
+            self._plans[key] = found
+        return found
+
+    def _priced_ns(self, kind: str, geometry: GroupGeometry, name: str, protocol: str,
+                   size_bytes: int) -> int:
+        """α-β duration of one candidate from its coefficients (the fast path)."""
+        fixed_ns, per_byte_s = self._affine(kind, geometry, name, protocol)
+        factor = self.network.bandwidth_factor(self.algorithms.family(name), protocol,
+                                               size_bytes)
+        return fixed_ns + sum(seconds_to_ns(size_bytes * c * factor) for c in per_byte_s)
+
+    def _affine(self, kind: str, geometry: GroupGeometry, name: str,
+                protocol: str) -> tuple[int, tuple[float, ...]]:
+        """(fixed ns, seconds per byte of each phase) of one algorithm and protocol."""
+        key = (kind, geometry.group, name, protocol)
+        found = self._coefficients.get(key)
+        if found is None:
+            phases = self._reference_phases.get(key[:3])
+            if phases is None:  # built once for all protocols
+                phases = tuple(self.algorithms.phases(kind, name, geometry, _REFERENCE_BYTES))
+                self._reference_phases[key[:3]] = phases
+            plan = self.algorithms.plan(kind, name, protocol, geometry, _REFERENCE_BYTES, phases)
+            model = self.network
+            fixed = seconds_to_ns(model.base_latency_s(plan))
+            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol)) for ph in phases)
+            found = (fixed, tuple(model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES
+                                  for ph in phases))
+            self._coefficients[key] = found
+        return found
+
+    def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
+                    protocol: str) -> tuple[list[str], GroupGeometry]:
+        """Algorithms to evaluate (none: nothing to move) and the group's geometry."""
+        names = self.algorithms.algorithms(kind)
+        if algorithm != "auto" and algorithm not in names:
+            raise ValueError(f"algorithm: {algorithm!r} is not available for {kind}; valid: "
+                             f"auto, {', '.join(names)}")
+        if protocol != "auto" and protocol not in PROTOCOLS:
+            raise ValueError(
+                f"protocol: {protocol!r} is not valid; valid: auto, {', '.join(PROTOCOLS)}")
+        if size_bytes < 0:
+            raise ValueError(f"size: {size_bytes} is negative; give a size >= 0 bytes")
+        geometry = self.layout.geometry(group)
+        if geometry.size == 1 or size_bytes == 0:
+            return [], geometry
+        spec = self.layout.spec
+        if algorithm == "auto":
+            return [a for a in names if self.algorithms.chosen_by_auto(a)
+                    and self.algorithms.unavailable(kind, a, geometry, spec, explicit=False)
+                    is None], geometry
+        reason = self.algorithms.unavailable(kind, algorithm, geometry, spec, explicit=True)
+        if reason is not None:
+            raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
+        return [algorithm], geometry
+
+    def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
+        """Protocols to try: the catalog's for the algorithm, within each protocol's
+        size limit (CommTuningSpec.protocol_max_bytes) under ``auto``."""
+        offered = self.algorithms.protocols(algorithm, protocol)
+        if protocol != "auto":
+            return list(offered)
+        limits = self.network.comm.protocol_max_bytes
+        return [p for p in offered if not limits.get(p) or size_bytes <= limits[p]]
+
+    # ----------------------------------------------------------- point to point
+    def p2p_plan(self, src: int, dst: int, size_bytes: int) -> CommPlanLike:
+        """The transfer of one send/recv between two ranks (none within a rank)."""
+        if src == dst:
+            return self.algorithms.empty_plan("sendrecv")
+        return self.algorithms.point_to_point(self.layout.geometry((src, dst)), size_bytes)
+
+    def p2p_ns(self, src: int, dst: int, size_bytes: int) -> int:
+        """Nanoseconds of one uncontended send/recv (0 within a rank or for 0 bytes)."""
+        if src == dst or size_bytes <= 0:
+            return 0
+        key = (src, dst, size_bytes)
+        found = self._p2p.get(key)
+        if found is None:
+            found = self.network.plan_time_ns(self.p2p_plan(src, dst, size_bytes))
+            self._p2p[key] = found
+        return found
+
+    # -------------------------------------------------------------- fidelity
+    def fabric(self, env: simpy.Environment, present_ranks: Sequence[int] = ()) -> "Fabric":
+        """Bind the model to a SimPy environment: the fabric the engine runs
+        communication on (closed-form durations, or shared flows at ``flow``).
+
+        Args:
+            present_ranks: ranks the simulated program lists (the flow fabric leaves
+                out mirror traffic that cannot meet theirs).
+        """
+        if self.contended:
+            return SharedFabric(env, self, present_ranks)
+        return ClosedFormFabric(env, self)
+
+
+class Fabric(Protocol):
+    """Runs communication inside the engine's SimPy environment."""
+
+    contended: bool
+
+    def run_collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                       choice: CollectiveCost, mirrors: Sequence[Sequence[int]]
+                       ) -> Iterator[simpy.Event]: ...
+
+    def run_p2p(self, src: int, dst: int, size_bytes: int,
+                mirrors: Sequence[tuple[int, int]]) -> Iterator[simpy.Event]: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class ClosedFormFabric:
+    """``analytic`` and ``event``: every transfer takes its α-β time; nothing contends."""
+
+    contended = False
+
+    def __init__(self, env: simpy.Environment, cost: CostModel) -> None:
+        self.env = env
+        self.cost = cost
+
+    def run_collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                       choice: CollectiveCost, mirrors: Sequence[Sequence[int]]
+                       ) -> Iterator[simpy.Event]:
+        """SimPy process body: wait the collective's duration (mirrors do not contend)."""
+        yield self.env.timeout(choice.duration_ns)
+
+    def run_p2p(self, src: int, dst: int, size_bytes: int,
+                mirrors: Sequence[tuple[int, int]]) -> Iterator[simpy.Event]:
+        """SimPy process body: wait the transfer's duration."""
+        yield self.env.timeout(self.cost.p2p_ns(src, dst, size_bytes))
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the fabric's work (none here)."""
+        return {}
+
+
+class SharedFabric:
+    """``flow``: every phase's transfers become flows sharing links max-min fairly with
+    everything in flight, including the mirrors of the ranks a symmetry-reduced
+    program leaves out (Program.mirrors)."""
+
+    contended = True
+
+    def __init__(self, env: simpy.Environment, cost: CostModel,
+                 present_ranks: Sequence[int] = ()) -> None:
+        self.env = env
+        self.cost = cost
+        self.flows = FlowFabric(env, cost.network)
+        self._present_domains = {cost.layout.domain_of(r) for r in present_ranks}
+        self._mirror_cache: dict[tuple, tuple] = {}
+
+    def _may_contend(self, group: Sequence[int]) -> bool:
+        """A mirror group inside one scale-up domain that holds no simulated rank
+        loads only that domain's links, which no simulated flow crosses: skipping
+        it changes no rate (a mirror of a cross-domain transfer routed through the
+        domain's scale-up links, PXN, would; the tests pin the cases that agree)."""
+        domains = {self.cost.layout.domain_of(r) for r in group}
+        return len(domains) > 1 or not domains.isdisjoint(self._present_domains)
+
+    def run_collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                       choice: CollectiveCost, mirrors: Sequence[Sequence[int]]
+                       ) -> Iterator[simpy.Event]:
+        """SimPy process body: the chosen plan's phases as shared flows, with the same
+        collective of every mirror group that may contend."""
+        plan = self.cost.plan_of(kind, group, size_bytes, choice)
+        # a group's mirrors are a function of the group (Program.mirrors): keyed by it
+        key = ("collective", kind, tuple(group), size_bytes, choice)
+        found = self._mirror_cache.get(key)
+        if found is None:
+            found = tuple(self.cost.plan_of(kind, g, size_bytes, choice) for g in mirrors
+                          if self._may_contend(g))
+            self._mirror_cache[key] = found
+        yield from self.flows.run(plan, found)
+
+    def run_p2p(self, src: int, dst: int, size_bytes: int,
+                mirrors: Sequence[tuple[int, int]]) -> Iterator[simpy.Event]:
+        """SimPy process body: one send/recv as a flow, with its mirrors (a function of
+        the pair, Program.mirrors: keyed by it)."""
+        key = ("p2p", src, dst, size_bytes)
+        found = self._mirror_cache.get(key)
+        if found is None:
+            found = (self.cost.p2p_plan(src, dst, size_bytes),
+                     tuple(self.cost.p2p_plan(a, b, size_bytes) for a, b in mirrors))
+            self._mirror_cache[key] = found
+        yield from self.flows.run(found[0], found[1])
+
+    def stats(self) -> dict[str, int]:
+        """Max-min rate solves and completed flows."""
+        return {"flow_rate_solves": self.flows.network.rate_solves,
+                "flows_completed": self.flows.network.flows_completed}

@@ -1,0 +1,70 @@
+"""Communication plans: what a collective or a send/recv moves, as data.
+
+A :class:`CommPlan` is a sequence of :class:`Phase` objects, each a set of
+concurrent, pipelined :class:`Transfer` objects; the algorithm builders
+(:mod:`strategies.collectives.algorithms`) make them, and the hardware cost model
+(:mod:`hardware.cost`) prices them through the read-only protocols of
+:mod:`hardware.network` — a plan says *what* moves, never how long it takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: How a transfer is driven, which changes the bandwidth it reaches.
+TRANSFER_MODES = ("collective", "p2p", "nvls")
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Payload moved from one GPU to another during a phase.
+
+    Attributes:
+        src, dst: global ranks (``src == dst`` with mode ``nvls`` means the
+            GPU's traffic to and from the NVSwitch).
+        payload_bytes: bytes delivered over the whole phase.
+        mode: ``collective`` (NCCL collective kernels), ``p2p`` (send/recv)
+            or ``nvls`` (NVLink SHARP in-switch reduction).
+    """
+
+    src: int
+    dst: int
+    payload_bytes: float
+    mode: str = "collective"
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Concurrent pipelined transfers and the steps their latency adds up over.
+
+    Attributes:
+        name: label, e.g. ``"reduce_scatter"``.
+        transfers: what moves.
+        intra_steps: pipeline steps whose hop stays in the scale-up domain.
+        inter_steps: pipeline steps whose hop crosses the network.
+        switch_hops: scale-out switches one network hop crosses.
+    """
+
+    name: str
+    transfers: tuple[Transfer, ...]
+    intra_steps: int
+    inter_steps: int
+    switch_hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CommPlan:
+    """How one communication operation runs: algorithm, protocol, phases.
+
+    Attributes:
+        family: algorithm family keying the base latency (``ring``, ``tree``,
+            ``nvls``, ``direct``).
+        protocol: ``LL``, ``LL128`` or ``Simple``.
+        phases: run one after another.
+        label: algorithm name for reports (e.g. ``"hierarchical"``).
+    """
+
+    family: str
+    protocol: str
+    phases: tuple[Phase, ...]
+    label: str = ""
