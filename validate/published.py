@@ -1,0 +1,380 @@
+"""Published training runs, simulated: the error table behind "How close it is".
+
+``validate/data/published`` holds published step times (or throughputs) of real training
+runs with their full configurations, one CSV per source (``SOURCES.md`` says where every
+number comes from). This module turns each row into a scenario — the model of
+``models.csv``, the preset of its GPU, the parallel plan its framework ran — simulates it
+(``analytic`` fidelity by default) and reports the error ``(simulated - published) /
+published`` of the step time, per source and overall: median and 90th percentile of
+``|error|``, the bias (mean signed error) and the worst rows.
+
+Rows are split by ``roles.toml``: **calibration** rows are the runs a preset's one
+calibrated number (``gpu.sustained_fraction``) was fitted on; every other row
+**validates**, and the summary reports them apart. A row the simulator cannot express
+yet (an attention kind, schedule or expert layout it does not model) is kept with its
+reason and counted, never silently dropped.
+
+How a framework runs (the defaults a row does not print) is :func:`framework_defaults`:
+Megatron-LM, Megatron-Core and NeMo run the distributed optimizer (ZeRO-1 over data x
+context parallelism), sequence parallelism with TP, overlapped gradient reduction and
+fused attention; PyTorch FSDP stacks (llm-foundry, torchtitan, NeMo AutoModel) shard
+everything (ZeRO-3).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import pandas as pd
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from hardware.catalog import load_cluster
+from hardware.spec import ClusterSpec
+from sim.analytic_step import PricingCache
+from sim.step import simulate_step
+from strategies import model_costs
+from strategies.memory import OutOfMemoryError
+from strategies.model_spec import ModelSpec, MoESpec
+from strategies.plan import ParallelPlan
+
+#: Folder of the published data, inside the installed package.
+DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
+
+#: The preset each published GPU runs on (overrides for variants of a preset).
+GPU_PRESETS: Mapping[str, tuple[str, dict[str, object]]] = {
+    "A100-80GB": ("dgx-a100", {}),
+    "A100-40GB": ("dgx-a100-40gb", {}),
+    "H100-SXM": ("dgx-h100", {}),
+    "H200": ("hgx-h200", {}),
+    "B200": ("dgx-b200", {}),
+    "GB200": ("gb200-nvl72", {}),
+}
+
+#: Activation functions of models.csv and the MLP the cost model prices them as: gated
+#: ones (SwiGLU, GeGLU) run three matmuls, the others (GELU, squared ReLU) two.
+MLP_OF_ACTIVATION = {"swiglu": "swiglu", "geglu": "swiglu", "gelu": "gelu",
+                     "squared_relu": "gelu"}
+
+#: Model families that train with LayerNorm (the rest: RMSNorm) and with dropout
+#: (GPT-3 recipes and Megatron's GPT set hidden/attention dropout 0.1; Llama, Nemotron,
+#: MPT, Mixtral-class and DeepSeek train without).
+LAYERNORM_PREFIXES = ("gpt3-", "megatron-gpt-", "mpt-", "nemotron")
+DROPOUT_PREFIXES = ("gpt3-", "megatron-gpt-")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published training run (a row of a ``train_*.csv``; columns in SOURCES.md).
+
+    Attributes:
+        source_id, row_id: where it comes from and which row it is.
+        fields: the row's cells (empty strings dropped).
+        published_step_time_s: the step time the source gives, or derives from its
+            throughput (None when only a FLOP rate was published).
+    """
+
+    source_id: str
+    row_id: str
+    fields: Mapping[str, str]
+    published_step_time_s: float | None
+
+    def get(self, name: str, default: str = "") -> str:
+        """A cell of the row ('' when empty)."""
+        return self.fields.get(name, default)
+
+    def integer(self, name: str, default: int | None = None) -> int | None:
+        """A whole-number cell, or ``default`` when empty."""
+        text = self.fields.get(name, "")
+        return int(float(text)) if text else default
+
+
+@dataclass
+class Scenario:
+    """What a published run simulates as.
+
+    Attributes:
+        model, cluster, plan: the simulator's inputs.
+        assumptions: the defaults applied where the row says nothing.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    assumptions: list[str] = field(default_factory=list)
+
+
+class NotExpressible(Exception):
+    """A published run the simulator cannot express yet (its reason is the message)."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return [{k: (v or "").strip() for k, v in row.items() if k is not None}
+                for row in csv.DictReader(handle)]
+
+
+def load_models(directory: Path = DATA_DIR) -> dict[str, ModelSpec | str]:
+    """``{model key: ModelSpec}`` of ``models.csv``; a model the cost model cannot
+    express maps to the reason (a string).
+
+    Raises:
+        ValueError: naming the file, the model and the column for a malformed row.
+    """
+    models: dict[str, ModelSpec | str] = {}
+    for row in _read_csv(directory / "models.csv"):
+        key = row["model"]
+        try:
+            models[key] = model_from_row(row)
+        except NotExpressible as reason:
+            models[key] = str(reason)
+        except (KeyError, ValueError) as problem:
+            raise ValueError(f"models.csv: model {key!r}: {problem}") from None
+    return models
+
+
+def model_from_row(row: Mapping[str, str]) -> ModelSpec:
+    """A ModelSpec from one row of ``models.csv``.
+
+    Raises:
+        NotExpressible: for an attention kind the cost model does not price yet (MLA).
+        ValueError: for an unknown activation.
+    """
+    key = row["model"]
+    if row.get("attention") == "mla":
+        raise NotExpressible("multi-head latent attention (MLA) is not modelled yet")
+    if "sliding-window" in row.get("notes", ""):
+        raise NotExpressible("sliding-window attention layers are not modelled")
+    activation = row["activation"]
+    if activation not in MLP_OF_ACTIVATION:
+        raise ValueError(f"activation: {activation!r} is not known; valid: "
+                         f"{', '.join(MLP_OF_ACTIVATION)}")
+    hidden, heads = int(row["hidden_size"]), int(row["num_heads"])
+    head_dim = int(row["head_dim"]) if row.get("head_dim") else hidden // heads
+    moe = None
+    if int(row.get("num_experts") or 0) > 0:
+        layout = row.get("moe_layer_freq_or_first_dense_layers", "") or "1"
+        first_dense = int(layout.split("=", 1)[1]) if layout.startswith("first_dense=") else 0
+        frequency = 1 if layout.startswith("first_dense=") else int(layout)
+        moe = MoESpec(num_experts=int(row["num_experts"]), top_k=int(row["top_k"]),
+                      expert_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
+                      shared_experts=int(row.get("shared_experts") or 0), capacity_factor=0.0,
+                      first_dense_layers=first_dense, layer_frequency=frequency)
+    return ModelSpec(name=key, num_layers=int(row["num_layers"]), hidden_size=hidden,
+                     num_heads=heads, num_kv_heads=int(row["num_kv_heads"]),
+                     head_dim=head_dim,
+                     ffn_hidden_size=int(row["ffn_hidden_size"] or row["moe_ffn_hidden_size"]),
+                     vocab_size=int(row["vocab_size"]), mlp=MLP_OF_ACTIVATION[activation],
+                     norm="layernorm" if key.startswith(LAYERNORM_PREFIXES) else "rmsnorm",
+                     tied_embeddings=row.get("tied_embeddings") == "yes",
+                     dropout=key.startswith(DROPOUT_PREFIXES), moe=moe,
+                     source=row.get("citation", ""))
+
+
+def load_runs(directory: Path = DATA_DIR, sources: Iterable[str] | None = None
+              ) -> list[PublishedRun]:
+    """Every row of every ``train_*.csv`` (or of the given sources), in file order."""
+    wanted = set(sources) if sources is not None else None
+    runs = []
+    for path in sorted(directory.glob("train_*.csv")):
+        for row in _read_csv(path):
+            if wanted is not None and row["source_id"] not in wanted:
+                continue
+            fields = {k: v for k, v in row.items() if v != ""}
+            runs.append(PublishedRun(row["source_id"], row["row_id"], fields,
+                                     _published_step_s(fields)))
+    return runs
+
+
+def _published_step_s(fields: Mapping[str, str]) -> float | None:
+    """The published step time, or the one the published tokens/s per GPU gives."""
+    if fields.get("measured_step_time_s"):
+        return float(fields["measured_step_time_s"])
+    tokens_per_gpu = fields.get("measured_tokens_per_s_per_gpu")
+    if tokens_per_gpu and fields.get("global_batch_seqs") and fields.get("seq_len"):
+        tokens = float(fields["global_batch_seqs"]) * float(fields["seq_len"])
+        return tokens / (float(tokens_per_gpu) * float(fields["num_gpus"]))
+    return None
+
+
+def load_roles(directory: Path = DATA_DIR) -> dict[str, set[str]]:
+    """``{"calibration": {"source:row", ...}}`` from ``roles.toml`` (a row is a
+    calibration row when its ``source_id:row_id`` or ``source_id:*`` is listed)."""
+    path = directory / "roles.toml"
+    if not path.exists():
+        return {"calibration": set()}
+    data = tomllib.loads(path.read_text())
+    listed = data.get("calibration", {})
+    return {"calibration": {entry for entries in listed.values() for entry in entries}}
+
+
+def role_of(run: PublishedRun, roles: Mapping[str, set[str]]) -> str:
+    """``calibration`` or ``validation``."""
+    calibration = roles.get("calibration", set())
+    if f"{run.source_id}:{run.row_id}" in calibration or f"{run.source_id}:*" in calibration:
+        return "calibration"
+    return "validation"
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
+    """Plan fields a framework runs with unless the row says otherwise (module docstring).
+
+    Megatron-LM / Megatron-Core / NeMo: ``--use-distributed-optimizer`` (ZeRO-1 over
+    data x context parallelism, Megatron-LM docs/distrib_optimizer.md),
+    ``--sequence-parallel`` with TP, ``--overlap-grad-reduce``, fused attention.
+    PyTorch FSDP (llm-foundry ``FULL_SHARD``, torchtitan FSDP2, NeMo AutoModel) and the
+    JAX stacks (MaxText, Paxml shard parameters, gradients and optimizer state):
+    ZeRO-3. Megatron-LM 2021 (the commit of the SC21 runs) predates all of it:
+    unfused attention, the all-reduce after the backward, no distributed optimizer.
+    """
+    name = framework.lower()
+    if "megatron-lm" in name and version.startswith("2021"):
+        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False}
+    if any(k in name for k in ("foundry", "torchtitan", "automodel", "fsdp", "maxtext",
+                               "paxml", "jax")):
+        return {"zero": 3}
+    return {"zero": 1}
+
+
+def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str]) -> Scenario:
+    """The simulator's inputs for one published run.
+
+    Raises:
+        NotExpressible: when the model, GPU, schedule or layout cannot be expressed yet.
+    """
+    model = models.get(run.get("model"))
+    if model is None:
+        raise NotExpressible(f"model {run.get('model')!r} is not in models.csv")
+    if isinstance(model, str):
+        raise NotExpressible(model)
+    preset = GPU_PRESETS.get(run.get("gpu"))
+    if preset is None:
+        raise NotExpressible(f"GPU {run.get('gpu')!r} has no preset")
+    cluster = load_cluster(preset[0], preset[1] or None)
+    assumptions: list[str] = []
+    tp, pp = run.integer("tp", 1), run.integer("pp", 1)
+    cp, ep = run.integer("cp", 1), run.integer("ep", 1)
+    expert_tp = run.integer("expert_tp")
+    if expert_tp is not None and expert_tp != tp and model.moe is not None:
+        raise NotExpressible(f"expert TP {expert_tp} differs from TP {tp}")
+    gpus = run.integer("num_gpus")
+    dp = gpus // (tp * pp * cp)
+    if ep > 1 and dp % ep:
+        raise NotExpressible(f"EP {ep} does not divide DP {dp} (EP across DP x CP)")
+    if model.moe is None:
+        ep = 1
+    micro = run.integer("micro_batch")
+    if micro is None:
+        micro = 1
+        assumptions.append("micro-batch 1 (not printed)")
+    vpp = run.integer("vpp", 1) or 1
+    defaults = framework_defaults(run.get("framework"), run.get("framework_version"))
+    recompute = run.get("recompute") or "none"
+    if not run.get("recompute"):
+        assumptions.append("no activation recompute (not printed)")
+    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
+                        global_batch=run.integer("global_batch_seqs"),
+                        seq_len=run.integer("seq_len"), recompute=recompute,
+                        schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
+                        sequence_parallel=tp > 1, **defaults)
+    return Scenario(model, cluster, plan, assumptions)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
+             roles: Mapping[str, set[str]] | None = None,
+             models: Mapping[str, ModelSpec | str] | None = None) -> pd.DataFrame:
+    """Simulate every run; one row each with the published and simulated step time.
+
+    Columns: ``source_id``, ``row_id``, ``role``, ``model``, ``gpu``, ``dtype``,
+    ``gpus``, ``published_step_s``, ``simulated_step_s``, ``error`` (relative),
+    ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
+    ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``) and
+    ``reason``.
+    """
+    models = load_models() if models is None else models
+    roles = load_roles() if roles is None else roles
+    cache = PricingCache()
+    rows = []
+    for run in runs:
+        row = {"source_id": run.source_id, "row_id": run.row_id, "role": role_of(run, roles),
+               "model": run.get("model"), "gpu": run.get("gpu"), "dtype": run.get("dtype"),
+               "gpus": run.integer("num_gpus"), "published_step_s": run.published_step_time_s,
+               "simulated_step_s": math.nan, "error": math.nan, "fits": None,
+               "peak_memory_gib": math.nan, "status": "ok", "reason": ""}
+        try:
+            scenario = scenario_for(run, models)
+            result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
+                                   fidelity=fidelity, check_memory=False, cache=cache)
+        except NotExpressible as reason:
+            row.update(status="not_expressible", reason=str(reason))
+        except (ValueError, OutOfMemoryError) as problem:
+            row.update(status="error", reason=str(problem).splitlines()[0])
+        else:
+            row["simulated_step_s"] = result.step_time_s
+            row["peak_memory_gib"] = result.peak_memory_bytes / 2**30
+            row["fits"] = result.peak_memory_bytes <= scenario.cluster.gpu.hbm_bytes
+            row["reason"] = "; ".join(scenario.assumptions)
+            published = run.published_step_time_s
+            if published is None:
+                published = _step_from_flop_rate(run, scenario)
+                row["published_step_s"] = published
+            if published is None:
+                row["status"] = "no_step_time"
+            else:
+                row["error"] = result.step_time_s / published - 1
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
+    """Step time from a published model TFLOP/s per GPU, counting the model's FLOPs as
+    the simulator does (PaLM's 6N + 12 L h s per token): sources that print only a
+    FLOP rate count their FLOPs in about the same way."""
+    tflops = run.get("measured_tflops_per_gpu")
+    if not tflops:
+        return None
+    plan = scenario.plan
+    flops = (model_costs.model_flops_per_token(scenario.model, plan.seq_len)
+             * plan.global_batch * plan.seq_len)
+    return flops / (float(tflops) * 1e12 * plan.world_size)
+
+
+def summarize(frame: pd.DataFrame, *, role: str | None = "validation") -> pd.DataFrame:
+    """Per source (and ``all``): rows compared, median and p90 of ``|error|``, bias (mean
+    signed error), the worst row, and rows not compared (with why)."""
+    chosen = frame if role is None else frame[frame["role"] == role]
+    out = []
+    for source, group in [*sorted(chosen.groupby("source_id")), ("all", chosen)]:
+        compared = group[group["status"] == "ok"]
+        errors = compared["error"].to_numpy(dtype=float)
+        worst = compared.loc[compared["error"].abs().idxmax()] if len(compared) else None
+        out.append({
+            "source_id": source, "rows": len(group), "compared": len(compared),
+            "median_abs_error": float(pd.Series(abs(errors)).median()) if len(errors) else math.nan,
+            "p90_abs_error": float(pd.Series(abs(errors)).quantile(0.9)) if len(errors) else math.nan,
+            "bias": float(errors.mean()) if len(errors) else math.nan,
+            "worst_row": "" if worst is None else worst["row_id"],
+            "worst_error": math.nan if worst is None else float(worst["error"]),
+            "not_compared": len(group) - len(compared),
+            "gpus": ", ".join(sorted(set(compared["gpu"]))),
+            "dtypes": ", ".join(sorted(set(compared["dtype"]))),
+        })
+    return pd.DataFrame(out)
