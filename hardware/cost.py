@@ -239,7 +239,8 @@ class CostModel:
         """
         conditions = self.ranks.get(rank) if rank is not None else None
         # everything a ComputeTimer may read (calibration tables key by name and kind)
-        key = (op.name, op.kind, op.flops, op.bytes, op.dtype,
+        comm_sms = getattr(op, "comm_sms", 0)
+        key = (op.name, op.kind, op.flops, op.bytes, op.dtype, comm_sms,
                None if conditions is None else rank)
         duration = self._compute_cache.get(key)
         if duration is None:
@@ -247,6 +248,10 @@ class CostModel:
             if conditions is not None and conditions.gpu is not None:
                 timer = self._gpu_timer(conditions.gpu)
             duration = timer.duration_ns(op)
+            sms = self.layout.spec.gpu.sm_count
+            if comm_sms and sms > comm_sms:
+                # the kernel's thread blocks run on the SMs the communication leaves
+                duration = math.ceil(duration * sms / (sms - comm_sms))
             if conditions is not None and conditions.speed != 1.0:
                 duration = math.ceil(duration / conditions.speed)
             self._compute_cache[key] = duration

@@ -52,6 +52,13 @@ class GpuSpec:
             HBM) that kernels sustain inside a long training run: power and
             thermal clock throttling under continuous load, gaps between
             kernels. The one calibrated number of a preset (1.0 = none).
+        sm_count: streaming multiprocessors (0 = unknown): a kernel that shares the
+            GPU with a communication kernel holding some of them runs on the rest.
+        memory_reserve_bytes: device memory a training process cannot use for model
+            states and activations: the CUDA context and kernel images, NCCL's
+            communicator buffers, cuBLAS/Transformer Engine workspaces and the caching
+            allocator's fragmentation. A plan fits when its memory plus this reserve
+            is at most ``hbm_bytes``.
     """
 
     name: str
@@ -63,6 +70,8 @@ class GpuSpec:
     memory_efficiency: float
     kernel_launch_s: float
     sustained_fraction: float = 1.0
+    sm_count: int = 0
+    memory_reserve_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)

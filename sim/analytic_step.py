@@ -343,8 +343,7 @@ class AnalyticStepModel:
         _add(per_mb.exposed_ns, backward.exposed_ns)
         gathers, first_gather = self._gathers_ns(pricer, p)
         return _RankCosts(per_mb, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail),
-                          gathers * self.plan.num_microbatches, first_gather)
+                          self._finish_cost(pricer, p, tail), gathers, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
@@ -359,21 +358,26 @@ class AnalyticStepModel:
         return self._walk(pricer, p, tail, finish=True)
 
     def _gathers_ns(self, pricer: OpPricer, p: int) -> tuple[int, int]:
-        """ZeRO-3 on rank ``p``: (one micro-batch's parameter gathers back to back,
-        the first one). They depend on nothing, so the data-parallel stream runs
-        them ahead of use from the step's start; compute waits for the first, and
-        for the rest only if the stream falls behind: a gather-bound rank ends no
-        sooner than all of its step's gathers."""
-        if self.plan.zero != 3:
-            return 0, 0
+        """Parameter gathers on rank ``p`` (StepLowerer.gathers_params): (the step's
+        gathers back to back, the first one). They depend on nothing, so the
+        data-parallel stream runs them ahead of use from the step's start; compute
+        waits for the first, and for the rest only if the stream falls behind: a
+        gather-bound rank ends no sooner than all of its step's gathers. ZeRO-3
+        gathers in every micro-batch's forward and backward, ZeRO-1/2 with
+        overlapped parameter gathers in the first micro-batch's forward only."""
+        lowerer = self.lowerer
         work, _ = self._rank_actions(p)
         total = first = 0
         for action in work:
+            repeats = sum(lowerer.gathers_params(action.comp, j)
+                          for j in range(self.plan.num_microbatches))
+            if not repeats:
+                continue
             for layer in self.lowerer.stage_layers[action.stage]:
                 op = self._gather_op(p, layer)
                 duration = pricer.duration_ns(op) if op is not None else 0
                 first = first or duration
-                total += duration
+                total += duration * repeats
         return total, first
 
     def _gather_op(self, p: int, layer: int) -> Op | None:
@@ -382,6 +386,43 @@ class AnalyticStepModel:
         if key not in self._ops:
             self._ops[key] = self.lowerer.param_gather_op(p, layer)
         return self._ops[key]
+
+    def _gather_fill_delay_ns(self, t_p2p: int) -> int:
+        """How much later micro-batch 0's forward leaves the last stage because layers
+        wait for their parameter gathers (StepLowerer.gathers_params): the forward walks
+        the stages in order; each rank's data-parallel stream gathers its layers back to
+        back from the step's start (in stage order), and a layer starts no sooner than
+        its gather ends. 0 when nothing is gathered."""
+        lowerer = self.lowerer
+        if not lowerer.gathers_params("F", 0):
+            return 0
+        placement = lowerer.placement
+        dp_free: dict[int, int] = {}
+        gathered: dict[int, int] = {}
+        for stage, layers in enumerate(lowerer.stage_layers):
+            p = placement.rank_of(stage)
+            pricer = self.stage_pricers.get(p, self.pricer)
+            for layer in layers:
+                op = self._gather_op(p, layer)
+                dp_free[p] = dp_free.get(p, 0) + (pricer.duration_ns(op) if op else 0)
+                gathered[layer] = dp_free[p]
+        waiting = free = 0
+        last = len(lowerer.stage_layers) - 1
+        for stage, layers in enumerate(lowerer.stage_layers):
+            p = placement.rank_of(stage)
+            pricer = self.stage_pricers.get(p, self.pricer)
+            parts = (["embedding"] if stage == 0 else []) + list(layers)
+            parts += ["head"] if stage == last else []
+            for part in parts:
+                if not isinstance(part, str):
+                    waiting = max(waiting, gathered[part])
+                cost = self._part_cost(pricer, p, part, "F").total_ns
+                waiting += cost
+                free += cost
+            if stage < last and lowerer._crosses(stage, stage + 1):
+                waiting += t_p2p
+                free += t_p2p
+        return waiting - free
 
     def _embedding_forward_ns(self) -> int:
         """The embedding's forward on pipeline rank 0 (before its first layer)."""
@@ -432,8 +473,9 @@ class AnalyticStepModel:
                           and action.microbatch == plan.num_microbatches - 1)
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
+            gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
             for part in parts:
-                if gathers and not isinstance(part, str):
+                if gathers_here and not isinstance(part, str):
                     if not gathered:  # issued at the action's start, waited for per layer
                         gathered = {layer: on_dp_stream(self._gather_op(p, layer), 0)
                                     for layer in layers}
@@ -480,12 +522,12 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
-        if plan.zero == 3 and pp == 1:
+        if pp == 1 and self.lowerer.gathers_params("F", 0):
             return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
-        # ZeRO-3: the first layer of the step waits for its parameters; the rest
-        # arrive ahead of use unless the gathers outlast the compute
-        first_wait = max(0, ranks[0].first_gather_ns - self._embedding_forward_ns())
+        # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
+        # ZeRO-1/2 gathers): the pipeline's fill is that much later
+        first_wait = self._gather_fill_delay_ns(t_p2p)
         ends = []
         for rank, compute_end in zip(ranks, timing.rank_end):
             last_start = compute_end + first_wait - rank.last_backward.total_ns

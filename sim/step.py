@@ -149,21 +149,23 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
-def stage_memory(model: ModelSpec, plan: ParallelPlan, lowerer: StepLowerer
-                 ) -> dict[int, MemoryBreakdown]:
+def stage_memory(model: ModelSpec, plan: ParallelPlan, lowerer: StepLowerer,
+                 reserve_bytes: float) -> dict[int, MemoryBreakdown]:
     """Peak memory of every pipeline rank under the plan's schedule: its model states,
-    and the activations the schedule keeps in flight at its peak, each (stage,
-    micro-batch) weighed by that stage's own activations
-    (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`)."""
+    the activations the schedule keeps in flight at its peak, each (stage, micro-batch)
+    weighed by that stage's own activations
+    (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`), and the
+    GPU's reserve (``reserve_bytes``)."""
     last = lowerer.num_stages - 1
     stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
-                                          has_head=s == last)
+                                          has_head=s == last, recompute_of=lowerer.recompute_of)
                    for s, layers in enumerate(lowerer.stage_layers)]
     held = lowerer.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
                                                   stage_bytes)
     return {p: rank_memory(model, plan, layers=lowerer.rank_layers(p),
                            has_embedding=lowerer.holds_embedding(p),
-                           has_head=lowerer.holds_head(p), held_activation_bytes=held[p])
+                           has_head=lowerer.holds_head(p), held_activation_bytes=held[p],
+                           reserve_bytes=reserve_bytes, recompute_of=lowerer.recompute_of)
             for p in range(plan.pp)}
 
 
@@ -229,7 +231,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
     lowerer = StepLowerer(model, plan)
-    memory = stage_memory(model, plan, lowerer)
+    memory = stage_memory(model, plan, lowerer, cluster.gpu.memory_reserve_bytes)
     if check_memory:
         for p, breakdown in memory.items():
             check_fits(breakdown, applied.smallest_hbm_bytes, lowerer.representatives[p],

@@ -59,6 +59,9 @@ class ComputeOp:
         dtype: element type, e.g. ``"bf16"``.
         stream: stream the op runs on.
         deps: indices of earlier ops of the same rank this op waits for.
+        comm_sms: streaming multiprocessors a communication kernel running beside this
+            one holds (Transformer Engine's pipelined TP overlap); the kernel runs on
+            the others.
     """
 
     name: str
@@ -69,6 +72,7 @@ class ComputeOp:
     dtype: str = "bf16"
     stream: str = COMPUTE_STREAM
     deps: tuple[int, ...] = ()
+    comm_sms: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

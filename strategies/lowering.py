@@ -55,6 +55,13 @@ from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
 GRAD_BYTES = 2
 #: Bytes per parameter element all-gathered (bf16 weights).
 PARAM_BYTES = 2
+#: Chunks a row-parallel GEMM is split in when Transformer Engine pipelines its
+#: reduce-scatter (TE userbuffers ``pipeline`` method; ``num_splits`` 4 in NeMo's
+#: userbuffer configurations, e.g. nemo/collections/llm/recipes/tp_overlap_configs).
+UB_PIPELINE_SPLITS = 4
+#: SMs the pipelined reduce-scatter kernels hold while the GEMM chunks run (NeMo's H100
+#: userbuffer configurations: ``proj_fprop`` / ``fc2_fprop`` ``num_sm`` 16-24).
+UB_PIPELINE_COMM_SMS = 24
 #: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
 #: momentum, variance (12); write master, momentum, variance (12) + bf16 weight (2).
 OPTIMIZER_BYTES_PER_PARAM = 28
@@ -156,6 +163,11 @@ class StepLowerer:
             self.pp_message_bytes = self.act_bytes
         self._ops: dict[tuple, ComputeOp] = {}
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
+        self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
+        self._position_in_stage = {layer: i for layers in self.stage_layers
+                                   for i, layer in enumerate(layers)}
+        #: bytes per gradient element reduced over data parallelism
+        self.grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         groups = self._group_cache.get(rank)
@@ -225,23 +237,24 @@ class StepLowerer:
                              COMPUTE)
 
     def _emit_kernel(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, phase: str,
-                     deps: tuple[int, ...] = ()) -> int:
-        """Append one kernel's work for ``phase`` (F, B, I or W).
+                     deps: tuple[int, ...] = (), comm_sms: int = 0) -> int:
+        """Append one kernel's work for ``phase`` (F, B, I or W); ``comm_sms``: SMs a
+        communication kernel running beside it holds.
 
         Compute ops are named without their micro-batch and shared between
         micro-batches (a step repeats the same kernels thousands of times).
         """
         name = f"{kernel.name}.{_MICROBATCH.sub('', tag)}"
-        key = (id(kernel), name, phase, deps)
+        key = (id(kernel), name, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
-            op = self._compute_op(kernel, name, phase, deps)
+            op = self._compute_op(kernel, name, phase, deps, comm_sms)
             self._ops[key] = op
         return b.add(op)
 
     @staticmethod
     def _compute_op(kernel: costs.Kernel, name: str, phase: str,
-                    deps: tuple[int, ...]) -> ComputeOp:
+                    deps: tuple[int, ...], comm_sms: int = 0) -> ComputeOp:
         if phase == "F":
             flops, nbytes = kernel.fwd_flops, kernel.fwd_bytes
         elif phase == "B":
@@ -252,7 +265,8 @@ class StepLowerer:
         else:
             flops, nbytes = kernel.bwd_weight_flops, kernel.bwd_weight_bytes
         return ComputeOp(name=name, kind=kernel.kind, flops=flops, bytes=nbytes,
-                         shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps)
+                         shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps,
+                         comm_sms=comm_sms)
 
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
                        only_selective: bool = False) -> None:
@@ -264,19 +278,130 @@ class StepLowerer:
                     if kernel.selective_recompute:
                         self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
                 continue
-            self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=True, backward=False)
-            for kernel in members:
+            label = f"l{layer}.{block}.{tag}"
+            column, row = self._tp_matmuls(block, members)
+            if column is None:
+                self._tp_boundary(b, label, entering=True, backward=False)
+            for index, kernel in enumerate(members):
                 if kernel.kind == "attention" and self.plan.cp > 1:
                     self._ring_attention(b, kernel, f"{tag}.l{layer}", "F")
                     continue
-                self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
+                if index == column:
+                    self._gathered_matmul(b, kernel, f"{tag}.l{layer}", label, "F")
+                elif index == row:
+                    self._reduced_matmul(b, kernel, f"{tag}.l{layer}", label)
+                else:
+                    self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
                 if block == "moe" and kernel.name.endswith("router"):
                     self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
                                      f"l{layer}.dispatch.{tag}", COMPUTE)
             if block == "moe":
                 self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
                                  f"l{layer}.combine.{tag}", COMPUTE)
-            self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=False, backward=False)
+            if column is None:
+                self._tp_boundary(b, label, entering=False, backward=False)
+
+    # ------------------------------------------------------------ TP and GEMMs
+    def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]
+                    ) -> tuple[int | None, int | None]:
+        """Where a dense block's TP communication meets its GEMMs (Megatron-LM's
+        ColumnParallelLinear / RowParallelLinear): the indices of the column-parallel
+        GEMM (QKV, FC1: its input is all-gathered over TP under sequence parallelism)
+        and the row-parallel one (out, FC2: its output reduce-scattered, or all-reduced
+        without sequence parallelism); (None, None) without TP and for MoE blocks, whose
+        TP communication wraps the whole block (the token dispatcher)."""
+        if self.plan.tp == 1 or block == "moe":
+            return None, None
+        matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"]
+        if len(matmuls) < 2:
+            return None, None
+        return matmuls[0], matmuls[-1]
+
+    def _scaled(self, kernel: costs.Kernel, factor: float) -> costs.Kernel:
+        """:func:`_scaled` of ``kernel``, one object per (kernel, factor), so the ops
+        built from it are shared between micro-batches like the whole kernels'."""
+        key = (id(kernel), factor)
+        found = self._scaled_kernels.get(key)
+        if found is None:
+            found = _scaled(kernel, factor)
+            self._scaled_kernels[key] = found
+        return found
+
+    def _tp_collective(self, b: _RankBuilder, kind: str, size: float, label: str,
+                       stream: str = COMPUTE, deps: tuple[int, ...] = ()) -> int:
+        return self._collective(b, "tp", kind, b.groups["tp"], size, label, stream, deps)
+
+    def _gathered_matmul(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, label: str,
+                         phase: str) -> None:
+        """A GEMM whose input is first all-gathered over TP (the forward of a
+        column-parallel GEMM, the input-gradient part of a row-parallel one under
+        sequence parallelism). With ``tp_comm_overlap = "userbuffers"``
+        (Transformer Engine's ring exchange, TE ``ring_exchange`` method), the GEMM
+        runs in ``tp`` chunks: chunk 0 on the local shard at once, chunk ``c`` after the
+        ring's step ``c - 1`` brought the next shard (a send/recv of ``1/tp`` of the
+        activations on the copy engines, no SMs taken from the GEMM); otherwise the
+        all-gather blocks the compute stream first."""
+        plan = self.plan
+        if not plan.sequence_parallel:
+            self._emit_kernel(b, kernel, tag, phase)
+            return
+        if plan.tp_comm_overlap != "userbuffers":
+            self._tp_collective(b, "all_gather", self.act_bytes, label)
+            self._emit_kernel(b, kernel, tag, phase)
+            return
+        chunk = self._scaled(kernel, 1.0 / plan.tp)
+        ready = self._deps_after(b, b.last())
+        previous = None
+        for step in range(plan.tp):
+            if step < plan.tp - 1:  # the ring's next shard moves while this chunk computes
+                previous_exchange = self._tp_collective(
+                    b, "sendrecv", self.act_bytes / plan.tp, f"{label}.ring{step}", "tp",
+                    ready if step == 0 else ())
+            else:
+                previous_exchange = None
+            self._emit_kernel(b, chunk, f"{tag}.ring{step}", phase, self._deps_after(b, previous))
+            previous = previous_exchange
+
+    def _reduced_matmul(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
+                        label: str) -> None:
+        """The forward of a row-parallel GEMM and the reduction of its output over TP:
+        a reduce-scatter under sequence parallelism (all-reduce without), blocking the
+        compute stream; with ``tp_comm_overlap = "userbuffers"`` (TE's ``pipeline``
+        method) the GEMM runs in :data:`UB_PIPELINE_SPLITS` chunks, each chunk's
+        reduce-scatter on the TP stream while the next chunk computes on the SMs the
+        communication kernel leaves (:data:`UB_PIPELINE_COMM_SMS`)."""
+        plan = self.plan
+        if not (plan.sequence_parallel and plan.tp_comm_overlap == "userbuffers"):
+            self._emit_kernel(b, kernel, tag, "F")
+            self._tp_collective(b, "reduce_scatter" if plan.sequence_parallel else "all_reduce",
+                                self.act_bytes, label)
+            return
+        chunk = self._scaled(kernel, 1.0 / UB_PIPELINE_SPLITS)
+        last = None
+        for split in range(UB_PIPELINE_SPLITS):
+            done = self._emit_kernel(b, chunk, f"{tag}.split{split}", "F",
+                                     comm_sms=UB_PIPELINE_COMM_SMS)
+            last = self._tp_collective(b, "reduce_scatter", self.act_bytes / UB_PIPELINE_SPLITS,
+                                       f"{label}.split{split}", "tp", (done,))
+        b.wait(last)
+
+    def recompute_of(self, layer: int) -> str:
+        """How layer ``layer`` is recomputed in the backward: the plan's mode, except
+        that ``recompute = "full"`` with ``recompute_layers = N > 0`` recomputes only
+        the first N layers of each virtual stage and keeps the others' activations
+        (Megatron-LM's ``--recompute-method block --recompute-num-layers N``)."""
+        plan = self.plan
+        if plan.recompute != "full" or plan.recompute_layers == 0:
+            return plan.recompute
+        return "full" if self._position_in_stage[layer] < plan.recompute_layers else "none"
+
+    def _recompute(self, b: _RankBuilder, layer: int, tag: str) -> None:
+        """Re-run what the backward of ``layer`` needs and did not keep."""
+        mode = self.recompute_of(layer)
+        if mode == "full":
+            self._layer_forward(b, layer, f"recompute.{tag}")
+        elif mode == "selective":
+            self._layer_forward(b, layer, f"recompute.{tag}", only_selective=True)
 
     def _dispatch_bytes(self) -> float:
         moe = self.model.moe
@@ -291,7 +416,7 @@ class StepLowerer:
         kv_bytes = (2 * self.tokens * model.num_kv_heads // self.plan.tp * model.head_dim
                     * ELEMENT_BYTES["bf16"])
         start = b.last()
-        piece = _scaled(kernel, 1.0 / cp)
+        piece = self._scaled(kernel, 1.0 / cp)
         exchange = None
         for step in range(cp):
             deps = self._deps_after(b, exchange)
@@ -304,29 +429,100 @@ class StepLowerer:
     # ---------------------------------------------------------------- backward
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
         for block, members in reversed(_blocks(self.kernels(layer))):
-            if phase != "W":
-                self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=False, backward=True)
+            label = f"l{layer}.{block}.{tag}"
+            column, row = self._tp_matmuls(block, members)
+            if phase != "W" and column is None:
+                self._tp_boundary(b, label, entering=False, backward=True)
             if block == "moe" and phase != "W":
                 self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
                                  f"l{layer}.combine.{tag}", COMPUTE)
-            for kernel in reversed(members):
+            for index in reversed(range(len(members))):
+                kernel = members[index]
                 if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
                     continue
                 if kernel.kind == "attention" and self.plan.cp > 1 and phase != "W":
                     self._ring_attention(b, kernel, f"{tag}.l{layer}", phase)
                     continue
-                self._emit_kernel(b, kernel, f"{tag}.l{layer}", phase)
+                if index == row:
+                    self._row_backward(b, kernel, f"{tag}.l{layer}", label, phase)
+                elif index == column:
+                    self._column_backward(b, kernel, f"{tag}.l{layer}", label, phase)
+                else:
+                    self._emit_kernel(b, kernel, f"{tag}.l{layer}", phase)
                 if block == "moe" and kernel.name.endswith("router") and phase != "W":
                     self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
                                      f"l{layer}.dispatch.{tag}", COMPUTE)
+            if phase != "W" and column is None:
+                self._tp_boundary(b, label, entering=True, backward=True)
+
+    def _row_backward(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, label: str,
+                      phase: str) -> None:
+        """Backward of a row-parallel GEMM: under sequence parallelism its output
+        gradient is first all-gathered over TP (the backward of the forward's
+        reduce-scatter); the weight gradient needs the whole gathered gradient."""
+        if phase == "W" or not self.plan.sequence_parallel:
+            self._emit_kernel(b, kernel, tag, phase)
+            return
+        if phase == "I" or self.plan.tp_comm_overlap != "userbuffers":
+            self._gathered_matmul(b, kernel, tag, label, phase)
+            return
+        self._gathered_matmul(b, kernel, tag, label, "I")
+        self._emit_kernel(b, kernel, tag, "W")
+
+    def _column_backward(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, label: str,
+                         phase: str) -> None:
+        """Backward of a column-parallel GEMM, as Megatron-LM's
+        ``LinearWithGradAccumulationAndAsyncCommunication`` runs it: the input gradient
+        (dgrad) is reduce-scattered over TP under sequence parallelism (all-reduced
+        without) while the weight gradient (wgrad) computes, and under sequence
+        parallelism the layer's input is all-gathered again for the wgrad while the
+        dgrad computes. With ``tp_comm_overlap = "none"`` (Megatron-LM 2021) each
+        collective blocks the compute stream instead."""
+        plan = self.plan
+        reduce_kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
+        if plan.tp_comm_overlap == "none":
+            if phase != "I" and plan.sequence_parallel:
+                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+            self._emit_kernel(b, kernel, tag, phase)
             if phase != "W":
-                self._tp_boundary(b, f"l{layer}.{block}.{tag}", entering=True, backward=True)
+                self._tp_collective(b, reduce_kind, self.act_bytes, label)
+            return
+        if phase == "W":  # a zero-bubble weight pass: the gathered input first
+            if plan.sequence_parallel:
+                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+            self._emit_kernel(b, kernel, tag, "W")
+            return
+        gathered = None
+        if phase == "B" and plan.sequence_parallel:
+            gathered = self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input",
+                                           "tp", self._deps_after(b, b.last()))
+        dgrad = self._emit_kernel(b, kernel, tag, "I")
+        reduced = self._tp_collective(b, reduce_kind, self.act_bytes, label, "tp", (dgrad,))
+        if phase == "B":
+            self._emit_kernel(b, kernel, tag, "W", self._deps_after(b, gathered))
+        b.wait(reduced)
 
     # -------------------------------------------------------------- DP, ZeRO-3
-    def _zero3_gather(self, b: _RankBuilder, layers: Sequence[int], tag: str) -> dict[int, int]:
-        """ZeRO-3: all-gather each layer's parameters on the dp stream, in use order."""
+    def gathers_params(self, comp: str, microbatch: int) -> bool:
+        """Whether an action all-gathers its layers' parameters over data parallelism
+        before using them: ZeRO-3 (FSDP) every forward and backward; ZeRO-1/2 with
+        ``overlap_param_gather`` the first micro-batch's forward (the parameters the
+        last optimizer step updated, gathered layer by layer as the forward reaches
+        them: Megatron-LM's ``--overlap-param-gather``)."""
+        plan = self.plan
+        if plan.dp * plan.cp == 1:
+            return False
+        if plan.zero == 3:
+            return True
+        return (plan.zero in (1, 2) and plan.overlap_param_gather and comp == "F"
+                and microbatch == 0)
+
+    def _param_gather(self, b: _RankBuilder, layers: Sequence[int], tag: str, comp: str,
+                      microbatch: int) -> dict[int, int]:
+        """All-gather each layer's parameters on the dp stream, in use order, when the
+        action gathers them (:meth:`gathers_params`); ``{layer: op index}``."""
         gathered = {}
-        if self.plan.zero < 3:
+        if not self.gathers_params(comp, microbatch):
             return gathered
         for layer in layers:
             params = sum(k.params for k in self.kernels(layer))
@@ -353,7 +549,7 @@ class StepLowerer:
         due = []
         for kernel in kernels:
             group = "expert" if kernel.block == "moe" and kernel.expert else "dense"
-            pending[group] = pending.get(group, 0.0) + kernel.params * GRAD_BYTES
+            pending[group] = pending.get(group, 0.0) + kernel.params * self.grad_bytes
         for group in ("dense", "expert"):
             size = pending.get(group, 0.0)
             if size > 0 and (size >= self.plan.grad_bucket_bytes or final):
@@ -374,11 +570,12 @@ class StepLowerer:
         return b.ops[index] if index >= 0 else None
 
     def param_gather_op(self, p: int, layer: int) -> Op | None:
-        """ZeRO-3's all-gather of one layer's parameters on pipeline rank ``p`` (None
-        without ZeRO-3 or data parallelism)."""
+        """The all-gather of one layer's parameters on pipeline rank ``p`` that a
+        parameter-gathering action issues (:meth:`gathers_params`; None when no action
+        gathers)."""
         rank = self.representatives[p]
         b = _RankBuilder(rank, self._groups(rank))
-        index = self._zero3_gather(b, [layer], "gather").get(layer, -1)
+        index = self._param_gather(b, [layer], "gather", "F", 0).get(layer, -1)
         return b.ops[index] if index >= 0 else None
 
     def optimizer_ops(self, p: int) -> list[Op]:
@@ -507,9 +704,8 @@ class StepLowerer:
         elif comp == "F":
             self._layer_forward(b, part, tag)
         else:
-            if comp in ("B", "I") and self.plan.recompute != "none":
-                self._layer_forward(b, part, f"recompute.{tag}",
-                                    only_selective=self.plan.recompute == "selective")
+            if comp in ("B", "I"):
+                self._recompute(b, part, tag)
             self._layer_backward(b, part, tag, comp)
         return b.ops
 
@@ -538,14 +734,11 @@ class StepLowerer:
                         self._emit_kernel(b, kernel, tag, action.comp)
                     if reduce_now:
                         dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
-                gathered = self._zero3_gather(b, layers[::-1], tag)
+                gathered = self._param_gather(b, layers[::-1], tag, action.comp, j)
                 for layer in reversed(layers):
                     b.wait(gathered.get(layer, -1))
                     if action.comp in ("B", "I"):
-                        if plan.recompute == "full":
-                            self._layer_forward(b, layer, f"recompute.{tag}")
-                        elif plan.recompute == "selective":
-                            self._layer_forward(b, layer, f"recompute.{tag}", only_selective=True)
+                        self._recompute(b, layer, tag)
                     self._layer_backward(b, layer, tag, action.comp)
                     if reduce_now:
                         dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
@@ -582,7 +775,7 @@ class StepLowerer:
         if s == 0:
             for kernel in self._edge_kernels("embedding"):
                 self._emit_kernel(b, kernel, tag, "F")
-        gathered = self._zero3_gather(b, layers, tag)
+        gathered = self._param_gather(b, layers, tag, "F", j)
         for layer in layers:
             b.wait(gathered.get(layer, -1))
             self._layer_forward(b, layer, tag)
@@ -641,7 +834,9 @@ class StepLowerer:
                         flops=local * OPTIMIZER_FLOPS_PER_PARAM,
                         bytes=local * OPTIMIZER_BYTES_PER_PARAM, dtype="fp32", stream=COMPUTE,
                         deps=deps))
-        if plan.zero in (1, 2):
+        if plan.zero in (1, 2) and not plan.overlap_param_gather:
+            # (overlapped, the gather runs layer by layer in the next step's first
+            # forward instead: gathers_params)
             done = b.last()
             self._collective(b, "dp", "all_gather", b.groups['grad'],
                              params.dense_params * PARAM_BYTES, "params.optimizer", "dp", (done,))

@@ -36,9 +36,12 @@ Choices (assumptions, stated once):
   more than one rank; with ZeRO-3 (and a group > 1) also the all-gathered, unsharded weights
   of the two largest held layers (the current layer and the prefetched next one, as FSDP's
   default ``limit_all_gathers`` allows).
-* Workspace: :data:`WORKSPACE_BYTES` = 1 GiB, *assumed*, not measured here: CUDA context
-  and kernel images, cuBLAS workspaces, NCCL channel buffers of the communicators, and
-  the caching allocator's fragmentation slack. Tune it when calibration data exist.
+* Workspace: the GPU's stated reserve (``GpuSpec.memory_reserve_bytes``, a preset field:
+  CUDA context and kernel images, NCCL channel buffers of the communicators, cuBLAS and
+  Transformer Engine workspaces, the caching allocator's fragmentation slack);
+  :data:`WORKSPACE_BYTES` = 1 GiB when none is given.
+* Gradients are held in the plan's ``grad_reduce_dtype`` (Megatron's ``main_grad``
+  buffers are fp32 with ``grad_reduce_in_fp32``, bf16 otherwise).
 
 Units: bytes (GiB = 2**30 bytes only in messages).
 """
@@ -47,9 +50,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from hardware.units import GIB
+from hardware.units import ELEMENT_BYTES, GIB
 from strategies import model_costs
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan, RECOMPUTE, ZERO_STAGES
@@ -144,19 +147,27 @@ def _gib(value: float) -> str:
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
-                           has_embedding: bool, has_head: bool) -> float:
+                           has_embedding: bool, has_head: bool,
+                           recompute_of: Callable[[int], str] | None = None) -> float:
     """Activations one micro-batch leaves on a pipeline stage for its backward, bytes:
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
     ``plan.recompute``) plus the embedding's and the head's when the stage holds them.
-    The memory model weighs each in-flight (stage, micro-batch) by this."""
+    The memory model weighs each in-flight (stage, micro-batch) by this.
+
+    ``recompute_of(layer)``: the layer's recompute mode when it differs from
+    ``plan.recompute`` (a partial full recompute; StepLowerer.recompute_of)."""
     act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                       sequence_parallel=plan.sequence_parallel)
     act_dtype = "bf16" if plan.dtype == "fp8" else plan.dtype
     layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
-    kinds = model_costs.layer_types(model, layers)
-    total = sum(count * model_costs.activation_bytes_per_layer(
-                    model, layer, recompute=plan.recompute, dtype=act_dtype, **layer_kwargs)
-                for layer, count in kinds.items())
+    modes = [plan.recompute if recompute_of is None else recompute_of(layer)
+             for layer in layers]
+    total = 0.0
+    for mode in sorted(set(modes)):
+        chosen = [layer for layer, m in zip(layers, modes) if m == mode]
+        total += sum(count * model_costs.activation_bytes_per_layer(
+                         model, layer, recompute=mode, dtype=act_dtype, **layer_kwargs)
+                     for layer, count in model_costs.layer_types(model, chosen).items())
     if has_embedding:
         total += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
                                                         **act_kwargs)
@@ -167,7 +178,9 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
 
 def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                 has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
-                held_activation_bytes: float | None = None) -> MemoryBreakdown:
+                held_activation_bytes: float | None = None,
+                reserve_bytes: float = WORKSPACE_BYTES,
+                recompute_of: Callable[[int], str] | None = None) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
@@ -198,6 +211,10 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             alive at the peak (1F1B: ``pp - stage``; GPipe: all of them).
         held_activation_bytes: instead, the activations held at the peak, bytes (give
             exactly one of the two).
+        reserve_bytes: the GPU's reserve (CUDA context, NCCL buffers, workspaces,
+            allocator slack: ``GpuSpec.memory_reserve_bytes``), reported as workspace.
+        recompute_of: each layer's recompute mode when it differs from the plan's
+            (a partial full recompute, StepLowerer.recompute_of).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -242,15 +259,20 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         return per_param * rp.dense_params + per_param * rp.expert_params
 
     weights = sharded(w, plan.zero >= 3)
-    grads = sharded(GRAD_BYTES_PER_PARAM, plan.zero >= 2)
+    # gradients accumulate (and are reduced) in the plan's gradient dtype: Megatron's
+    # main_grad buffer is fp32 with grad_reduce_in_fp32, bf16 otherwise
+    grads = sharded(ELEMENT_BYTES[plan.grad_reduce_dtype], plan.zero >= 2)
     optimizer = sharded(OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
 
     if held_activation_bytes is None:
         activations = inflight_microbatches * stage_activation_bytes(
-            model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head)
+            model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
+            recompute_of=recompute_of)
     else:
         activations = float(held_activation_bytes)
-    if plan.recompute == "full" and activations > 0 and len(layers) > 0:
+    recomputed = [layer for layer in layers
+                  if (plan.recompute if recompute_of is None else recompute_of(layer)) == "full"]
+    if recomputed and activations > 0:
         # the backward rematerialises one layer's full activations at a time
         layer_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
                             cp=plan.cp, sequence_parallel=plan.sequence_parallel,
@@ -258,7 +280,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         activations += max(model_costs.activation_bytes_per_layer(
                                model, layer, recompute="none",
                                dtype="bf16" if fp8 else plan.dtype, **layer_kwargs)
-                           for layer in model_costs.layer_types(model, layers))
+                           for layer in model_costs.layer_types(model, recomputed))
 
     comm = 0.0
     if dp_group > 1:
@@ -274,7 +296,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         optimizer_bytes=optimizer,
         activations_bytes=activations,
         comm_buffers_bytes=comm,
-        workspace_bytes=float(WORKSPACE_BYTES),
+        workspace_bytes=float(reserve_bytes),
     )
 
 

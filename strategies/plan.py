@@ -26,6 +26,8 @@ RECOMPUTE = ("none", "selective", "full")
 PLAN_DTYPES = ("bf16", "fp8")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
+GRAD_REDUCE_DTYPES = ("bf16", "fp32")
+TP_COMM_OVERLAPS = ("none", "async", "userbuffers")
 PS_PLACEMENTS = ("dedicated", "colocated")
 
 
@@ -55,6 +57,20 @@ class ParallelPlan:
             s x s scores.
         grad_bucket_bytes: gradient bucket size for DP reduction (bytes).
         overlap_grad_reduce: overlap DP gradient reduction with backward.
+        overlap_param_gather: ZeRO-1/2: all-gather the updated parameters layer by
+            layer as the next step's first forward reaches them (Megatron-LM
+            ``--overlap-param-gather``) instead of after the optimizer step.
+        grad_reduce_dtype: dtype gradients accumulate and are reduced in over data
+            parallelism: ``bf16``, or ``fp32`` (Megatron ``grad_reduce_in_fp32``, NeMo's
+            default in BF16 recipes; PyTorch FSDP ``reduce_dtype=float32``).
+        tp_comm_overlap: how TP communication meets compute: ``none`` (every
+            collective blocks the compute stream: Megatron-LM 2021), ``async``
+            (Megatron-Core: the column-parallel backward's input all-gather and
+            gradient reduce-scatter overlap its GEMMs) or ``userbuffers`` (Transformer
+            Engine pipelines every TP collective with its GEMM: ``--tp-comm-overlap``).
+        recompute_layers: with ``recompute = "full"``, recompute only this many layers
+            of each virtual stage (Megatron ``--recompute-method block
+            --recompute-num-layers``); 0 = all of them.
         layers_per_stage: explicit split of layers over pp * vpp stages
             (None = :func:`stage_layer_counts`: even, or balanced with the
             first and last stages one layer lighter).
@@ -93,6 +109,10 @@ class ParallelPlan:
     flash_attention: bool = True
     grad_bucket_bytes: int = 40_000_000
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    grad_reduce_dtype: str = "bf16"
+    tp_comm_overlap: str = "async"
+    recompute_layers: int = 0
     layers_per_stage: tuple[int, ...] | None = None
     order: tuple[str, ...] = field(default=("tp", "cp", "dp", "pp"))
     dp_mode: str = "allreduce"
@@ -146,6 +166,19 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
     if plan.schedule not in SCHEDULES:
         raise ValueError(f"schedule: {plan.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}")
     schedule = get_schedule(plan.schedule)
+    if plan.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+        raise ValueError(f"grad_reduce_dtype: {plan.grad_reduce_dtype!r} is not valid; valid: "
+                         f"{', '.join(GRAD_REDUCE_DTYPES)}")
+    if plan.tp_comm_overlap not in TP_COMM_OVERLAPS:
+        raise ValueError(f"tp_comm_overlap: {plan.tp_comm_overlap!r} is not valid; valid: "
+                         f"{', '.join(TP_COMM_OVERLAPS)}")
+    if isinstance(plan.recompute_layers, bool) or not isinstance(plan.recompute_layers, int) \
+            or plan.recompute_layers < 0:
+        raise ValueError(f"recompute_layers: {plan.recompute_layers!r} is not valid; give an "
+                         "integer >= 0 (0 = every layer)")
+    if plan.recompute_layers and plan.recompute != "full":
+        raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
+                         f"not {plan.recompute!r}; give recompute_layers 0")
     if plan.dtype not in PLAN_DTYPES:
         raise ValueError(f"dtype: {plan.dtype!r} is not valid; valid: {', '.join(PLAN_DTYPES)}")
     if num_heads % plan.tp:

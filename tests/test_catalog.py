@@ -29,6 +29,7 @@ from hardware.spec import FABRIC_TOPOLOGIES, NIC_KINDS, SCALE_UP_KINDS, ClusterS
 
 PRESETS = [
     "dgx-a100",
+    "dgx-a100-40gb",
     "dgx-b200",
     "dgx-h100",
     "dgx-h100-roce",
@@ -72,7 +73,8 @@ def test_dgx_h100_numbers():
     assert spec.nic.gbit_per_s == 400
     assert spec.nic.bytes_per_s == pytest.approx(50e9)
     assert spec.nic.count_per_node == 8
-    assert spec.gpu.hbm_bytes == 80_000_000_000
+    assert spec.gpu.hbm_bytes == 81559 * 2**20  # what nvidia-smi reports: 79.6 GiB
+    assert spec.gpu.sm_count == 132 and spec.gpu.memory_reserve_bytes == 2 * 2**30
     assert spec.gpu.hbm_bytes_per_s == pytest.approx(3.35e12)
     assert spec.gpu.peak_flops_per_s["bf16"] == pytest.approx(989e12)
     assert spec.gpu.peak_flops_per_s["fp8"] == pytest.approx(1979e12)
@@ -99,11 +101,11 @@ def test_other_preset_numbers():
     assert a100.gpu.matmul_peak_efficiency == pytest.approx(0.869)
 
     h200 = load_cluster("hgx-h200")
-    assert h200.gpu.hbm_bytes == 141_000_000_000
+    assert h200.gpu.hbm_bytes == 143771 * 2**20
     assert h200.gpu.hbm_bytes_per_s == pytest.approx(4.8e12)
 
     b200 = load_cluster("dgx-b200")
-    assert b200.gpu.hbm_bytes == 180_000_000_000
+    assert b200.gpu.hbm_bytes == 183359 * 2**20
     assert b200.scale_up.nvlink_bytes_per_s == pytest.approx(900e9)
     assert b200.gpu.peak_flops_per_s["fp4"] == pytest.approx(9e15)
     assert b200.scale_up.nvls_efficiency == pytest.approx(0.537)
@@ -295,7 +297,7 @@ def test_parse_override_round_trips_numbers(value):
 
 def test_unknown_preset_lists_valid_presets():
     message = _error(load_cluster, "dgx-h900")
-    assert message.startswith("cluster: 'dgx-h900' is not a preset; valid: dgx-a100, dgx-b200, dgx-h100")
+    assert message.startswith("cluster: 'dgx-h900' is not a preset; valid: dgx-a100, dgx-a100-40gb, dgx-b200, dgx-h100")
     for name in PRESETS:
         assert name in message
     assert "_defaults" not in message

@@ -271,7 +271,7 @@ def test_interleaved_activations_weigh_each_inflight_chunk_by_its_own_layers():
     model = replace(MHA, num_layers=16)
     plan = _plan(dp=1, pp=4, vpp=2, schedule="interleaved", global_batch=16)
     assert plan.num_microbatches == 8
-    memory = stage_memory(model, plan, StepLowerer(model, plan))
+    memory = stage_memory(model, plan, StepLowerer(model, plan), WORKSPACE_BYTES)
 
     def stage(layers, embedding=False, head=False):
         return stage_activation_bytes(model, plan, layers=layers, has_embedding=embedding,
@@ -291,7 +291,7 @@ def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
 
     model = replace(MHA, num_layers=8)
     plan = _plan(dp=1, pp=4, global_batch=32)
-    memory = stage_memory(model, plan, StepLowerer(model, plan))
+    memory = stage_memory(model, plan, StepLowerer(model, plan), WORKSPACE_BYTES)
     for p in range(4):
         layers = [2 * p, 2 * p + 1]
         per_mb = stage_activation_bytes(model, plan, layers=layers, has_embedding=p == 0,

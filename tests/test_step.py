@@ -193,12 +193,12 @@ def test_cli_accepts_a_hugging_face_config(capsys, tmp_path):
 
 
 def test_one_rank_at_half_speed_lengthens_a_dp_step_by_the_closed_form():
-    """64-GPU data parallelism, gradients reduced after the backward: every rank
-    waits for the slowest, so T' = T + (compute + optimizer) * (1/speed - 1),
+    """64-GPU data parallelism, gradients reduced after the backward and parameters
+    gathered after the optimizer: every rank waits for the slowest, so T' = T + (compute + optimizer) * (1/speed - 1),
     up to the rounding of each of the straggler's kernels to whole ns."""
     model = load_model("llama2-7b")
     plan = ParallelPlan(dp=64, global_batch=128, seq_len=4096, zero=1,
-                        overlap_grad_reduce=False)
+                        overlap_grad_reduce=False, overlap_param_gather=False)
     cluster = load_cluster("dgx-h100")
     base = simulate_step(model, cluster, plan)
     slow = simulate_step(model, cluster, plan, stragglers={5: 0.5})

@@ -231,6 +231,41 @@ def role_of(run: PublishedRun, roles: Mapping[str, set[str]]) -> str:
 # --------------------------------------------------------------------------- scenarios
 
 
+#: NeMo performance-recipe keys (validate/data/published/nemo_recipes) of models.csv keys.
+NEMO_RECIPE_MODELS = {
+    "gpt3-175b": ("gpt3", "175b"), "llama3-8b": ("llama3", "8b"), "llama3.1-8b": ("llama3", "8b"),
+    "llama3-70b": ("llama3", "70b"), "llama3.1-70b": ("llama3", "70b"),
+    "llama3.1-405b": ("llama31", "405b"), "nemotron4-15b": ("nemotron4", "15b"),
+    "nemotron4-340b": ("nemotron4", "340b"), "nemotron3-8b": ("nemotron3", "8b"),
+    "nemotron3-22b": ("nemotron3", "22b"), "qwen3-30b-a3b": ("qwen3", "30b_a3b"),
+    "qwen3-235b-a22b": ("qwen3", "235b_a22b"),
+}
+#: Systems of the recipe files by GPU of the published rows.
+NEMO_RECIPE_SYSTEMS = {"H100-SXM": "h100", "B200": "b200", "GB200": "gb200"}
+
+
+def load_nemo_recipes(directory: Path = DATA_DIR) -> list[dict[str, str]]:
+    """Rows of NeMo's recommended performance configurations (nemo_recipes/README.md)."""
+    rows: list[dict[str, str]] = []
+    for path in sorted((directory / "nemo_recipes").glob("model_configs_*.csv")):
+        rows += _read_csv(path)
+    return rows
+
+
+def nemo_recipe(run: PublishedRun, recipes: Sequence[Mapping[str, str]]) -> Mapping[str, str] | None:
+    """The NeMo performance recipe a NeMo / Megatron-Bridge row ran: same model, size,
+    system, dtype and GPU count (pre-training), else same but any GPU count; None if
+    NeMo publishes none."""
+    key = NEMO_RECIPE_MODELS.get(run.get("model"))
+    system = NEMO_RECIPE_SYSTEMS.get(run.get("gpu"))
+    if key is None or system is None:
+        return None
+    candidates = [r for r in recipes if r["task"] == "pre_train" and (r["model"], r["size"]) == key
+                  and r["system"] == system and r["dtype"] == run.get("dtype")]
+    exact = [r for r in candidates if int(float(r["num_gpus"])) == run.integer("num_gpus")]
+    return (exact or candidates or [None])[0]
+
+
 def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     """Plan fields a framework runs with unless the row says otherwise (module docstring).
 
@@ -244,14 +279,22 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     """
     name = framework.lower()
     if "megatron-lm" in name and version.startswith("2021"):
-        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False}
-    if any(k in name for k in ("foundry", "torchtitan", "automodel", "fsdp", "maxtext",
-                               "paxml", "jax")):
-        return {"zero": 3}
-    return {"zero": 1}
+        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False,
+                "overlap_param_gather": False, "tp_comm_overlap": "none"}
+    if any(k in name for k in ("foundry", "torchtitan", "automodel", "fsdp")):
+        # PyTorch FSDP: FULL_SHARD, gradients reduced in fp32 (llm-foundry's DEFAULT
+        # mixed precision, torchtitan's mixed_precision_reduce = "float32"); DTensor
+        # TP runs its collectives blocking (AsyncTP is opt-in)
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none"}
+    if any(k in name for k in ("maxtext", "paxml", "jax")):
+        return {"zero": 3, "grad_reduce_dtype": "fp32"}
+    # Megatron-Core / NeMo: distributed optimizer, overlapped grad reduce and param
+    # gather; gradients reduced in fp32 (NeMo's BF16 default, grad_reduce_in_fp32)
+    return {"zero": 1, "grad_reduce_dtype": "fp32"}
 
 
-def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str]) -> Scenario:
+def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
+                 recipes: Sequence[Mapping[str, str]] = ()) -> Scenario:
     """The simulator's inputs for one published run.
 
     Raises:
@@ -265,7 +308,11 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str]) -> Sc
     preset = GPU_PRESETS.get(run.get("gpu"))
     if preset is None:
         raise NotExpressible(f"GPU {run.get('gpu')!r} has no preset")
-    cluster = load_cluster(preset[0], preset[1] or None)
+    gpus_per_node = run.integer("gpus_per_node") or load_cluster(preset[0]).gpus_per_node
+    nodes = -(-run.integer("num_gpus") // gpus_per_node)
+    # the published job's own machine room: at least as many nodes as it used
+    cluster = load_cluster(preset[0], {**preset[1], "max_nodes": max(
+        nodes, load_cluster(preset[0]).max_nodes)})
     assumptions: list[str] = []
     tp, pp = run.integer("tp", 1), run.integer("pp", 1)
     cp, ep = run.integer("cp", 1), run.integer("ep", 1)
@@ -284,12 +331,31 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str]) -> Sc
         assumptions.append("micro-batch 1 (not printed)")
     vpp = run.integer("vpp", 1) or 1
     defaults = framework_defaults(run.get("framework"), run.get("framework_version"))
+    fsdp = run.integer("fsdp", 0) or 0
+    if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP
+        defaults["zero"] = 2 if "SHARD_GRAD_OP" in run.get("notes") else 3
     recompute = run.get("recompute") or "none"
-    if not run.get("recompute"):
+    recompute_layers = 0
+    recipe = (nemo_recipe(run, recipes) if "nemo" in run.get("framework").lower()
+              or "megatron-bridge" in run.get("framework").lower() else None)
+    if recipe is not None:
+        # NeMo's performance scripts (nemo_recipes/README.md): TE userbuffers TP overlap,
+        # FP8 runs reduce gradients in bf16, the recipe's recompute and FSDP choices
+        defaults["tp_comm_overlap"] = "userbuffers"
+        if run.get("dtype") == "fp8":
+            defaults["grad_reduce_dtype"] = "bf16"
+        if int(recipe["use_mcore_fsdp"] or 0):
+            defaults["zero"] = 3
+        if int(recipe["recompute_layers"] or 0) and not run.get("recompute"):
+            recompute, recompute_layers = "full", int(recipe["recompute_layers"])
+        assumptions.append(f"NeMo recipe {recipe['model']} {recipe['size']} {recipe['system']} "
+                           f"{recipe['dtype']} ({recipe['num_gpus']} GPUs)")
+    elif not run.get("recompute"):
         assumptions.append("no activation recompute (not printed)")
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
                         global_batch=run.integer("global_batch_seqs"),
                         seq_len=run.integer("seq_len"), recompute=recompute,
+                        recompute_layers=recompute_layers,
                         schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
                         sequence_parallel=tp > 1, **defaults)
     return Scenario(model, cluster, plan, assumptions)
@@ -312,6 +378,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     models = load_models() if models is None else models
     roles = load_roles() if roles is None else roles
     cache = PricingCache()
+    recipes = load_nemo_recipes()
     rows = []
     for run in runs:
         row = {"source_id": run.source_id, "row_id": run.row_id, "role": role_of(run, roles),
@@ -320,7 +387,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
                "simulated_step_s": math.nan, "error": math.nan, "fits": None,
                "peak_memory_gib": math.nan, "status": "ok", "reason": ""}
         try:
-            scenario = scenario_for(run, models)
+            scenario = scenario_for(run, models, recipes)
             result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
                                    fidelity=fidelity, check_memory=False, cache=cache)
         except NotExpressible as reason:

@@ -60,7 +60,7 @@ from hardware.spec import (
     NicSpec,
     ScaleUpSpec,
 )
-from hardware.units import GB
+from hardware.units import GIB, GB
 
 __all__ = [
     "list_presets",
@@ -128,6 +128,8 @@ SCHEMA: dict[str, Any] = {
         "memory_efficiency": _FRAC,
         "kernel_launch_us": _US,
         "sustained_fraction": _Field(float, "fraction", required=False),
+        "sm_count": _Field(int, "nonnegative", required=False),
+        "memory_reserve_gib": _Field(float, "nonnegative", required=False),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
@@ -501,6 +503,8 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             memory_efficiency=gpu["memory_efficiency"],
             kernel_launch_s=gpu["kernel_launch_us"] * us,
             sustained_fraction=gpu.get("sustained_fraction", 1.0),
+            sm_count=gpu.get("sm_count", 0),
+            memory_reserve_bytes=int(round(gpu.get("memory_reserve_gib", 1.0) * GIB)),
         ),
         scale_up=ScaleUpSpec(
             kind=up["kind"],
