@@ -35,6 +35,7 @@ PRESETS = [
     "dgx-h100-roce",
     "gb200-nvl72",
     "gcp-a3-mega",
+    "grand-teton-h100-96gb",
     "hgx-h200",
 ]
 PRESET_FILES = sorted(p for p in CATALOG_DIR.glob("*.toml") if not p.name.startswith("_"))

@@ -306,6 +306,8 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     if isinstance(model, str):
         raise NotExpressible(model)
     preset = GPU_PRESETS.get(run.get("gpu"))
+    if "96GB HBM2e" in run.get("notes"):  # torchtitan's benchmark hosts (its notes)
+        preset = ("grand-teton-h100-96gb", {})
     if preset is None:
         raise NotExpressible(f"GPU {run.get('gpu')!r} has no preset")
     gpus_per_node = run.integer("gpus_per_node") or load_cluster(preset[0]).gpus_per_node
@@ -326,6 +328,13 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     if model.moe is None:
         ep = 1
     micro = run.integer("micro_batch")
+    if micro is None and "torchtitan" in run.get("framework").lower():
+        # torchtitan accumulates no gradients: a rank's local batch is one micro-batch,
+        # split over the pipeline's stages when there is one (its default
+        # pipeline_parallel_microbatches)
+        local = run.integer("global_batch_seqs") // dp
+        micro = max(1, local // (pp * (run.integer("vpp", 1) or 1))) if pp > 1 else local
+        assumptions.append(f"micro-batch {micro} (torchtitan: the local batch)")
     if micro is None:
         micro = 1
         assumptions.append("micro-batch 1 (not printed)")
@@ -445,3 +454,51 @@ def summarize(frame: pd.DataFrame, *, role: str | None = "validation") -> pd.Dat
             "dtypes": ", ".join(sorted(set(compared["dtype"]))),
         })
     return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def load_memory_runs(directory: Path = DATA_DIR) -> list[PublishedRun]:
+    """Every row of every ``memory_*.csv`` (published peak memory with its configuration)."""
+    runs = []
+    for path in sorted(directory.glob("memory_*.csv")):
+        for row in _read_csv(path):
+            fields = {k: v for k, v in row.items() if v != ""}
+            runs.append(PublishedRun(row["source_id"], row["row_id"], fields, None))
+    return runs
+
+
+def evaluate_memory(runs: Sequence[PublishedRun],
+                    models: Mapping[str, ModelSpec | str] | None = None) -> pd.DataFrame:
+    """Published peak memory against the memory model, one row per run.
+
+    The sources log the caching allocator's peak *reserved* memory (torchtitan), which
+    holds model states, activations, buffers and the allocator's own slack but not the
+    CUDA context or NCCL's buffers; it is compared with the model's total minus the
+    GPU's reserve (``MemoryBreakdown.workspace_bytes``). Columns: ``source_id``,
+    ``row_id``, ``model``, ``published_gib``, ``simulated_gib``, ``error``, ``status``,
+    ``reason``.
+    """
+    models = load_models() if models is None else models
+    recipes = load_nemo_recipes()
+    rows = []
+    for run in runs:
+        row = {"source_id": run.source_id, "row_id": run.row_id, "model": run.get("model"),
+               "published_gib": float(run.get("measured_peak_memory_gib") or "nan"),
+               "simulated_gib": math.nan, "error": math.nan, "status": "ok", "reason": ""}
+        try:
+            scenario = scenario_for(run, models, recipes)
+            result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
+                                   fidelity="analytic", check_memory=False)
+        except NotExpressible as reason:
+            row.update(status="not_expressible", reason=str(reason))
+        except ValueError as problem:
+            row.update(status="error", reason=str(problem).splitlines()[0])
+        else:
+            peak = max(m.total_bytes - m.workspace_bytes for m in result.memory.values())
+            row["simulated_gib"] = peak / 2**30
+            row["error"] = row["simulated_gib"] / row["published_gib"] - 1
+            row["reason"] = "; ".join(scenario.assumptions)
+        rows.append(row)
+    return pd.DataFrame(rows)
