@@ -39,8 +39,8 @@ checkpoint).
 Outputs (:class:`LongRunResult`): interruptions by cause (mean, 95 % CI of the mean by the
 normal approximation), goodput with CI and the 5th-95th percentile across runs, GPU-hours lost
 by cause and kind, days to train the tokens, the checkpoint interval chosen (Young-Daly and the
-simulated optimum), the resolved inputs; pandas views; a plotly figure of goodput against the
-checkpoint interval (:func:`goodput_vs_interval_figure`).
+simulated optimum), the resolved inputs; pandas views. The figure of goodput against the
+checkpoint interval is :func:`trainsim.figures.goodput_vs_interval_figure`.
 """
 
 from __future__ import annotations
@@ -67,9 +67,7 @@ __all__ = [
     "LongRunResult",
     "LongRunSetup",
     "SCAN_FACTORS",
-    "failures",
     "goodput_vs_interval",
-    "goodput_vs_interval_figure",
     "parse_tokens",
     "prepare_long_run",
     "simulate_long_run",
@@ -860,13 +858,6 @@ class LongRunResult:
                  "ci95_hi": None, "unit": "h"}]
         return pd.DataFrame(out).set_index("metric")
 
-    def figure(self):
-        """Goodput against the checkpoint interval (needs the auto scan)."""
-        if self.scan is None:
-            raise ValueError("figure: this result has no interval scan; use "
-                             "checkpoint_interval='auto' or goodput_vs_interval()")
-        return goodput_vs_interval_figure(self.scan)
-
 
 # --------------------------------------------------------------------------- public API
 
@@ -996,72 +987,3 @@ def goodput_vs_interval(*, intervals: Sequence[float | str] | None = None, seeds
     if not values:
         raise ValueError("intervals: [] is empty; give at least one duration > 0")
     return _scan(s, values, seeds, seed)
-
-
-def goodput_vs_interval_figure(scan: pd.DataFrame | LongRunResult, *, title: str | None = None):
-    """Plotly figure: simulated goodput against the checkpoint interval (mean with its 95 %
-    CI band), the first-order analytic curve, the exact curve when it applies, and vertical
-    markers at Young-Daly and the simulated optimum."""
-    import plotly.graph_objects as go
-
-    if isinstance(scan, LongRunResult):
-        return scan.figure()
-    df = scan.sort_values("interval_s")
-    x_min = df["interval_s"] / 60.0
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(
-        x=list(x_min) + list(x_min[::-1]),
-        y=list(df["goodput_ci_hi"]) + list(df["goodput_ci_lo"][::-1]),
-        fill="toself", fillcolor="rgba(31,119,180,0.2)", line=dict(width=0),
-        hoverinfo="skip", name="simulated 95% CI"))
-    fig.add_trace(go.Scatter(x=x_min, y=df["goodput_mean"], mode="lines+markers",
-                             name="simulated (mean)", line=dict(color="rgb(31,119,180)")))
-    fig.add_trace(go.Scatter(x=x_min, y=df["goodput_first_order"], mode="lines",
-                             name="first-order model", line=dict(dash="dash", color="gray")))
-    if df["goodput_exact"].notna().any():
-        fig.add_trace(go.Scatter(x=x_min, y=df["goodput_exact"], mode="lines",
-                                 name="exact (exponential)", line=dict(dash="dot",
-                                                                       color="black")))
-    attrs = scan.attrs
-    if attrs.get("young_daly_s"):
-        fig.add_vline(x=attrs["young_daly_s"] / 60.0, line_dash="dash", line_color="red",
-                      annotation_text="Young-Daly")
-    if attrs.get("simulated_optimum_s"):
-        fig.add_vline(x=attrs["simulated_optimum_s"] / 60.0, line_dash="dot",
-                      line_color="green", annotation_text="simulated optimum",
-                      annotation_position="bottom right")
-    fig.update_layout(
-        title=title or (f"Goodput vs checkpoint interval (MTBF "
-                        f"{attrs.get('mtbf_s', float('nan')) / 3600:.2f} h, save "
-                        f"{attrs.get('checkpoint_blocking_s', float('nan')):.1f} s)"),
-        xaxis_title="checkpoint interval (minutes of compute)", xaxis_type="log",
-        yaxis_title="goodput (useful / wall time)", template="plotly_white")
-    return fig
-
-
-def failures(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
-             plan: Any = None, fidelity: str = "analytic",
-             overrides: Mapping[str, object] | None = None,
-             days: float | None = None, tokens: float | str | None = None,
-             profile: str | Mapping[str, Any] | FailureProfile = "llama3-h100",
-             checkpoint_interval: str | float = "auto", checkpoint_mode: str = "sync",
-             policy: str | None = None, spare_nodes: int | None = None,
-             responses: Responses | Mapping[str, Any] | None = None,
-             seeds: int = 100, seed: int = 0, **plan_fields: Any) -> LongRunResult:
-    """``trainsim failures``: simulate one step of ``model`` under the plan (as
-    :func:`sim.api.simulate`), then the long run with failures (:func:`simulate_long_run`).
-
-    Plan fields (``tp=8, pp=16, ...``) or ``plan`` as in :func:`sim.api.simulate`.
-    """
-    from sim import api
-    from strategies.models import load_model
-
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cluster_spec = api.resolve_cluster(cluster, overrides)
-    step = api.simulate(spec, cluster=cluster_spec, gpus=gpus, plan=plan, fidelity=fidelity,
-                        **plan_fields)
-    return simulate_long_run(cluster=cluster_spec, gpus=gpus, days=days, tokens=tokens,
-                             profile=profile, checkpoint_interval=checkpoint_interval,
-                             checkpoint_mode=checkpoint_mode, policy=policy,
-                             spare_nodes=spare_nodes, responses=responses, seeds=seeds,
-                             seed=seed, model=spec, step=step)

@@ -25,7 +25,7 @@ def require_shared_data(path: Path = SHARED_DATA) -> Path:
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run the ``trainsim`` CLI in-process; return (exit code, stdout, stderr)."""
-    from sim.cli import main
+    from trainsim.cli import main
 
     try:
         main(list(args))

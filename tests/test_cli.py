@@ -81,7 +81,7 @@ def test_bad_input_exits_nonzero_with_one_line(capsys, args, field):
 
 def test_installed_script_reports_errors_without_traceback():
     """The same through a real process (what a user's shell sees)."""
-    done = subprocess.run([sys.executable, "-m", "sim.cli", "collective", "all_reduce",
+    done = subprocess.run([sys.executable, "-m", "trainsim.cli", "collective", "all_reduce",
                            "--cluster", "dgx-h900"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.startswith("error: cluster: 'dgx-h900' is not a preset; valid: ")

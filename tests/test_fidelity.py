@@ -12,7 +12,7 @@ Where they must agree and how far they may differ elsewhere:
 
 import pytest
 
-from sim import api
+from trainsim import api
 from conftest import run_cli
 
 EXACT = [

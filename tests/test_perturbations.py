@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
-from sim import api
+from trainsim import api
 from sim.step import simulate_step
 from strategies.models import load_model
 from strategies.perturbations import (FlappingLink, Perturbations, ThermalEpisode,

@@ -9,7 +9,7 @@ import pytest
 
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
-from sim.api import make_plan
+from trainsim.api import make_plan
 from sim.engine import Engine
 from sim.step import job_layout
 from strategies.lowering import lower_step

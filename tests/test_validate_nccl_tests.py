@@ -36,7 +36,7 @@ SOURCES = [
 def calibrations(tmp_path_factory):
     """``make(source, cluster, extra) -> calibration file``, each made once per module
     with `trainsim calibrate` (the A3 Mega fit from dgx-h100 takes seconds)."""
-    from sim.cli import main
+    from trainsim.cli import main
 
     made = {}
     folder = tmp_path_factory.mktemp("calibrations")

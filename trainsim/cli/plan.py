@@ -1,6 +1,6 @@
 """``trainsim plan`` and ``trainsim sweep``: capacity planning and what-if sweeps.
 
-Registered on the main app by :mod:`sim.cli` (``register``); kept apart so each
+Registered on the main app by :mod:`trainsim.cli` (``register``); kept apart so each
 command module has one job.
 """
 
@@ -94,7 +94,7 @@ def register(app: typer.Typer, parse_overrides, check_choice, exit_oom: int) -> 
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a preset field."),
     ) -> None:
         """Rank parallel plans by time to train (with failure goodput) and cost."""
-        from sim import planner
+        from trainsim import planner
 
         check_choice("format", output_format, PLAN_FORMATS)
         space = planner.SearchSpace(
@@ -138,7 +138,7 @@ def register(app: typer.Typer, parse_overrides, check_choice, exit_oom: int) -> 
         fresh: bool = typer.Option(False, help="Ignore cached results."),
     ) -> None:
         """Run a grid or list of scenarios; results as one tidy table, resumable."""
-        from sim import sweep as sweeps
+        from trainsim import sweeps
 
         check_choice("backend", backend, sweeps.BACKENDS)
         scenarios = sweeps.load_spec(spec)

@@ -1,15 +1,15 @@
-"""Python API: the same answers as the CLI, as pandas objects.
+"""Python API: the same answers as the CLI, as pandas objects (``import trainsim``).
 
 Example (Jupyter)::
 
-    from sim import api
-    df = api.collective("all_reduce", cluster="dgx-h100", nodes=2, gpus_per_node=8)
+    import trainsim
+    df = trainsim.collective("all_reduce", cluster="dgx-h100", nodes=2, gpus_per_node=8)
     df.plot(x="size_bytes", y="busbw_GBps", logx=True)
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -20,13 +20,20 @@ from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
 from sim.collective_bench import collective_sweep, sweep_sizes
 from sim.engine import Engine, SimulationResult
+from sim.longrun import LongRunResult, simulate_long_run
 from sim.analytic_step import PricingCache
 from sim.step import StepResult, simulate_step
+from strategies.failures import FailureProfile, Responses
 from strategies.ir import Program
 from strategies.model_spec import ModelSpec
 from strategies.models import load_model
 from strategies.perturbations import Perturbations
 from strategies.plan import ParallelPlan
+from trainsim.planner import gpus_needed, search as plan
+from trainsim.sweeps import sweep
+
+__all__ = ["collective", "failures", "gpus_needed", "hardware_list", "hardware_show",
+           "make_plan", "plan", "resolve_cluster", "simulate", "simulate_program", "sweep"]
 
 
 def resolve_cluster(cluster: str | ClusterSpec,
@@ -188,6 +195,31 @@ def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:
     if "zero" not in values and values.get("dp_mode", "allreduce") != "allreduce":
         values["zero"] = 0
     return ParallelPlan(**values)
+
+
+def failures(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
+             plan: Any = None, fidelity: str = "analytic",
+             overrides: Mapping[str, object] | None = None,
+             days: float | None = None, tokens: float | str | None = None,
+             profile: str | Mapping[str, Any] | FailureProfile = "llama3-h100",
+             checkpoint_interval: str | float = "auto", checkpoint_mode: str = "sync",
+             policy: str | None = None, spare_nodes: int | None = None,
+             responses: Responses | Mapping[str, Any] | None = None,
+             seeds: int = 100, seed: int = 0, **plan_fields: Any) -> LongRunResult:
+    """``trainsim failures``: simulate one step of ``model`` under the plan (as
+    :func:`simulate`), then the long run with failures (:func:`simulate_long_run`).
+
+    Plan fields (``tp=8, pp=16, ...``) or ``plan`` as in :func:`simulate`.
+    """
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    cluster_spec = resolve_cluster(cluster, overrides)
+    step = simulate(spec, cluster=cluster_spec, gpus=gpus, plan=plan, fidelity=fidelity,
+                        **plan_fields)
+    return simulate_long_run(cluster=cluster_spec, gpus=gpus, days=days, tokens=tokens,
+                             profile=profile, checkpoint_interval=checkpoint_interval,
+                             checkpoint_mode=checkpoint_mode, policy=policy,
+                             spare_nodes=spare_nodes, responses=responses, seeds=seeds,
+                             seed=seed, model=spec, step=step)
 
 
 def hardware_list() -> pd.DataFrame:

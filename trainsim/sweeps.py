@@ -19,10 +19,10 @@ Scenario = base, then the list entry, then the grid point (later wins). Keys wit
 are cluster preset overrides (``nic.gbit_per_s``, ``fabric.oversubscription``,
 ``scale_up.nvlink_bytes_per_s``, ...); the others are inputs of the kind:
 
-* ``step``: :func:`sim.api.simulate` (model, cluster, gpus, fidelity, plan fields);
+* ``step``: :func:`trainsim.api.simulate` (model, cluster, gpus, fidelity, plan fields);
   outputs step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_bytes and the
   critical rank's breakdown as ``<category>_s``.
-* ``collective``: one message size of :func:`sim.api.collective` (op, cluster, nodes,
+* ``collective``: one message size of :func:`trainsim.api.collective` (op, cluster, nodes,
   gpus_per_node, size_bytes, algorithm, fidelity); outputs time_us, algbw_GBps,
   busbw_GBps, algorithm_used, protocol.
 * ``failures``: :func:`sim.longrun.simulate_long_run` (cluster, gpus, days or tokens,
@@ -160,7 +160,7 @@ def _split(scenario: Mapping[str, Any]) -> tuple[dict, dict]:
 
 
 def _run_step(inputs: dict, overrides: dict) -> dict:
-    from sim import api
+    from trainsim import api
 
     model = inputs.pop("model")
     inputs.setdefault("fidelity", "analytic")
@@ -173,7 +173,7 @@ def _run_step(inputs: dict, overrides: dict) -> dict:
 
 
 def _run_collective(inputs: dict, overrides: dict) -> dict:
-    from sim import api
+    from trainsim import api
 
     size = inputs.pop("size_bytes")
     frame = api.collective(inputs.pop("op"), min_bytes=size, max_bytes=size,

@@ -1,6 +1,6 @@
 """``trainsim validate replay|collectives|gemm|compare`` and ``trainsim calibrate``.
 
-Registered on the main app by :mod:`sim.cli`. torch and the ``validate`` package are
+Registered on the main app by :mod:`trainsim.cli`. torch and the ``validate`` package are
 imported inside the commands only, so ``trainsim simulate`` never loads torch
 (tests/test_layering.py).
 """
@@ -92,7 +92,7 @@ def _program(example: Optional[str], program_file: Optional[str], model: Optiona
         return example_program(example)
     if program_file:
         return load_program(program_file)
-    from sim.api import make_plan
+    from trainsim.api import make_plan
     from strategies.models import load_model
     from strategies.plan import validate_plan
 

@@ -1,5 +1,10 @@
 """The ``trainsim`` command line.
 
+What it is: the typer app and ``main`` (the console script). What it exports: ``app`` and
+``main``. What it must not import at module level: ``validate`` (only the validate and
+calibrate commands import it, inside their functions), so ``trainsim simulate`` never
+loads torch.
+
 User mistakes (unknown preset, bad size, impossible layout, ...) print one
 line ``error: <field>: <value> ... valid: ...`` on stderr and exit with code 2;
 they never show a traceback.
@@ -17,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.catalog import parse_override
-from sim.cli_perturbations import parse_perturbations
+from trainsim.cli.perturbations import parse_perturbations
 
 app = typer.Typer(
     name="trainsim",
@@ -75,7 +80,7 @@ def collective(
                                               "calibrate) applied to the cluster."),
 ) -> None:
     """Simulate nccl-tests for one collective over all GPUs of the job."""
-    from sim import api
+    from trainsim import api
 
     _check_choice("format", output_format, FORMATS)
     spec = api.resolve_cluster(cluster, _overrides(set_))
@@ -150,7 +155,7 @@ def simulate(
                                               "calibrate) applied to the cluster."),
 ) -> None:
     """Simulate one training step: step time, MFU, memory and where the time goes."""
-    from sim import api
+    from trainsim import api
     from strategies.memory import OutOfMemoryError
 
     _check_choice("format", output_format, ("table", "json"))
@@ -284,7 +289,7 @@ def hardware_list(
     output_format: str = typer.Option("table", "--format", help="table, csv or json."),
 ) -> None:
     """List the built-in cluster presets."""
-    from sim import api
+    from trainsim import api
 
     _check_choice("format", output_format, FORMATS)
     df = api.hardware_list()
@@ -311,7 +316,7 @@ def hardware_show(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override: key=value."),
 ) -> None:
     """Show every field of a preset, with the source of each number."""
-    from sim import api
+    from trainsim import api
 
     _check_choice("format", output_format, ("json", "table"))
     data = api.hardware_show(preset, _overrides(set_))
@@ -341,11 +346,11 @@ def _flatten(data: dict, prefix: str = ""):
 
 def _register_commands() -> None:
     """Commands that live in their own modules."""
-    from sim import cli_failures
+    from trainsim.cli import failures, plan, validate
 
-    cli_failures.register(app, _overrides, _check_choice, EXIT_OOM)
-    from sim import cli_validate; cli_validate.register(app, _overrides, _check_choice)  # noqa: E702
-    __import__("sim.cli_plan").cli_plan.register(app, _overrides, _check_choice, EXIT_OOM)
+    failures.register(app, _overrides, _check_choice, EXIT_OOM)
+    validate.register(app, _overrides, _check_choice)
+    plan.register(app, _overrides, _check_choice, EXIT_OOM)
 
 
 _register_commands()

@@ -1,6 +1,6 @@
 """``trainsim failures``: goodput of a long run with failures and checkpoints.
 
-Registered on the main app by :mod:`sim.cli`; kept apart so each command
+Registered on the main app by :mod:`trainsim.cli`; kept apart so each command
 module has one job.
 """
 
@@ -53,12 +53,12 @@ def register(app: typer.Typer, parse_overrides, check_choice, exit_oom: int) -> 
                                                   "calibrate) applied to the cluster."),
     ) -> None:
         """Interruptions, goodput and days to train of a long run, Monte-Carlo over seeds."""
-        from sim.longrun import failures as simulate_failures
+        from trainsim.api import failures as simulate_failures
         from strategies.memory import OutOfMemoryError
 
         check_choice("format", output_format, ("table", "json"))
         if calibration:
-            from sim.cli_validate import calibrated_cluster
+            from trainsim.cli.validate import calibrated_cluster
 
             cluster, set_ = calibrated_cluster(cluster, parse_overrides(set_), calibration), None
         if (days is None) == (tokens is None):

@@ -327,7 +327,7 @@ def _parallel(func, model, cluster, plans: list, extra: tuple, workers: int,
               tick: Callable[[int], None]) -> list:
     """``func`` over ``plans`` in chunks on ``workers`` processes; results in plan order
     (so the search is deterministic whatever finishes first)."""
-    from sim.sweep import _chunks, map_local
+    from trainsim.sweeps import _chunks, map_local
 
     indexed = list(enumerate(plans))
     chunks = _chunks(indexed, workers)
@@ -452,7 +452,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
         ValueError: one line for bad inputs, or when no plan is feasible (naming the most
             common reason).
     """
-    from sim import api
+    from trainsim import api
     from sim.longrun import parse_tokens
     from strategies.models import load_model
 
@@ -618,7 +618,7 @@ def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
     Raises:
         ValueError: for bad inputs (one line).
     """
-    from sim import api
+    from trainsim import api
     from sim.longrun import parse_tokens
 
     token_count = parse_tokens(tokens)
