@@ -724,6 +724,8 @@ class LongRunResult:
         seeds, seed: number of runs and the base seed.
         runs: per-run arrays (see :func:`_run_engine`), first axis = run.
         scan: goodput against the interval when ``"auto"`` scanned (else None).
+        embedded: what the application layer records for reproducibility (its
+            resolved ``scenario`` and ``trainsim_version``); added to ``to_dict()``.
     """
 
     setup: LongRunSetup
@@ -733,6 +735,7 @@ class LongRunResult:
     seed: int
     runs: dict[str, np.ndarray] = field(repr=False)
     scan: pd.DataFrame | None = field(default=None, repr=False)
+    embedded: dict[str, object] | None = field(default=None, repr=False)
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -801,7 +804,7 @@ class LongRunResult:
         }
         if self.scan is not None:
             out["scan"] = self.scan.to_dict(orient="records")
-        return _clean(out)
+        return _clean({**out, **(self.embedded or {})})
 
     def interruptions_frame(self) -> pd.DataFrame:
         """Per cause: mean interruptions, 95 % CI, expected (rate x time), GPU-hours lost."""

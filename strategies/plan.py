@@ -107,8 +107,8 @@ class ParallelPlan:
             (async and stale need >= 2 to show their effect).
     """
 
-    dp: int = _field(1, "Data-parallel size (default: gpus / (tp*pp*cp)).",
-                     aliases=("--data-parallel-size",), search="derived", minimum=1)
+    dp: int = _field(1, "Data-parallel size.", search="derived",
+                     minimum=1)
     tp: int = _field(1, "Tensor-parallel size.", aliases=("--tensor-model-parallel-size",),
                      search="list", minimum=1)
     pp: int = _field(1, "Pipeline-parallel size.",
@@ -140,7 +140,7 @@ class ParallelPlan:
     overlap_grad_reduce: bool = _field(True, "Overlap the DP gradient reduction with the "
                                              "backward pass.")
     layers_per_stage: tuple[int, ...] | None = _field(
-        None, "Uneven split of the layers over pp*vpp stages, e.g. 7,8,8,7 (default: "
+        None, "Uneven split of the layers over pp*vpp stages, e.g. 7,8,8,7 (none: "
               "balanced).")
     order: tuple[str, ...] = _field(("tp", "cp", "dp", "pp"), "Rank order, fastest-varying "
                                     "axis first: a permutation of tp,cp,dp,pp.")

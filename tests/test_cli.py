@@ -21,9 +21,10 @@ def test_default_job_prints_an_nccl_tests_table(capsys):
     code, out, err = run_cli(capsys, "collective", "all_reduce", "--cluster", "dgx-h100",
                              "--nodes", "1", "--gpus-per-node", "8")
     assert code == 0, err
-    for header in ("size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)",
-                   "busbw (GB/s)"):
-        assert header in out
+    head = [line.split() for line in out.splitlines()[2:4]]  # after the two header lines
+    assert head == [["size", "count", "time", "algbw", "busbw"],
+                    ["(B)", "(elements)", "type", "redop", "root", "(us)", "(GB/s)", "(GB/s)",
+                     "algorithm", "protocol"]]
     lines = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     sizes = [int(line[0]) for line in lines]
     assert sizes[0] == 8 and sizes[-1] == 16 << 30 and len(sizes) == 32

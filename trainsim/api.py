@@ -5,10 +5,17 @@ Example (Jupyter)::
     import trainsim
     df = trainsim.collective("all_reduce", cluster="dgx-h100", nodes=2, gpus_per_node=8)
     df.plot(x="size_bytes", y="busbw_GBps", logx=True)
+    step = trainsim.simulate("llama3-70b", gpus=1024, tp=8, pp=4)
+
+Every function takes its defaults from :mod:`trainsim.defaults`, the same as the
+commands: ``trainsim.simulate(...)`` and ``trainsim simulate ...`` give the same result
+for the same inputs, bit for bit. A keyword left at None means "from ``scenario`` if it
+gives it, else the default".
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Mapping
 
 import pandas as pd
@@ -18,44 +25,48 @@ from hardware.compute import ComputeModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from hardware.units import parse_size_bytes
+from sim.analytic_step import PricingCache
 from sim.collective_bench import collective_sweep, sweep_sizes
 from sim.engine import Engine, SimulationResult
 from sim.longrun import LongRunResult, simulate_long_run
-from sim.analytic_step import PricingCache
 from sim.step import StepResult, simulate_step
 from strategies.failures import FailureProfile, Responses
 from strategies.ir import Program
 from strategies.model_spec import ModelSpec
-from strategies.models import load_model
 from strategies.perturbations import Perturbations
 from strategies.plan import ParallelPlan
+from trainsim import defaults, resolve
+from trainsim.perturbations import format_perturbations
 from trainsim.planner import gpus_needed, search as plan
+from trainsim.scenario import Scenario, load_scenario
 from trainsim.sweeps import sweep
+from trainsim.version import VERSION
 
 __all__ = ["collective", "failures", "gpus_needed", "hardware_list", "hardware_show",
-           "make_plan", "plan", "resolve_cluster", "simulate", "simulate_program", "sweep"]
+           "make_plan", "plan", "resolve_cluster", "run_failures", "run_step", "simulate",
+           "simulate_program", "sweep"]
 
 
-def resolve_cluster(cluster: str | ClusterSpec,
-                    overrides: Mapping[str, object] | None = None) -> ClusterSpec:
-    """A preset name, a preset file path or a ClusterSpec, with overrides applied.
+def resolve_cluster(cluster: str | ClusterSpec | None = None,
+                    overrides: Mapping[str, object] | None = None,
+                    calibration: str | None = None) -> ClusterSpec:
+    """A preset name (default :data:`trainsim.defaults.CLUSTER`), a preset file path or a
+    ClusterSpec, with overrides and then a calibration file applied.
 
     Raises:
-        ValueError: for an unknown preset or a bad override (one line naming it).
+        ValueError: for an unknown preset, a bad override or an unreadable calibration
+            (one line naming it).
     """
-    if isinstance(cluster, ClusterSpec):
-        if overrides:
-            raise ValueError("overrides: give a preset name or path to apply overrides to, "
-                             "not a ClusterSpec (use dataclasses.replace on the spec)")
-        return cluster
-    return load_cluster(cluster, overrides)
+    return resolve.cluster_spec(Scenario(cluster=cluster, overrides=dict(overrides or {}),
+                                         calibration=calibration))
 
 
-def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int = 1,
+def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes: int = 1,
                gpus_per_node: int | None = None, algorithm: str = "auto",
                min_bytes: int | str = 8, max_bytes: int | str = "16GiB", step_factor: int = 2,
-               fidelity: str = "analytic", dtype: str = "float",
-               overrides: Mapping[str, object] | None = None, on_row=None) -> pd.DataFrame:
+               fidelity: str = defaults.COLLECTIVE_FIDELITY, dtype: str = "float",
+               overrides: Mapping[str, object] | None = None, calibration: str | None = None,
+               on_row=None) -> pd.DataFrame:
     """Simulate an nccl-tests sweep of one collective over all GPUs of the job.
 
     Args:
@@ -71,6 +82,7 @@ def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int =
         fidelity: ``analytic`` or ``flow``.
         dtype: nccl-tests type name for the count column.
         overrides: dotted preset keys to change, e.g. ``{"nic.gbit_per_s": 200}``.
+        calibration: calibration file (trainsim calibrate) applied after the overrides.
         on_row: callback receiving each row as it is computed.
 
     Returns:
@@ -79,7 +91,7 @@ def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int =
     Raises:
         ValueError: one line naming the bad field, its value and what is valid.
     """
-    spec = resolve_cluster(cluster, overrides)
+    spec = resolve_cluster(cluster, overrides, calibration)
     sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                         parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
     return collective_sweep(op, spec, nodes=nodes,
@@ -89,7 +101,7 @@ def collective(op: str, *, cluster: str | ClusterSpec = "dgx-h100", nodes: int =
                             on_row=on_row)
 
 
-def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100",
+def simulate_program(program: Program, *, cluster: str | ClusterSpec = defaults.CLUSTER,
                      nodes: int = 1, gpus_per_node: int | None = None,
                      fidelity: str = "analytic", overrides: Mapping[str, object] | None = None,
                      trace_path: str | None = None) -> SimulationResult:
@@ -120,106 +132,177 @@ def simulate_program(program: Program, *, cluster: str | ClusterSpec = "dgx-h100
     return result
 
 
-def simulate(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100",
+def simulate(model: str | ModelSpec | None = None, *, cluster: str | ClusterSpec | None = None,
              gpus: int | None = None, plan: ParallelPlan | None = None,
-             fidelity: str = "event", overrides: Mapping[str, object] | None = None,
+             fidelity: str | None = None, overrides: Mapping[str, object] | None = None,
+             calibration: str | None = None,
              stragglers: Mapping[int, float] | None = None,
-             cache: PricingCache | None = None,
              perturbations: Perturbations | None = None,
+             scenario: Scenario | str | None = None,
+             cache: PricingCache | None = None,
              **plan_fields: object) -> StepResult:
     """Simulate one training step (see :func:`sim.step.simulate_step`).
 
     Args:
         model: preset name, model file / Hugging Face config.json path, or spec.
-        cluster: preset name, preset file, or spec.
+        cluster: preset name, preset file, or spec (default ``dgx-h100``).
         gpus: GPUs of the job (default: the plan's dp*tp*pp*cp).
-        plan: a ParallelPlan; or give its fields as keywords (``tp=8, pp=4``);
-            ``dp`` defaults to gpus / (tp*pp*cp) and ``global_batch`` to
-            dp * micro_batch * 4 * pp. Parameter-server training: ``dp_mode``
-            ("ps-sync", "ps-async", "ps-stale"), ``ps_servers``, ``ps_placement``,
-            ``staleness``, ``ps_steps`` (strategies.param_server; ``gpus`` counts the
-            workers, dedicated servers add nodes).
+        plan: a ParallelPlan; or give its fields as keywords (``tp=8, pp=4``). Missing
+            fields follow :mod:`trainsim.defaults`: seq_len 4096, dp = gpus /
+            (tp*pp*cp), global batch ~4 Mi tokens, zero 1 (0 for parameter servers),
+            schedule interleaved when vpp > 1 else 1f1b. Parameter-server training:
+            ``dp_mode`` ("ps-sync", "ps-async", "ps-stale"), ``ps_servers``,
+            ``ps_placement``, ``staleness``, ``ps_steps`` (strategies.param_server;
+            ``gpus`` counts the workers, dedicated servers add nodes).
         fidelity: ``analytic`` (closed form, ~10 ms: for sweeps), ``event``
             (SimPy replay of every op with α-β collective costs; the default) or
             ``flow`` (the replay with per-link max-min contention).
         overrides: dotted preset keys to change.
+        calibration: calibration file (trainsim calibrate) applied after the overrides.
         stragglers: ``{rank: speed}`` of slow ranks (0.5 = half speed).
         perturbations: throttling episodes, degraded or flapping links, nodes of
             another GPU generation, slow ranks (strategies.perturbations); the
             result's ``perturbation_cost`` says what they cost the step.
+        scenario: a :class:`trainsim.scenario.Scenario` or a scenario file (TOML, or a
+            result JSON); the other arguments given win over it.
         cache: a :class:`sim.analytic_step.PricingCache` shared by the calls of a
             sweep at ``analytic`` fidelity (same answers, faster).
 
+    Returns:
+        The StepResult; ``to_dict()`` embeds the resolved ``scenario`` and the
+        ``trainsim_version``.
+
     Raises:
-        ValueError: for a bad model, cluster or plan (one line naming the field).
+        ValueError: for a bad model, cluster, plan or scenario (one line naming the field).
         OutOfMemoryError: when the plan does not fit, with the breakdown.
     """
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cluster_spec = resolve_cluster(cluster, overrides)
-    if plan is None:
-        plan = make_plan(gpus=gpus, **plan_fields)
-    elif plan_fields:
+    given = _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
+                           stragglers, perturbations, plan_fields)
+    return run_step(_scenario(scenario).merged(given), default_fidelity=defaults.STEP_FIDELITY,
+                    cache=cache)
+
+
+def _scenario(scenario: Scenario | str | None) -> Scenario:
+    if scenario is None:
+        return Scenario()
+    return scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+
+
+def _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration, stragglers,
+                   perturbations, plan_fields: Mapping[str, object]) -> Scenario:
+    """The inputs given to a step function, as a Scenario (None = not given)."""
+    if plan is not None and plan_fields:
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
                          f"({', '.join(plan_fields)})")
-    return simulate_step(spec, cluster_spec, plan, gpus=gpus, fidelity=fidelity,
-                         stragglers=stragglers, cache=cache, perturbations=perturbations)
+    fields = asdict(plan) if plan is not None else {k: v for k, v in plan_fields.items()
+                                                    if v is not None}
+    perturbations = perturbations or Perturbations()
+    if stragglers:
+        perturbations = Perturbations(**{**perturbations.__dict__, "slow_ranks": {
+            **perturbations.slow_ranks, **stragglers}})
+    return Scenario(model=model, cluster=cluster, gpus=gpus, fidelity=fidelity,
+                    calibration=calibration, overrides=dict(overrides or {}), plan=fields,
+                    perturbations=format_perturbations(perturbations))
+
+
+def run_step(scenario: Scenario, *, default_fidelity: str,
+             cache: PricingCache | None = None) -> StepResult:
+    """Simulate the step a scenario describes; the result embeds the resolved scenario.
+
+    Raises:
+        ValueError: for bad inputs (one line). OutOfMemoryError: when it does not fit.
+    """
+    return _simulate(resolve.resolve_step(scenario, default_fidelity=default_fidelity), cache)
+
+
+def _simulate(step: resolve.ResolvedStep, cache: PricingCache | None = None) -> StepResult:
+    result = simulate_step(step.model, step.cluster, step.plan, gpus=step.gpus,
+                           fidelity=step.fidelity, perturbations=step.perturbations,
+                           cache=cache)
+    result.embedded = {"scenario": step.scenario.to_dict(), "trainsim_version": VERSION}
+    return result
 
 
 def make_plan(*, gpus: int | None = None, **fields: object) -> ParallelPlan:
-    """A ParallelPlan with defaults filled in from the GPU count.
+    """A ParallelPlan with the defaults of :mod:`trainsim.defaults` filled in.
 
-    ``dp`` = gpus / (tp * pp * cp) when not given; ``global_batch`` =
-    dp * micro_batch * 4 * pp (four micro-batches per pipeline stage) when not
-    given; ``zero`` = 0 for a parameter-server ``dp_mode`` (the servers hold the
-    optimizer state) when not given.
+    ``dp`` = gpus / (tp * pp * cp); ``global_batch`` ~4 Mi tokens (a whole number of
+    dp x micro_batch); ``seq_len`` 4096; ``zero`` 1 (0 with a parameter-server
+    ``dp_mode``); ``schedule`` interleaved when ``vpp`` > 1, else 1f1b.
 
     Raises:
-        ValueError: when dp cannot be derived, or a field is unknown.
+        ValueError: when dp cannot be derived, or a field is unknown or invalid.
     """
     known = set(ParallelPlan.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"plan: {unknown[0]!r} is not a plan field; valid: {', '.join(sorted(known))}")
-    values = {k: v for k, v in fields.items() if v is not None}
-    tp, pp, cp = (int(values.get(k, 1)) for k in ("tp", "pp", "cp"))
-    if "dp" not in values:
-        if gpus is None:
-            values["dp"] = 1
-        elif gpus % (tp * pp * cp):
-            raise ValueError(f"gpus: {gpus} is not divisible by tp {tp} x pp {pp} x cp {cp} = "
-                             f"{tp * pp * cp}; give --dp or a GPU count that divides")
-        else:
-            values["dp"] = gpus // (tp * pp * cp)
-    if "global_batch" not in values:
-        values["global_batch"] = values["dp"] * int(values.get("micro_batch", 1)) * 4 * pp
-    if "zero" not in values and values.get("dp_mode", "allreduce") != "allreduce":
-        values["zero"] = 0
-    return ParallelPlan(**values)
+    return ParallelPlan(**defaults.resolve_plan_fields(fields, gpus=gpus))
 
 
-def failures(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
-             plan: Any = None, fidelity: str = "analytic",
-             overrides: Mapping[str, object] | None = None,
+def failures(model: str | ModelSpec | None = None, *,
+             cluster: str | ClusterSpec | None = None, gpus: int | None = None,
+             plan: ParallelPlan | None = None, fidelity: str | None = None,
+             overrides: Mapping[str, object] | None = None, calibration: str | None = None,
+             scenario: Scenario | str | None = None,
              days: float | None = None, tokens: float | str | None = None,
-             profile: str | Mapping[str, Any] | FailureProfile = "llama3-h100",
-             checkpoint_interval: str | float = "auto", checkpoint_mode: str = "sync",
+             profile: str | Mapping[str, Any] | FailureProfile | None = None,
+             checkpoint_interval: str | float | None = None, checkpoint_mode: str | None = None,
              policy: str | None = None, spare_nodes: int | None = None,
              responses: Responses | Mapping[str, Any] | None = None,
-             seeds: int = 100, seed: int = 0, **plan_fields: Any) -> LongRunResult:
+             seeds: int | None = None, seed: int | None = None,
+             **plan_fields: Any) -> LongRunResult:
     """``trainsim failures``: simulate one step of ``model`` under the plan (as
-    :func:`simulate`), then the long run with failures (:func:`simulate_long_run`).
+    :func:`simulate`, at ``analytic`` fidelity by default), then the long run with
+    failures (:func:`sim.longrun.simulate_long_run`).
 
-    Plan fields (``tp=8, pp=16, ...``) or ``plan`` as in :func:`simulate`.
+    Plan fields (``tp=8, pp=16, ...``) or ``plan`` as in :func:`simulate`. Long-run
+    inputs left at None come from ``scenario``'s ``[failures]`` table, else
+    :data:`trainsim.defaults.FAILURES` (profile llama3-h100, checkpoint interval auto,
+    sync saves, 100 seeds from seed 0); exactly one of ``days`` and ``tokens``.
+
+    Returns:
+        The LongRunResult; ``to_dict()`` embeds the resolved ``scenario`` and the
+        ``trainsim_version``.
+
+    Raises:
+        ValueError: one line naming the bad field. OutOfMemoryError: when it does not fit.
     """
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cluster_spec = resolve_cluster(cluster, overrides)
-    step = simulate(spec, cluster=cluster_spec, gpus=gpus, plan=plan, fidelity=fidelity,
-                        **plan_fields)
-    return simulate_long_run(cluster=cluster_spec, gpus=gpus, days=days, tokens=tokens,
-                             profile=profile, checkpoint_interval=checkpoint_interval,
-                             checkpoint_mode=checkpoint_mode, policy=policy,
-                             spare_nodes=spare_nodes, responses=responses, seeds=seeds,
-                             seed=seed, model=spec, step=step)
+    long_run = {"days": days, "tokens": tokens, "profile": profile,
+                "checkpoint_interval": checkpoint_interval,
+                "checkpoint_mode": checkpoint_mode, "policy": policy,
+                "spare_nodes": spare_nodes, "seeds": seeds, "seed": seed,
+                "responses": None if responses is None else
+                responses if isinstance(responses, Mapping) else asdict(responses)}
+    given = _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
+                           None, None, plan_fields)
+    given = Scenario(**{**given.__dict__, "failures": {k: v for k, v in long_run.items()
+                                                        if v is not None}})
+    return run_failures(_scenario(scenario).merged(given))
+
+
+def run_failures(scenario: Scenario) -> LongRunResult:
+    """Simulate the step a scenario describes, then its long run (``[failures]``).
+
+    Raises:
+        ValueError: for bad inputs (one line). OutOfMemoryError: when it does not fit.
+    """
+    step = resolve.resolve_step(scenario, default_fidelity=defaults.FAILURES_FIDELITY)
+    long_run = {**defaults.FAILURES, **scenario.failures}
+    result = simulate_long_run(cluster=step.cluster, gpus=step.gpus, model=step.model,
+                               step=_simulate(step), **long_run)
+    result.embedded = {"scenario": {**step.scenario.to_dict(), "failures": _plain(long_run)},
+                       "trainsim_version": VERSION}
+    return result
+
+
+def _plain(value: Any) -> Any:
+    """TOML/JSON data: tables as dicts, tuples as lists, None entries dropped."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return _plain(value.to_dict()) if hasattr(value, "to_dict") else value
 
 
 def hardware_list() -> pd.DataFrame:
@@ -244,5 +327,9 @@ def hardware_list() -> pd.DataFrame:
 
 
 def hardware_show(cluster: str, overrides: Mapping[str, object] | None = None) -> dict:
-    """Every field of a preset (after overrides), JSON-serialisable."""
+    """Every field of a preset (after overrides), JSON-serialisable.
+
+    Raises:
+        ValueError: unknown preset or bad override (one line).
+    """
     return cluster_to_dict(load_cluster(cluster, overrides))
