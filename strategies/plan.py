@@ -25,7 +25,8 @@ RECOMPUTE = ("none", "selective", "full")
 #: Valid pipeline schedules: read them through this name (``strategies.plan.SCHEDULES``),
 #: never as a literal list; the check below looks it up at call time.
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-PLAN_DTYPES = ("bf16", "fp8")
+#: Matmul dtypes of a plan (fp16/fp32: e.g. the CPU replay of validate's tiny example).
+PLAN_DTYPES = ("bf16", "fp8", "fp16", "fp32")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 PS_PLACEMENTS = ("dedicated", "colocated")
@@ -190,7 +191,8 @@ def check_plan_fields(plan: ParallelPlan) -> None:
         minimum, choices = spec.metadata["minimum"], spec.metadata["choices"]
         if minimum is not None and (isinstance(value, bool) or not isinstance(value, int)
                                     or value < minimum):
-            raise ValueError(f"{spec.name}: {value!r} is not valid; give an integer >= {minimum}")
+            raise ValueError(f"{spec.name}: {value!r} is not valid; give a whole number >= "
+                             f"{minimum}")
         if choices is not None and (value not in choices() or isinstance(value, bool)):
             raise ValueError(f"{spec.name}: {value!r} is not valid; valid: "
                              f"{', '.join(map(str, choices()))}")

@@ -18,10 +18,11 @@ FORMATS = ("table", "json", "csv")
 PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
                 ("ep", "ep"), ("vpp", "vpp"), ("mb", "micro_batch"), ("zero", "zero"),
                 ("recompute", "recompute"), ("schedule", "schedule"),
-                ("step (s)", "step_time_s"), ("MFU (%)", "mfu_percent"),
-                ("mem (GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
+                ("step\n(s)", "step_time_s"), ("MFU\n(%)", "mfu_percent"),
+                ("mem\n(GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
                 ("cost", "cost"))
-
+#: Columns left out of the table (and named in the header) when every plan has 1.
+_OPTIONAL_COLUMNS = ("cp", "ep", "vpp")
 
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to ``app``."""
@@ -132,10 +133,14 @@ def _emit_report(report, output_format: str) -> None:
               + (f"; cost = GPU-hours x {i['price_per_gpu_hour']:g} per GPU-hour"
                  if i["price_per_gpu_hour"] else ""))
     frame = frame.assign(mfu_percent=100 * frame["mfu"])
+    ones = [c for c in _OPTIONAL_COLUMNS if (frame[c] == 1).all()]
+    if ones:
+        out.print(f"# {', '.join(f'{c} 1' for c in ones)} in every plan")
+    columns = [(h, c) for h, c in PLAN_COLUMNS if c not in ones]
     rows = ([number(row[c], 3) if c in ("step_time_s", "mfu_percent", "peak_memory_GiB",
-                                         "days_to_train", "cost") else number(row[c])
-             for _, c in PLAN_COLUMNS] for row in frame.to_dict(orient="records"))
-    out.print(table([h for h, _ in PLAN_COLUMNS], rows, left=("recompute", "schedule")))
+                                         "days_to_train") else number(row[c])
+             for _, c in columns] for row in frame.to_dict(orient="records"))
+    out.print(table([h for h, _ in columns], rows, left=("recompute", "schedule")))
     _print_counts(report, out)
 
 
