@@ -135,7 +135,8 @@ def test_cli_rejects_bad_perturbations_in_one_line(capsys, args, field):
 
 def test_cli_reports_what_the_slowest_rank_costs(capsys):
     code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--gpus", "16",
-                             "--seq-len", "2048", "--straggler", "3:0.5", "--thermal",
+                             "--seq-len", "2048", "--global-batch", "64", "--straggler", "3:0.5",
+                             "--thermal",
                              "4:0.0:0.01:0.5", "--format", "json")
     assert code == 0, err
     data = json.loads(out)

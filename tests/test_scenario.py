@@ -55,17 +55,21 @@ def test_result_embeds_its_resolved_scenario_and_the_version():
     assert {"step_time_s", "tokens_per_s", "mfu", "memory", "breakdown", "inputs"} <= set(data)
 
 
+def _rerun(capsys, command: str, out: str, path: Path) -> str:
+    """Save a result JSON, run ``trainsim <command> --scenario`` on it; its stdout."""
+    path.write_text(out)
+    code, again, err = run_cli(capsys, command, "--scenario", str(path), "--format", "json")
+    assert code == 0, err
+    return again
+
+
 def test_a_result_json_reruns_bit_identically(capsys, tmp_path):
     code, out, err = run_cli(capsys, *STEP_ARGS[:-2], "--straggler", "3:0.5", "--set",
                              "nic.gbit_per_s=200", "--format", "json")
     assert code == 0, err
-    result = tmp_path / "result.json"
-    result.write_text(out)
-    code, again, err = run_cli(capsys, "simulate", "--scenario", str(result), "--format",
-                               "json")
-    assert code == 0, err
-    assert again == out
-    assert trainsim.simulate(scenario=str(result)).to_dict() == json.loads(out)
+    assert _rerun(capsys, "simulate", out, tmp_path / "result.json") == out
+    assert trainsim.simulate(scenario=str(tmp_path / "result.json")).to_dict() == \
+        json.loads(out)
 
 
 def test_a_failures_result_reruns_bit_identically(capsys, tmp_path):
@@ -78,12 +82,7 @@ def test_a_failures_result_reruns_bit_identically(capsys, tmp_path):
                                             "checkpoint_interval": "30min",
                                             "checkpoint_mode": "sync", "seeds": 8, "seed": 0,
                                             "days": 5.0}
-    result = tmp_path / "failures.json"
-    result.write_text(out)
-    code, again, err = run_cli(capsys, "failures", "--scenario", str(result), "--format",
-                               "json")
-    assert code == 0, err
-    assert again == out
+    assert _rerun(capsys, "failures", out, tmp_path / "failures.json") == out
 
 
 def test_flags_given_explicitly_win_over_the_scenario(capsys, tmp_path):
