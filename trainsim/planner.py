@@ -55,6 +55,7 @@ from strategies.model_spec import ModelSpec
 from strategies import plan as plans
 from strategies.plan import RECOMPUTE, ZERO_STAGES, ParallelPlan, validate_plan
 from trainsim import defaults
+from trainsim.version import VERSION
 
 SECONDS_PER_DAY = 86_400.0
 #: Schedules the default search leaves out, and why: GPipe does 1F1B's work with every
@@ -408,8 +409,9 @@ class PlanReport:
             ``goodput``, ``checkpoint_interval_s``, ``effective_tokens_per_s``,
             ``days_to_train`` and ``cost`` (None without tokens / price), ``fidelity``,
             ``ranked_step_time_s`` (at the ranking fidelity), ``command`` (the
-            ``trainsim simulate`` call that reproduces the step time) and ``scenario``
-            (the same as a scenario file's data, :mod:`trainsim.scenario`).
+            ``trainsim simulate`` call that reproduces the step time), ``scenario``
+            (the same as a scenario file's data, :mod:`trainsim.scenario`) and
+            ``trainsim_version``.
         counts: ``enumerated``, ``invalid``, ``out_of_memory``, ``dominated``,
             ``feasible``, ``simulated``.
         dropped: reason -> number of candidates dropped for it.
@@ -590,7 +592,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
         command = simulate_command(scenario["model"], scenario["cluster"], gpus, plan,
                                    row["fidelity"], overrides, scenario.get("calibration"))
         plans.append({"rank": i, **row, "command": "trainsim " + shlex.join(command),
-                      "scenario": scenario})
+                      "scenario": scenario, "trainsim_version": VERSION})
     inputs = {"model": spec.name, "cluster": cspec.name, "gpus": gpus, "seq_len": seq_len,
               "global_batch": global_batch, "tokens": token_count,
               "price_per_gpu_hour": price, "profile": profile, "sort": sort,

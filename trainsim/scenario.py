@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -335,8 +335,3 @@ def _toml_value(value: Any) -> str:
     raise ValueError(f"scenario: {value!r} cannot be written to TOML; give numbers, strings, "
                      "booleans or lists of them")
 
-
-def with_plan(scenario: Scenario, **fields: Any) -> Scenario:
-    """``scenario`` with plan fields set (None values ignored)."""
-    return replace(scenario, plan={**scenario.plan,
-                                   **{k: v for k, v in fields.items() if v is not None}})
