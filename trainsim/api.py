@@ -92,6 +92,10 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
         ValueError: one line naming the bad field, its value and what is valid.
     """
     spec = resolve_cluster(cluster, overrides, calibration)
+    if isinstance(nodes, int) and nodes > spec.max_nodes:
+        raise ValueError(f"nodes: {nodes} exceeds the {spec.max_nodes} nodes of cluster "
+                         f"{spec.name!r}; give 1..{spec.max_nodes}, or make room with --set "
+                         f"max_nodes={nodes} (overrides {{'max_nodes': {nodes}}})")
     sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                         parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
     return collective_sweep(op, spec, nodes=nodes,

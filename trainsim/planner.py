@@ -496,6 +496,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
                     calibration=calibration)
     cspec = resolve.cluster_spec(base)
     gpus = _positive_number("gpus", gpus, integer=True)
+    resolve.check_fits_cluster(gpus, cspec)
     seq_len = _positive_number("seq_len", seq_len, integer=True)
     top = _positive_number("top", top, integer=True)
     if sort not in ("time", "cost"):

@@ -117,6 +117,22 @@ def plan_of(scenario: Scenario) -> ParallelPlan:
     return ParallelPlan(**defaults.resolve_plan_fields(scenario.plan, gpus=scenario.gpus))
 
 
+def check_fits_cluster(gpus: int, cluster: ClusterSpec) -> None:
+    """A job larger than the preset's machine room fails here, saying which override
+    makes room for it.
+
+    Raises:
+        ValueError: ``gpus: N ... --set max_nodes=M`` (one line).
+    """
+    room = cluster.max_nodes * cluster.gpus_per_node
+    if gpus > room:
+        needed = -(-gpus // cluster.gpus_per_node)
+        raise ValueError(f"gpus: {gpus:,} GPUs exceed the {room:,} of {cluster.name!r} "
+                         f"({cluster.max_nodes:,} nodes x {cluster.gpus_per_node}); give fewer "
+                         f"GPUs, or make room with --set max_nodes={needed} (overrides "
+                         f"{{'max_nodes': {needed}}})")
+
+
 def perturbations_of(scenario: Scenario) -> Perturbations:
     """The scenario's perturbations (trainsim.perturbations syntax).
 
@@ -141,6 +157,7 @@ def resolve_step(scenario: Scenario, *, default_fidelity: str) -> ResolvedStep:
     perturbations = perturbations_of(scenario)
     fidelity = default_fidelity if scenario.fidelity is None else scenario.fidelity
     gpus = plan.world_size if scenario.gpus is None else scenario.gpus
+    check_fits_cluster(max(gpus, plan.world_size), cluster)
     return ResolvedStep(model=model, cluster=cluster, plan=plan, gpus=gpus, fidelity=fidelity,
                         perturbations=perturbations,
                         scenario=resolved_scenario(scenario, plan=plan, gpus=gpus,

@@ -12,7 +12,7 @@ from trainsim.cli import options
 from trainsim.cli.errors import check_choice
 from trainsim.cli.output import console, job_header, spinner, table
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "nccl-tests")
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,9 @@ def collective(
                                  "(alpha-beta closed form, the same for one collective) or "
                                  "flow (max-min)."),
     dtype: str = typer.Option("float", "--type", help="Element type for the count column."),
-    output_format: str = options.format_option(FORMATS),
+    output_format: str = typer.Option("table", "--format", help="table, csv, json, or "
+                                      "nccl-tests (its exact stdout: out-of-place and in-place "
+                                      "columns, for nccl-tests log parsers)."),
     set_: Optional[List[str]] = options.set_option(),
     calibration: Optional[str] = options.calibration_option(),
 ) -> None:
@@ -51,6 +53,9 @@ def collective(
                             step_factor=step_factor, fidelity=fidelity, dtype=dtype)
     if output_format == "json":
         print(json.dumps(df.to_dict(orient="records"), indent=1))
+    elif output_format == "nccl-tests":
+        print(nccl_tests_text(df, op, spec, nodes, gpus_per_node or spec.gpus_per_node,
+                              step_factor), end="")
     elif output_format == "csv":
         print(df.to_csv(index=False), end="")
     else:
@@ -72,3 +77,31 @@ def _nccl_table(df):
     return table(("size\n(B)", "count\n(elements)", "type", "redop", "root", "time\n(us)",
                   "algbw\n(GB/s)", "busbw\n(GB/s)", "algorithm", "protocol"), rows,
                  left=("type", "redop", "algorithm", "protocol"))
+
+
+def nccl_tests_text(df, op: str, spec, nodes: int, gpus_per_node: int, step_factor: int) -> str:
+    """The sweep as nccl-tests prints it (``<op>_perf``): one ``#  Rank`` line per rank
+    (host ``node<N>``), then out-of-place and in-place time, algbw, busbw and ``#wrong``
+    (the simulation moves no data: ``N/A``, as nccl-tests prints with ``-c 0``); in-place
+    equals out-of-place here."""
+    ranks = nodes * gpus_per_node
+    lines = [f"# nThread 1 nGpus 1 minBytes {df['size_bytes'].iloc[0]} maxBytes "
+             f"{df['size_bytes'].iloc[-1]} step: {step_factor}(factor) warmup iters: 0 iters: "
+             "1 agg iters: 1 validation: 0 graph: 0",
+             "#", f"# Collective test starting: {op}_perf (simulated by trainsim)", "#",
+             "# Using devices"]
+    lines += [f"#  Rank {r:2d} Group  0 Pid {0:6d} on {f'node{r // gpus_per_node}':>10} "
+              f"device {r % gpus_per_node:2d} [0x00] {spec.gpu.name}" for r in range(ranks)]
+    lines += ["#",
+              f"#{'':>62}out-of-place{'':>23}in-place",
+              f"#{'size':>11} {'count':>13} {'type':>9} {'redop':>7} {'root':>7} "
+              + " ".join([f"{'time':>8} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"] * 2),
+              f"#{'(B)':>11} {'(elements)':>13} {'':>9} {'':>7} {'':>7} "
+              + " ".join([f"{'(us)':>8} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"] * 2)]
+    for r in df.itertuples(index=False):
+        result = f"{r.time_us:8.2f} {r.algbw_GBps:7.2f} {r.busbw_GBps:7.2f} {'N/A':>6}"
+        lines.append(f"{r.size_bytes:12d} {r.count:13d} {r.type:>9} {r.redop:>7} "
+                     f"{r.root:7d} {result} {result}")
+    lines += ["# Out of bounds values : 0 OK",
+              f"# Avg bus bandwidth    : {df['busbw_GBps'].mean():.4f} ", "#", ""]
+    return "\n".join(lines)
