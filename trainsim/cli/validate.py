@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice
+from trainsim.cli.errors import check_choice, check_output_path
 from trainsim.cli.output import console, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
@@ -292,6 +292,7 @@ def register(app: typer.Typer) -> None:
         from validate.calibrate import calibrate as run_calibrate
 
         check_choice("format", output_format, ("table", "json"))
+        check_output_path("out", out)
         result = run_calibrate(inputs, cluster=cluster, overrides=options.parse_overrides(set_),
                                out=out, source=source)
         if output_format == "json":
