@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hardware.catalog import load_cluster  # noqa: E402
 from sim.analytic_step import PricingCache  # noqa: E402
-from sim.api import make_plan  # noqa: E402
+from trainsim.api import make_plan  # noqa: E402
 from sim.step import simulate_step  # noqa: E402
 from strategies.models import load_model  # noqa: E402
 from strategies.plan import validate_plan  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sim import planner
+from trainsim import planner
 
 
 def main() -> None:

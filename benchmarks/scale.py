@@ -54,7 +54,7 @@ def plan_for(model: str, gpus: int) -> dict:
 def run_one(model: str, gpus: int, fidelity: str) -> dict:
     """Simulate one step in this process; return its measurements."""
     from hardware.catalog import load_cluster
-    from sim.api import make_plan
+    from trainsim.api import make_plan
     from sim.step import simulate_step
     from strategies.models import load_model
 

@@ -78,6 +78,8 @@ class StepResult:
             ``ops_priced`` by the analytic model.
         perturbation_cost: with perturbations, the unperturbed step, the
             slowdown (seconds and fraction) and the critical rank.
+        embedded: what the application layer records for reproducibility (its
+            resolved ``scenario`` and ``trainsim_version``); added to ``to_dict()``.
     """
 
     step_time_s: float
@@ -94,6 +96,7 @@ class StepResult:
     ps: dict[str, object] | None = None
     stats: dict[str, int] = field(default_factory=dict)
     perturbation_cost: dict[str, object] | None = None
+    embedded: dict[str, object] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable summary (no timeline)."""
@@ -110,6 +113,7 @@ class StepResult:
             **({"ps": self.ps} if self.ps is not None else {}),
             **({"perturbation_cost": self.perturbation_cost}
                if self.perturbation_cost is not None else {}),
+            **(self.embedded or {}),
         }
 
     def breakdown_frame(self) -> pd.DataFrame:

@@ -17,23 +17,54 @@ stages are far apart. ``order`` can override it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 from strategies.schedules import SCHEDULES, get_schedule
 
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
-PLAN_DTYPES = ("bf16", "fp8")
+#: Matmul dtypes of a plan (fp16/fp32: e.g. the CPU replay of validate's tiny example).
+PLAN_DTYPES = ("bf16", "fp8", "fp16", "fp32")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
 TP_COMM_OVERLAPS = ("none", "async", "userbuffers")
 PS_PLACEMENTS = ("dedicated", "colocated")
+#: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
+#: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
+SEARCH_KINDS = ("list", "fixed", "derived")
+
+
+def _field(default: Any, help: str, *, cli: str | None = None, aliases: tuple[str, ...] = (),
+           search: str = "fixed", choices: Callable[[], tuple] | None = None,
+           minimum: int | None = None) -> Any:
+    """A plan field declared once, with what the application layer needs to offer it.
+
+    Metadata: ``help`` (one sentence for ``--help``), ``cli`` (the option, default
+    ``--`` + the name with dashes), ``aliases`` (other spellings, e.g. Megatron-LM's),
+    ``search`` (:data:`SEARCH_KINDS`), ``choices`` (a function returning the valid
+    values, read when asked so a registry can change them) and ``minimum`` (of an int).
+    :meth:`ParallelPlan.__post_init__` checks ``choices`` and ``minimum``.
+    """
+    if search not in SEARCH_KINDS:
+        raise ValueError(f"search: {search!r} is not valid; valid: {', '.join(SEARCH_KINDS)}")
+    metadata = {"help": help, "cli": cli, "aliases": aliases, "search": search,
+                "choices": choices, "minimum": minimum}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
     """How a training step is split over GPUs.
+
+    Every field carries its help text, command-line spelling (and Megatron-LM aliases)
+    and its role in ``trainsim plan``'s search as ``dataclasses`` metadata (:func:`_field`):
+    the ``trainsim`` commands generate their plan options from it, so a new field with
+    metadata appears on the command line with no other edit.
+
+    A plan checks itself when it is built (:meth:`__post_init__`): every rule that does
+    not depend on the model. :func:`validate_plan` adds the model's and the cluster's.
 
     Attributes:
         dp, tp, pp, cp: data, tensor, pipeline and context parallel sizes.
@@ -50,7 +81,7 @@ class ParallelPlan:
             all-gather.
         recompute: activation recomputation ``none``, ``selective`` (attention
             core only) or ``full`` (whole layer, from its input).
-        schedule: pipeline schedule.
+        schedule: pipeline schedule (one of :data:`SCHEDULES`).
         dtype: compute dtype of matmuls.
         flash_attention: fused attention kernels (FlashAttention); False for
             the unfused attention of Megatron-LM 2021, which materialises the
@@ -92,34 +123,80 @@ class ParallelPlan:
             (async and stale need >= 2 to show their effect).
     """
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    vpp: int = 1
-    micro_batch: int = 1
-    global_batch: int = 1
-    seq_len: int = 2048
-    zero: int = 1
-    sequence_parallel: bool = True
-    recompute: str = "none"
-    schedule: str = "1f1b"
-    dtype: str = "bf16"
-    flash_attention: bool = True
-    grad_bucket_bytes: int = 40_000_000
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    grad_reduce_dtype: str = "bf16"
-    tp_comm_overlap: str = "async"
-    recompute_layers: int = 0
-    layers_per_stage: tuple[int, ...] | None = None
-    order: tuple[str, ...] = field(default=("tp", "cp", "dp", "pp"))
-    dp_mode: str = "allreduce"
-    ps_servers: int = 0
-    ps_placement: str = "dedicated"
-    staleness: int = 0
-    ps_steps: int = 1
+    dp: int = _field(1, "Data-parallel size.", search="derived",
+                     minimum=1)
+    tp: int = _field(1, "Tensor-parallel size.", aliases=("--tensor-model-parallel-size",),
+                     search="list", minimum=1)
+    pp: int = _field(1, "Pipeline-parallel size.",
+                     aliases=("--pipeline-model-parallel-size",), search="list", minimum=1)
+    cp: int = _field(1, "Context-parallel size.", aliases=("--context-parallel-size",),
+                     search="list", minimum=1)
+    ep: int = _field(1, "Expert-parallel size (MoE; divides dp).",
+                     aliases=("--expert-model-parallel-size",), search="list", minimum=1)
+    vpp: int = _field(1, "Virtual pipeline stages per rank; > 1 implies the interleaved "
+                         "schedule unless one is given.",
+                      aliases=("--virtual-pipeline-model-parallel-size",), search="list",
+                      minimum=1)
+    micro_batch: int = _field(1, "Sequences per micro-batch.", aliases=("--micro-batch-size",),
+                              search="list", minimum=1)
+    global_batch: int = _field(1, "Sequences per step over all replicas.",
+                               aliases=("--global-batch-size",), minimum=1)
+    seq_len: int = _field(2048, "Tokens per sequence.", aliases=("--seq-length",), minimum=1)
+    zero: int = _field(1, "ZeRO stage (3 = FSDP).", search="list",
+                       choices=lambda: ZERO_STAGES)
+    sequence_parallel: bool = _field(True, "Sequence parallelism with TP.")
+    recompute: str = _field("none", "Activation recomputation.", search="list",
+                            choices=lambda: RECOMPUTE)
+    schedule: str = _field("1f1b", "Pipeline schedule.", search="list",
+                           choices=lambda: SCHEDULES)
+    dtype: str = _field("bf16", "Compute dtype of the matmuls.", choices=lambda: PLAN_DTYPES)
+    flash_attention: bool = _field(True, "Fused attention kernels (FlashAttention).")
+    grad_bucket_bytes: int = _field(40_000_000, "Gradient bucket of the DP reduction (bytes).",
+                                    minimum=1)
+    overlap_grad_reduce: bool = _field(True, "Overlap the DP gradient reduction with the "
+                                             "backward pass.")
+    overlap_param_gather: bool = _field(True, "ZeRO-1/2: gather the updated parameters layer by "
+                                              "layer in the next step's first forward "
+                                              "(Megatron --overlap-param-gather).")
+    grad_reduce_dtype: str = _field("bf16", "Dtype gradients accumulate and are reduced in "
+                                            "over data parallelism.",
+                                    choices=lambda: GRAD_REDUCE_DTYPES)
+    tp_comm_overlap: str = _field("async", "TP communication against compute: none (blocking), "
+                                           "async (Megatron-Core's overlapped column-parallel "
+                                           "backward) or userbuffers (TE pipelines every TP "
+                                           "collective with its GEMM).",
+                                  choices=lambda: TP_COMM_OVERLAPS)
+    recompute_layers: int = _field(0, "With full recompute: layers of each virtual stage to "
+                                      "recompute (0 = all; Megatron --recompute-num-layers).",
+                                   minimum=0)
+    layers_per_stage: tuple[int, ...] | None = _field(
+        None, "Uneven split of the layers over pp*vpp stages, e.g. 7,8,8,7 (none: "
+              "balanced).")
+    order: tuple[str, ...] = _field(("tp", "cp", "dp", "pp"), "Rank order, fastest-varying "
+                                    "axis first: a permutation of tp,cp,dp,pp.")
+    dp_mode: str = _field("allreduce", "Data parallelism: all-reduce, or parameter servers "
+                                       "(need tp = pp = cp = 1).", choices=lambda: DP_MODES)
+    ps_servers: int = _field(0, "Parameter-server shards (0 = one per worker node).",
+                             minimum=0)
+    ps_placement: str = _field("dedicated", "Parameter servers on extra nodes (dedicated) or "
+                                            "on worker GPUs (colocated).",
+                               choices=lambda: PS_PLACEMENTS)
+    staleness: int = _field(0, "ps-stale: steps a worker may run ahead of its parameters.",
+                            minimum=0)
+    ps_steps: int = _field(1, "Steps simulated in parameter-server modes (the step time is "
+                              "the steady-state interval).", minimum=1)
+
+    def __post_init__(self) -> None:
+        """Check every rule that does not depend on the model (one line per problem).
+
+        Raises:
+            ValueError: naming the field, its value and what is valid.
+        """
+        for name in ("layers_per_stage", "order"):  # lists (JSON, TOML) become tuples
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        check_plan_fields(self)
 
     @property
     def world_size(self) -> int:
@@ -132,11 +209,53 @@ class ParallelPlan:
         return self.global_batch // (self.dp * self.micro_batch)
 
 
+def check_plan_fields(plan: ParallelPlan) -> None:
+    """The model-independent rules of a plan, in field order, then between fields.
+
+    Raises:
+        ValueError: one line naming the field, its value and what is valid.
+    """
+    for spec in PLAN_FIELDS:
+        value = getattr(plan, spec.name)
+        minimum, choices = spec.metadata["minimum"], spec.metadata["choices"]
+        if minimum is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < minimum):
+            raise ValueError(f"{spec.name}: {value!r} is not valid; give a whole number >= "
+                             f"{minimum}")
+        if choices is not None and (value not in choices() or isinstance(value, bool)):
+            raise ValueError(f"{spec.name}: {value!r} is not valid; valid: "
+                             f"{', '.join(map(str, choices()))}")
+        if spec.type in (bool, "bool") and not isinstance(value, bool):
+            raise ValueError(f"{spec.name}: {value!r} is not valid; give true or false")
+    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % plan.tp:
+        raise ValueError(f"tp: {plan.tp} does not divide seq_len {plan.seq_len} (sequence "
+                         "parallelism splits the sequence over tp); valid: a divisor of the "
+                         "sequence length, or sequence_parallel false")
+    if plan.seq_len % (2 * plan.cp) and plan.cp > 1:
+        raise ValueError(f"seq_len: {plan.seq_len} is not divisible by 2*cp = {2 * plan.cp} "
+                         "(context parallelism splits the sequence in 2*cp load-balanced chunks)")
+    if plan.layers_per_stage is not None:
+        split = tuple(plan.layers_per_stage)
+        stages = plan.pp * plan.vpp
+        if len(split) != stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                       for n in split):
+            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
+                             "layer counts (pp*vpp)")
+    if sorted(plan.order) != sorted(AXES):
+        raise ValueError(f"order: {tuple(plan.order)} is not valid; give a permutation of "
+                         f"{', '.join(AXES)}")
+    if plan.recompute_layers and plan.recompute != "full":
+        raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
+                         f"not {plan.recompute!r}; give recompute_layers 0")
+    _validate_dp_mode(plan)
+
+
 def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv_heads: int,
                   num_experts: int = 0, gpus: int | None = None,
                   cluster_gpus: int | None = None) -> None:
-    """Reject a plan that cannot run, with one line naming the field, the value
-    and what would be valid (torchtitan's ParallelDims style: print every factor).
+    """Reject a plan that cannot run this model on this job, with one line naming the
+    field, the value and what would be valid (torchtitan's ParallelDims style: print every
+    factor). The plan already checked its own fields when it was built.
 
     Args:
         plan: the plan.
@@ -148,10 +267,6 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
     Raises:
         ValueError: for the first problem found.
     """
-    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len"):
-        value = getattr(plan, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: {value!r} is not valid; give an integer >= 1")
     factors = f"dp {plan.dp} x tp {plan.tp} x pp {plan.pp} x cp {plan.cp} = {plan.world_size}"
     if gpus is not None and plan.world_size != gpus:
         raise ValueError(f"gpus: {gpus} but the plan uses {factors}; "
@@ -159,54 +274,29 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
     if cluster_gpus is not None and plan.world_size > cluster_gpus:
         raise ValueError(f"gpus: the plan uses {factors} but the cluster has only "
                          f"{cluster_gpus} GPUs; give a smaller plan or a larger cluster")
-    if plan.zero not in ZERO_STAGES:
-        raise ValueError(f"zero: {plan.zero!r} is not valid; valid: 0, 1, 2, 3 (3 = FSDP)")
-    if plan.recompute not in RECOMPUTE:
-        raise ValueError(f"recompute: {plan.recompute!r} is not valid; valid: {', '.join(RECOMPUTE)}")
-    if plan.schedule not in SCHEDULES:
-        raise ValueError(f"schedule: {plan.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}")
-    schedule = get_schedule(plan.schedule)
-    if plan.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
-        raise ValueError(f"grad_reduce_dtype: {plan.grad_reduce_dtype!r} is not valid; valid: "
-                         f"{', '.join(GRAD_REDUCE_DTYPES)}")
-    if plan.tp_comm_overlap not in TP_COMM_OVERLAPS:
-        raise ValueError(f"tp_comm_overlap: {plan.tp_comm_overlap!r} is not valid; valid: "
-                         f"{', '.join(TP_COMM_OVERLAPS)}")
-    if isinstance(plan.recompute_layers, bool) or not isinstance(plan.recompute_layers, int) \
-            or plan.recompute_layers < 0:
-        raise ValueError(f"recompute_layers: {plan.recompute_layers!r} is not valid; give an "
-                         "integer >= 0 (0 = every layer)")
-    if plan.recompute_layers and plan.recompute != "full":
-        raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
-                         f"not {plan.recompute!r}; give recompute_layers 0")
-    if plan.dtype not in PLAN_DTYPES:
-        raise ValueError(f"dtype: {plan.dtype!r} is not valid; valid: {', '.join(PLAN_DTYPES)}")
     if num_heads % plan.tp:
         raise ValueError(f"tp: {plan.tp} does not divide the model's {num_heads} attention heads; "
                          f"valid: a divisor of {num_heads}")
     if num_kv_heads % plan.tp:
         raise ValueError(f"tp: {plan.tp} does not divide the model's {num_kv_heads} key/value heads; "
                          f"valid: a divisor of {num_kv_heads}")
-    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % plan.tp:
-        raise ValueError(f"seq_len: {plan.seq_len} is not divisible by tp {plan.tp} "
-                         "(sequence parallelism splits the sequence over tp)")
-    if plan.seq_len % (2 * plan.cp) and plan.cp > 1:
-        raise ValueError(f"seq_len: {plan.seq_len} is not divisible by 2*cp = {2 * plan.cp} "
-                         "(context parallelism splits the sequence in 2*cp load-balanced chunks)")
     stages = plan.pp * plan.vpp
     if plan.layers_per_stage is not None:
         split = tuple(plan.layers_per_stage)
-        if len(split) != stages or any(n < 1 for n in split) or sum(split) != num_layers:
+        if sum(split) != num_layers:
             raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
                              f"counts (pp*vpp) summing to the model's {num_layers} layers")
     elif num_layers < stages:
         raise ValueError(f"pp: {num_layers} layers cannot fill pp {plan.pp} x vpp {plan.vpp} = "
                          f"{stages} stages; valid: pp*vpp <= {num_layers}")
+    # Model-independent, but kept here: tests/test_memory.py builds plans that break it
+    # (global batch below dp x micro-batch) to test the memory model.
     if plan.global_batch % (plan.dp * plan.micro_batch):
         raise ValueError(f"global_batch: {plan.global_batch} is not divisible by dp {plan.dp} x "
                          f"micro_batch {plan.micro_batch} = {plan.dp * plan.micro_batch}")
+    # the schedule object says which shapes it runs (strategies.schedules)
     try:
-        schedule.check(plan.pp, plan.num_microbatches, plan.vpp)
+        get_schedule(plan.schedule).check(plan.pp, plan.num_microbatches, plan.vpp)
     except ValueError as problem:
         field_name = str(problem).split("=", 1)[0]
         if field_name == "microbatches":
@@ -223,22 +313,10 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         if plan.dp % plan.ep:
             raise ValueError(f"ep: {plan.ep} does not divide dp {plan.dp}; expert parallelism "
                              "splits the data-parallel ranks")
-    if sorted(plan.order) != sorted(AXES):
-        raise ValueError(f"order: {plan.order} is not valid; give a permutation of {AXES}")
-    _validate_dp_mode(plan)
 
 
 def _validate_dp_mode(plan: ParallelPlan) -> None:
-    """The parameter-server fields (one line per problem, naming the field)."""
-    if plan.dp_mode not in DP_MODES:
-        raise ValueError(f"dp_mode: {plan.dp_mode!r} is not valid; valid: {', '.join(DP_MODES)}")
-    for name, low in (("ps_servers", 0), ("staleness", 0), ("ps_steps", 1)):
-        value = getattr(plan, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: {value!r} is not valid; give an integer >= {low}")
-    if plan.ps_placement not in PS_PLACEMENTS:
-        raise ValueError(f"ps_placement: {plan.ps_placement!r} is not valid; "
-                         f"valid: {', '.join(PS_PLACEMENTS)}")
+    """The parameter-server fields together (one line per problem, naming the field)."""
     if plan.dp_mode == "allreduce":
         for name, default in (("ps_servers", 0), ("ps_placement", "dedicated"), ("staleness", 0),
                               ("ps_steps", 1)):
@@ -268,6 +346,10 @@ def _validate_dp_mode(plan: ParallelPlan) -> None:
         raise ValueError(f"ps_steps: {plan.ps_steps} must exceed staleness {plan.staleness} "
                          f"for dp_mode 'ps-stale' to reach a steady state; give ps_steps >= "
                          f"{plan.staleness + 1} (better {plan.staleness + 2} or more)")
+
+
+#: The plan's fields with their metadata, in declaration order.
+PLAN_FIELDS = fields(ParallelPlan)
 
 
 class RankLayout:

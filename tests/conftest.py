@@ -19,7 +19,7 @@ DATA = Path(__file__).resolve().parents[1] / "validate" / "data"
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run the ``trainsim`` CLI in-process; return (exit code, stdout, stderr)."""
-    from sim.cli import main
+    from trainsim.cli import main
 
     try:
         main(list(args))

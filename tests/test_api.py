@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sim import api
+from trainsim import api
 from strategies.ir import CollectiveOp, Program, matmul_op
 
 

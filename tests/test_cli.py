@@ -21,9 +21,10 @@ def test_default_job_prints_an_nccl_tests_table(capsys):
     code, out, err = run_cli(capsys, "collective", "all_reduce", "--cluster", "dgx-h100",
                              "--nodes", "1", "--gpus-per-node", "8")
     assert code == 0, err
-    for header in ("size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)",
-                   "busbw (GB/s)"):
-        assert header in out
+    head = [line.split() for line in out.splitlines()[2:4]]  # after the two header lines
+    assert head == [["size", "count", "time", "algbw", "busbw"],
+                    ["(B)", "(elements)", "type", "redop", "root", "(us)", "(GB/s)", "(GB/s)",
+                     "algorithm", "protocol"]]
     lines = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     sizes = [int(line[0]) for line in lines]
     assert sizes[0] == 8 and sizes[-1] == 16 << 30 and len(sizes) == 32
@@ -81,7 +82,7 @@ def test_bad_input_exits_nonzero_with_one_line(capsys, args, field):
 
 def test_installed_script_reports_errors_without_traceback():
     """The same through a real process (what a user's shell sees)."""
-    done = subprocess.run([sys.executable, "-m", "sim.cli", "collective", "all_reduce",
+    done = subprocess.run([sys.executable, "-m", "trainsim.cli", "collective", "all_reduce",
                            "--cluster", "dgx-h900"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.startswith("error: cluster: 'dgx-h900' is not a preset; valid: ")
@@ -117,3 +118,34 @@ def test_failures_json_has_the_documented_keys(capsys):
 def test_failures_needs_days_or_tokens(capsys):
     code, _, err = run_cli(capsys, "failures", "--model", "llama3-8b", "--gpus", "8")
     assert code == 2 and err.startswith("error: days: give exactly one of --days or --tokens")
+
+
+def test_nccl_tests_format_is_read_by_nccl_tests_parsers(capsys):
+    """`--format nccl-tests` is nccl-tests' own stdout (out-of-place and in-place columns,
+    #wrong), which validate's nccl-tests parser (and calibrate) reads back."""
+    from validate.nccl_log import parse_nccl_tests
+
+    args = ("collective", "all_gather", "--nodes", "2", "--min-bytes", "1M", "--max-bytes",
+            "64M")
+    code, text, err = run_cli(capsys, *args, "--format", "nccl-tests")
+    assert code == 0, err
+    series = parse_nccl_tests(text, label="sim")
+    rows = json.loads(run_cli(capsys, *args, "--format", "json")[1])
+    assert (series.kind, series.nodes, series.gpus_per_node) == ("all_gather", 2, 8)
+    assert series.sizes_bytes == [r["size_bytes"] for r in rows]
+    assert series.busbw_GBps() == pytest.approx([r["busbw_GBps"] for r in rows], rel=1e-3)
+    header = next(line for line in text.splitlines() if "#wrong" in line)
+    assert header.split().count("#wrong") == 2  # out-of-place and in-place
+    data = [line.split() for line in text.splitlines() if line[:1] == " "]
+    assert all(len(parts) == 13 and parts[8] == parts[12] == "N/A" for parts in data)
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["collective", "all_reduce", "--nodes", "4096"], "--set max_nodes=4096"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "32768", "--tp", "8"],
+     "--set max_nodes=4096"),
+    (["plan", "--model", "llama3-8b", "--gpus", "20000"], "--set max_nodes=2500"),
+])
+def test_a_job_larger_than_the_preset_names_the_override(capsys, args, hint):
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and hint in err, err

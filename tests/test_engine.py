@@ -9,7 +9,7 @@ import pytest
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
-from hardware.cost import CostModel, RankConditions
+from hardware.cost import CostModel
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import (COMPUTE_STREAM, CollectiveOp, ComputeOp, Program,
                            RecvOp, SendOp)

@@ -12,8 +12,8 @@ Where they must agree and how far they may differ elsewhere:
 
 import pytest
 
-from sim import api
 from strategies.schedules import SCHEDULES
+from trainsim import api
 from conftest import run_cli
 
 EXACT = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sim import api, figures
+from trainsim import api, figures
 
 
 @pytest.fixture(scope="module")
@@ -47,5 +47,12 @@ def test_busbw_overlays_measured_points():
 def test_scaling_and_goodput_figures():
     frame = pd.DataFrame({"gpus": [8, 16], "mfu": [0.5, 0.45], "tokens_per_s": [1e5, 1.8e5]})
     assert len(figures.scaling_figure(frame).data) == 2
-    from sim.longrun import goodput_vs_interval_figure
-    assert figures.goodput_vs_interval_figure is goodput_vs_interval_figure
+    scan = pd.DataFrame({"interval_s": [600.0, 1200.0], "goodput_mean": [0.9, 0.92],
+                         "goodput_ci_lo": [0.89, 0.91], "goodput_ci_hi": [0.91, 0.93],
+                         "goodput_first_order": [0.9, 0.91],
+                         "goodput_exact": [float("nan")] * 2})
+    scan.attrs.update(young_daly_s=900.0, mtbf_s=7200.0, checkpoint_blocking_s=30.0)
+    fig = figures.goodput_vs_interval_figure(scan)
+    assert [t.name for t in fig.data] == ["simulated 95% CI", "simulated (mean)",
+                                          "first-order model"]
+    assert list(fig.data[1].x) == [10.0, 20.0]  # minutes

@@ -13,7 +13,9 @@ import pytest
 
 from conftest import expect_one_line_error as _one_line_error
 
+import trainsim
 from sim import longrun as lr
+from trainsim import figures
 from strategies import failures as fl
 
 # A job with an exactly known failure process: one exponential class at a fixed job MTBF,
@@ -118,7 +120,7 @@ def test_auto_interval_uses_the_scan_and_reports_both():
     assert d["checkpoint_interval_s"] % 10.0 == pytest.approx(0.0, abs=1e-9)   # whole steps
     assert d["checkpoint_interval_steps"] == round(d["checkpoint_interval_s"] / 10)
     assert len(d["scan"]) == 17
-    fig = lr.goodput_vs_interval_figure(result)
+    fig = figures.goodput_vs_interval_figure(result)
     names = [trace.name for trace in fig.data]
     assert names == ["simulated 95% CI", "simulated (mean)", "first-order model",
                      "exact (exponential)"]
@@ -335,9 +337,9 @@ def test_bad_inputs():
 
 def test_failures_api_simulates_the_step_first():
     """The entry point of `trainsim failures`: model + plan -> step -> long run."""
-    result = lr.failures("llama3-8b", cluster="dgx-h100", gpus=64, tp=2, pp=1,
-                         global_batch=64, seq_len=4096, tokens=2e10, seeds=10,
-                         checkpoint_interval="30min")
+    result = trainsim.failures("llama3-8b", cluster="dgx-h100", gpus=64, tp=2, pp=1,
+                               global_batch=64, seq_len=4096, tokens=2e10, seeds=10,
+                               checkpoint_interval="30min")
     d = result.to_dict()
     inputs = d["inputs"]
     assert inputs["model"] == "llama3-8b"

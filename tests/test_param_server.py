@@ -13,7 +13,7 @@ from conftest import run_cli, tiny_models
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
 from sim.engine import Engine
-from hardware.cost import CostModel, RankConditions
+from hardware.cost import CostModel
 from strategies.collectives.catalog import ALGORITHMS
 from sim.ps_step import ps_job_layout, ps_step_ends
 from sim.step import simulate_step
@@ -397,7 +397,8 @@ def test_cli_simulates_parameter_servers(capsys, tmp_path):
                                   "num_attention_heads": 16, "num_key_value_heads": 4,
                                   "intermediate_size": 4096, "vocab_size": 32000}))
     code, out, err = run_cli(capsys, "simulate", "--model", str(config), "--gpus", "8",
-                             "--seq-len", "1024", "--dp-mode", "ps-stale", "--staleness", "1",
+                             "--seq-len", "1024", "--global-batch", "32", "--dp-mode",
+                             "ps-stale", "--staleness", "1",
                              "--ps-steps", "3", "--ps-servers", "2", "--ps-placement",
                              "colocated", "--format", "json")
     assert code == 0, err
@@ -407,7 +408,8 @@ def test_cli_simulates_parameter_servers(capsys, tmp_path):
     assert data["ps"]["servers"] == 2 and data["ps"]["server_ranks"] == [0, 4]
     assert len(data["ps"]["step_ends_s"]) == 3
     code, out, err = run_cli(capsys, "simulate", "--model", str(config), "--gpus", "8",
-                             "--seq-len", "1024", "--dp-mode", "ps-sync")
+                             "--seq-len", "1024", "--global-batch", "32", "--dp-mode",
+                             "ps-sync")
     assert code == 0, err
     assert "parameter servers: ps-sync, 1 dedicated server(s) on ranks 8" in out
 

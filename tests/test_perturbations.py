@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
-from sim import api
+from trainsim import api
 from sim.step import simulate_step
 from strategies.models import load_model
 from hardware.cost import stretched_ns
@@ -136,7 +136,8 @@ def test_cli_rejects_bad_perturbations_in_one_line(capsys, args, field):
 
 def test_cli_reports_what_the_slowest_rank_costs(capsys):
     code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--gpus", "16",
-                             "--seq-len", "2048", "--straggler", "3:0.5", "--thermal",
+                             "--seq-len", "2048", "--global-batch", "64", "--straggler", "3:0.5",
+                             "--thermal",
                              "4:0.0:0.01:0.5", "--format", "json")
     assert code == 0, err
     data = json.loads(out)

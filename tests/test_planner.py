@@ -9,8 +9,8 @@ import shlex
 import pytest
 
 from conftest import expect_one_line_error, run_cli, tiny_models
-from sim import planner
-from sim.api import resolve_cluster
+from trainsim import planner
+from trainsim.api import resolve_cluster
 from sim.step import simulate_step
 from strategies.models import load_model
 

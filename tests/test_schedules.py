@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from example_schedule import EagerOneFOneB
-from sim import api, planner
+from trainsim import api, planner
 from sim.step import simulate_step
 from strategies.models import load_model
 from strategies.pipeline import check_schedule

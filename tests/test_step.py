@@ -139,7 +139,7 @@ def test_cli_simulate_json_has_the_documented_keys(capsys, tmp_path):
     trace = tmp_path / "step.json"
     code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
                              "--gpus", "16", "--tp", "4", "--pp", "2", "--seq-len", "2048",
-                             "--format", "json", "--trace", str(trace))
+                             "--global-batch", "16", "--format", "json", "--trace", str(trace))
     assert code == 0, err
     data = json.loads(out)
     for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes",

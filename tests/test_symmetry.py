@@ -8,7 +8,7 @@ The table of what was compared is printed with ``pytest -s``.
 import pytest
 
 from hardware.catalog import load_cluster
-from sim.api import make_plan
+from trainsim.api import make_plan
 from sim.engine import Engine
 from hardware.cost import CostModel, RankConditions
 from strategies.collectives.catalog import ALGORITHMS

@@ -36,7 +36,7 @@ SOURCES = [
 def calibrations(tmp_path_factory):
     """``make(source, cluster, extra) -> calibration file``, each made once per module
     with `trainsim calibrate` (the A3 Mega fit from dgx-h100 takes seconds)."""
-    from sim.cli import main
+    from trainsim.cli import main
 
     made = {}
     folder = tmp_path_factory.mktemp("calibrations")
@@ -129,7 +129,7 @@ def test_simulate_and_failures_accept_a_calibration(capsys, tmp_path):
     cal = tmp_path / "slow.toml"
     cal.write_text('[fields]\n"gpu.sustained_fraction" = 0.375\n')
     common = ("simulate", "--model", "llama2-7b", "--gpus", "8", "--tp", "8", "--seq-len",
-              "2048", "--format", "json")
+              "2048", "--global-batch", "8", "--format", "json")
     code, out, err = run_cli(capsys, *common)
     assert code == 0, err
     base = json.loads(out)["step_time_s"]

@@ -27,7 +27,7 @@ STEP_TOLERANCE = 0.15
 def replay_dir(tmp_path_factory):
     """`trainsim validate replay --example tiny --backend gloo --nproc 4` (6 iterations)."""
     out = tmp_path_factory.mktemp("replay") / "tiny"
-    from sim.cli import main
+    from trainsim.cli import main
 
     try:
         main(["validate", "replay", "--example", "tiny", "--backend", "gloo", "--nproc", "4",
@@ -93,7 +93,7 @@ def test_spans_use_the_timeline_schema_and_environment_is_recorded(replay_dir):
 
 
 def _replay_command(out: Path, iterations: int) -> list[str]:
-    return [sys.executable, "-m", "sim.cli", "validate", "replay", "--example", "tiny",
+    return [sys.executable, "-m", "trainsim.cli", "validate", "replay", "--example", "tiny",
             "--backend", "gloo", "--nproc", "4", "--iterations", str(iterations),
             "--warmup", "1", "--out", str(out)]
 

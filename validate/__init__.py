@@ -1,5 +1,5 @@
-"""Real execution: replay a Program on real hardware with torch.distributed, measure,
-calibrate the simulator and compare.
+"""validate: real execution. What it is: replay a Program on real hardware with
+torch.distributed, measure, calibrate the simulator and compare.
 
 This is the only package that imports torch, and only inside the modules that run
 ranks (replay, kernels, microbench, worker, env_info), never at ``import validate``:
@@ -18,4 +18,11 @@ Modules, one job each:
 * ``nccl_log`` -- nccl-tests stdout and the shared CSV tables;
 * ``calibrate`` -- fit the hardware model, write a calibration file;
 * ``compare`` -- simulate what a directory measured, report the error.
+
+What it exports: nothing at package level; import the module you need. ``import
+validate`` loads no submodule and no torch.
+
+What it must not import: ``trainsim`` (the application layer on top, whose
+``validate``/``calibrate`` commands import this package inside their functions); of
+this repository only ``hardware``, ``strategies`` and ``sim`` (tests/test_layering.py).
 """

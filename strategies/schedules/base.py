@@ -28,7 +28,6 @@ from typing import ClassVar, Sequence
 from strategies.pipeline import (
     Action,
     StagePlacement,
-    check_schedule,
     interleaved_placement,
     peak_held,
     simulate_unit_times,

@@ -1,8 +1,8 @@
 """``trainsim validate replay|collectives|gemm|compare`` and ``trainsim calibrate``.
 
-Registered on the main app by :mod:`sim.cli`. torch and the ``validate`` package are
-imported inside the commands only, so ``trainsim simulate`` never loads torch
-(tests/test_layering.py).
+torch and the ``validate`` package are imported inside the commands only, so ``trainsim
+simulate`` never loads torch (tests/test_layering.py). ``validate replay --model`` takes
+the same plan options (and ``--scenario``) as ``trainsim simulate``.
 """
 
 from __future__ import annotations
@@ -10,27 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from trainsim.cli import options
+from trainsim.cli.errors import check_choice, check_output_path
+from trainsim.cli.output import console, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
 EXIT_OUT_OF_TOLERANCE = 1
-
-
-def calibrated_cluster(cluster: str, overrides: dict, calibration: Optional[str]):
-    """The preset (with overrides), with a calibration file applied when given.
-
-    Raises:
-        ValueError: unknown preset, bad override or unreadable calibration (one line).
-    """
-    from hardware.calibration import apply_calibration, load_calibration
-    from hardware.catalog import load_cluster
-
-    spec = load_cluster(cluster, overrides)
-    return apply_calibration(spec, load_calibration(calibration)) if calibration else spec
 
 
 def _split(text: str, field: str) -> list[str]:
@@ -78,13 +67,14 @@ def _run(task: dict, nproc: Optional[int]) -> int:
     return env.rank
 
 
-def _program(example: Optional[str], program_file: Optional[str], model: Optional[str],
-             plan_fields: dict):
+def _program(example: Optional[str], program_file: Optional[str], source):
+    """The Program to replay: a built-in example, a Program file, or the step of the
+    scenario's model and plan (as ``trainsim simulate`` lowers it, every rank listed)."""
     from validate.examples import example_program, full_program
     from validate.program_io import load_program
 
     given = [name for name, value in (("example", example), ("program", program_file),
-                                      ("model", model)) if value]
+                                      ("model", source.model)) if value]
     if len(given) != 1:
         raise ValueError("program: give exactly one of --example NAME, --program FILE or "
                          f"--model M (got {', '.join(given) or 'none'})")
@@ -92,20 +82,18 @@ def _program(example: Optional[str], program_file: Optional[str], model: Optiona
         return example_program(example)
     if program_file:
         return load_program(program_file)
-    from sim.api import make_plan
-    from strategies.models import load_model
     from strategies.plan import validate_plan
+    from trainsim import resolve
 
-    spec = load_model(model)
-    plan = make_plan(**plan_fields)
+    spec = resolve.load_model_ref(source.model)
+    plan = resolve.plan_of(source)
     validate_plan(plan, num_layers=spec.num_layers, num_heads=spec.num_heads,
                   num_kv_heads=spec.num_kv_heads,
-                  num_experts=spec.moe.num_experts if spec.moe else 0,
-                  gpus=plan_fields.get("gpus"))
+                  num_experts=spec.moe.num_experts if spec.moe else 0, gpus=source.gpus)
     return full_program(spec, plan)
 
 
-def register(app: typer.Typer, parse_overrides, check_choice) -> None:
+def register(app: typer.Typer) -> None:
     """Add ``validate`` (a sub-app) and ``calibrate`` to ``app``."""
     validate_app = typer.Typer(help="Replay Programs on real hardware with torch.distributed, "
                                     "microbenchmark, compare with the simulator.",
@@ -113,34 +101,25 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
     app.add_typer(validate_app, name="validate")
 
     @validate_app.command("replay")
+    @options.with_plan_options()
     def replay(
         out: str = typer.Option(..., help="Measurement directory (created; resumed if it "
                                 "holds the same program)."),
         example: Optional[str] = typer.Option(None, help="Built-in example: tiny."),
         program: Optional[str] = typer.Option(None, help="Program JSON file."),
+        scenario: Optional[str] = options.scenario_option(),
         model: Optional[str] = typer.Option(None, help="Model preset or file (with plan "
-                                            "flags)."),
+                                            "flags, or a scenario)."),
         cluster: Optional[str] = typer.Option(None, help="Preset of this hardware, recorded "
                                               "for calibrate and compare (e.g. dgx-h100)."),
         gpus: Optional[int] = typer.Option(None, help="GPUs (= dp*tp*pp*cp) with --model."),
-        tp: int = typer.Option(1, help="Tensor-parallel size."),
-        pp: int = typer.Option(1, help="Pipeline-parallel size."),
-        dp: Optional[int] = typer.Option(None, help="Data-parallel size."),
-        cp: int = typer.Option(1, help="Context-parallel size."),
-        ep: int = typer.Option(1, help="Expert-parallel size."),
-        micro_batch: int = typer.Option(1, help="Sequences per micro-batch."),
-        global_batch: Optional[int] = typer.Option(None, help="Sequences per step."),
-        seq_len: int = typer.Option(4096, help="Tokens per sequence."),
-        zero: Optional[int] = typer.Option(None, help="ZeRO stage 0-3."),
-        recompute: str = typer.Option("none", help="none, selective or full."),
-        schedule: str = typer.Option("1f1b", help="Pipeline schedule."),
-        dtype: str = typer.Option("bf16", help="bf16 or fp8 (fp8 GEMMs run in bf16)."),
         backend: str = typer.Option("auto", help="nccl, gloo, or auto (nccl with CUDA)."),
         iterations: int = typer.Option(5, help="Measured iterations (K)."),
         warmup: int = typer.Option(2, help="Warm-up iterations (W), not recorded."),
         nproc: Optional[int] = typer.Option(None, help="Start N local ranks (omit under "
                                             "torchrun/srun)."),
         timeout_s: float = typer.Option(300.0, help="Give up on a peer after this long (s)."),
+        **plan: Any,
     ) -> None:
         """Replay a Program on real hardware, timing every op of every rank."""
         from sim.atomic_io import write_text_atomic
@@ -149,11 +128,11 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         if iterations < 1 or warmup < 0:
             raise ValueError(f"iterations: {iterations} / warmup: {warmup} are not valid; "
                              "valid: iterations >= 1, warmup >= 0")
-        plan_fields = dict(gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-                           micro_batch=micro_batch, global_batch=global_batch,
-                           seq_len=seq_len, zero=zero, recompute=recompute,
-                           schedule=schedule, dtype=dtype)
-        prog = _program(example, program, model, plan_fields)
+        source = options.scenario_from_options(scenario=scenario, model=model,
+                                               cluster=cluster, gpus=gpus, plan=plan)
+        if isinstance(source.cluster, str):
+            cluster = source.cluster  # recorded for calibrate and compare
+        prog = _program(example, program, source)
         if nproc is not None and nproc != prog.world_size:
             raise ValueError(f"nproc: {nproc} is not valid for this program; valid: "
                              f"{prog.world_size} (its world size)")
@@ -174,8 +153,8 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
             load_cluster(preset_path(cluster))  # a bad name fails now, not after the run
         task = {"task": "replay", "out": str(directory), "backend": chosen, "cluster": cluster,
                 "iterations": iterations, "warmup": warmup, "timeout_s": timeout_s,
-                "source": {"example": example, "program": program, "model": model,
-                           "plan": {k: v for k, v in plan_fields.items() if v is not None}}}
+                "source": {"example": example, "program": program, "model": source.model,
+                           "gpus": source.gpus, "plan": dict(source.plan)}}
         write_text_atomic(directory / "run.json", json.dumps(task, indent=1, sort_keys=True))
         if _run(task, nproc):
             return
@@ -259,16 +238,12 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         from validate.store import MeasurementStore
 
         records = MeasurementStore(out).read_series("compute").get(0, [])
-        table = Table(title=f"# rank 0 compute microbenchmarks in {out}; GB/s = 1e9 B/s",
-                      title_justify="left", box=None, pad_edge=False)
-        for header in ("kind", "dtype", "work", "time (us)", "rate"):
-            table.add_column(header, justify="right")
-        for rec in records:
-            rate = (f"{rec['flops_per_s'] / 1e12:.3f} TFLOP/s" if rec["kind"] == "matmul"
-                    else f"{rec['bytes_per_s'] / 1e9:.2f} GB/s")
-            table.add_row(rec["kind"], rec["dtype"], f"{rec['work']:.4g}",
-                          f"{rec['time_s'] * 1e6:.2f}", rate)
-        Console(width=160).print(table)
+        rows = ((rec["kind"], rec["dtype"], f"{rec['work']:.4g}", f"{rec['time_s'] * 1e6:.2f}",
+                 f"{rec['flops_per_s'] / 1e12:.3f} TFLOP/s" if rec["kind"] == "matmul"
+                 else f"{rec['bytes_per_s'] / 1e9:.2f} GB/s") for rec in records)
+        console().print(table(("kind", "dtype", "work", "time (us)", "rate"), rows,
+                              title=f"# rank 0 compute microbenchmarks in {out}; GB/s = 1e9 "
+                                    "B/s", left=("kind", "dtype")))
 
     @validate_app.command("compare")
     def compare(
@@ -290,7 +265,7 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
 
         check_choice("format", output_format, ("table", "json"))
         result = run_compare(directory, calibration=calibration, cluster=cluster,
-                             overrides=parse_overrides(set_), fidelity=fidelity,
+                             overrides=options.parse_overrides(set_), fidelity=fidelity,
                              tolerance=tolerance, trace_prefix=trace)
         if output_format == "json":
             print(json.dumps(result, indent=1))
@@ -317,35 +292,32 @@ def register(app: typer.Typer, parse_overrides, check_choice) -> None:
         from validate.calibrate import calibrate as run_calibrate
 
         check_choice("format", output_format, ("table", "json"))
-        result = run_calibrate(inputs, cluster=cluster, overrides=parse_overrides(set_),
+        check_output_path("out", out)
+        result = run_calibrate(inputs, cluster=cluster, overrides=options.parse_overrides(set_),
                                out=out, source=source)
         if output_format == "json":
             print(json.dumps({"out": out, "fields": result["fields"],
                               "residuals": result["residuals"],
                               "provenance": result["provenance"]}, indent=1, default=str))
             return
-        console = Console(width=160)
-        console.print(f"# calibration of {result['provenance']['base_cluster']} written to "
-                      f"{out} ({result['provenance']['comm_points']} communication and "
-                      f"{result['provenance']['compute_points']} compute points)")
-        fields = Table(title="fitted fields (SI units)", title_justify="left", box=None,
-                       pad_edge=False)
-        fields.add_column("field")
-        fields.add_column("value", justify="right")
-        for key, value in sorted(result["fields"].items()):
-            fields.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
-        console.print(fields)
+        screen = console()
+        screen.print(f"# calibration of {result['provenance']['base_cluster']} written to "
+                     f"{out} ({result['provenance']['comm_points']} communication and "
+                     f"{result['provenance']['compute_points']} compute points)")
+        screen.print(table(("field", "value"), (
+            (key, f"{value:.6g}" if isinstance(value, float) else str(value))
+            for key, value in sorted(result["fields"].items())),
+            title="fitted fields (SI units)", left=("field",)))
         comm = result["residuals"].get("comm", {})
         if comm:
-            table = Table(title="communication fit: relative error of time (= of busbw)",
-                          title_justify="left", box=None, pad_edge=False)
-            for header in ("series", "points", "median", "p90", "max", "median >= 1 MiB"):
-                table.add_column(header, justify="right" if header != "series" else "left")
-            for series, entry in comm.items():
-                table.add_row(series, str(entry["points"]), f"{entry['median_rel_err']:.3f}",
-                              f"{entry['p90_rel_err']:.3f}", f"{entry['max_rel_err']:.3f}",
-                              f"{entry.get('median_rel_err_ge_1MiB', float('nan')):.3f}")
-            console.print(table)
+            screen.print(table(
+                ("series", "points", "median", "p90", "max", "median >= 1 MiB"),
+                ((series, str(e["points"]), f"{e['median_rel_err']:.3f}",
+                  f"{e['p90_rel_err']:.3f}", f"{e['max_rel_err']:.3f}",
+                  f"{e.get('median_rel_err_ge_1MiB', float('nan')):.3f}")
+                 for series, e in comm.items()),
+                title="communication fit: relative error of time (= of busbw)",
+                left=("series",)))
 
 
 def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
@@ -366,24 +338,21 @@ def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
 
 
 def _print_compare(result: dict) -> None:
-    console = Console(width=140)
+    screen = console()
     step = result["step_time_s"]
-    console.print(f"# {result['inputs']['program']} on {result['inputs']['world_size']} ranks, "
-                  f"simulated on {result['inputs']['cluster']} ({result['inputs']['fidelity']}"
-                  f"{', calibrated' if result['inputs']['calibration'] else ''})")
-    console.print(f"step time: measured {step['measured'] * 1e3:.3f} ms (mean of "
-                  f"{step['iterations_used']} of {step['iterations']} iterations), simulated "
-                  f"{step['simulated'] * 1e3:.3f} ms, error {result['step_time_error']:.1%} "
-                  f"(tolerance {result['tolerance']:.0%})")
-    table = Table(title="per op kind (sums over ranks; communication from the last arrival)",
-                  title_justify="left", box=None, pad_edge=False)
-    for header in ("kind", "category", "ops", "measured (ms)", "simulated (ms)", "error",
-                   "median op error"):
-        table.add_column(header, justify="left" if header in ("kind", "category") else "right")
-    for kind, entry in result["per_op_kind"].items():
-        table.add_row(kind, entry["category"], str(entry["ops"]),
-                      f"{entry['measured_s'] * 1e3:.3f}", f"{entry['simulated_s'] * 1e3:.3f}",
-                      "-" if entry["error"] is None else f"{entry['error']:.1%}",
-                      "-" if entry["median_op_error"] is None
-                      else f"{entry['median_op_error']:.1%}")
-    console.print(table)
+    screen.print(f"# {result['inputs']['program']} on {result['inputs']['world_size']} ranks, "
+                 f"simulated on {result['inputs']['cluster']} ({result['inputs']['fidelity']}"
+                 f"{', calibrated' if result['inputs']['calibration'] else ''})")
+    screen.print(f"step time: measured {step['measured'] * 1e3:.3f} ms (mean of "
+                 f"{step['iterations_used']} of {step['iterations']} iterations), simulated "
+                 f"{step['simulated'] * 1e3:.3f} ms, error {result['step_time_error']:.1%} "
+                 f"(tolerance {result['tolerance']:.0%})")
+    screen.print(table(
+        ("kind", "category", "ops", "measured (ms)", "simulated (ms)", "error",
+         "median op error"),
+        ((kind, e["category"], str(e["ops"]), f"{e['measured_s'] * 1e3:.3f}",
+          f"{e['simulated_s'] * 1e3:.3f}", "-" if e["error"] is None else f"{e['error']:.1%}",
+          "-" if e["median_op_error"] is None else f"{e['median_op_error']:.1%}")
+         for kind, e in result["per_op_kind"].items()),
+        title="per op kind (sums over ranks; communication from the last arrival)",
+        left=("kind", "category")))

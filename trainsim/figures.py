@@ -3,7 +3,7 @@
 * :func:`step_breakdown_figure`: where a step's time goes, per pipeline rank;
 * :func:`pipeline_gantt_figure`: the compute spans of every simulated rank over time;
 * :func:`scaling_figure`: MFU and throughput against the GPU count;
-* :func:`goodput_vs_interval_figure`: re-exported from :mod:`sim.longrun`;
+* :func:`goodput_vs_interval_figure`: goodput of a long run against the checkpoint interval;
 * :func:`busbw_figure`: nccl-tests busbw against message size, measured points overlaid.
 """
 
@@ -12,8 +12,6 @@ from __future__ import annotations
 from typing import Mapping
 
 import pandas as pd
-
-from sim.longrun import goodput_vs_interval_figure  # noqa: F401  (one implementation)
 
 __all__ = ["busbw_figure", "goodput_vs_interval_figure", "pipeline_gantt_figure",
            "scaling_figure", "step_breakdown_figure"]
@@ -112,7 +110,7 @@ def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
 def busbw_figure(simulated: pd.DataFrame | Mapping[str, pd.DataFrame], *,
                  measured: pd.DataFrame | None = None, title: str | None = None):
     """busbw (GB/s = 1e9 B/s) against message size (bytes, log axis): a line per
-    simulated sweep (:func:`sim.api.collective` frames, several by name in a dict) and
+    simulated sweep (:func:`trainsim.api.collective` frames, several by name in a dict) and
     ``measured`` points (columns ``size_bytes``, ``busbw_GBps``, optional ``label``)."""
     go = _go()
     sweeps = simulated if isinstance(simulated, Mapping) else {"simulated": simulated}
@@ -130,4 +128,55 @@ def busbw_figure(simulated: pd.DataFrame | Mapping[str, pd.DataFrame], *,
     fig.update_layout(title=title or "busbw vs message size", xaxis_type="log",
                       xaxis_title="message size (bytes)", yaxis_title="busbw (GB/s, 1e9 B/s)",
                       template="plotly_white")
+    return fig
+
+
+def goodput_vs_interval_figure(scan, *, title: str | None = None):
+    """Plotly figure: simulated goodput against the checkpoint interval (mean with its 95 %
+    CI band), the first-order analytic curve, the exact curve when it applies, and vertical
+    markers at Young-Daly and the simulated optimum.
+
+    Args:
+        scan: the frame of :func:`sim.longrun.goodput_vs_interval`, or a
+            :class:`sim.longrun.LongRunResult` of ``checkpoint_interval="auto"``.
+
+    Raises:
+        ValueError: for a result without an interval scan.
+    """
+    go = _go()
+    if not isinstance(scan, pd.DataFrame):  # a LongRunResult
+        if scan.scan is None:
+            raise ValueError("scan: this result has no interval scan; use "
+                             "checkpoint_interval='auto' or goodput_vs_interval()")
+        scan = scan.scan
+    df = scan.sort_values("interval_s")
+    x_min = df["interval_s"] / 60.0
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=list(x_min) + list(x_min[::-1]),
+        y=list(df["goodput_ci_hi"]) + list(df["goodput_ci_lo"][::-1]),
+        fill="toself", fillcolor="rgba(31,119,180,0.2)", line=dict(width=0),
+        hoverinfo="skip", name="simulated 95% CI"))
+    fig.add_trace(go.Scatter(x=x_min, y=df["goodput_mean"], mode="lines+markers",
+                             name="simulated (mean)", line=dict(color="rgb(31,119,180)")))
+    fig.add_trace(go.Scatter(x=x_min, y=df["goodput_first_order"], mode="lines",
+                             name="first-order model", line=dict(dash="dash", color="gray")))
+    if df["goodput_exact"].notna().any():
+        fig.add_trace(go.Scatter(x=x_min, y=df["goodput_exact"], mode="lines",
+                                 name="exact (exponential)", line=dict(dash="dot",
+                                                                       color="black")))
+    attrs = scan.attrs
+    if attrs.get("young_daly_s"):
+        fig.add_vline(x=attrs["young_daly_s"] / 60.0, line_dash="dash", line_color="red",
+                      annotation_text="Young-Daly")
+    if attrs.get("simulated_optimum_s"):
+        fig.add_vline(x=attrs["simulated_optimum_s"] / 60.0, line_dash="dot",
+                      line_color="green", annotation_text="simulated optimum",
+                      annotation_position="bottom right")
+    fig.update_layout(
+        title=title or (f"Goodput vs checkpoint interval (MTBF "
+                        f"{attrs.get('mtbf_s', float('nan')) / 3600:.2f} h, save "
+                        f"{attrs.get('checkpoint_blocking_s', float('nan')):.1f} s)"),
+        xaxis_title="checkpoint interval (minutes of compute)", xaxis_type="log",
+        yaxis_title="goodput (useful / wall time)", template="plotly_white")
     return fig

@@ -25,8 +25,12 @@ checkpoint; the goodput at that interval is the exact exponential renewal model 
 applies, else the first-order model (strategies.failures). It depends on the GPU count and
 the model, not on the plan's factors, so it is computed once per GPU count.
 
-Every returned plan carries the ``trainsim simulate`` command that reproduces its step
-time exactly (same flags, same fidelity).
+Every returned plan carries the ``trainsim simulate`` command and the scenario
+(:mod:`trainsim.scenario`) that reproduce its step time exactly (same plan, same fidelity).
+
+The search space's fields are ParallelPlan's fields whose metadata says ``search="list"``
+(:class:`SearchSpace` must have one attribute per such field; a test checks it); the
+other fields (``fixed``) take one value for every candidate (``fixed`` argument).
 """
 
 from __future__ import annotations
@@ -37,9 +41,8 @@ import os
 import re
 import shlex
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import pandas as pd
 
@@ -48,13 +51,12 @@ from strategies import failures as fl
 from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import ModelSpec
-from strategies.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan, validate_plan
-from strategies.schedules import get_schedule
+from strategies.plan import RECOMPUTE, ZERO_STAGES, ParallelPlan, validate_plan
+from strategies.schedules import SCHEDULES, get_schedule
+from trainsim import defaults
+from trainsim.version import VERSION
 
 SECONDS_PER_DAY = 86_400.0
-#: Tokens per step the default global batch aims at (Llama 3 405B started at 4M tokens;
-#: GPT-3 175B used 3.2M): 4 Mi tokens.
-DEFAULT_TOKENS_PER_STEP = 4 * 2**20
 #: Ranking order of recompute modes: lighter first (less recomputed work).
 _RECOMPUTE_WEIGHT = {"none": 0, "selective": 1, "full": 2}
 
@@ -127,18 +129,13 @@ def _reason(message: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", message.split(";")[0])
 
 
-def default_global_batch(seq_len: int, gpus: int) -> int:
-    """Sequences per step when none is given: ~4 Mi tokens (:data:`DEFAULT_TOKENS_PER_STEP`)
-    rounded to a power of two, at least one sequence per 8 GPUs (so pure data parallelism
-    over nodes stays possible)."""
-    target = max(1, DEFAULT_TOKENS_PER_STEP // seq_len, gpus // 8)
-    return 2 ** max(0, round(math.log2(target)))
-
-
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, gpus: int, *, seq_len: int,
                     global_batch: int, space: SearchSpace = SearchSpace(),
-                    dtype: str = "bf16") -> tuple[list[ParallelPlan], Counter]:
+                    dtype: str = "bf16", fixed: Mapping[str, object] | None = None
+                    ) -> tuple[list[ParallelPlan], Counter]:
     """Every valid plan of the search space on ``gpus`` GPUs.
+
+    ``fixed``: other ParallelPlan fields, the same for every candidate.
 
     Returns:
         (valid plans in a fixed order, Counter of rejection reasons for invalid ones).
@@ -171,11 +168,12 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, gpus: int, *, seq_le
                 continue
             choices = get_schedule(sched).vpp_choices
             for vpp in choices if choices == (1,) or space.vpp is None else space.vpp:
-                plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp,
-                                    micro_batch=mb, global_batch=global_batch,
-                                    seq_len=seq_len, zero=zero, recompute=rc,
-                                    schedule=sched, dtype=dtype)
                 try:
+                    plan = ParallelPlan(**{**(fixed or {}), "dp": dp, "tp": tp, "pp": pp,
+                                           "cp": cp, "ep": ep, "vpp": vpp, "micro_batch": mb,
+                                           "global_batch": global_batch, "seq_len": seq_len,
+                                           "zero": zero, "recompute": rc, "schedule": sched,
+                                           "dtype": dtype})
                     validate_plan(plan, num_layers=model.num_layers,
                                   num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
                                   num_experts=experts, gpus=gpus, cluster_gpus=cluster_gpus)
@@ -337,7 +335,7 @@ def _parallel(func, model, cluster, plans: list, extra: tuple, workers: int,
               tick: Callable[[int], None]) -> list:
     """``func`` over ``plans`` in chunks on ``workers`` processes; results in plan order
     (so the search is deterministic whatever finishes first)."""
-    from sim.sweep import _chunks, map_local
+    from trainsim.sweeps import _chunks, map_local
 
     indexed = list(enumerate(plans))
     chunks = _chunks(indexed, workers)
@@ -361,22 +359,43 @@ class _Indexed:
                                        *self.extra))
 
 
+#: Plan fields every plan row and command states, whatever their value.
+_CORE_FLAGS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len",
+               "zero", "recompute", "schedule", "dtype")
+
+
 def plan_flags(plan: ParallelPlan) -> dict[str, object]:
-    """The plan as ``trainsim simulate`` option values (field -> value)."""
-    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep,
-            "vpp": plan.vpp, "micro_batch": plan.micro_batch,
-            "global_batch": plan.global_batch, "seq_len": plan.seq_len, "zero": plan.zero,
-            "recompute": plan.recompute, "schedule": plan.schedule, "dtype": plan.dtype}
+    """The plan as ``trainsim simulate`` option values (field -> value): the core fields,
+    and every other field that differs from its ParallelPlan default."""
+    from trainsim.plan_fields import PLAN_FIELDS
+
+    flags = {name: getattr(plan, name) for name in _CORE_FLAGS}
+    for f in PLAN_FIELDS:
+        value = getattr(plan, f.name)
+        if f.name not in flags and value != f.default:
+            flags[f.name] = list(value) if isinstance(value, tuple) else value
+    return flags
 
 
 def simulate_command(model: str, cluster: str, gpus: int, plan: ParallelPlan, fidelity: str,
-                     overrides: Mapping[str, object] | None = None) -> list[str]:
+                     overrides: Mapping[str, object] | None = None,
+                     calibration: str | None = None) -> list[str]:
     """argv of the ``trainsim simulate`` call that reproduces a plan's step time."""
+    from trainsim.plan_fields import BY_NAME
+
     argv = ["simulate", "--model", model, "--cluster", cluster, "--gpus", str(gpus)]
     for name, value in plan_flags(plan).items():
-        argv += [f"--{name.replace('_', '-')}", str(value)]
+        option = BY_NAME[name].options[0]
+        if isinstance(value, bool):
+            argv.append(option if value else "--no-" + option[2:])
+        elif isinstance(value, list):
+            argv += [option, ",".join(map(str, value))]
+        elif value is not None:
+            argv += [option, str(value)]
     for key, value in (overrides or {}).items():
         argv += ["--set", f"{key}={value}"]
+    if calibration is not None:
+        argv += ["--calibration", calibration]
     return argv + ["--fidelity", fidelity]
 
 
@@ -389,13 +408,15 @@ class PlanReport:
             the keys of ``StepResult.to_dict()`` (step_time_s, tokens_per_s, mfu, ...),
             ``goodput``, ``checkpoint_interval_s``, ``effective_tokens_per_s``,
             ``days_to_train`` and ``cost`` (None without tokens / price), ``fidelity``,
-            ``ranked_step_time_s`` (at the ranking fidelity) and ``command`` (the
-            ``trainsim simulate`` call that reproduces the step time).
+            ``ranked_step_time_s`` (at the ranking fidelity), ``command`` (the
+            ``trainsim simulate`` call that reproduces the step time), ``scenario``
+            (the same as a scenario file's data, :mod:`trainsim.scenario`) and
+            ``trainsim_version``.
         counts: ``enumerated``, ``invalid``, ``out_of_memory``, ``dominated``,
             ``feasible``, ``simulated``.
         dropped: reason -> number of candidates dropped for it.
         inputs: model, cluster, gpus, seq_len, global_batch, tokens, price, profile,
-            fidelities, sort.
+            fidelities, sort, overrides, calibration, fixed plan fields.
     """
 
     plans: list[dict]
@@ -430,12 +451,13 @@ def _positive_number(name: str, value, *, integer: bool = False):
     return int(value) if integer else float(value)
 
 
-def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
-           seq_len: int = 4096, global_batch: int | None = None,
+def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUSTER,
+           gpus: int, seq_len: int = defaults.SEQ_LEN, global_batch: int | None = None,
            tokens: float | str | None = None, price_per_gpu_hour: float | None = None,
            top: int = 10, sort: str = "time", profile: str = "llama3-h100",
            space: SearchSpace | None = None, workers: int | None = None,
            overrides: Mapping[str, object] | None = None, dtype: str = "bf16",
+           calibration: str | None = None, fixed: Mapping[str, object] | None = None,
            progress: Callable[[str, int, int], None] | None = None) -> PlanReport:
     """Find the best parallel plans for ``model`` on ``gpus`` GPUs of ``cluster``.
 
@@ -446,7 +468,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
         model: preset name, model file, or spec.
         cluster: preset name, preset file or spec. gpus: GPUs of the job.
         seq_len: tokens per sequence. global_batch: sequences per step (default
-            :func:`default_global_batch`).
+            :func:`trainsim.defaults.global_batch`: ~4 Mi tokens, a power of two).
         tokens: token target (e.g. ``"15T"``): gives ``days_to_train``.
         price_per_gpu_hour: with tokens, gives ``cost`` (GPU-hours x price).
         top: plans returned. sort: ``time`` (effective tokens/s, i.e. days to train) or
@@ -456,19 +478,25 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
         workers: processes (default: the CPU count).
         overrides: dotted cluster preset keys to change.
         dtype: compute dtype of every plan.
+        calibration: calibration file (trainsim calibrate) applied after the overrides.
+        fixed: other ParallelPlan fields, the same for every plan (e.g.
+            ``{"sequence_parallel": False}``).
         progress: ``callback(phase, done, total)``.
 
     Raises:
         ValueError: one line for bad inputs, or when no plan is feasible (naming the most
             common reason).
     """
-    from sim import api
     from sim.longrun import parse_tokens
-    from strategies.models import load_model
+    from trainsim import resolve
+    from trainsim.scenario import Scenario
 
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cspec = api.resolve_cluster(cluster, overrides)
+    spec = resolve.load_model_ref(model)
+    base = Scenario(model=model, cluster=cluster, overrides=dict(overrides or {}),
+                    calibration=calibration)
+    cspec = resolve.cluster_spec(base)
     gpus = _positive_number("gpus", gpus, integer=True)
+    resolve.check_fits_cluster(gpus, cspec)
     seq_len = _positive_number("seq_len", seq_len, integer=True)
     top = _positive_number("top", top, integer=True)
     if sort not in ("time", "cost"):
@@ -478,7 +506,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
     token_count = None if tokens is None else parse_tokens(tokens)
     price = None if price_per_gpu_hour is None else _positive_number(
         "price_per_gpu_hour", price_per_gpu_hour)
-    global_batch = default_global_batch(seq_len, gpus) if global_batch is None \
+    global_batch = defaults.global_batch(seq_len, gpus) if global_batch is None \
         else _positive_number("global_batch", global_batch, integer=True)
     space = space or SearchSpace()
     rank_fidelity, final_fidelity = ranking_fidelities()
@@ -491,7 +519,8 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
     fail = failure_goodput(spec, cspec, gpus, profile=profile)
 
     valid, invalid = enumerate_plans(spec, cspec, gpus, seq_len=seq_len,
-                                     global_batch=global_batch, space=space, dtype=dtype)
+                                     global_batch=global_batch, space=space, dtype=dtype,
+                                     fixed=fixed)
     bounds = {p: step_time_lower_bound_s(spec, cspec, p) for p in valid}
     ordered = sorted(valid, key=lambda p: (bounds[p], _plan_key(p)))
     rows, dropped, fits = [], Counter(), {}
@@ -556,19 +585,21 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = "dgx-h100", g
         best = [_row(r["_plan"], res, fail, token_count, price, final_fidelity,
                      ranked_step_time_s=r["step_time_s"]) for r, res in zip(best, again)]
         best.sort(key=lambda row: _sort_key(row, sort))
-    model_ref = model if isinstance(model, str) else spec.name
-    cluster_ref = cluster if isinstance(cluster, str) else cspec.name
     plans = []
     for i, row in enumerate(best, 1):
         plan = row.pop("_plan")
-        command = simulate_command(model_ref, cluster_ref, gpus, plan, row["fidelity"],
-                                   overrides)
-        plans.append({"rank": i, **row, "command": "trainsim " + shlex.join(command)})
+        scenario = resolve.resolved_scenario(base, plan=plan, gpus=gpus,
+                                             fidelity=row["fidelity"]).to_dict()
+        command = simulate_command(scenario["model"], scenario["cluster"], gpus, plan,
+                                   row["fidelity"], overrides, scenario.get("calibration"))
+        plans.append({"rank": i, **row, "command": "trainsim " + shlex.join(command),
+                      "scenario": scenario, "trainsim_version": VERSION})
     inputs = {"model": spec.name, "cluster": cspec.name, "gpus": gpus, "seq_len": seq_len,
               "global_batch": global_batch, "tokens": token_count,
               "price_per_gpu_hour": price, "profile": profile, "sort": sort,
               "ranking_fidelity": rank_fidelity, "final_fidelity": final_fidelity,
-              "overrides": dict(overrides or {}),
+              "overrides": dict(overrides or {}), "calibration": calibration,
+              "fixed": dict(fixed or {}),
               **{f"failure_{k}": v for k, v in fail.items()}}
     return PlanReport(plans=plans, counts=counts, dropped=reasons, inputs=inputs)
 
@@ -611,7 +642,7 @@ def _sort_key(row: dict, sort: str) -> tuple:
 
 
 def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
-                cluster: str | ClusterSpec = "dgx-h100", min_gpus: int | None = None,
+                cluster: str | ClusterSpec = defaults.CLUSTER, min_gpus: int | None = None,
                 max_gpus: int | None = None, progress=None, **search_kwargs) -> dict:
     """The inverse question: the fewest GPUs that train ``tokens`` in ``days``, and how.
 
@@ -628,12 +659,15 @@ def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
     Raises:
         ValueError: for bad inputs (one line).
     """
-    from sim import api
     from sim.longrun import parse_tokens
+    from trainsim import resolve
+    from trainsim.scenario import Scenario
 
     token_count = parse_tokens(tokens)
     deadline = _positive_number("days", days)
-    cspec = api.resolve_cluster(cluster, search_kwargs.get("overrides"))
+    cspec = resolve.cluster_spec(Scenario(cluster=cluster,
+                                          overrides=dict(search_kwargs.get("overrides") or {}),
+                                          calibration=search_kwargs.get("calibration")))
     node = cspec.gpus_per_node
     limit = cspec.max_nodes * node if max_gpus is None else \
         _positive_number("max_gpus", max_gpus, integer=True)

@@ -19,10 +19,11 @@ Scenario = base, then the list entry, then the grid point (later wins). Keys wit
 are cluster preset overrides (``nic.gbit_per_s``, ``fabric.oversubscription``,
 ``scale_up.nvlink_bytes_per_s``, ...); the others are inputs of the kind:
 
-* ``step``: :func:`sim.api.simulate` (model, cluster, gpus, fidelity, plan fields);
-  outputs step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_bytes and the
-  critical rank's breakdown as ``<category>_s``.
-* ``collective``: one message size of :func:`sim.api.collective` (op, cluster, nodes,
+* ``step``: :func:`trainsim.api.simulate` (model, cluster, gpus, fidelity, plan fields);
+  outputs step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_bytes, the
+  critical rank's breakdown as ``<category>_s``, and the values the defaults filled in
+  (fidelity_used, seq_len_used, global_batch_used, micro_batches; :mod:`trainsim.defaults`).
+* ``collective``: one message size of :func:`trainsim.api.collective` (op, cluster, nodes,
   gpus_per_node, size_bytes, algorithm, fidelity); outputs time_us, algbw_GBps,
   busbw_GBps, algorithm_used, protocol.
 * ``failures``: :func:`sim.longrun.simulate_long_run` (cluster, gpus, days or tokens,
@@ -54,6 +55,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pandas as pd
 
 from sim.atomic_io import write_bytes_atomic, write_text_atomic
+from trainsim import defaults
+from trainsim.plan_fields import PLAN_FIELDS
 
 BACKENDS = ("local", "ray")
 KINDS = ("step", "collective", "failures")
@@ -62,13 +65,11 @@ CACHE_VERSION = 1
 #: Seconds between rewrites of the output table while a sweep runs.
 FLUSH_EVERY_S = 5.0
 
-_STEP_INPUTS = ("model", "cluster", "gpus", "fidelity", "tp", "pp", "dp", "cp", "ep", "vpp",
-                "micro_batch", "global_batch", "seq_len", "zero", "recompute", "schedule",
-                "dtype", "sequence_parallel", "flash_attention", "overlap_grad_reduce",
-                "grad_bucket_bytes", "dp_mode", "ps_servers", "ps_placement", "staleness",
-                "ps_steps")
+#: A step's inputs: the job, then every ParallelPlan field (declared once, in strategies.plan).
+_STEP_INPUTS = ("model", "cluster", "gpus", "fidelity", "calibration",
+                *(f.name for f in PLAN_FIELDS))
 _COLLECTIVE_INPUTS = ("op", "cluster", "nodes", "gpus_per_node", "size_bytes", "algorithm",
-                      "fidelity", "dtype")
+                      "fidelity", "dtype", "calibration")
 _FAILURE_INPUTS = ("cluster", "gpus", "days", "tokens", "profile", "checkpoint_interval",
                    "checkpoint_mode", "policy", "spare_nodes", "seeds", "seed", "model",
                    "step_time_s", "tokens_per_step", "checkpoint_bytes", "gpus_per_replica",
@@ -160,20 +161,22 @@ def _split(scenario: Mapping[str, Any]) -> tuple[dict, dict]:
 
 
 def _run_step(inputs: dict, overrides: dict) -> dict:
-    from sim import api
+    from trainsim import api
 
     model = inputs.pop("model")
-    inputs.setdefault("fidelity", "analytic")
+    inputs.setdefault("fidelity", defaults.SWEEP_FIDELITY)
     result = api.simulate(model, overrides=overrides or None, **inputs)
     out = {k: result.to_dict()[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu",
                                             "mfu", "peak_memory_bytes")}
     out.update({f"{k}_s": v for k, v in result.breakdown.items()})
-    out["fidelity_used"] = result.inputs.get("fidelity")
+    plan = result.inputs["plan"]
+    out.update(fidelity_used=result.inputs.get("fidelity"), seq_len_used=plan["seq_len"],
+               global_batch_used=plan["global_batch"], micro_batches=plan["num_microbatches"])
     return out
 
 
 def _run_collective(inputs: dict, overrides: dict) -> dict:
-    from sim import api
+    from trainsim import api
 
     size = inputs.pop("size_bytes")
     frame = api.collective(inputs.pop("op"), min_bytes=size, max_bytes=size,

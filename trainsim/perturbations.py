@@ -1,9 +1,12 @@
-"""Command-line syntax of stragglers and heterogeneity (strategies.perturbations).
+"""The text syntax of stragglers and heterogeneity (strategies.perturbations), shared by
+the command line and scenario files.
 
 ``--straggler RANK:SPEED``, ``--thermal RANK:START_S:DURATION_S:SPEED``,
 ``--degraded-nic RANK:FRACTION``, ``--flapping-link RANK:UP_S:DOWN_S`` and
-``--node-gpu NODE:PRESET``, each repeatable. A malformed value raises a one-line
-ValueError naming the option and the expected form.
+``--node-gpu NODE:PRESET``, each repeatable; in a scenario file, a list of such strings
+per key (``straggler = ["5:0.5"]``). A malformed value raises a one-line ValueError
+naming the option and the expected form. :func:`format_perturbations` is the inverse
+(floats written with ``repr``, so parsing them back gives the same numbers).
 """
 
 from __future__ import annotations
@@ -52,3 +55,22 @@ def parse_perturbations(*, straggler: Sequence[str] = (), thermal: Sequence[str]
         gpus[node] = preset
     return Perturbations(slow_ranks=slow, thermal=episodes, degraded_nics=nics,
                          flapping_links=flapping, node_gpus=gpus)
+
+
+#: The options (and scenario keys) of :func:`parse_perturbations`, in order.
+PERTURBATION_OPTIONS = ("straggler", "thermal", "degraded_nic", "flapping_link", "node_gpu")
+
+
+def format_perturbations(perturbations: Perturbations) -> dict[str, list[str]]:
+    """``{option: [text, ...]}`` that :func:`parse_perturbations` turns back into
+    ``perturbations``; options without entries are left out."""
+    text = {
+        "straggler": [f"{r}:{s!r}" for r, s in sorted(perturbations.slow_ranks.items())],
+        "thermal": [f"{e.rank}:{e.start_s!r}:{e.duration_s!r}:{e.speed!r}"
+                    for e in perturbations.thermal],
+        "degraded_nic": [f"{r}:{f!r}" for r, f in sorted(perturbations.degraded_nics.items())],
+        "flapping_link": [f"{f.rank}:{f.up_s!r}:{f.down_s!r}"
+                          for f in perturbations.flapping_links],
+        "node_gpu": [f"{n}:{p}" for n, p in sorted(perturbations.node_gpus.items())],
+    }
+    return {option: entries for option, entries in text.items() if entries}

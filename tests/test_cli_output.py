@@ -1,0 +1,94 @@
+"""What the commands print: tables that fit 100 columns, headers that state the effective
+inputs (defaults included), output paths checked before the work."""
+
+from __future__ import annotations
+
+import pytest
+from rich.cells import cell_len
+
+from conftest import run_cli
+
+SMALL_STEP = ("--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
+              "--global-batch", "32")
+
+COMMANDS = {
+    "collective": ("collective", "all_reduce", "--nodes", "16", "--min-bytes", "1K",
+                   "--max-bytes", "16G"),
+    "simulate": ("simulate", *SMALL_STEP, "--straggler", "3:0.5"),
+    "failures": ("failures", *SMALL_STEP, "--days", "5", "--seeds", "4"),
+    "plan": ("plan", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1,2",
+             "--zero", "1", "--recompute", "none", "--workers", "1", "--tokens", "1T",
+             "--price-per-gpu-hour", "2.5", "--global-batch", "64"),
+    "hardware list": ("hardware", "list"),
+    "hardware show": ("hardware", "show", "gb200-nvl72", "--format", "table"),
+}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_tables_fit_100_columns(capsys, monkeypatch, name):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run_cli(capsys, *COMMANDS[name])
+    assert code == 0, err
+    widths = [cell_len(line.rstrip()) for line in out.splitlines()]
+    assert widths and max(widths) <= 100, max(widths)
+    assert "…" not in out  # nothing truncated at 100 columns
+
+
+def test_simulate_header_states_the_effective_inputs(capsys, tmp_path):
+    cal = tmp_path / "cal.toml"
+    cal.write_text('[fields]\n"gpu.sustained_fraction" = 0.7\n')
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--gpus", "16",
+                             "--tp", "2", "--pp", "2", "--calibration", str(cal))
+    assert code == 0, err
+    header = " ".join(out.split("step time")[0].split())
+    for words in ("llama3-8b on 16 GPUs of dgx-h100", "fidelity event",
+                  f"calibration {cal.resolve()}", "seq_len 4,096",
+                  "global batch 1,024 sequences (4.00 Mi tokens)",
+                  "256 micro-batches of 1 per pipeline", "schedule 1f1b", "zero 1",
+                  "DP gradient reduction overlapped with backward in 40 MB buckets"):
+        assert words in header, (words, header)
+
+
+@pytest.mark.parametrize("name", ("failures", "plan", "collective"))
+def test_every_header_names_fidelity_and_calibration(capsys, name):
+    code, out, err = run_cli(capsys, *COMMANDS[name])
+    assert code == 0, err
+    head = " ".join(out.split("\n\n")[0].split()[:80])
+    assert "fidelity" in head and "calibration none" in head, head
+    if name != "collective":
+        assert "seq_len 4,096" in head and "global batch" in head and "overlapped" in head
+
+
+def test_sweep_header_states_the_defaults(capsys, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {model: llama3-8b, gpus: 8, global_batch: 8}\n")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "r.csv"),
+                           "--workers", "1")
+    assert code == 0, err
+    for words in ("seq_len 4096", "global batch ~4 Mi tokens", "fidelity analytic",
+                  "no calibration", "overlapped"):
+        assert words in " ".join(err.split()), err
+
+
+def test_trace_into_a_new_directory_is_created_first(capsys, tmp_path):
+    trace = tmp_path / "new" / "dir" / "step.json"
+    code, _, err = run_cli(capsys, "simulate", *SMALL_STEP, "--trace", str(trace))
+    assert code == 0, err
+    assert trace.stat().st_size > 0
+
+
+def test_trace_into_a_directory_fails_before_simulating(capsys, tmp_path, monkeypatch):
+    import trainsim.api
+
+    def never(*args, **kwargs):
+        raise AssertionError("simulated before checking the output path")
+    monkeypatch.setattr(trainsim.api, "run_step", never)
+    code, out, err = run_cli(capsys, "simulate", *SMALL_STEP, "--trace", str(tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith("error: trace: ") and "is a directory" in err
+
+
+def test_bare_trainsim_prints_the_help(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 0 and err == ""
+    assert "Usage:" in out and "simulate" in out and "\n" in out.strip()

@@ -1,0 +1,181 @@
+"""``trainsim plan``: which parallel plan, and how many GPUs; each plan as a scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from trainsim import defaults
+from trainsim.cli import options
+from trainsim.cli.errors import UserError, check_choice
+from trainsim.cli.output import console, number, progress, progress_callback, table
+
+FORMATS = ("table", "json", "csv")
+#: The plan table: (header, column of PlanReport.to_frame()); fits 100 columns.
+PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+                ("ep", "ep"), ("vpp", "vpp"), ("mb", "micro_batch"), ("zero", "zero"),
+                ("recompute", "recompute"), ("schedule", "schedule"),
+                ("step\n(s)", "step_time_s"), ("MFU\n(%)", "mfu_percent"),
+                ("mem\n(GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
+                ("cost", "cost"))
+#: Columns left out of the table (and named in the header) when every plan has 1.
+_OPTIONAL_COLUMNS = ("cp", "ep", "vpp")
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command to ``app``."""
+    app.command()(plan)
+
+
+@options.with_plan_options(search=True)
+def plan(
+    model: str = typer.Option(..., help="Model preset, model TOML or config.json."),
+    cluster: str = typer.Option(defaults.CLUSTER, help="Cluster preset or preset TOML file."),
+    gpus: Optional[int] = typer.Option(None, help="GPUs of the job (omit with --days to "
+                                       "ask how many are needed)."),
+    tokens: Optional[str] = typer.Option(None, help="Tokens to train, e.g. 15T: gives "
+                                         "days to train."),
+    days: Optional[float] = typer.Option(None, help="With --tokens and no --gpus: the "
+                                         "deadline; find the GPUs needed."),
+    price_per_gpu_hour: Optional[float] = typer.Option(None, help="Price of a GPU-hour: "
+                                                       "gives the cost (in its currency)."),
+    top: int = typer.Option(10, help="Plans to show."),
+    sort: str = typer.Option("time", help="time or cost."),
+    profile: str = typer.Option(defaults.FAILURES["profile"], help="Failure profile for "
+                                "goodput."),
+    workers: Optional[int] = typer.Option(None, help="Simulating processes."),
+    output_format: str = options.format_option(FORMATS),
+    emit_scenarios: Optional[str] = typer.Option(None, help="Write each plan's scenario "
+                                                 "to DIR/plan-NN.toml (trainsim simulate "
+                                                 "--scenario reproduces it)."),
+    set_: Optional[List[str]] = options.set_option(),
+    calibration: Optional[str] = options.calibration_option(),
+    **plan_options: Any,
+) -> None:
+    """Rank parallel plans by time to train (with failure goodput) and cost."""
+    from trainsim import planner
+
+    check_choice("format", output_format, FORMATS)
+    lists, fixed = options.search_lists(plan_options)
+    seq_len = fixed.pop("seq_len", defaults.SEQ_LEN)
+    global_batch = fixed.pop("global_batch", None)
+    dtype = fixed.pop("dtype", "bf16")
+    space = planner.SearchSpace(**lists)
+    common = dict(cluster=cluster, seq_len=seq_len, global_batch=global_batch,
+                  price_per_gpu_hour=price_per_gpu_hour, profile=profile, space=space,
+                  workers=workers, overrides=options.parse_overrides(set_), dtype=dtype,
+                  calibration=calibration, fixed=fixed)
+    if emit_scenarios is not None:
+        _check_directory(emit_scenarios)
+    with progress(output_format == "table") as bar:
+        if gpus is None:
+            if days is None or tokens is None:
+                raise UserError("gpus: give --gpus, or --tokens and --days to find the GPUs "
+                                "needed")
+            result = planner.gpus_needed(model, tokens=tokens, days=days,
+                                         progress=progress_callback(bar), **common)
+            _emit_needed(result, output_format)
+            return
+        if days is not None:
+            raise UserError("days: give --days without --gpus (the question is how many "
+                            "GPUs); with --gpus use --tokens for days to train")
+        report = planner.search(model, gpus=gpus, tokens=tokens, top=top, sort=sort,
+                                progress=progress_callback(bar), **common)
+    if emit_scenarios is not None:
+        _write_scenarios(report, emit_scenarios)
+    _emit_report(report, output_format)
+
+
+def _check_directory(path: str) -> None:
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"emit_scenarios: {path!r} is a file; give a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise UserError(f"emit_scenarios: cannot create {path!r} ({problem.strerror}); give a "
+                        "writable directory") from None
+
+
+def _write_scenarios(report, directory: str) -> None:
+    """DIR/plan-01.toml ... one scenario per ranked plan, written atomically."""
+    from sim.atomic_io import write_text_atomic
+    from trainsim.scenario import scenario_from_dict
+
+    for row in report.plans:
+        scenario = scenario_from_dict(row["scenario"], where=f"plan {row['rank']}")
+        write_text_atomic(Path(directory) / f"plan-{row['rank']:02d}.toml", scenario.to_toml())
+
+
+def _emit_report(report, output_format: str) -> None:
+    if output_format == "json":
+        print(json.dumps(report.plans, indent=1))
+        _print_counts(report, console(stderr=True))
+        return
+    frame = report.to_frame()
+    if output_format == "csv":
+        print(frame.to_csv(index=False), end="")
+        _print_counts(report, console(stderr=True))
+        return
+    out = console()
+    i = report.inputs
+    fixed = ", ".join(f"{k} {v}" for k, v in i["fixed"].items())
+    out.print(f"# {i['model']} on {i['gpus']:,} GPUs of {i['cluster']}; calibration "
+              f"{i['calibration'] or 'none'}; seq_len {i['seq_len']:,}; global batch "
+              f"{i['global_batch']:,} sequences ({i['global_batch'] * i['seq_len'] / 2**20:.2f}"
+              f" Mi tokens), micro-batches per pipeline = global batch / (dp x mb); "
+              f"{fixed or 'DP gradient reduction overlapped with backward'}; ranked at "
+              f"{i['ranking_fidelity']}, confirmed at {i['final_fidelity']} fidelity")
+    out.print(f"# goodput {i['failure_goodput']:.3f} ({i['profile']}, Young-Daly "
+              f"{i['failure_checkpoint_interval_s'] / 60:.1f} min)"
+              + (f"; cost = GPU-hours x {i['price_per_gpu_hour']:g} per GPU-hour"
+                 if i["price_per_gpu_hour"] else ""))
+    frame = frame.assign(mfu_percent=100 * frame["mfu"])
+    ones = [c for c in _OPTIONAL_COLUMNS if (frame[c] == 1).all()]
+    if ones:
+        out.print(f"# {', '.join(f'{c} 1' for c in ones)} in every plan")
+    columns = [(h, c) for h, c in PLAN_COLUMNS if c not in ones]
+    rows = ([number(row[c], 3) if c in ("step_time_s", "mfu_percent", "peak_memory_GiB",
+                                         "days_to_train") else number(row[c])
+             for _, c in columns] for row in frame.to_dict(orient="records"))
+    out.print(table([h for h, _ in columns], rows, left=("recompute", "schedule")))
+    _print_counts(report, out)
+
+
+def _print_counts(report, out) -> None:
+    c = report.counts
+    out.print(f"{c['enumerated']} plans enumerated: {c['invalid']} invalid, "
+              f"{c['equivalent']} equivalent to another, "
+              f"{c['bounded']} bounded out (cannot reach the top), {c['examined']} "
+              f"examined: {c['out_of_memory']} out of memory, {c['dominated']} "
+              f"dominated, {c['feasible']} feasible ranked "
+              f"({c['simulated']} simulated)")
+    for reason, count in report.dropped.items():
+        out.print(f"  {count:6d}  {reason}")
+
+
+def _emit_needed(result, output_format: str) -> None:
+    if output_format == "json":
+        print(json.dumps(result, indent=1))
+        return
+    frame = __import__("pandas").DataFrame(result["tried"])
+    if output_format == "csv":
+        print(frame.to_csv(index=False), end="")
+        return
+    out = console()
+    answer = result["answer"]
+    if answer is None:
+        out.print(f"no GPU count up to {result['max_gpus_tried']} trains "
+                  f"{result['tokens']:.3g} tokens in {result['days']} days")
+    else:
+        p = answer["plan"]
+        out.print(f"{answer['gpus']} GPUs: {answer['days_to_train']:.1f} days with tp "
+                  f"{p['tp']} pp {p['pp']} dp {p['dp']} cp {p['cp']} vpp {p['vpp']} "
+                  f"micro-batch {p['micro_batch']} zero {p['zero']} recompute "
+                  f"{p['recompute']} schedule {p['schedule']}; seq_len {p['seq_len']:,}, "
+                  f"global batch {p['global_batch']:,}")
+    out.print(table(list(frame.columns), (list(row.values()) for row in
+                                          frame.to_dict(orient="records")),
+                    left=("recompute", "schedule", "note")))

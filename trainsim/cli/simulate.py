@@ -1,0 +1,116 @@
+"""``trainsim simulate``: one training step: step time, MFU, memory and where the time goes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, List, Optional
+
+import typer
+
+from trainsim import defaults
+from trainsim.cli import options
+from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
+from trainsim.cli.output import console, count_text, job_header, plan_header, spinner, table
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``simulate`` command to ``app``."""
+    app.command()(simulate)
+
+
+@options.with_plan_options()
+def simulate(
+    scenario: Optional[str] = options.scenario_option(),
+    model: Optional[str] = options.model_option(),
+    cluster: Optional[str] = options.cluster_option(),
+    gpus: Optional[int] = options.gpus_option(),
+    fidelity: Optional[str] = options.fidelity_option(defaults.STEP_FIDELITY),
+    output_format: str = options.format_option(("table", "json")),
+    trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
+    set_: Optional[List[str]] = options.set_option(),
+    calibration: Optional[str] = options.calibration_option(),
+    straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
+                                                  "(0.5 = half speed); repeatable."),
+    thermal: Optional[List[str]] = typer.Option(None, help="A throttling episode as "
+                                                "RANK:START_S:DURATION_S:SPEED; repeatable."),
+    degraded_nic: Optional[List[str]] = typer.Option(None, help="The NIC serving RANK at a "
+                                                     "fraction of its rate: RANK:FRACTION."),
+    flapping_link: Optional[List[str]] = typer.Option(None, help="The NIC link of RANK up "
+                                                      "UP_S, down DOWN_S: RANK:UP_S:DOWN_S."),
+    node_gpu: Optional[List[str]] = typer.Option(None, help="A node with the GPUs of another "
+                                                 "preset (mixed generations): NODE:PRESET."),
+    **plan: Any,
+) -> None:
+    """Simulate one training step: step time, MFU, memory and where the time goes."""
+    from strategies.memory import OutOfMemoryError
+    from trainsim.api import run_step
+
+    check_choice("format", output_format, ("table", "json"))
+    chosen = options.scenario_from_options(
+        scenario=scenario, model=model, cluster=cluster, gpus=gpus, fidelity=fidelity,
+        set_=set_, calibration=calibration, plan=plan,
+        perturbations={"straggler": straggler, "thermal": thermal,
+                       "degraded_nic": degraded_nic, "flapping_link": flapping_link,
+                       "node_gpu": node_gpu})
+    if trace and (chosen.fidelity or defaults.STEP_FIDELITY) == "analytic":
+        raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
+                        "or flow to write a trace")
+    check_output_path("trace", trace)
+    try:
+        with spinner(output_format == "table"):
+            result = run_step(chosen, default_fidelity=defaults.STEP_FIDELITY)
+    except OutOfMemoryError as oom:
+        if output_format == "json":
+            print(json.dumps({"error": "out_of_memory", "rank": oom.rank,
+                              "capacity_bytes": oom.capacity_bytes,
+                              "memory": oom.breakdown.to_dict()}, indent=1))
+        print(f"error: {oom}", file=sys.stderr)
+        sys.exit(EXIT_OOM)
+    if trace:
+        result.write_trace(trace, gpus_per_node=int(result.inputs["gpus_per_node"]))
+    if output_format == "json":
+        print(json.dumps(result.to_dict(), indent=1))
+        return
+    print_step(result)
+
+
+def print_step(result) -> None:
+    """The header, the headline numbers, and the breakdown and memory per pipeline rank."""
+    out = console()
+    resolved = result.to_dict()["scenario"]
+    out.print(job_header(model=result.inputs["model"], gpus=result.inputs["gpus"],
+                         cluster=result.inputs["cluster"], fidelity=result.inputs["fidelity"],
+                         calibration=resolved.get("calibration"),
+                         overrides=resolved.get("set")))
+    out.print(plan_header(result.inputs["plan"]))
+    rows = [("step time (s)", f"{result.step_time_s:.4f}"),
+            ("tokens/s", f"{result.tokens_per_s:,.0f}"),
+            ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
+            ("MFU (%)", f"{100 * result.mfu:.1f}"),
+            ("peak memory (GiB)", f"{result.peak_memory_bytes / 2**30:.2f}")]
+    cost = result.perturbation_cost
+    if cost is not None:
+        rows += [("step time without perturbations (s)", f"{cost['baseline_step_time_s']:.4f}"),
+                 (f"what they cost (critical rank {cost['critical_rank']})",
+                  f"+{cost['slowdown_s']:.4f} s ({cost['slowdown']:+.1%})")]
+    summary = table(("", ""), rows, left=("",))
+    summary.show_header = False
+    out.print(summary)
+    ps = result.ps
+    if ps is not None:
+        out.print(f"parameter servers: {ps['mode']}"
+                  + (f" (staleness {ps['staleness']})" if ps['mode'] == "ps-stale" else "")
+                  + f", {ps['servers']} {ps['placement']} server(s) on ranks "
+                  f"{count_text(ps['server_ranks'])}, {ps['gpus_total']} GPUs on "
+                  f"{ps['nodes']} nodes; step time = steady-state interval over "
+                  f"{ps['steps']} step(s), makespan {ps['makespan_s']:.4f} s; server "
+                  f"memory {ps['server_memory']['total_bytes'] / 2**30:.2f} GiB")
+    frame = result.breakdown_frame()
+    out.print(table(["pp", *frame.columns],
+                    ([str(p), *(f"{v:.4f}" for v in row)] for p, row in frame.iterrows()),
+                    title="where the step goes (s), per pipeline rank"))
+    mem = result.memory_frame() / 2**30
+    out.print(table(["pp", *(c.replace("_bytes", "") for c in mem.columns)],
+                    ([str(p), *(f"{v:.2f}" for v in row)] for p, row in mem.iterrows()),
+                    title="memory per pipeline rank (GiB = 2^30 B)"))
