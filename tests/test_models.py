@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -272,6 +271,15 @@ def test_model_sources_refuses_json(tmp_path):
 
 
 def test_presets_ship_as_package_data():
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert re.search(r'"strategies\.models"\s*=\s*\["\*\.toml"\]', text)
-    assert '"strategies.models",' in text
+    """The packages setuptools finds from pyproject's include list hold the model
+    presets, and their TOML files are declared package data (a non-editable install
+    would otherwise ship a simulator without models)."""
+    from setuptools import find_packages
+
+    from hardware.catalog import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = find_packages(str(root), include=config["packages"]["find"]["include"])
+    assert {"strategies.models", "strategies.schedules", "hardware.catalog"} <= set(found)
+    assert "*.toml" in config["package-data"]["strategies.models"]
