@@ -239,7 +239,7 @@ class CostModel:
         """
         conditions = self.ranks.get(rank) if rank is not None else None
         # everything a ComputeTimer may read (calibration tables key by name and kind)
-        key = (op.name, op.kind, op.flops, op.bytes, op.dtype,
+        key = (op.name, op.kind, op.flops, op.bytes, op.dtype, getattr(op, "impl", ""),
                None if conditions is None else rank)
         duration = self._compute_cache.get(key)
         if duration is None:
