@@ -3,8 +3,9 @@
 Roofline over FLOPs and HBM bytes, with a compute efficiency that depends on the op's
 size::
 
-    time_s = kernel_launch_s + max(flops / (peak_flops_per_s[dtype] * efficiency),
-                                   bytes / (hbm_bytes_per_s * memory_efficiency))
+    time_s = kernel_launch_s * launches
+             + max(flops / (peak_flops_per_s[dtype] * efficiency),
+                   bytes / (hbm_bytes_per_s * memory_efficiency)) / sustained_fraction
 
 ``efficiency`` by op kind:
 
@@ -25,11 +26,23 @@ size::
   runs on the architecture, :data:`DEFAULT_ATTENTION_IMPL`), which pass through a
   ``phase`` attribute or its name, and its shape ``(b, heads, kv_heads, s_q, s_k, d)``.
 * ``elementwise``, ``norm``, ``memcpy``, ``optimizer``, ``other``: memory-bound kernels on
-  CUDA cores; their flops run at :data:`VECTOR_EFFICIENCY` of the non-tensor-core rate.
+  CUDA cores; their flops run at :data:`VECTOR_EFFICIENCY` of the non-tensor-core rate and
+  their bytes at ``memory_efficiency`` of the HBM rate (the presets take it from STREAM-style
+  scale/triad measurements). What they move -- fused or eager, fp32 cross entropy, Adam
+  passes -- is ``strategies.model_costs``'s business.
 
-The table was measured as *kernel* time (CUPTI, no host launch cost), so the GpuSpec's
-``kernel_launch_s`` is added on top: it stands for the launch/dispatch gap between
-consecutive kernels on a stream.
+The GEMM table was measured as *kernel* time (CUPTI, no host launch cost), so the GpuSpec's
+``kernel_launch_s`` is added on top, once per GPU kernel the op stands for (an op's
+``launches`` attribute: an eager RMSNorm is 8 ATen kernels): it stands for the minimal
+kernel's duration and the launch gap between consecutive kernels on a stream. It is also
+why small kernels do not reach the datasheet bandwidth: a memory-bound kernel of ``x``
+bytes achieves ``x / (kernel_launch_s + x / B)`` with ``B = hbm_bytes_per_s *
+memory_efficiency``, half of ``B`` at ``x = B * kernel_launch_s`` (~12 MB on an H100).
+
+**The host.** A stack issues every kernel from a CPU thread (:data:`HOST_ISSUE_S`: eager
+PyTorch, torch.compile, CUDA graphs). Kernels queue, so the CPU only matters when a run of
+kernels is shorter than their issue time: :meth:`ComputeModel.issue_bound_time_s` prices a
+serial stream that way (the scheduler decides where streams and synchronisations are).
 
 Units: seconds (``_s``), FLOP/s (``_flops_per_s``), bytes. :meth:`ComputeModel.duration_ns`
 rounds up to whole nanoseconds for the engine.

@@ -843,7 +843,8 @@ def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
 
     ``embed.lookup`` (``memcpy``): reads the ``n`` token ids and the rows of its
     ``ceil(V/t) x h`` shard, writes the (masked) ``n x h`` output that TP then reduces;
-    backward (weight only) reads dy and accumulates into the gradient rows. With
+    backward (weight only, ATen ``embedding_dense_backward``) zero-fills the dense
+    ``ceil(V/t) x h`` gradient, reads dy and scatter-adds it into the rows the ids hit. With
     ``dropout``, ``embed.dropout`` on ``n_sp x h`` after the reduce(-scatter).
     ``n = micro_batch*seq_len/cp``. Bytes in bytes, FLOPs in FLOP.
     """
@@ -859,7 +860,9 @@ def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
         fwd_bytes=TOKEN_ID_BYTES * n + ea * (n * h / tp + n * h),
         bwd_input_flops=0.0, bwd_input_bytes=0.0,
         bwd_weight_flops=1.0 * n * h / tp,
-        bwd_weight_bytes=TOKEN_ID_BYTES * n + ea * (n * h + 2 * n * h / tp),
+        # PyTorch's embedding_dense_backward zero-fills the whole (V/t x h) gradient, then
+        # sorts the ids and scatter-adds dy into the rows they hit
+        bwd_weight_bytes=TOKEN_ID_BYTES * n + ea * (n * h + 2 * n * h / tp + v_l * h),
         params=v_l * h,
     )]
     if dropout:
