@@ -130,6 +130,12 @@ DEFAULT_ATTENTION_SEQ_LEN = 4096
 #: nothing beyond the GPU-side gap ``kernel_launch_s`` already priced, 0.
 HOST_ISSUE_S: Mapping[str, float] = {"eager": 10e-6, "compiled": 4e-6, "graphed": 0.0}
 
+#: Concurrent GEMMs of a grouped GEMM: Transformer Engine's ``GroupedLinear`` (Megatron-Core's
+#: ``TEGroupedMLP`` for ``--moe-grouped-gemm``) runs its per-expert cuBLAS GEMMs on the
+#: multi-stream pool of ``nvte_get_num_compute_streams()``, 4 streams
+#: (transformer_engine/common/util/multi_stream.cpp).
+GROUPED_GEMM_STREAMS = 4
+
 _PHASE_IN_NAME = re.compile(r"\.([FBIW])\d*(?:\.|$)")
 
 #: Fraction of the CUDA-core (non-tensor) FLOP rate that elementwise, norm, optimizer and
@@ -377,6 +383,20 @@ def op_phase(op: ComputeOp) -> str:
     return "bwd" if match and match.group(1) != "F" else "fwd"
 
 
+def op_gemm_groups(op: ComputeOp) -> int:
+    """GEMMs a grouped-GEMM op stands for: its ``gemm_groups`` attribute or, without one,
+    the first entry of the ``(groups, m, n, k)`` shape of a routed-expert kernel (named
+    ``moe.experts.*`` by ``strategies.model_costs``); 1 for every other matmul (a batched
+    GEMM such as unfused attention's is one cuBLAS call)."""
+    groups = getattr(op, "gemm_groups", 0)
+    if isinstance(groups, int) and groups >= 1:
+        return groups
+    shape = tuple(getattr(op, "shape", ()) or ())
+    if ".experts." in op.name and len(shape) == 4 and shape[0] > 1:
+        return int(shape[0])
+    return 1
+
+
 def op_launches(op: ComputeOp) -> int:
     """GPU kernels an op stands for: its ``launches`` attribute (``strategies.model_costs``
     sets it per pass, e.g. an eager RMSNorm is 8 ATen kernels), default 1."""
@@ -406,6 +426,9 @@ class ComputeModel:
         attention_impl: the fused-attention implementation of the software stack
             (:data:`ATTENTION_IMPLS`) for attention ops that do not name one; ``""``: the
             architecture's default (:data:`DEFAULT_ATTENTION_IMPL`).
+        grouped_gemm_streams: GEMMs of a grouped GEMM in flight at once
+            (:data:`GROUPED_GEMM_STREAMS`; 1 for a sequential expert loop; a large number
+            for a single grouped kernel such as CUTLASS ``grouped_gemm``).
         host_mode: how the stack issues kernels from the CPU (:data:`HOST_ISSUE_S`:
             ``eager``, ``compiled``, ``graphed``), for :meth:`host_time_s` and
             :meth:`issue_bound_time_s`; ``""``: the host is never the bottleneck.
@@ -420,6 +443,7 @@ class ComputeModel:
     gpu: GpuSpec
     attention_impl: str = ""
     host_mode: str = ""
+    grouped_gemm_streams: int = GROUPED_GEMM_STREAMS
     vector_efficiency: float = VECTOR_EFFICIENCY
     _peaks: Mapping[str, float] = field(init=False, repr=False)
     _plateau_scale: float = field(init=False, repr=False)
@@ -461,6 +485,9 @@ class ComputeModel:
         reference = table[gpu.matmul_profile].get("bf16")
         ref_plateau = reference.plateau if reference is not None else gpu.matmul_peak_efficiency
         object.__setattr__(self, "_plateau_scale", gpu.matmul_peak_efficiency / ref_plateau)
+        if isinstance(self.grouped_gemm_streams, bool) or not isinstance(self.grouped_gemm_streams, int) \
+                or self.grouped_gemm_streams < 1:
+            raise ValueError(f"grouped_gemm_streams: {self.grouped_gemm_streams!r} must be an integer >= 1")
         if self.host_mode and self.host_mode not in HOST_ISSUE_S:
             raise ValueError(f"host_mode: {self.host_mode!r} is not known; valid: "
                              f"{', '.join(HOST_ISSUE_S)} (or '' for none)")
@@ -554,7 +581,19 @@ class ComputeModel:
             return peak_or_rate * self.attention_efficiency(op)
         if curve is None:
             return peak_or_rate
-        return peak_or_rate * self._tensor_eff(curve, ratio, op.flops) * factor
+        return peak_or_rate * self._tensor_eff(curve, ratio, self.gemm_work(op)) * factor
+
+    def gemm_work(self, op: ComputeOp) -> float:
+        """The work the GEMM curve is read at: the op's flops, or for a grouped GEMM of
+        ``g`` equal GEMMs (:func:`op_gemm_groups`, MoE experts) the work of the
+        ``min(g, grouped_gemm_streams)`` GEMMs in flight at once -- Transformer Engine's
+        ``GroupedLinear`` issues one cuBLAS GEMM per group round-robin on its compute
+        streams, so a small expert GEMM runs at the efficiency of its own size, not of
+        the whole group's."""
+        groups = op_gemm_groups(op)
+        if groups <= 1:
+            return op.flops
+        return op.flops / groups * min(groups, self.grouped_gemm_streams)
 
     def attention_efficiency(self, op: ComputeOp) -> float:
         """Fraction of this GPU's peak an attention op reaches: the table's efficiency

@@ -249,3 +249,27 @@ def test_small_model_is_issue_bound_in_eager_mode_and_not_with_cuda_graphs():
     gpu = sum(ComputeModel(H100).duration_s(o) for o in ops)
     assert eager > 1.5 * gpu
     assert ComputeModel(H100, host_mode="graphed").issue_bound_time_s(ops) == pytest.approx(gpu)
+
+
+# ----------------------------------------------------------------- grouped GEMMs
+
+
+def test_grouped_expert_gemm_runs_at_the_efficiency_of_its_streams():
+    """16 local experts of 2048 x 1536 x 2048 each: TE GroupedLinear keeps 4 GEMMs in flight,
+    so the group runs at the efficiency of 4 experts' work, not of all 16 (and a dense GEMM
+    or a batched one is read at its whole work)."""
+    cm = ComputeModel(H100)
+    per = 2.0 * 2048 * 1536 * 2048
+    experts = ComputeOp(name="moe.experts.gate_up.F0.l1", kind="matmul", flops=16 * per,
+                        shape=(16, 2048, 1536, 2048))
+    assert cm.gemm_work(experts) == 4 * per
+    assert cm.tensor_efficiency("bf16", 4 * per) == pytest.approx(
+        cm.compute_flops_per_s(experts) / 989e12)
+    dense = ComputeOp(name="mlp.fc1.F0.l1", kind="matmul", flops=16 * per, shape=(1, 32768, 1536, 2048))
+    batched = ComputeOp(name="attn.scores.F0.l1", kind="matmul", flops=16 * per, shape=(16, 2048, 1536, 2048))
+    assert cm.gemm_work(dense) == cm.gemm_work(batched) == 16 * per
+    assert cm.compute_flops_per_s(experts) < cm.compute_flops_per_s(dense)
+    one_kernel = ComputeModel(H100, grouped_gemm_streams=64)
+    assert one_kernel.compute_flops_per_s(experts) == pytest.approx(cm.compute_flops_per_s(dense))
+    with pytest.raises(ValueError, match="grouped_gemm_streams"):
+        ComputeModel(H100, grouped_gemm_streams=0)
