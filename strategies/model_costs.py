@@ -68,6 +68,13 @@ Assumptions (each is a choice, stated once here)
 * Vector kernels: FLOPs per element are small documented constants (they are memory bound);
   their backward reads the saved input and the upstream gradient and writes the input
   gradient.
+* The software stack decides what the non-GEMM kernels move: ``elementwise="fused"``
+  (default: Transformer Engine / Megatron fused kernels, or torch.compile) or ``"eager"``
+  (PyTorch eager: RMSNorm, SwiGLU and RoPE as chains of ATen kernels, each a pass over
+  HBM, :data:`EAGER_RMSNORM` etc.); the loss is one of :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`
+  (default ``fused``); the optimizer step is :func:`optimizer_kernels`. Each kernel says
+  how many GPU kernels it stands for (:attr:`Kernel.launches`).
+* Rotary embedding is priced only for a model whose ``position_embedding`` is ``"rope"``.
 """
 
 from __future__ import annotations
@@ -95,7 +102,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "embedding_activation_bytes",
     "embedding_kernels",
-    "fp8_recipe",
+    "resolve_fp8_recipe",
     "fp8_weight_quant_kernel",
     "head_activation_bytes",
     "head_kernels",
@@ -246,7 +253,7 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0), 
 CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3)}
 
 
-def fp8_recipe(name: str | Fp8Recipe | None) -> Fp8Recipe:
+def resolve_fp8_recipe(name: str | Fp8Recipe | None) -> Fp8Recipe:
     """The :class:`Fp8Recipe` called ``name`` (``None``/``""``: :data:`DEFAULT_FP8_RECIPE`).
 
     Raises:
@@ -629,7 +636,7 @@ def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: i
 def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int = 1,
                   cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
                   dropout: bool = True, flash_attention: bool = True,
-                  fp8_recipe_name: str | Fp8Recipe | None = None,
+                  fp8_recipe: str | Fp8Recipe | None = None,
                   elementwise: str = "fused") -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
@@ -658,7 +665,7 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         dropout: count dropout masks in the residual kernels.
         flash_attention: one fused causal kernel (default); False for the unfused
             attention of Megatron-LM 2021 (:func:`unfused_attention_kernels`).
-        fp8_recipe_name: with an fp8 ``dtype``, how the stack quantizes (:data:`FP8_RECIPES`;
+        fp8_recipe: with an fp8 ``dtype``, how the stack quantizes (:data:`FP8_RECIPES`;
             default :data:`DEFAULT_FP8_RECIPE`): each fp8 GEMM gets a ``<name>.quant``
             kernel before it (:func:`_fp8_quant`). Ignored for other dtypes.
         elementwise: ``fused`` or ``eager`` (:data:`ELEMENTWISE_MODES`): how RMSNorm,
@@ -680,7 +687,7 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     if elementwise not in ELEMENTWISE_MODES:
         raise ValueError(f"elementwise: {elementwise!r} is not valid; valid: {', '.join(ELEMENTWISE_MODES)}")
     mm, em, act, ea = _dtypes(dtype)
-    recipe = fp8_recipe(fp8_recipe_name) if em < 2 else None
+    recipe = resolve_fp8_recipe(fp8_recipe) if em < 2 else None
     h, d = model.hidden_size, model.head_dim
     a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
     s_q, s_k = seq_len // cp, seq_len
@@ -990,7 +997,7 @@ def fp8_weight_quant_kernel(params: float, recipe: str | Fp8Recipe | None = None
     ``recipe.quant_bytes_per_element`` bytes per parameter, to run before the first
     micro-batch's forward (or fused into the optimizer with fp8 primary weights). Only the
     transformer layers' linear weights count. Fields as :func:`optimizer_kernels`."""
-    r = fp8_recipe(recipe)
+    r = resolve_fp8_recipe(recipe)
     return Kernel(name="fp8.weight_quant", block="optimizer", kind="elementwise",
                   shape=(int(round(params)),), dtype="bf16",
                   fwd_flops=2.0 * params, fwd_bytes=r.quant_bytes_per_element * params,

@@ -42,7 +42,7 @@ def layer_seconds(model, dtype, recipe=None, **kw):
     cm = ComputeModel(H100)
     total = 0.0
     for k in C.layer_kernels(model, 0, micro_batch=1, seq_len=8192, dtype=dtype,
-                             fp8_recipe_name=recipe, **kw):
+                             fp8_recipe=recipe, **kw):
         for phase, flops, nbytes in (("F", k.fwd_flops, k.fwd_bytes), ("B", k.bwd_flops, k.bwd_bytes)):
             total += cm.duration_s(ComputeOp(name=f"{k.name}.{phase}0.l0", kind=k.kind, flops=flops,
                                              bytes=nbytes, dtype=k.dtype))
@@ -67,7 +67,7 @@ def test_te_delayed_quantization_bytes_closed_form():
     backward (4); weights are cached per step (0 per micro-batch)."""
     n, h, f = 4096, 4096, 14336
     qkv_cols = (32 + 2 * 8) * 128
-    k = kernels(dtype="fp8", fp8_recipe_name="te-delayed")
+    k = kernels(dtype="fp8", fp8_recipe="te-delayed")
     assert k["attn.qkv.quant"].fwd_bytes == 0
     assert k["attn.qkv.quant"].bwd_input_bytes == 4 * n * qkv_cols
     assert k["attn.qkv.quant"].bwd_weight_bytes == 2 * n * h
@@ -82,14 +82,14 @@ def test_te_delayed_quantization_bytes_closed_form():
 def test_other_recipes_move_what_they_document():
     n, h = 4096, 4096
     qkv_cols = (32 + 2 * 8) * 128
-    cur = kernels(dtype="fp8", fp8_recipe_name="te-current")["attn.qkv.quant"]
+    cur = kernels(dtype="fp8", fp8_recipe="te-current")["attn.qkv.quant"]
     assert cur.fwd_bytes == 6 * n * h            # amax pass + cast_transpose, no norm fusion
-    lin = kernels(dtype="fp8", fp8_recipe_name="te-linear")["attn.qkv.quant"]
+    lin = kernels(dtype="fp8", fp8_recipe="te-linear")["attn.qkv.quant"]
     assert lin.fwd_bytes == 4 * n * h + 4 * h * qkv_cols   # weights cast every micro-batch
-    mx = kernels(dtype="fp8", fp8_recipe_name="te-mxfp8")["attn.out.quant"]
+    mx = kernels(dtype="fp8", fp8_recipe="te-mxfp8")["attn.out.quant"]
     assert mx.fwd_bytes == pytest.approx((4 + 2 / 32) * n * 32 * 128)
     with pytest.raises(ValueError, match="fp8_recipe"):
-        kernels(dtype="fp8", fp8_recipe_name="fp8-magic")
+        kernels(dtype="fp8", fp8_recipe="fp8-magic")
 
 
 def test_layers_that_stay_bf16_under_fp8():
