@@ -3,8 +3,9 @@
 Roofline over FLOPs and HBM bytes, with a compute efficiency that depends on the op's
 size::
 
-    time_s = kernel_launch_s + max(flops / (peak_flops_per_s[dtype] * efficiency),
-                                   bytes / (hbm_bytes_per_s * memory_efficiency))
+    time_s = kernel_launch_s * launches
+             + max(flops / (peak_flops_per_s[dtype] * efficiency),
+                   bytes / (hbm_bytes_per_s * memory_efficiency)) / sustained_fraction
 
 ``efficiency`` by op kind:
 
@@ -15,13 +16,33 @@ size::
   curve is of the profile's reference GPU; a GPU whose peak differs (e.g. an H100 PCIe on
   the ``sm_90`` profile) reads it at the same *ideal time* ``flops / peak`` and the plateau
   is rescaled to its own ``matmul_peak_efficiency``, never exceeded.
-* ``attention``: the matmul curve at the op's flops times :data:`ATTENTION_EFFICIENCY_FACTOR`.
+* ``attention``: the fused-attention kernel's measured efficiency
+  (``hardware/data/attention_efficiency.csv``, derived by
+  ``tools/derive_attention_efficiency.py`` from the FlashAttention-2/-3 papers' benchmarks)
+  for the op's *implementation* (FlashAttention 1/2/3, cuDNN, Triton: the software stack
+  picks it), pass (forward or backward), causal mask, head dimension and sequence length
+  (see :func:`attention_efficiency`). The op says which implementation through an
+  ``impl`` attribute (``""``: the model's ``attention_impl``, else what Transformer Engine
+  runs on the architecture, :data:`DEFAULT_ATTENTION_IMPL`), which pass through a
+  ``phase`` attribute or its name, and its shape ``(b, heads, kv_heads, s_q, s_k, d)``.
 * ``elementwise``, ``norm``, ``memcpy``, ``optimizer``, ``other``: memory-bound kernels on
-  CUDA cores; their flops run at :data:`VECTOR_EFFICIENCY` of the non-tensor-core rate.
+  CUDA cores; their flops run at :data:`VECTOR_EFFICIENCY` of the non-tensor-core rate and
+  their bytes at ``memory_efficiency`` of the HBM rate (the presets take it from STREAM-style
+  scale/triad measurements). What they move -- fused or eager, fp32 cross entropy, Adam
+  passes -- is ``strategies.model_costs``'s business.
 
-The table was measured as *kernel* time (CUPTI, no host launch cost), so the GpuSpec's
-``kernel_launch_s`` is added on top: it stands for the launch/dispatch gap between
-consecutive kernels on a stream.
+The GEMM table was measured as *kernel* time (CUPTI, no host launch cost), so the GpuSpec's
+``kernel_launch_s`` is added on top, once per GPU kernel the op stands for (an op's
+``launches`` attribute: an eager RMSNorm is 8 ATen kernels): it stands for the minimal
+kernel's duration and the launch gap between consecutive kernels on a stream. It is also
+why small kernels do not reach the datasheet bandwidth: a memory-bound kernel of ``x``
+bytes achieves ``x / (kernel_launch_s + x / B)`` with ``B = hbm_bytes_per_s *
+memory_efficiency``, half of ``B`` at ``x = B * kernel_launch_s`` (~12 MB on an H100).
+
+**The host.** A stack issues every kernel from a CPU thread (:data:`HOST_ISSUE_S`: eager
+PyTorch, torch.compile, CUDA graphs). Kernels queue, so the CPU only matters when a run of
+kernels is shorter than their issue time: :meth:`ComputeModel.issue_bound_time_s` prices a
+serial stream that way (the scheduler decides where streams and synchronisations are).
 
 Units: seconds (``_s``), FLOP/s (``_flops_per_s``), bytes. :meth:`ComputeModel.duration_ns`
 rounds up to whole nanoseconds for the engine.
@@ -32,10 +53,11 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Mapping, Protocol
+from typing import Mapping, Protocol, Sequence
 
 from hardware.spec import COMPUTE_KINDS, GpuSpec
 from hardware.units import DTYPE_ALIASES, canonical_dtype, seconds_to_ns
@@ -68,16 +90,53 @@ class _Work:
 #: File inside :mod:`hardware.data` holding the efficiency curves.
 EFFICIENCY_TABLE = "matmul_efficiency.csv"
 
-#: Flash-attention reaches a lower fraction of peak than a GEMM of the same work: the
-#: softmax/rescaling between its two GEMMs runs on the (16x slower) non-tensor units and
-#: the backward pass has extra dependencies. Sources: FlashAttention-2 (Dao 2023,
-#: arXiv 2307.08691) reaches 50-73 % of A100 peak in the forward pass (GEMM: 87 %,
-#: mamf), i.e. 0.6-0.85 of GEMM, and less in the backward; FlashAttention-3 (Shah et al.
-#: 2024, arXiv 2407.08608) reaches up to 75 % of H100 peak forward (GEMM: 80 %), ~0.93,
-#: with the backward 1.5-1.75x FA2's (~0.6 of GEMM); FA2 on H100 reaches only ~35 %
-#: (~0.45 of GEMM). Assumption: 0.7 for a fwd+bwd mix of a modern kernel (the backward
-#: has ~2.5x the forward's flops). Override per model with ``attention_efficiency_factor``.
-ATTENTION_EFFICIENCY_FACTOR = 0.7
+#: File inside :mod:`hardware.data` holding the fused-attention efficiencies.
+ATTENTION_TABLE = "attention_efficiency.csv"
+
+#: Fused attention kernels the table knows: FlashAttention v1 (flash-attn 1.x), v2
+#: (flash-attn 2.x; also PyTorch SDPA's flash backend), v3 (Hopper only), cuDNN fused
+#: attention (Transformer Engine's ``FusedAttention``), the Triton flash kernel (OpenAI
+#: tutorial / MosaicML ``attn_impl: triton``). Unfused attention is not a kernel: the cost
+#: model lowers it to its GEMMs and softmax (``strategies.model_costs``).
+ATTENTION_IMPLS = ("fa1", "fa2", "fa3", "cudnn", "triton")
+
+#: What a stack that does not say runs: Transformer Engine's choice. It prefers cuDNN
+#: FusedAttention on Hopper and newer ("Disabling FlashAttention to give FusedAttention
+#: preference on Hopper+ for performance reasons", transformer_engine/pytorch/attention
+#: backend selection) and flash-attn (FA2) on Ampere.
+DEFAULT_ATTENTION_IMPL: Mapping[str, str] = {"sm_80": "fa2", "sm_90": "cudnn", "sm_100": "cudnn"}
+
+#: An implementation that does not run on an architecture falls back to the first of these
+#: that does (FA3 is Hopper-only; the table has no Triton rows for Blackwell).
+ATTENTION_FALLBACK: Mapping[str, tuple[str, ...]] = {
+    "fa3": ("cudnn", "fa2"), "triton": ("cudnn", "fa2"), "cudnn": ("fa2",),
+    "fa2": ("cudnn",), "fa1": ("fa2",),
+}
+
+#: Head dim and sequence length assumed for an attention op that carries no shape
+#: (a Llama-style head of 128 at a 4k context).
+DEFAULT_ATTENTION_HEAD_DIM = 128
+DEFAULT_ATTENTION_SEQ_LEN = 4096
+
+#: CPU time to issue one GPU kernel, seconds, by how the software stack launches.
+#: ``eager``: PyTorch eager mode, a Python call through the autograd and ATen dispatchers to
+#: ``cudaLaunchKernel`` per op: 5-25 us of CPU work per op (J. Lin, "From PyTorch op to kernel
+#: launch": Python ~1, pybind ~1, autograd 1-3, dispatcher 1-2, backend 1-5, driver 1-3 us);
+#: assumption: 10 us, the middle of that range on a server CPU. ``compiled``: torch.compile's
+#: generated wrapper calls its (fused) kernels directly, skipping the Python op, autograd and
+#: dispatcher layers: the driver and backend part, assumption 4 us. ``graphed``: CUDA graphs
+#: (Megatron ``--enable-cuda-graph``/``--external-cuda-graph``, torch.compile
+#: ``mode="reduce-overhead"``): one graph launch for a whole captured region; per kernel
+#: nothing beyond the GPU-side gap ``kernel_launch_s`` already priced, 0.
+HOST_ISSUE_S: Mapping[str, float] = {"eager": 10e-6, "compiled": 4e-6, "graphed": 0.0}
+
+#: Concurrent GEMMs of a grouped GEMM: Transformer Engine's ``GroupedLinear`` (Megatron-Core's
+#: ``TEGroupedMLP`` for ``--moe-grouped-gemm``) runs its per-expert cuBLAS GEMMs on the
+#: multi-stream pool of ``nvte_get_num_compute_streams()``, 4 streams
+#: (transformer_engine/common/util/multi_stream.cpp).
+GROUPED_GEMM_STREAMS = 4
+
+_PHASE_IN_NAME = re.compile(r"\.([FBIW])\d*(?:\.|$)")
 
 #: Fraction of the CUDA-core (non-tensor) FLOP rate that elementwise, norm, optimizer and
 #: other vector kernels reach on their arithmetic. Assumption: these kernels are memory
@@ -206,6 +265,155 @@ def matmul_efficiency(profile: str, dtype: str, flops: float) -> float:
     return curve(flops)
 
 
+# ---------------------------------------------------------------------------- attention
+
+
+@lru_cache(maxsize=1)
+def load_attention_table() -> Mapping[tuple[str, str, str, bool], Mapping[int, tuple[tuple[float, ...], tuple[float, ...]]]]:
+    """``{(profile, impl, phase, causal): {head_dim: (log seq_len knots, log efficiency)}}``
+    from ``hardware/data/attention_efficiency.csv``."""
+    text = resources.files("hardware.data").joinpath(ATTENTION_TABLE).read_text()
+    points: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
+    for r in csv.DictReader(text.splitlines()):
+        key = (r["profile"], r["impl"], r["phase"], r["causal"] == "1")
+        points.setdefault(key, {}).setdefault(int(r["head_dim"]), []).append(
+            (float(r["seq_len"]), float(r["efficiency"])))
+    table: dict[tuple, dict[int, tuple]] = {}
+    for key, by_dim in points.items():
+        for d, knots in by_dim.items():
+            knots.sort()
+            table.setdefault(key, {})[d] = (tuple(math.log(s) for s, _ in knots),
+                                            tuple(math.log(e) for _, e in knots))
+    return table
+
+
+def attention_impls(profile: str) -> tuple[str, ...]:
+    """Implementations the table has measured or derived rows for on ``profile``."""
+    return tuple(sorted({impl for p, impl, _, _ in load_attention_table() if p == profile}))
+
+
+def resolve_attention_impl(profile: str, impl: str = "") -> str:
+    """The implementation that runs for ``impl`` on ``profile``: ``""`` is the profile's
+    default (:data:`DEFAULT_ATTENTION_IMPL`); one that does not run there falls back
+    (:data:`ATTENTION_FALLBACK`).
+
+    Raises:
+        ValueError: unknown implementation or profile without attention rows.
+    """
+    available = attention_impls(profile)
+    if not available:
+        raise ValueError(f"matmul_profile: {profile!r} has no attention efficiencies; valid: "
+                         f"{', '.join(sorted({p for p, *_ in load_attention_table()}))}")
+    if not impl:
+        impl = DEFAULT_ATTENTION_IMPL.get(profile, available[0])
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl: {impl!r} is not known; valid: {', '.join(ATTENTION_IMPLS)}")
+    for candidate in (impl, *ATTENTION_FALLBACK.get(impl, ())):
+        if candidate in available:
+            return candidate
+    return available[0]
+
+
+def _log_interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """Linear in (log x, log y); below the first knot the first segment's slope continues,
+    above the last the value stays."""
+    if x >= xs[-1]:
+        return ys[-1]
+    if x <= xs[0]:
+        slope = (ys[1] - ys[0]) / (xs[1] - xs[0]) if len(xs) > 1 else 0.0
+        return ys[0] + slope * (x - xs[0])
+    i = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@lru_cache(maxsize=4096)
+def attention_efficiency(profile: str, impl: str = "", *, phase: str = "fwd", causal: bool = True,
+                         head_dim: int = DEFAULT_ATTENTION_HEAD_DIM,
+                         seq_len: int = DEFAULT_ATTENTION_SEQ_LEN) -> float:
+    """Fused-attention efficiency: achieved FLOP/s over the profile's reference BF16 peak.
+
+    FLOPs are counted as FlashAttention's benchmark counts them (forward ``4*b*s^2*h*d``,
+    halved when causal; backward 2.5x), the convention of ``strategies.model_costs``.
+
+    Args:
+        profile: ``sm_80``, ``sm_90`` or ``sm_100``.
+        impl: one of :data:`ATTENTION_IMPLS`, or ``""`` for the profile's default; an
+            implementation the architecture cannot run falls back (:func:`resolve_attention_impl`).
+        phase: ``"fwd"`` or ``"bwd"``.
+        causal: causal mask (LLM training).
+        head_dim: per-head dimension; tabulated at 64 and 128, linear in between, clamped
+            outside (assumption: hdim 256 reaches about hdim 128's fraction).
+        seq_len: sequence length the kernel loops over (queries per rank); tabulated
+            512..16k, interpolated in log-log, extrapolated below with the first segment's
+            slope and flat above.
+
+    Raises:
+        ValueError: unknown profile, implementation or phase, or a non-positive size.
+    """
+    if phase not in ("fwd", "bwd"):
+        raise ValueError(f"phase: {phase!r} is not valid; valid: fwd, bwd")
+    if head_dim < 1 or seq_len < 1:
+        raise ValueError(f"attention shape: head_dim {head_dim!r} and seq_len {seq_len!r} must be >= 1")
+    impl = resolve_attention_impl(profile, impl)
+    by_dim = load_attention_table()[(profile, impl, phase, bool(causal))]
+    dims = sorted(by_dim)
+    x = math.log(seq_len)
+    if head_dim <= dims[0] or head_dim >= dims[-1]:
+        d = dims[0] if head_dim <= dims[0] else dims[-1]
+        return math.exp(_log_interp(*by_dim[d], x))
+    j = bisect.bisect_right(dims, head_dim)
+    d0, d1 = dims[j - 1], dims[j]
+    e0 = math.exp(_log_interp(*by_dim[d0], x))
+    e1 = math.exp(_log_interp(*by_dim[d1], x))
+    return e0 + (e1 - e0) * (head_dim - d0) / (d1 - d0)
+
+
+def op_phase(op: ComputeOp) -> str:
+    """``"fwd"`` or ``"bwd"``: the op's ``phase`` attribute (``F``/``R`` forward or
+    recompute, ``B``/``I``/``W`` backward) or, without one, its lowering name
+    (``attn.core.F0.l3``, ``attn.core.recompute.B0.l3``: a recompute is forward work)."""
+    phase = getattr(op, "phase", "") or ""
+    if phase:
+        return "fwd" if phase in ("F", "R", "fwd") else "bwd"
+    name = op.name
+    if ".recompute" in name:
+        return "fwd"
+    match = _PHASE_IN_NAME.search(name)
+    return "bwd" if match and match.group(1) != "F" else "fwd"
+
+
+def op_gemm_groups(op: ComputeOp) -> int:
+    """GEMMs a grouped-GEMM op stands for: its ``gemm_groups`` attribute or, without one,
+    the first entry of the ``(groups, m, n, k)`` shape of a routed-expert kernel (named
+    ``moe.experts.*`` by ``strategies.model_costs``); 1 for every other matmul (a batched
+    GEMM such as unfused attention's is one cuBLAS call)."""
+    groups = getattr(op, "gemm_groups", 0)
+    if isinstance(groups, int) and groups >= 1:
+        return groups
+    shape = tuple(getattr(op, "shape", ()) or ())
+    if ".experts." in op.name and len(shape) == 4 and shape[0] > 1:
+        return int(shape[0])
+    return 1
+
+
+def op_launches(op: ComputeOp) -> int:
+    """GPU kernels an op stands for: its ``launches`` attribute (``strategies.model_costs``
+    sets it per pass, e.g. an eager RMSNorm is 8 ATen kernels), default 1."""
+    launches = getattr(op, "launches", 1)
+    return launches if isinstance(launches, int) and launches >= 1 else 1
+
+
+def attention_shape(op: ComputeOp) -> tuple[int, int]:
+    """``(head_dim, seq_len)`` of an attention op from its shape
+    ``(b, heads, kv_heads, s_q, s_k, d)`` (``s_q``: the queries one kernel loops over, a
+    context-parallel piece included), or the defaults when it has none."""
+    shape = tuple(getattr(op, "shape", ()) or ())
+    if len(shape) == 6 and shape[3] > 0 and shape[5] > 0:
+        return int(shape[5]), int(shape[3])
+    return DEFAULT_ATTENTION_HEAD_DIM, DEFAULT_ATTENTION_SEQ_LEN
+
+
 # ------------------------------------------------------------------------------- model
 
 
@@ -215,8 +423,15 @@ class ComputeModel:
 
     Attributes:
         gpu: the accelerator.
-        attention_efficiency_factor: attention efficiency as a fraction of a GEMM of the
-            same flops (default :data:`ATTENTION_EFFICIENCY_FACTOR`).
+        attention_impl: the fused-attention implementation of the software stack
+            (:data:`ATTENTION_IMPLS`) for attention ops that do not name one; ``""``: the
+            architecture's default (:data:`DEFAULT_ATTENTION_IMPL`).
+        grouped_gemm_streams: GEMMs of a grouped GEMM in flight at once
+            (:data:`GROUPED_GEMM_STREAMS`; 1 for a sequential expert loop; a large number
+            for a single grouped kernel such as CUTLASS ``grouped_gemm``).
+        host_mode: how the stack issues kernels from the CPU (:data:`HOST_ISSUE_S`:
+            ``eager``, ``compiled``, ``graphed``), for :meth:`host_time_s` and
+            :meth:`issue_bound_time_s`; ``""``: the host is never the bottleneck.
         vector_efficiency: fraction of the CUDA-core FLOP rate vector kernels reach
             (default :data:`VECTOR_EFFICIENCY`).
 
@@ -226,7 +441,9 @@ class ComputeModel:
     """
 
     gpu: GpuSpec
-    attention_efficiency_factor: float = ATTENTION_EFFICIENCY_FACTOR
+    attention_impl: str = ""
+    host_mode: str = ""
+    grouped_gemm_streams: int = GROUPED_GEMM_STREAMS
     vector_efficiency: float = VECTOR_EFFICIENCY
     _peaks: Mapping[str, float] = field(init=False, repr=False)
     _plateau_scale: float = field(init=False, repr=False)
@@ -243,7 +460,6 @@ class ComputeModel:
         for name, value in (
             ("matmul_peak_efficiency", gpu.matmul_peak_efficiency),
             ("memory_efficiency", gpu.memory_efficiency),
-            ("attention_efficiency_factor", self.attention_efficiency_factor),
             ("vector_efficiency", self.vector_efficiency),
         ):
             if not 0.0 < value <= 1.0:
@@ -269,6 +485,15 @@ class ComputeModel:
         reference = table[gpu.matmul_profile].get("bf16")
         ref_plateau = reference.plateau if reference is not None else gpu.matmul_peak_efficiency
         object.__setattr__(self, "_plateau_scale", gpu.matmul_peak_efficiency / ref_plateau)
+        if isinstance(self.grouped_gemm_streams, bool) or not isinstance(self.grouped_gemm_streams, int) \
+                or self.grouped_gemm_streams < 1:
+            raise ValueError(f"grouped_gemm_streams: {self.grouped_gemm_streams!r} must be an integer >= 1")
+        if self.host_mode and self.host_mode not in HOST_ISSUE_S:
+            raise ValueError(f"host_mode: {self.host_mode!r} is not known; valid: "
+                             f"{', '.join(HOST_ISSUE_S)} (or '' for none)")
+        if self.attention_impl and self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl: {self.attention_impl!r} is not known; valid: "
+                             f"{', '.join(ATTENTION_IMPLS)} (or '' for the GPU's default)")
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -288,7 +513,9 @@ class ComputeModel:
     def _plan(self, op: ComputeOp) -> tuple:
         """Validated, cached per (kind, dtype spelling): how to get the op's compute rate.
 
-        ``(peak_flops_per_s, curve, reference_flops_ratio, factor)`` for tensor-core kinds,
+        ``(peak_flops_per_s, curve, reference_flops_ratio, factor)`` for matmuls,
+        ``(peak_flops_per_s, None, 1.0, 0.0)`` for attention (its efficiency depends on the
+        op's implementation, pass and shape: :meth:`attention_efficiency`),
         ``(rate_flops_per_s, None, 0.0, 1.0)`` for vector kinds.
         """
         key = (op.kind, op.dtype)
@@ -302,10 +529,13 @@ class ComputeModel:
             )
         dtype = self._dtype(op)
         peak = self._peaks[dtype]
-        if op.kind in TENSOR_CORE_KINDS:
+        if op.kind == "attention":
+            # FP8 attention (TE's fp8_dpa) is not tabulated: it runs at the BF16 rate.
+            attention_peak = self._peaks.get("bf16", peak) if dtype in ("fp8", "fp4") else peak
+            plan = (attention_peak, None, 1.0, 0.0)
+        elif op.kind in TENSOR_CORE_KINDS:
             _, curve = _curve(self.gpu.matmul_profile, dtype)
-            factor = self.attention_efficiency_factor if op.kind == "attention" else 1.0
-            plan = (peak, curve, curve.peak_flops_per_s / peak, factor)
+            plan = (peak, curve, curve.peak_flops_per_s / peak, 1.0)
         else:
             # Vector kernels run on CUDA cores: bounded by the fp32 FMA rate (bf16/fp16/fp8
             # math is done in fp32 registers), or the dtype's own rate when lower (fp64).
@@ -347,9 +577,36 @@ class ComputeModel:
         """FLOP/s the op's arithmetic runs at (the compute side of the roofline)."""
         self._check_work(op)
         peak_or_rate, curve, ratio, factor = self._plan(op)
+        if op.kind == "attention":
+            return peak_or_rate * self.attention_efficiency(op)
         if curve is None:
             return peak_or_rate
-        return peak_or_rate * self._tensor_eff(curve, ratio, op.flops) * factor
+        return peak_or_rate * self._tensor_eff(curve, ratio, self.gemm_work(op)) * factor
+
+    def gemm_work(self, op: ComputeOp) -> float:
+        """The work the GEMM curve is read at: the op's flops, or for a grouped GEMM of
+        ``g`` equal GEMMs (:func:`op_gemm_groups`, MoE experts) the work of the
+        ``min(g, grouped_gemm_streams)`` GEMMs in flight at once -- Transformer Engine's
+        ``GroupedLinear`` issues one cuBLAS GEMM per group round-robin on its compute
+        streams, so a small expert GEMM runs at the efficiency of its own size, not of
+        the whole group's."""
+        groups = op_gemm_groups(op)
+        if groups <= 1:
+            return op.flops
+        return op.flops / groups * min(groups, self.grouped_gemm_streams)
+
+    def attention_efficiency(self, op: ComputeOp) -> float:
+        """Fraction of this GPU's peak an attention op reaches: the table's efficiency
+        (:func:`attention_efficiency`) for the op's implementation (its ``impl``
+        attribute, else :attr:`attention_impl`, else the architecture's default), pass
+        (:func:`op_phase`) and shape (:func:`attention_shape`), rescaled like the GEMM
+        curves by ``matmul_peak_efficiency / reference plateau`` and capped at 1."""
+        impl = getattr(op, "impl", "") or self.attention_impl
+        head_dim, seq_len = attention_shape(op)
+        eff = attention_efficiency(self.gpu.matmul_profile, impl, phase=op_phase(op),
+                                   causal=bool(getattr(op, "causal", True)),
+                                   head_dim=head_dim, seq_len=seq_len) * self._plateau_scale
+        return eff if eff < 1.0 else 1.0
 
     def memory_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth, bytes/s."""
@@ -367,8 +624,32 @@ class ComputeModel:
         return max(compute_s, memory_s) / self.gpu.sustained_fraction
 
     def duration_s(self, op: ComputeOp) -> float:
-        """Time the op occupies its stream, seconds: ``kernel_launch_s`` + roofline time."""
-        return self.gpu.kernel_launch_s + self.kernel_time_s(op)
+        """Time the op occupies its stream, seconds: ``kernel_launch_s`` per GPU kernel the
+        op stands for (its ``launches`` attribute, default 1: an eager RMSNorm is 8) plus the
+        roofline time."""
+        return self.gpu.kernel_launch_s * op_launches(op) + self.kernel_time_s(op)
+
+    def host_time_s(self, op: ComputeOp) -> float:
+        """CPU time to issue the op's kernels under :attr:`host_mode` (0 without one):
+        :data:`HOST_ISSUE_S` per launch."""
+        if not self.host_mode:
+            return 0.0
+        return HOST_ISSUE_S[self.host_mode] * op_launches(op)
+
+    def issue_bound_time_s(self, ops: Sequence[ComputeOp]) -> float:
+        """Seconds a serial stream of ``ops`` takes when one CPU thread issues their
+        kernels in order into an unbounded launch queue (PyTorch's asynchronous CUDA
+        stream): kernel ``i`` starts when it is issued and its predecessor is done,
+        ``end_i = max(end_{i-1}, issue_i) + duration_i`` with ``issue_i`` the cumulative
+        host time of ops ``0..i`` (:meth:`host_time_s`). Long kernels let the CPU run
+        ahead; a run of kernels shorter than their issue time leaves the GPU idle. Equal
+        to the sum of :meth:`duration_s` when the GPU is never starved (and always without
+        a ``host_mode``)."""
+        end = issued = 0.0
+        for op in ops:
+            issued += self.host_time_s(op)
+            end = max(end, issued) + self.duration_s(op)
+        return end
 
     def duration_ns(self, op: ComputeOp) -> int:
         """:meth:`duration_s` rounded up to whole nanoseconds."""

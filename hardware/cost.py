@@ -241,6 +241,8 @@ class CostModel:
         # everything a ComputeTimer may read (calibration tables key by name and kind)
         comm_sms = getattr(op, "comm_sms", 0)
         key = (op.name, op.kind, op.flops, op.bytes, op.dtype, comm_sms,
+               getattr(op, "impl", ""), getattr(op, "phase", ""), getattr(op, "launches", 1),
+               getattr(op, "gemm_groups", 1),
                None if conditions is None else rank)
         duration = self._compute_cache.get(key)
         if duration is None:

@@ -44,9 +44,15 @@ Assumptions (each is a choice, stated once here)
   ``n_sp*h`` after attention and after the MLP (and after the embedding), so the activation
   formulas reproduce their Table 2. Modern LLM recipes train without dropout: pass
   ``dropout=False`` to drop those bytes.
-* Matmuls run in the given dtype: with ``fp8`` only the linear layers run in fp8 (operands
-  read at 1 byte, results written in bf16, as Transformer Engine does); attention, norms,
-  elementwise kernels and stored activations stay bf16.
+* Matmuls run in the given dtype. With ``fp8`` the transformer layers' linear layers run
+  in fp8 the way Transformer Engine runs them (:class:`Fp8Recipe`): operands read at 1
+  byte, results written in bf16, and before each fp8 GEMM a quantization kernel
+  (``<linear>.quant``) that casts its input and weight (forward) and the output gradient
+  (backward) to fp8 together with the transposed copies Hopper's fp8 GEMMs need (they
+  only take K-major operands). Attention (no FP8 dot-product attention), norms,
+  elementwise kernels, the router, the embedding and the LM head (Megatron's
+  ``output_layer`` is not a TE module; torchtitan's float8 conversion skips ``output``)
+  stay bf16, and so do stored activations.
 * TP (Megatron): attention heads and the FFN (and every expert's FFN) are split over ``t``;
   KV heads are split when ``t`` divides them, and replicated (one per rank) when ``t`` is a
   multiple of them. The vocabulary is split in ``ceil(V/t)`` rows per rank (no padding to
@@ -62,6 +68,13 @@ Assumptions (each is a choice, stated once here)
 * Vector kernels: FLOPs per element are small documented constants (they are memory bound);
   their backward reads the saved input and the upstream gradient and writes the input
   gradient.
+* The software stack decides what the non-GEMM kernels move: ``elementwise="fused"``
+  (default: Transformer Engine / Megatron fused kernels, or torch.compile) or ``"eager"``
+  (PyTorch eager: RMSNorm, SwiGLU and RoPE as chains of ATen kernels, each a pass over
+  HBM, :data:`EAGER_RMSNORM` etc.); the loss is one of :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`
+  (default ``fused``); the optimizer step is :func:`optimizer_kernels`. Each kernel says
+  how many GPU kernels it stands for (:attr:`Kernel.launches`).
+* Rotary embedding is priced only for a model whose ``position_embedding`` is ``"rope"``.
 """
 
 from __future__ import annotations
@@ -77,18 +90,26 @@ __all__ = [
     "BLOCKS",
     "CAUSAL_FLOP_FRACTION",
     "FLASH_BWD_FLOP_FACTOR",
+    "FP8_RECIPES",
+    "Fp8Recipe",
     "Kernel",
     "ParamCounts",
     "RankParams",
     "RECOMPUTE_MODES",
+    "ADAM_BYTES_PER_PARAM",
+    "CROSS_ENTROPY_BYTES_PER_LOGIT",
+    "ELEMENTWISE_MODES",
     "activation_bytes_per_layer",
     "embedding_activation_bytes",
     "embedding_kernels",
+    "resolve_fp8_recipe",
+    "fp8_weight_quant_kernel",
     "head_activation_bytes",
     "head_kernels",
     "layer_kernels",
     "layer_params",
     "model_flops_per_token",
+    "optimizer_kernels",
     "param_counts",
     "rank_params",
 ]
@@ -129,6 +150,124 @@ TOKEN_ID_BYTES = 8
 
 
 @dataclass(frozen=True, kw_only=True)
+class Fp8Recipe:
+    """How a stack runs its fp8 linear layers: what the quantization kernels move.
+
+    Attributes:
+        name: key in :data:`FP8_RECIPES`.
+        quant_bytes_per_element: HBM bytes per element to quantize one bf16 tensor into
+            the fp8 copies its GEMMs read (row-wise and transposed / column-wise, with
+            their scales) -- Transformer Engine's fused ``cast_transpose``: read 2, write
+            1 + 1 = 4 for per-tensor delayed scaling; current scaling first reads the
+            tensor for its amax (+2); MXFP8 writes one E8M0 scale per 32 elements for each
+            direction (+2/32); 1x128 blockwise one fp32 scale per 128 (+2*4/128).
+        norm_fused: the preceding norm writes the fp8 input itself (TE ``LayerNormLinear``,
+            Megatron-Core's ``TELayerNormColumnParallelLinear`` for QKV and FC1: the norm
+            kernel outputs fp8; only the transposed copy is made later, 2 bytes per element).
+            Impossible with current scaling (the amax must be known before the cast).
+        weight_cache: weights are quantized once per optimizer step, not per micro-batch
+            (TE ``is_first_microbatch``, which Megatron-Core passes); then the per-step cost
+            (:data:`FP8_WEIGHT_QUANT_BYTES_PER_PARAM`-style, ``quant_bytes_per_element`` per
+            parameter) belongs to the optimizer step and the micro-batch kernels omit it.
+        source: where the recipe's behaviour is documented.
+    """
+
+    name: str
+    quant_bytes_per_element: float
+    norm_fused: bool
+    weight_cache: bool
+    source: str
+
+
+#: Recipes by name (the ``fp8_recipe`` a plan names). Bytes: see :class:`Fp8Recipe`.
+FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
+    Fp8Recipe(name="te-delayed", quant_bytes_per_element=4.0, norm_fused=True, weight_cache=True,
+              source="Transformer Engine DelayedScaling (amax history; amax fused into the cast); "
+                     "Megatron-Core TE layer spec (LayerNormLinear for QKV/FC1), is_first_microbatch"),
+    Fp8Recipe(name="te-current", quant_bytes_per_element=6.0, norm_fused=False, weight_cache=True,
+              source="Transformer Engine Float8CurrentScaling (per-tensor amax pass before the cast; "
+                     "NeMo 'FP8-CS')"),
+    Fp8Recipe(name="te-mxfp8", quant_bytes_per_element=4.0 + 2.0 / 32, norm_fused=True, weight_cache=True,
+              source="Transformer Engine MXFP8BlockScaling (Blackwell; 1x32 blocks, E8M0 scales, "
+                     "row- and column-wise copies instead of a transpose)"),
+    Fp8Recipe(name="te-blockwise", quant_bytes_per_element=4.0 + 8.0 / 128, norm_fused=False,
+              weight_cache=True,
+              source="Transformer Engine Float8BlockScaling (1x128 activations / 128x128 weights, fp32 "
+                     "scales; DeepSeek-V3 style)"),
+    Fp8Recipe(name="te-linear", quant_bytes_per_element=4.0, norm_fused=False, weight_cache=False,
+              source="te.Linear used as a drop-in linear (llm-foundry fc_type: te): no norm fusion, "
+                     "no is_first_microbatch weight caching"),
+    Fp8Recipe(name="torchao", quant_bytes_per_element=6.0, norm_fused=False, weight_cache=False,
+              source="torchao float8 tensorwise dynamic scaling (torchtitan): amax + cast per tensor, "
+                     "weights cast every micro-batch (FSDP2 float8 all-gather casts the shard)"),
+)}
+
+#: The recipe assumed when a plan says only ``fp8``: Megatron-Core/NeMo with TE delayed
+#: scaling (the default ``fp8_recipe`` of Megatron-Core before TE 2.x).
+DEFAULT_FP8_RECIPE = "te-delayed"
+
+
+#: How a stack runs its elementwise layers: ``fused`` -- hand-fused kernels (Transformer
+#: Engine norms and RoPE, Megatron's jit-fused bias-SwiGLU/GeLU and bias-dropout-add, Apex),
+#: or torch.compile's Inductor, which fuses the same chains; ``eager`` -- PyTorch eager
+#: mode, one ATen kernel per tensor op (torchtitan and FSDP stacks without torch.compile).
+ELEMENTWISE_MODES = ("fused", "eager")
+
+#: HBM bytes per element and kernels of eager RMSNorm (``torch.nn.RMSNorm`` / torchtitan's
+#: ``x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w``, composite ops):
+#: forward cast r2w4, pow r4w4, mean r4, mul r4w4, cast r4w2, weight mul r2w2 = 36 bytes in 8
+#: kernels (eps add and rsqrt are per row); backward, autograd of each op (weight mul, cast,
+#: mul with its row reduction, mean expand, pow, accumulate, cast) = 76 bytes in 12 kernels.
+#: LayerNorm has a fused ATen kernel even in eager mode (``torch.nn.functional.layer_norm``).
+EAGER_RMSNORM = {"fwd_bytes_per_element": 36.0, "bwd_bytes_per_element": 76.0,
+                 "fwd_launches": 8, "bwd_launches": 12}
+
+#: Eager SwiGLU ``silu(gate) * up``, bytes per element of the FFN width: silu r2w2 + mul r4w2
+#: = 10 forward (2 kernels); backward mul r4w2 twice + silu r4w2 = 18 (3 kernels). Fused
+#: (Megatron ``bias_swiglu``): read gate and up, write one = 6; backward 10. GELU is one ATen
+#: kernel in both modes.
+EAGER_SWIGLU = {"fwd_bytes_per_element": 10.0, "bwd_bytes_per_element": 18.0,
+                "fwd_launches": 2, "bwd_launches": 3}
+
+#: Rotary position embedding over q and k, bytes per element: fused (TE/Apex fused RoPE, Megatron
+#: ``--apply-rope-fusion``): read and write bf16 = 4 per pass, one kernel per tensor. Eager
+#: (torchtitan's complex form: ``view_as_complex(x.float()) * freqs_cis`` then ``type_as``):
+#: cast r2w4, complex mul r4w4, cast r4w2 = 20 per pass, three kernels per tensor.
+ROPE_BYTES_PER_ELEMENT = {"fused": 4.0, "eager": 20.0}
+ROPE_LAUNCHES_PER_TENSOR = {"fused": 1, "eager": 3}
+
+#: Cross-entropy variants over the vocab-parallel logits: (forward, backward) HBM bytes per
+#: logit and kernels per pass.
+#: ``fused``: one pass each way (Megatron ``--cross-entropy-loss-fusion``, flash-attn's
+#: xentropy used by llm-foundry ``loss_fn: fused_crossentropy``, torch.compile'd loss): read
+#: bf16 logits, write the fp32 softmax kept for the backward (2 + 4); backward reads it and
+#: writes the bf16 gradient (4 + 2).
+#: ``megatron``: Megatron-Core's unfused ``vocab_parallel_cross_entropy``
+#: (megatron/core/tensor_parallel/cross_entropy.py): ``.float()`` r2w4, max r4, in-place sub
+#: r4w4, in-place exp r4w4, sum r4, in-place div r4w4 = 38 forward in 6 kernels; backward
+#: in-place mul r4w4 and the cast back to bf16 r4w2 = 14 in 2 kernels.
+#: ``eager``: PyTorch ``F.cross_entropy`` on fp32-upcast logits (autocast / ``.float()``):
+#: cast r2w4 + log_softmax r4w4 = 14 forward (2 kernels); nll backward zero-fill w4,
+#: log_softmax backward r4r4w4, cast r4w2 = 22 backward (3 kernels).
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0), "eager": (14.0, 22.0)}
+CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3)}
+
+
+def resolve_fp8_recipe(name: str | Fp8Recipe | None) -> Fp8Recipe:
+    """The :class:`Fp8Recipe` called ``name`` (``None``/``""``: :data:`DEFAULT_FP8_RECIPE`).
+
+    Raises:
+        ValueError: unknown name, listing the valid ones.
+    """
+    if isinstance(name, Fp8Recipe):
+        return name
+    key = name or DEFAULT_FP8_RECIPE
+    if key not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe: {name!r} is not known; valid: {', '.join(FP8_RECIPES)}")
+    return FP8_RECIPES[key]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Kernel:
     """One forward kernel on one GPU, with the cost of its backward.
 
@@ -153,6 +292,8 @@ class Kernel:
         expert: a routed-expert kernel (``moe.experts.*``): its weights are sharded by
             ``ep`` and its gradients reduce over the expert-data-parallel group
             (``dp*cp/ep``), not the data-parallel one.
+        launches: GPU kernels the op stands for in the forward and in the backward (an
+            eager RMSNorm is 8 and 12 ATen kernels); each pays the launch gap.
     """
 
     name: str
@@ -169,6 +310,7 @@ class Kernel:
     selective_recompute: bool = False
     params: int = 0
     expert: bool = False
+    launches: tuple[int, int] = (1, 1)
 
     @property
     def bwd_flops(self) -> float:
@@ -348,21 +490,74 @@ def _matmul(name: str, block: str, *, m: float, n: int, k: int, groups: int = 1,
     )
 
 
-def _norm(name: str, block: str, model: ModelSpec, rows: int, act: str, e: float) -> Kernel:
-    """Norm over ``rows x h``: forward reads x and the weights, writes y; input grad reads x,
-    dy and the weights, writes dx; weight grad writes dgamma (and dbeta)."""
+def _norm(name: str, block: str, model: ModelSpec, rows: int, act: str, e: float,
+          out_bytes: float | None = None, elementwise: str = "fused") -> Kernel:
+    """Norm over ``rows x h``: forward reads x and the weights, writes y (``out_bytes`` per
+    element, default ``e``: 1 when it writes the fp8 input of a fused fp8 linear); input
+    grad reads x, dy and the weights, writes dx; weight grad writes dgamma (and dbeta).
+    An eager RMSNorm moves :data:`EAGER_RMSNORM` bytes per element instead."""
     h = model.hidden_size
     p = _norm_params(model)
     c = NORM_FWD_FLOPS_PER_ELEMENT[model.norm]
+    out = e if out_bytes is None else out_bytes
+    if elementwise == "eager" and model.norm == "rmsnorm":
+        t = EAGER_RMSNORM
+        return Kernel(
+            name=name, block=block, kind="norm", shape=(rows, h), dtype=act,
+            fwd_flops=c * rows * h, fwd_bytes=t["fwd_bytes_per_element"] * rows * h,
+            bwd_input_flops=2 * c * rows * h, bwd_input_bytes=t["bwd_bytes_per_element"] * rows * h,
+            bwd_weight_flops=2.0 * rows * p, bwd_weight_bytes=e * p, params=p,
+            launches=(t["fwd_launches"], t["bwd_launches"]),
+        )
     return Kernel(
         name=name, block=block, kind="norm", shape=(rows, h), dtype=act,
         fwd_flops=c * rows * h,
-        fwd_bytes=e * (2 * rows * h + p),
+        fwd_bytes=e * (rows * h + p) + out * rows * h,
         bwd_input_flops=2 * c * rows * h,
         bwd_input_bytes=e * (3 * rows * h + p),
         bwd_weight_flops=2.0 * rows * p,
         bwd_weight_bytes=e * p,
         params=p,
+    )
+
+
+def _fp8_quant(name: str, block: str, *, m: float, k: int, n: int, groups: int = 1,
+               recipe: Fp8Recipe, input_from_norm: bool, act: str) -> Kernel:
+    """Transformer Engine's quantization around one fp8 GEMM ``Y[m,n] = X[m,k] W[k,n]``.
+
+    Forward: cast X (``m*k``) unless the preceding norm already wrote it in fp8
+    (``recipe.norm_fused`` and ``input_from_norm``), and W (``groups*k*n``) unless weights
+    are cached per step. Backward, input-gradient part: cast dY (``m*n``) for the dgrad and
+    wgrad GEMMs. Backward, weight-gradient part: the transposed fp8 copy of a norm-written
+    X for the wgrad GEMM (read and write 1 byte). Each cast moves
+    ``recipe.quant_bytes_per_element`` bytes per element (:class:`Fp8Recipe`) and does ~2
+    FLOPs per element (scale, amax).
+    """
+    q = recipe.quant_bytes_per_element
+    fused = recipe.norm_fused and input_from_norm
+    x, w, dy = m * k, groups * k * n, m * n
+    fwd_elems = (0.0 if fused else x) + (0.0 if recipe.weight_cache else w)
+    return Kernel(
+        name=name, block=block, kind="elementwise", shape=(int(round(m)), k), dtype=act,
+        fwd_flops=2.0 * fwd_elems, fwd_bytes=q * fwd_elems,
+        bwd_input_flops=2.0 * dy, bwd_input_bytes=q * dy,
+        bwd_weight_flops=0.0, bwd_weight_bytes=2.0 * x if fused else 0.0,
+    )
+
+
+def _rotary(name: str, block: str, *, tokens: int, q_heads: int, kv_heads: int, head_dim: int,
+            act: str, elementwise: str) -> Kernel:
+    """Rotary position embedding of the local q and k heads (``tokens x (q + kv) x d``
+    elements): :data:`ROPE_BYTES_PER_ELEMENT` per element and pass; backward rotates the
+    gradients back the same way (~3 FLOPs per element: two multiplies and an add)."""
+    elems = tokens * (q_heads + kv_heads) * head_dim
+    per = ROPE_BYTES_PER_ELEMENT[elementwise]
+    launches = 2 * ROPE_LAUNCHES_PER_TENSOR[elementwise]
+    return Kernel(
+        name=name, block=block, kind="elementwise", shape=(tokens, (q_heads + kv_heads) * head_dim),
+        dtype=act, fwd_flops=3.0 * elems, fwd_bytes=per * elems,
+        bwd_input_flops=3.0 * elems, bwd_input_bytes=per * elems,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0, launches=(launches, launches),
     )
 
 
@@ -381,12 +576,22 @@ def _residual(name: str, block: str, rows: int, h: int, act: str, e: float, drop
 
 
 def _activation(name: str, block: str, model: ModelSpec, rows: float, cols: int, act: str,
-                e: float) -> Kernel:
+                e: float, elementwise: str = "fused") -> Kernel:
     """MLP activation on ``rows x cols`` outputs: GELU reads 1 input per output; SwiGLU reads
-    gate and up (2 inputs). Backward reads the saved inputs and dy, writes the input grads."""
+    gate and up (2 inputs). Backward reads the saved inputs and dy, writes the input grads.
+    Eager SwiGLU is two kernels forward, three backward (:data:`EAGER_SWIGLU`)."""
     ins = 2 if model.mlp == "swiglu" else 1
     c = ACT_FWD_FLOPS_PER_ELEMENT[model.mlp]
     elems = rows * cols
+    if elementwise == "eager" and model.mlp == "swiglu":
+        t = EAGER_SWIGLU
+        return Kernel(
+            name=name, block=block, kind="elementwise", shape=(int(round(rows)), cols), dtype=act,
+            fwd_flops=c * elems, fwd_bytes=t["fwd_bytes_per_element"] * elems,
+            bwd_input_flops=2 * c * elems, bwd_input_bytes=t["bwd_bytes_per_element"] * elems,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+            launches=(t["fwd_launches"], t["bwd_launches"]),
+        )
     return Kernel(
         name=name, block=block, kind="elementwise", shape=(int(round(rows)), cols), dtype=act,
         fwd_flops=c * elems,
@@ -398,19 +603,30 @@ def _activation(name: str, block: str, model: ModelSpec, rows: float, cols: int,
 
 
 def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: int, groups: int,
-         mm: str, em: float, act: str, ea: float) -> list[Kernel]:
-    """fc1 / act / fc2 (GELU) or gate_up (fused) / act / down (SwiGLU) over ``rows`` tokens."""
+         mm: str, em: float, act: str, ea: float, recipe: Fp8Recipe | None = None,
+         up_from_norm: bool = False, elementwise: str = "fused") -> list[Kernel]:
+    """fc1 / act / fc2 (GELU) or gate_up (fused) / act / down (SwiGLU) over ``rows`` tokens;
+    with an fp8 ``recipe``, each GEMM preceded by its quantization kernel (``up_from_norm``:
+    the up projection's input is written by the block's norm)."""
     h = model.hidden_size
     if model.mlp == "swiglu":
         up_name, down_name, up_cols = "gate_up", "down", 2 * ffn_local
     else:
         up_name, down_name, up_cols = "fc1", "fc2", ffn_local
+    up = _matmul(f"{prefix}.{up_name}", block, m=rows, n=up_cols, k=h, groups=groups, dtype=mm,
+                 in_bytes=em, out_bytes=ea, params=groups * h * up_cols)
+    down = _matmul(f"{prefix}.{down_name}", block, m=rows, n=h, k=ffn_local, groups=groups,
+                   dtype=mm, in_bytes=em, out_bytes=ea, params=groups * ffn_local * h)
+    act_kernel = _activation(f"{prefix}.act", block, model, rows, ffn_local, act, ea, elementwise)
+    if recipe is None:
+        return [up, act_kernel, down]
     return [
-        _matmul(f"{prefix}.{up_name}", block, m=rows, n=up_cols, k=h, groups=groups, dtype=mm,
-                in_bytes=em, out_bytes=ea, params=groups * h * up_cols),
-        _activation(f"{prefix}.act", block, model, rows, ffn_local, act, ea),
-        _matmul(f"{prefix}.{down_name}", block, m=rows, n=h, k=ffn_local, groups=groups, dtype=mm,
-                in_bytes=em, out_bytes=ea, params=groups * ffn_local * h),
+        _fp8_quant(f"{up.name}.quant", block, m=rows, k=h, n=up_cols, groups=groups,
+                   recipe=recipe, input_from_norm=up_from_norm, act=act),
+        up, act_kernel,
+        _fp8_quant(f"{down.name}.quant", block, m=rows, k=ffn_local, n=h, groups=groups,
+                   recipe=recipe, input_from_norm=False, act=act),
+        down,
     ]
 
 
@@ -419,7 +635,9 @@ def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: i
 
 def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int = 1,
                   cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
-                  dropout: bool = True, flash_attention: bool = True) -> list[Kernel]:
+                  dropout: bool = True, flash_attention: bool = True,
+                  fp8_recipe: str | Fp8Recipe | None = None,
+                  elementwise: str = "fused") -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -447,6 +665,12 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         dropout: count dropout masks in the residual kernels.
         flash_attention: one fused causal kernel (default); False for the unfused
             attention of Megatron-LM 2021 (:func:`unfused_attention_kernels`).
+        fp8_recipe: with an fp8 ``dtype``, how the stack quantizes (:data:`FP8_RECIPES`;
+            default :data:`DEFAULT_FP8_RECIPE`): each fp8 GEMM gets a ``<name>.quant``
+            kernel before it (:func:`_fp8_quant`). Ignored for other dtypes.
+        elementwise: ``fused`` or ``eager`` (:data:`ELEMENTWISE_MODES`): how RMSNorm,
+            SwiGLU and RoPE run (their eager forms move several times the bytes in more
+            kernels); LayerNorm, GELU and residual adds are single kernels either way.
 
     Returns:
         Kernels with FLOPs (FLOP) and HBM bytes (bytes) per micro-batch.
@@ -460,10 +684,22 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     _check_ep(model, ep)
     n = _tokens(micro_batch, seq_len, cp)
     n_sp = _sp_tokens(n, tp, sequence_parallel)
+    if elementwise not in ELEMENTWISE_MODES:
+        raise ValueError(f"elementwise: {elementwise!r} is not valid; valid: {', '.join(ELEMENTWISE_MODES)}")
     mm, em, act, ea = _dtypes(dtype)
+    recipe = resolve_fp8_recipe(fp8_recipe) if em < 2 else None
     h, d = model.hidden_size, model.head_dim
     a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
     s_q, s_k = seq_len // cp, seq_len
+    # with a norm-fused fp8 recipe the norms in front of QKV and FC1 write fp8
+    norm_out = 1.0 if recipe is not None and recipe.norm_fused else None
+
+    def quant(kernel: Kernel, k: int, cols: int, from_norm: bool) -> list[Kernel]:
+        """The fp8 quantization kernel of a GEMM over the layer's ``n`` tokens."""
+        if recipe is None:
+            return []
+        return [_fp8_quant(f"{kernel.name}.quant", kernel.block, m=n, k=k, n=cols,
+                           recipe=recipe, input_from_norm=from_norm, act=act)]
 
     attn_flops = CAUSAL_FLOP_FRACTION * 4.0 * micro_batch * s_q * s_k * a_l * d
     q_elems = micro_batch * s_q * a_l * d
@@ -484,19 +720,34 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     cores = [core] if flash_attention else unfused_attention_kernels(
         micro_batch=micro_batch, heads=a_l, s_q=s_q, s_k=s_k, head_dim=d, dtype=act,
         dropout=dropout)
+    qkv = _matmul("attn.qkv", "attention", m=n, n=(a_l + 2 * g_l) * d, k=h, dtype=mm,
+                  in_bytes=em, out_bytes=ea, params=h * (a_l + 2 * g_l) * d)
+    out = _matmul("attn.out", "attention", m=n, n=h, k=a_l * d, dtype=mm, in_bytes=em,
+                  out_bytes=ea, params=a_l * d * h)
+    rope = []
+    # RoPE needs the model to say it has it (a ``position_embedding`` of "rope"); the
+    # ModelSpec field is proposed to the owner of strategies/model_spec.py. Without it no
+    # rotary kernel is priced (GPT-3 and MPT use learned embeddings, which cost an add).
+    if getattr(model, "position_embedding", "") == "rope":
+        rope = [_rotary("attn.rope", "attention", tokens=n, q_heads=a_l, kv_heads=g_l,
+                        head_dim=d, act=act, elementwise=elementwise)]
     kernels = [
-        _norm("attn.norm", "attention", model, n_sp, act, ea),
-        _matmul("attn.qkv", "attention", m=n, n=(a_l + 2 * g_l) * d, k=h, dtype=mm,
-                in_bytes=em, out_bytes=ea, params=h * (a_l + 2 * g_l) * d),
+        _norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
+              elementwise=elementwise),
+        *quant(qkv, h, (a_l + 2 * g_l) * d, True),
+        qkv,
+        *rope,
         *cores,
-        _matmul("attn.out", "attention", m=n, n=h, k=a_l * d, dtype=mm, in_bytes=em,
-                out_bytes=ea, params=a_l * d * h),
+        *quant(out, a_l * d, h, False),
+        out,
         _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
     ]
     if not model.is_moe_layer(layer):
-        kernels.append(_norm("mlp.norm", "mlp", model, n_sp, act, ea))
+        kernels.append(_norm("mlp.norm", "mlp", model, n_sp, act, ea, out_bytes=norm_out,
+                             elementwise=elementwise))
         kernels += _mlp("mlp", "mlp", model, rows=n, ffn_local=model.ffn_hidden_size // tp,
-                        groups=1, mm=mm, em=em, act=act, ea=ea)
+                        groups=1, mm=mm, em=em, act=act, ea=ea, recipe=recipe,
+                        up_from_norm=True, elementwise=elementwise)
         kernels.append(_residual("mlp.residual", "mlp", n_sp, h, act, ea, dropout))
         return kernels
 
@@ -505,7 +756,7 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
     pairs = n * k * cf
     fe_l = moe.expert_ffn_hidden_size // tp
-    kernels.append(_norm("moe.norm", "moe", model, n_sp, act, ea))
+    kernels.append(_norm("moe.norm", "moe", model, n_sp, act, ea, elementwise=elementwise))
     kernels.append(_matmul("moe.router", "moe", m=n_sp, n=E, k=h, dtype=act, in_bytes=ea,
                            out_bytes=ea, params=h * E))
     kernels.append(Kernel(
@@ -520,7 +771,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     if moe.shared_experts:
         kernels += _mlp("moe.shared", "moe", model, rows=n,
                         ffn_local=moe.shared_experts * moe.expert_ffn_hidden_size // tp,
-                        groups=1, mm=mm, em=em, act=act, ea=ea)
+                        groups=1, mm=mm, em=em, act=act, ea=ea, recipe=recipe,
+                        elementwise=elementwise)
     kernels.append(Kernel(
         name="moe.permute", block="moe", kind="memcpy", shape=(int(round(pairs)), h), dtype=act,
         fwd_flops=0.0,
@@ -531,7 +783,7 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     ))
     kernels += [replace(k, expert=True) for k in _mlp(
         "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
-        mm=mm, em=em, act=act, ea=ea)]
+        mm=mm, em=em, act=act, ea=ea, recipe=recipe, elementwise=elementwise)]
     kernels.append(Kernel(
         name="moe.unpermute", block="moe", kind="elementwise", shape=(n, h), dtype=act,
         fwd_flops=2.0 * pairs * h,  # scale by the router probability and sum
@@ -598,7 +850,8 @@ def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
 
     ``embed.lookup`` (``memcpy``): reads the ``n`` token ids and the rows of its
     ``ceil(V/t) x h`` shard, writes the (masked) ``n x h`` output that TP then reduces;
-    backward (weight only) reads dy and accumulates into the gradient rows. With
+    backward (weight only, ATen ``embedding_dense_backward``) zero-fills the dense
+    ``ceil(V/t) x h`` gradient, reads dy and scatter-adds it into the rows the ids hit. With
     ``dropout``, ``embed.dropout`` on ``n_sp x h`` after the reduce(-scatter).
     ``n = micro_batch*seq_len/cp``. Bytes in bytes, FLOPs in FLOP.
     """
@@ -614,7 +867,9 @@ def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
         fwd_bytes=TOKEN_ID_BYTES * n + ea * (n * h / tp + n * h),
         bwd_input_flops=0.0, bwd_input_bytes=0.0,
         bwd_weight_flops=1.0 * n * h / tp,
-        bwd_weight_bytes=TOKEN_ID_BYTES * n + ea * (n * h + 2 * n * h / tp),
+        # PyTorch's embedding_dense_backward zero-fills the whole (V/t x h) gradient, then
+        # sorts the ids and scatter-adds dy into the rows they hit
+        bwd_weight_bytes=TOKEN_ID_BYTES * n + ea * (n * h + 2 * n * h / tp + v_l * h),
         params=v_l * h,
     )]
     if dropout:
@@ -631,36 +886,123 @@ def embedding_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
 
 
 def head_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1,
-                 sequence_parallel: bool = True, dtype: str = "bf16") -> list[Kernel]:
+                 sequence_parallel: bool = True, dtype: str = "bf16",
+                 cross_entropy: str = "fused", elementwise: str = "fused") -> list[Kernel]:
     """Forward kernels of the final norm, vocab-parallel LM head and loss on one GPU.
 
     ``head.norm`` (final norm over ``n_sp x h``), ``head.logits`` (GEMM ``n x h`` by
     ``h x ceil(V/t)``; owns ``ceil(V/t)*h`` params unless the embedding is tied, in which case
-    the embedding kernel owns them), ``head.cross_entropy`` (vocab-parallel: reads the logits,
-    writes fp32 softmax for the backward, ``5`` FLOPs per logit forward, 2 backward).
+    the embedding kernel owns them), ``head.cross_entropy`` (vocab-parallel, ``5`` FLOPs per
+    logit forward, 2 backward; its HBM traffic per logit is the ``cross_entropy`` variant's,
+    :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`: ``fused`` one pass each way, ``megatron`` the
+    unfused fp32 vocab-parallel loss, ``eager`` PyTorch's fp32 ``F.cross_entropy``).
     ``n = micro_batch*seq_len/cp``. Bytes in bytes, FLOPs in FLOP.
     """
     _check_tp(model, tp)
     n = _tokens(micro_batch, seq_len, cp)
     n_sp = _sp_tokens(n, tp, sequence_parallel)
-    mm, em, act, ea = _dtypes(dtype)
+    _, _, act, ea = _dtypes(dtype)
     h = model.hidden_size
     v_l = math.ceil(model.vocab_size / tp)
     logits = n * v_l
     c = CROSS_ENTROPY_FWD_FLOPS_PER_ELEMENT
+    if cross_entropy not in CROSS_ENTROPY_BYTES_PER_LOGIT:
+        raise ValueError(f"cross_entropy: {cross_entropy!r} is not valid; valid: "
+                         f"{', '.join(CROSS_ENTROPY_BYTES_PER_LOGIT)}")
+    ce_fwd, ce_bwd = CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy]
     return [
-        _norm("head.norm", "head", model, n_sp, act, ea),
-        _matmul("head.logits", "head", m=n, n=v_l, k=h, dtype=mm, in_bytes=em, out_bytes=ea,
+        _norm("head.norm", "head", model, n_sp, act, ea, elementwise=elementwise),
+        # the output layer stays in the activation dtype under fp8 (module docstring)
+        _matmul("head.logits", "head", m=n, n=v_l, k=h, dtype=act, in_bytes=ea, out_bytes=ea,
                 params=0 if model.tied_embeddings else v_l * h),
         Kernel(
             name="head.cross_entropy", block="head", kind="elementwise", shape=(n, v_l), dtype=act,
             fwd_flops=c * logits,
-            fwd_bytes=(ea + FP32_BYTES) * logits,
+            fwd_bytes=ce_fwd * logits,
             bwd_input_flops=2.0 * logits,
-            bwd_input_bytes=(FP32_BYTES + ea) * logits,
+            bwd_input_bytes=ce_bwd * logits,
             bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+            launches=CROSS_ENTROPY_LAUNCHES[cross_entropy],
         ),
     ]
+
+
+# --------------------------------------------------------------------------- optimizer step
+
+#: HBM bytes per parameter of one Adam(W) update and its kernels, by implementation.
+#: ``fused``: one multi-tensor kernel over all parameters (Apex/TE ``FusedAdam`` used by
+#: Megatron-Core, ``torch.optim.AdamW(fused=True)``): read the fp32 gradient (4), the fp32
+#: master weight, exp_avg and exp_avg_sq (12); write them back (12); with bf16 model weights
+#: also write the bf16 copy (2) -- 30 bytes (28 without the copy).
+#: ``foreach``: ``torch.optim.AdamW(foreach=True)`` (torch.optim's default on CUDA, used by
+#: torchtitan), ``_multi_tensor_adamw``: eight ``_foreach_*`` passes -- weight-decay mul_ of
+#: the weights r4w4, lerp_ of exp_avg r4r4w4, mul_ and addcmul_ of exp_avg_sq r4w4 + r4r4w4,
+#: sqrt r4w4, div_ by the bias correction r4w4, add_ eps r4w4, addcdiv_ of the weights
+#: r4r4r4w4 = 80 bytes (+2 for a bf16 copy). ``for-loop``: the same ops tensor by tensor
+#: (``foreach=False``, Composer's ``DecoupledAdamW``): same bytes, 8 launches per tensor.
+ADAM_BYTES_PER_PARAM = {"fused": 28.0, "foreach": 80.0, "for-loop": 80.0}
+ADAM_OPS = {"fused": 1, "foreach": 8, "for-loop": 8}
+#: FLOPs per parameter of an Adam update (moments 5, bias-corrected step 5, decay 2).
+ADAM_FLOPS_PER_PARAM = 12.0
+#: Gradient-norm clipping: the global L2 norm reads every gradient once (Apex
+#: ``multi_tensor_l2norm`` / ``torch._foreach_norm``, 2 FLOPs per element), then, when the norm
+#: exceeds the threshold, every gradient is scaled in place (Megatron ``clip_grad_by_total_norm_fp32``
+#: ``multi_tensor_scale``, ``torch._foreach_mul_``: read and write).
+ADAM_IMPLEMENTATIONS = tuple(ADAM_BYTES_PER_PARAM)
+
+
+def optimizer_kernels(params: float, *, implementation: str = "fused", grad_bytes: float = 4.0,
+                      bf16_copy: bool = True, clip_grad: bool = True, clip_applied: bool = True,
+                      tensors: int = 1) -> list[Kernel]:
+    """The optimizer step of one rank over ``params`` local parameters (its ZeRO shard).
+
+    ``optimizer.grad_norm`` (reads the gradients, ``grad_bytes`` each; its scalar is then
+    all-reduced over the data-parallel group), ``optimizer.clip`` (scales them in place when
+    clipping is applied) and ``optimizer.adam`` (:data:`ADAM_BYTES_PER_PARAM`; the fp32
+    gradient read is ``grad_bytes``). All in the forward fields (``fwd_flops``,
+    ``fwd_bytes``, ``launches[0]``): the step has no backward. ``tensors``: parameter
+    tensors, for the launches of a per-tensor ``for-loop`` implementation.
+
+    Raises:
+        ValueError: unknown implementation, negative sizes.
+    """
+    if implementation not in ADAM_BYTES_PER_PARAM:
+        raise ValueError(f"implementation: {implementation!r} is not valid; valid: "
+                         f"{', '.join(ADAM_IMPLEMENTATIONS)}")
+    if params < 0 or grad_bytes <= 0 or tensors < 1:
+        raise ValueError(f"params {params!r}, grad_bytes {grad_bytes!r} and tensors {tensors!r} "
+                         "must be >= 0, > 0 and >= 1")
+    rows = int(round(params))
+
+    def step(name: str, flops: float, nbytes: float, launches: int) -> Kernel:
+        return Kernel(name=name, block="optimizer", kind="optimizer", shape=(rows,), dtype="fp32",
+                      fwd_flops=flops, fwd_bytes=nbytes, bwd_input_flops=0.0, bwd_input_bytes=0.0,
+                      bwd_weight_flops=0.0, bwd_weight_bytes=0.0, launches=(launches, 0))
+
+    per_tensor = tensors if implementation == "for-loop" else 1
+    adam_bytes = ADAM_BYTES_PER_PARAM[implementation] - FP32_BYTES + grad_bytes + (2.0 if bf16_copy else 0.0)
+    kernels = []
+    if clip_grad:
+        kernels.append(step("optimizer.grad_norm", 2.0 * params, grad_bytes * params, per_tensor))
+        if clip_applied:
+            kernels.append(step("optimizer.clip", 1.0 * params, 2.0 * grad_bytes * params, per_tensor))
+    kernels.append(step("optimizer.adam", ADAM_FLOPS_PER_PARAM * params, adam_bytes * params,
+                        ADAM_OPS[implementation] * per_tensor))
+    return kernels
+
+
+def fp8_weight_quant_kernel(params: float, recipe: str | Fp8Recipe | None = None) -> Kernel:
+    """The per-step fp8 weight quantization of a weight-caching recipe (TE
+    ``is_first_microbatch``): every local fp8 weight cast once per optimizer step,
+    ``recipe.quant_bytes_per_element`` bytes per parameter, to run before the first
+    micro-batch's forward (or fused into the optimizer with fp8 primary weights). Only the
+    transformer layers' linear weights count. Fields as :func:`optimizer_kernels`."""
+    r = resolve_fp8_recipe(recipe)
+    return Kernel(name="fp8.weight_quant", block="optimizer", kind="elementwise",
+                  shape=(int(round(params)),), dtype="bf16",
+                  fwd_flops=2.0 * params, fwd_bytes=r.quant_bytes_per_element * params,
+                  bwd_input_flops=0.0, bwd_input_bytes=0.0, bwd_weight_flops=0.0,
+                  bwd_weight_bytes=0.0, launches=(1, 0))
 
 
 # --------------------------------------------------------------------------- parameters

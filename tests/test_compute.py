@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware.compute import (
-    ATTENTION_EFFICIENCY_FACTOR,
     ComputeModel,
     achieved_flops_per_s,
     canonical_dtype,
@@ -298,14 +297,17 @@ def test_dtype_aliases():
 # ------------------------------------------------------------------- other kinds
 
 
-def test_attention_is_slower_than_gemm_of_same_work():
-    model = ComputeModel(H100)
+@pytest.mark.parametrize("gpu", GPUS, ids=lambda g: g.name)
+def test_attention_is_slower_than_gemm_of_same_work(gpu):
+    """Every fused attention kernel (default implementation, either pass) stays below the
+    GEMM plateau: its softmax runs between the two GEMMs on the slower non-tensor units
+    (the per-implementation figures are tested in tests/test_attention_kernels.py)."""
+    model = ComputeModel(gpu)
     flops = 2.0 * 4 * 4096**3
     gemm = ComputeOp(name="g", kind="matmul", flops=flops, dtype="bf16")
-    attn = ComputeOp(name="a", kind="attention", flops=flops, dtype="bf16")
-    assert model.compute_flops_per_s(attn) == pytest.approx(
-        ATTENTION_EFFICIENCY_FACTOR * model.compute_flops_per_s(gemm)
-    )
+    for name in ("a.F0.l0", "a.B0.l0"):
+        attn = ComputeOp(name=name, kind="attention", flops=flops, dtype="bf16")
+        assert model.compute_flops_per_s(attn) < model.compute_flops_per_s(gemm)
 
 
 def test_dtype_peaks_matter():

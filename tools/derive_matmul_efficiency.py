@@ -6,7 +6,7 @@ Run from the repository root::
     python tools/derive_matmul_efficiency.py            # writes the CSV, prints the fit report
     python tools/derive_matmul_efficiency.py --check    # exits 1 if the CSV is out of date
 
-Inputs (read-only, see ``../shared/data/SOURCES.md``):
+Inputs (read-only, see ``validate/data/compute/SOURCES.md``):
 
 * ``xla_gpu_matmul_perf_table.csv``: OpenXLA's ``matmul_interpolator_data.h``, measured
   FLOP/s of batched GEMMs b in {1,2,4}, m,n,k in {256..4096} (375 shapes per GPU and dtype
@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "data"
+DEFAULT_DATA = REPO / "validate" / "data" / "compute"
 OUT_CSV = REPO / "hardware" / "data" / "matmul_efficiency.csv"
 
 # Dense (no sparsity) tensor-core peaks of the reference GPU of each profile, FLOP/s.

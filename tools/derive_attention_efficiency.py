@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Derive ``hardware/data/attention_efficiency.csv``: fused-attention kernel efficiency by
+implementation, GPU architecture, pass, causal mask, head dimension and sequence length.
+
+Run from the repository root::
+
+    python tools/derive_attention_efficiency.py            # writes the CSV, prints a summary
+    python tools/derive_attention_efficiency.py --check    # exits 1 if the CSV is out of date
+
+Every number is a published benchmark or a stated rule applied to one (the rules are in
+the constants below, each with its source). The efficiency is the achieved FLOP/s over the
+dense BF16 peak of the profile's reference GPU, with FLOPs counted as the FlashAttention
+benchmarks count them (``benchmarks/benchmark_flash_attention.py``): forward
+``4*b*s^2*h*d``, halved with a causal mask, backward 2.5x the forward -- the same
+convention as ``strategies/model_costs.py`` (``CAUSAL_FLOP_FRACTION``,
+``FLASH_BWD_FLOP_FACTOR``), so ``flops / (peak * efficiency)`` is the kernel time.
+
+Measured (``sm_90``, H100 SXM5 80GB, BF16): Shah et al. 2024, "FlashAttention-3: Fast and
+Accurate Attention with Asynchrony and Low-precision", arXiv 2407.08608, Section 4.1
+benchmark figures (batch x seqlen = 16k tokens, hidden 2048, i.e. 32 heads of 64 or 16
+heads of 128; the TFLOP/s printed on each bar): forward with and without causal mask
+for FlashAttention-2 (``fa2``), the Triton tutorial kernel (``triton``), cuDNN fused
+attention (``cudnn``, what Transformer Engine runs on Hopper+) and FlashAttention-3
+(``fa3``); backward without mask for fa2, cudnn and fa3.
+
+Derived (rules; each constant is cited where it is defined):
+
+1. ``sm_90`` causal backward: the non-causal backward times the forward's causal /
+   non-causal ratio of the same implementation, head dim and length (the mask removes
+   the same tiles in both passes; the diagonal tiles and the uneven row lengths cost the
+   same fraction).
+2. ``sm_90`` Triton backward (not benchmarked): the Triton forward times FA2's
+   backward/forward ratio.
+3. ``fa1`` (FlashAttention v1, flash-attn 1.x, what MosaicML's llm-foundry benchmarks ran
+   with Transformer Engine's pin): FA2 times :data:`FA1_OVER_FA2` per pass, from the FA2
+   paper's statement of both kernels' reach on the A100.
+4. ``sm_80`` (A100): FA2 runs the same ``mma.sync`` code on A100 and H100; its A100
+   forward plateau is 73 % of peak (FA2 paper) where the H100 reaches 370/989: every
+   ``sm_90`` FA2 point is scaled by :data:`FA2_A100_OVER_H100`. fa1 and Triton follow
+   from FA2 by the paper's speed-up ranges; cuDNN on Ampere is taken equal to FA2
+   (Transformer Engine runs flash-attn there). FA3 is Hopper-only: no ``sm_80`` rows.
+5. ``sm_100`` (B200): cuDNN reaches the same fraction of peak as on H100 (FA4 PR
+   benchmarks, checked in tests); FA2 and FA1 scale by the measured B200/H100 FA2 ratio
+   (:data:`FA2_B200_OVER_H100`). FA3 does not run on Blackwell: no ``sm_100`` rows.
+
+This script is not imported by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT_CSV = REPO / "hardware" / "data" / "attention_efficiency.csv"
+
+#: Sequence lengths of the FA3 paper's benchmark (keys = queries, batch = 16k / seqlen).
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+#: Dense BF16 peaks of the reference GPUs, FLOP/s (NVIDIA datasheets, sparsity halved).
+PEAKS = {"sm_80": 312e12, "sm_90": 989e12, "sm_100": 2.25e15}
+
+FA3_PAPER = "Shah et al. 2024 FlashAttention-3 arXiv 2407.08608 Sec. 4.1 H100 SXM5 BF16"
+
+#: TFLOP/s on H100 SXM5 BF16 at :data:`SEQ_LENS`, keyed (impl, pass, causal, head_dim),
+#: as printed on the bars of the FA3 paper's benchmark figures.
+H100_MEASURED: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
+    ("fa2", "fwd", False, 64): (282, 306, 318, 321, 322, 324),
+    ("triton", "fwd", False, 64): (340, 382, 396, 400, 401, 403),
+    ("cudnn", "fwd", False, 64): (335, 373, 395, 408, 412, 413),
+    ("fa3", "fwd", False, 64): (333, 392, 460, 476, 496, 497),
+    ("fa2", "fwd", True, 64): (180, 229, 262, 284, 295, 299),
+    ("triton", "fwd", True, 64): (152, 291, 342, 363, 376, 363),
+    ("cudnn", "fwd", True, 64): (225, 288, 334, 363, 379, 388),
+    ("fa3", "fwd", True, 64): (197, 265, 371, 420, 460, 473),
+    ("fa2", "fwd", False, 128): (309, 350, 362, 368, 370, 370),
+    ("triton", "fwd", False, 128): (323, 372, 389, 389, 392, 395),
+    ("cudnn", "fwd", False, 128): (497, 574, 617, 609, 600, 595),
+    ("fa3", "fwd", False, 128): (467, 565, 625, 638, 646, 648),
+    ("fa2", "fwd", True, 128): (191, 260, 298, 319, 333, 335),
+    ("triton", "fwd", True, 128): (146, 273, 323, 353, 369, 378),
+    ("cudnn", "fwd", True, 128): (315, 410, 484, 518, 529, 539),
+    ("fa3", "fwd", True, 128): (292, 423, 521, 579, 602, 616),
+    ("fa2", "bwd", False, 64): (198, 238, 264, 279, 287, 291),
+    ("cudnn", "bwd", False, 64): (266, 348, 395, 417, 432, 433),
+    ("fa3", "bwd", False, 64): (272, 363, 422, 453, 472, 474),
+    ("fa2", "bwd", False, 128): (214, 260, 291, 310, 318, 322),
+    ("cudnn", "bwd", False, 128): (305, 408, 465, 499, 518, 516),
+    ("fa3", "bwd", False, 128): (316, 424, 501, 542, 559, 561),
+}
+
+#: FA2 forward plateau on A100: "FlashAttention-2 ... reaching 50-73% of the theoretical
+#: maximum FLOPs/s on A100" / "up to 230 TFLOPs/s" (Dao 2023, arXiv 2307.08691, abstract and
+#: Sec. 4.1). Its H100 counterpart (same kernel) is 370/989 (FA3 paper, hdim 128, 16k).
+#: The backward gets the same ratio: FA2's H100 backward/forward (322/370) applied to 0.73
+#: gives 0.635, the FA2 paper's backward reach on A100 (its Fig. 6, ~63 %). The FA2 paper
+#: checks this pair on H100: fwd 370 and bwd 322 combine (3.5 / (1/370 + 2.5/322)) to the
+#: "up to 335 TFLOPs/s" fwd+bwd it reports there.
+FA2_A100_FWD_PLATEAU = 0.73
+FA2_A100_OVER_H100 = FA2_A100_FWD_PLATEAU / (370.0 / 989.0)
+
+#: FlashAttention v1 relative to FA2, per pass: "the forward pass only reaches 30-50% of the
+#: theoretical maximum FLOPs/s of the device, while the backward pass ... only 25-35% of
+#: maximum throughput on A100" (FA2 paper, Sec. 1); the tops of the ranges (long sequences)
+#: over FA2's A100 plateaus (fwd 0.73, bwd 0.635). Check: fwd+bwd FA2/FA1 = 1.71 at long
+#: sequences, inside the paper's "1.7-3.0x faster than FlashAttention".
+FA1_OVER_FA2 = {"fwd": 0.50 / FA2_A100_FWD_PLATEAU,
+                "bwd": 0.35 / (FA2_A100_FWD_PLATEAU * 322.0 / 370.0)}
+
+#: MosaicML/OpenAI-tutorial Triton flash attention on A100 relative to FA2: "FlashAttention-2
+#: is ... 1.3-2.5x faster than FlashAttention in Triton" (FA2 paper, Sec. 4.1); the
+#: geometric midpoint, 1.8x, for both passes (assumption: no per-pass figure).
+TRITON_A100_OVER_FA2 = 1.0 / 1.8
+
+#: FA2 (flash_attn 2.7.4) on B200 vs H100, hdim 64 non-causal, 16k: B200 fwd 379.4 / bwd
+#: 334.0 TFLOP/s of 2250 (Dao-AILab/flash-attention issue #1589) against H100 fwd 324 /
+#: bwd 291 of 989 (FA3 paper). FA2's sm80 code runs at half the fraction on Blackwell too.
+FA2_B200_OVER_H100 = {"fwd": (379.44 / 2250.0) / (324.0 / 989.0),
+                      "bwd": (333.95 / 2250.0) / (291.0 / 989.0)}
+
+
+def h100_table() -> dict[tuple[str, str, bool, int], tuple[tuple[float, ...], str]]:
+    """sm_90 efficiencies (measured and rules 1-3): ``{key: (efficiencies, source)}``."""
+    peak_t = PEAKS["sm_90"] / 1e12
+    out = {key: (tuple(v / peak_t for v in vals), FA3_PAPER)
+           for key, vals in H100_MEASURED.items()}
+    for impl in ("fa2", "cudnn", "fa3"):
+        for d in (64, 128):
+            nc_b, _ = out[(impl, "bwd", False, d)]
+            nc_f, _ = out[(impl, "fwd", False, d)]
+            c_f, _ = out[(impl, "fwd", True, d)]
+            out[(impl, "bwd", True, d)] = (
+                tuple(b * cf / nf for b, cf, nf in zip(nc_b, c_f, nc_f)),
+                "rule 1: non-causal bwd x causal/non-causal fwd (FA3 paper)")
+    for causal in (False, True):
+        for d in (64, 128):
+            tf, _ = out[("triton", "fwd", causal, d)]
+            ff, _ = out[("fa2", "fwd", causal, d)]
+            fb, _ = out[("fa2", "bwd", causal, d)]
+            out[("triton", "bwd", causal, d)] = (
+                tuple(t * b / f for t, b, f in zip(tf, fb, ff)),
+                "rule 2: Triton fwd x FA2 bwd/fwd (FA3 paper)")
+    for (impl, phase, causal, d), (eff, _) in list(out.items()):
+        if impl == "fa2":
+            out[("fa1", phase, causal, d)] = (
+                tuple(e * FA1_OVER_FA2[phase] for e in eff),
+                "rule 3: FA2 x FA1/FA2 reach on A100 (FA2 paper Sec. 1)")
+    return out
+
+
+def derive() -> list[tuple]:
+    """Rows ``(profile, impl, phase, causal, head_dim, seq_len, efficiency, peak, source)``."""
+    rows = []
+    h100 = h100_table()
+    for (impl, phase, causal, d), (eff, src) in h100.items():
+        for s, e in zip(SEQ_LENS, eff):
+            rows.append(("sm_90", impl, phase, causal, d, s, e, PEAKS["sm_90"], src))
+    for (impl, phase, causal, d), (eff, _) in h100.items():
+        if impl == "fa2":
+            a100 = {
+                "fa2": (FA2_A100_OVER_H100, "rule 4: H100 FA2 x A100/H100 FA2 plateau (FA2 paper)"),
+                "fa1": (FA2_A100_OVER_H100 * FA1_OVER_FA2[phase], "rule 4: A100 FA2 x FA1/FA2"),
+                "triton": (FA2_A100_OVER_H100 * TRITON_A100_OVER_FA2,
+                           "rule 4: A100 FA2 / 1.8 (FA2 paper: 1.3-2.5x over Triton)"),
+                "cudnn": (FA2_A100_OVER_H100, "rule 4: assumption cuDNN = FA2 on Ampere"),
+            }
+            for a_impl, (factor, src) in a100.items():
+                for s, e in zip(SEQ_LENS, eff):
+                    rows.append(("sm_80", a_impl, phase, causal, d, s, e * factor, PEAKS["sm_80"], src))
+            for b_impl, factor in (("fa2", FA2_B200_OVER_H100[phase]),
+                                   ("fa1", FA2_B200_OVER_H100[phase] * FA1_OVER_FA2[phase])):
+                for s, e in zip(SEQ_LENS, eff):
+                    rows.append(("sm_100", b_impl, phase, causal, d, s, e * factor, PEAKS["sm_100"],
+                                 "rule 5: H100 FA2 x B200/H100 FA2 (flash-attention #1589)"))
+        if impl == "cudnn":
+            for s, e in zip(SEQ_LENS, eff):
+                rows.append(("sm_100", "cudnn", phase, causal, d, s, e, PEAKS["sm_100"],
+                             "rule 5: H100 cuDNN fraction of peak (FA4 PR #2605 check)"))
+    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5]))
+    return rows
+
+
+def render_csv(rows: list[tuple]) -> str:
+    """The CSV text (fixed formatting, so --check is byte-exact)."""
+    buf = io.StringIO()
+    buf.write("profile,impl,phase,causal,head_dim,seq_len,efficiency,peak_flops_per_s,source\n")
+    for profile, impl, phase, causal, d, s, e, peak, src in rows:
+        buf.write(f"{profile},{impl},{phase},{int(causal)},{d},{s},{e:.5f},{peak:g},{src}\n")
+    return buf.getvalue()
+
+
+def summary(rows: list[tuple]) -> str:
+    """Long-sequence (16k) hdim-128 causal efficiencies per profile and implementation."""
+    lines = ["profile impl    fwd    bwd   (hdim 128, causal, 16k; fraction of dense BF16 peak)"]
+    table = {(r[0], r[1], r[2]): r[6] for r in rows if r[3] and r[4] == 128 and r[5] == 16384}
+    for profile in ("sm_80", "sm_90", "sm_100"):
+        for impl in ("fa1", "fa2", "triton", "cudnn", "fa3"):
+            if (profile, impl, "fwd") in table:
+                lines.append(f"{profile:7s} {impl:6s} {table[(profile, impl, 'fwd')]:.3f}  "
+                             f"{table[(profile, impl, 'bwd')]:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT_CSV)
+    ap.add_argument("--check", action="store_true", help="do not write; fail if --out differs")
+    ap.add_argument("--quiet", action="store_true", help="no summary")
+    args = ap.parse_args(argv)
+    rows = derive()
+    text = render_csv(rows)
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            print(f"{args.out} is out of date; rerun tools/derive_attention_efficiency.py",
+                  file=sys.stderr)
+            return 1
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out} ({len(rows)} rows)")
+    if not args.quiet:
+        print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
