@@ -17,25 +17,47 @@ fractions (no padding to bucket boundaries).
 
 Choices (assumptions, stated once):
 
-* fp8 plans (``plan.dtype == "fp8"``) keep the bf16 weights *and* an fp8 copy of every
-  parameter (Transformer Engine caches the fp8 cast of the weights for the step): weights
-  cost 3 bytes per parameter (2 + 1); gradients stay bf16 and the optimizer fp32; stored
-  activations stay bf16 (Transformer Engine can keep fp8 copies of linear inputs; not
-  assumed). Norm and embedding weights are counted the same way (a small overestimate).
+* How the training stack holds memory beyond what the plan states is a
+  :class:`MemoryOptions` (defaults: Megatron-Core with Transformer Engine as configured out
+  of the box); the published-run harness sets it per framework
+  (``validate/published_memory.py``).
+* fp8 plans (``plan.dtype == "fp8"``) keep the bf16 weights *and*, for the linear weights
+  of the transformer layers, Transformer Engine's cached FP8 copies
+  (:attr:`MemoryOptions.fp8_weight_cache_bytes_per_param`: the FP8 weight and its
+  transpose, 2 bytes; ``transformer_engine/pytorch/module/linear.py`` caches them across
+  the micro-batches of a step when Megatron passes ``is_first_microbatch``). The
+  embedding, LM head and norms stay bf16 (Megatron-Core's output layer is not a TE
+  module). Stored activations are bf16 except the inputs of the linear layers, whose FP8
+  copies TE saves instead (:attr:`MemoryOptions.fp8_linear_inputs`).
+* Optimizer: fp32 master weights, momentum and variance, 12 bytes per parameter; with
+  :attr:`MemoryOptions.store_param_remainders` (Megatron-Core's distributed optimizer with
+  bf16 parameters, ``OptimizerConfig.store_param_remainders``) the master weight is kept as
+  the 16-bit remainder of the bf16 parameter: 10 bytes.
 * Activations: what the pipeline schedule keeps alive at a rank's peak, each in-flight
   (stage, micro-batch) weighed by that stage's own bytes (:func:`stage_activation_bytes`:
   its layers' :func:`strategies.model_costs.activation_bytes_per_layer`, plus the
-  embedding's and the head's — fp32 loss logits ``4*n*V/t`` — on the stages that hold
-  them). An interleaved rank's in-flight chunks each hold one chunk's layers, not all of
-  the rank's. With ``recompute="full"``, the backward
-  rematerialises one layer's full activations at a time: the largest held layer's
-  ``recompute="none"`` activations are added once (Korthikanti et al. 2022, Section 5).
+  embedding's and the head's — what the loss keeps of the logits,
+  :attr:`MemoryOptions.cross_entropy` — on the stages that hold them). An interleaved
+  rank's in-flight chunks each hold one chunk's layers, not all of the rank's. Layers
+  whose activations are offloaded to host memory (:attr:`MemoryOptions.
+  activation_offload_layers`, Megatron-Core ``cpu_offloading_num_layers`` through TE's
+  ``get_cpu_offload_context``) hold none.
+* On top of what is held, the largest *transient* working set is added once (it is
+  ``MemoryBreakdown.transient_bytes``): the backward of a recomputed layer rematerialises its
+  activations (``recompute="full"``: the largest held layer's ``recompute="none"``
+  activations, Korthikanti et al. 2022 Section 5; recompute modules: what they dropped);
+  an offloaded layer is reloaded one at a time (one layer's activations); the loss
+  (:func:`strategies.model_costs.head_transient_bytes`); the backward of an MLP (the
+  gradients of the fc1 output and of the activation output, ``e*n*(F1 + f)/t``).
   Dropout masks are counted as in Korthikanti et al. (the cost model's default).
 * Communication buffers: ``2 * plan.grad_bucket_bytes`` for the data-parallel gradient
   reduction (one bucket being reduced while the next fills) when the data-parallel group has
   more than one rank; with ZeRO-3 (and a group > 1) also the all-gathered, unsharded weights
   of the two largest held layers (the current layer and the prefetched next one, as FSDP's
-  default ``limit_all_gathers`` allows).
+  default ``limit_all_gathers`` allows; with their FP8 copies in fp8 plans) and the
+  unsharded gradients of the largest one in the backward (bf16, plus their copy in the
+  reduction dtype when it is not bf16: PyTorch FSDP2 ``foreach_reduce`` casts to
+  ``reduce_dtype`` before the reduce-scatter).
 * Workspace: the GPU's stated reserve (``GpuSpec.memory_reserve_bytes``, a preset field:
   CUDA context and kernel images, NCCL channel buffers of the communicators, cuBLAS and
   Transformer Engine workspaces, the caching allocator's fragmentation slack);
@@ -48,9 +70,10 @@ Units: bytes (GiB = 2**30 bytes only in messages).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from hardware.units import ELEMENT_BYTES, GIB
 from strategies import model_costs
@@ -61,24 +84,31 @@ __all__ = [
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
     "GRAD_BYTES_PER_PARAM",
     "MemoryBreakdown",
+    "MemoryOptions",
     "OPTIMIZER_BYTES_PER_PARAM",
     "OutOfMemoryError",
     "WEIGHT_BYTES_PER_PARAM",
     "WORKSPACE_BYTES",
     "ZERO3_PREFETCH_LAYERS",
     "check_fits",
+    "pipeline_memory",
     "rank_memory",
     "stage_activation_bytes",
+    "transient_activation_bytes",
 ]
 
 #: bf16 weights (ZeRO paper: fp16 parameters, 2 bytes).
 WEIGHT_BYTES_PER_PARAM = 2
-#: Extra fp8 copy of the weights in fp8 plans (module docstring).
-FP8_WEIGHT_COPY_BYTES_PER_PARAM = 1
+#: Transformer Engine's cached FP8 weight and its transpose, per linear-layer parameter of
+#: the transformer layers, in fp8 plans (module docstring).
+FP8_WEIGHT_COPY_BYTES_PER_PARAM = 2
 #: bf16 gradients (ZeRO paper: fp16 gradients, 2 bytes).
 GRAD_BYTES_PER_PARAM = 2
 #: fp32 master weights, Adam momentum and variance (ZeRO paper: K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
+#: The same with the master weight kept as the 16-bit remainder of the bf16 weight
+#: (Megatron-Core ``OptimizerConfig.store_param_remainders``).
+OPTIMIZER_REMAINDER_BYTES_PER_PARAM = 10
 #: Layers whose full weights ZeRO-3 holds gathered at once (current + prefetched).
 ZERO3_PREFETCH_LAYERS = 2
 #: CUDA context, cuBLAS/NCCL workspaces, allocator slack: assumed, see module docstring.
@@ -86,16 +116,71 @@ WORKSPACE_BYTES = 1 * GIB
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryOptions:
+    """How the training stack holds memory, beyond what the :class:`ParallelPlan` states.
+
+    The defaults describe Megatron-Core with Transformer Engine as it runs without extra
+    flags; ``validate/published_memory.py`` sets them per framework.
+
+    Attributes:
+        store_param_remainders: the distributed optimizer keeps the master weights as the
+            16-bit remainders of the bf16 weights (Megatron-Core ``OptimizerConfig.
+            store_param_remainders``; only with ``plan.zero >= 1`` and bf16 weights):
+            optimizer 10 instead of 12 bytes per parameter.
+        fp8_weight_cache_bytes_per_param: bytes per linear-layer parameter of the FP8
+            weight copies kept through the step in fp8 plans (TE: the FP8 weight and its
+            transpose, 2; torchao float8 casts per use and keeps none, 0).
+        fp8_linear_inputs: fp8 plans save FP8 copies of the linear layers' inputs for the
+            backward (TE) instead of the bf16 inputs (torchao float8 saves bf16).
+        cross_entropy: what the loss keeps of the logits
+            (:data:`strategies.model_costs.CROSS_ENTROPY_IMPLS`).
+        recompute_modules: Megatron-Core ``--recompute-modules`` that change memory
+            (:data:`strategies.model_costs.RECOMPUTE_MODULES`).
+        activation_offload_layers: layers per rank whose saved activations go to host
+            memory (Megatron-Core ``cpu_offloading_num_layers``; the first ones held).
+    """
+
+    store_param_remainders: bool = False
+    fp8_weight_cache_bytes_per_param: float = FP8_WEIGHT_COPY_BYTES_PER_PARAM
+    fp8_linear_inputs: bool = True
+    cross_entropy: str = "megatron"
+    recompute_modules: tuple[str, ...] = ()
+    activation_offload_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cross_entropy not in model_costs.CROSS_ENTROPY_IMPLS:
+            raise ValueError(f"cross_entropy: {self.cross_entropy!r} is not known; valid: "
+                             f"{', '.join(model_costs.CROSS_ENTROPY_IMPLS)}")
+        unknown = set(self.recompute_modules) - set(model_costs.RECOMPUTE_MODULES)
+        if unknown:
+            raise ValueError(f"recompute_modules: {sorted(unknown)} not modelled; valid: "
+                             f"{', '.join(model_costs.RECOMPUTE_MODULES)}")
+        if not 0 <= self.fp8_weight_cache_bytes_per_param < math.inf:
+            raise ValueError(f"fp8_weight_cache_bytes_per_param: "
+                             f"{self.fp8_weight_cache_bytes_per_param!r} must be finite and >= 0")
+        if (isinstance(self.activation_offload_layers, bool)
+                or not isinstance(self.activation_offload_layers, int)
+                or self.activation_offload_layers < 0):
+            raise ValueError(f"activation_offload_layers: {self.activation_offload_layers!r} "
+                             "must be an integer >= 0")
+
+
+DEFAULT_OPTIONS = MemoryOptions()
+
+
+@dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:
     """Peak memory of one rank, bytes.
 
     Attributes:
-        weights_bytes: model weights (bf16, + fp8 copy in fp8 plans), after ZeRO-3 sharding.
+        weights_bytes: model weights (bf16, + FP8 copies in fp8 plans), after ZeRO-3 sharding.
         gradients_bytes: gradients (bf16), after ZeRO-2 sharding.
         optimizer_bytes: fp32 master weights, momentum, variance, after ZeRO-1 sharding.
         activations_bytes: activations kept for the backward (all in-flight micro-batches).
         comm_buffers_bytes: gradient buckets and ZeRO-3 gathered weights.
         workspace_bytes: CUDA context, library workspaces, allocator slack.
+        transient_bytes: the largest transient working set on top of the held activations
+            (:func:`transient_activation_bytes`).
     """
 
     weights_bytes: float
@@ -104,12 +189,14 @@ class MemoryBreakdown:
     activations_bytes: float
     comm_buffers_bytes: float
     workspace_bytes: float
+    transient_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
         """Sum of all fields, bytes."""
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.comm_buffers_bytes + self.workspace_bytes)
+                + self.activations_bytes + self.comm_buffers_bytes + self.workspace_bytes
+                + self.transient_bytes)
 
     def to_dict(self) -> dict[str, float]:
         """Every field plus ``total_bytes``, bytes."""
@@ -136,7 +223,7 @@ class OutOfMemoryError(ValueError):
             f"out of memory on rank {rank}: needs {_gib(b.total_bytes)} GiB of "
             f"{_gib(capacity_bytes)} GiB (weights {_gib(b.weights_bytes)}, gradients "
             f"{_gib(b.gradients_bytes)}, optimizer {_gib(b.optimizer_bytes)}, activations "
-            f"{_gib(b.activations_bytes)}, comm buffers {_gib(b.comm_buffers_bytes)}, workspace "
+            f"{_gib(b.activations_bytes + b.transient_bytes)}, comm buffers {_gib(b.comm_buffers_bytes)}, workspace "
             f"{_gib(b.workspace_bytes)} GiB); try {tips}"
         )
         super().__init__(message)
@@ -146,64 +233,154 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.2f}"
 
 
+def _layer_kwargs(model: ModelSpec, plan: ParallelPlan, options: MemoryOptions) -> dict:
+    """Keyword arguments of :func:`model_costs.activation_bytes_per_layer` for ``plan``."""
+    fp8 = plan.dtype == "fp8"
+    return dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
+                sequence_parallel=plan.sequence_parallel, dtype="bf16" if fp8 else plan.dtype,
+                flash_attention=plan.flash_attention, dropout=model.dropout,
+                fp8_linear_inputs=fp8 and options.fp8_linear_inputs)
+
+
+def _modes(plan: ParallelPlan, layers: Sequence[int],
+           recompute_of: Callable[[int], str] | None) -> list[str]:
+    return [plan.recompute if recompute_of is None else recompute_of(layer) for layer in layers]
+
+
+def _layer_bytes(model: ModelSpec, layer: int, mode: str, kwargs: dict,
+                 options: MemoryOptions) -> float:
+    """One layer's held activations under ``mode`` and the options' recompute modules."""
+    modules = options.recompute_modules if mode != "full" else ()
+    return model_costs.activation_bytes_per_layer(model, layer, recompute=mode,
+                                                  recompute_modules=modules, **kwargs)
+
+
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                            has_embedding: bool, has_head: bool,
-                           recompute_of: Callable[[int], str] | None = None) -> float:
+                           recompute_of: Callable[[int], str] | None = None,
+                           options: MemoryOptions = DEFAULT_OPTIONS) -> float:
     """Activations one micro-batch leaves on a pipeline stage for its backward, bytes:
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
-    ``plan.recompute``) plus the embedding's and the head's when the stage holds them.
+    ``plan.recompute`` and ``options.recompute_modules``, in fp8 plans with FP8 linear
+    inputs when ``options.fp8_linear_inputs``) plus the embedding's and the head's
+    (``options.cross_entropy``) when the stage holds them. The first
+    ``options.activation_offload_layers`` layers hold nothing on the GPU (offloaded).
     The memory model weighs each in-flight (stage, micro-batch) by this.
 
     ``recompute_of(layer)``: the layer's recompute mode when it differs from
     ``plan.recompute`` (a partial full recompute; StepLowerer.recompute_of)."""
-    act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
-                      sequence_parallel=plan.sequence_parallel)
-    act_dtype = "bf16" if plan.dtype == "fp8" else plan.dtype
-    layer_kwargs = dict(act_kwargs, flash_attention=plan.flash_attention, dropout=model.dropout)
-    modes = [plan.recompute if recompute_of is None else recompute_of(layer)
-             for layer in layers]
+    kwargs = _layer_kwargs(model, plan, options)
+    kept = list(layers)[options.activation_offload_layers:]
+    modes = _modes(plan, kept, recompute_of)
     total = 0.0
     for mode in sorted(set(modes)):
-        chosen = [layer for layer, m in zip(layers, modes) if m == mode]
-        total += sum(count * model_costs.activation_bytes_per_layer(
-                         model, layer, recompute=mode, dtype=act_dtype, **layer_kwargs)
+        chosen = [layer for layer, m in zip(kept, modes) if m == mode]
+        total += sum(count * _layer_bytes(model, layer, mode, kwargs, options)
                      for layer, count in model_costs.layer_types(model, chosen).items())
+    act_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
+                      sequence_parallel=plan.sequence_parallel)
     if has_embedding:
         total += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
                                                         **act_kwargs)
     if has_head:
-        total += model_costs.head_activation_bytes(model, dtype=act_dtype, **act_kwargs)
+        total += model_costs.head_activation_bytes(model, dtype=kwargs["dtype"],
+                                                   cross_entropy=options.cross_entropy,
+                                                   **act_kwargs)
     return total
+
+
+def transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
+                               has_head: bool,
+                               recompute_of: Callable[[int], str] | None = None,
+                               options: MemoryOptions = DEFAULT_OPTIONS) -> float:
+    """The largest working set a rank needs on top of the activations it holds, bytes
+    (module docstring): the largest of
+
+    * a recomputed layer's rematerialised activations (``full``: its ``recompute="none"``
+      bytes; recompute modules: the bytes they dropped);
+    * an offloaded layer reloaded for its backward (its held bytes);
+    * the loss (:func:`strategies.model_costs.head_transient_bytes`, head rank only);
+    * an MLP backward: gradients of the fc1 output and of the activation output,
+      ``e*n*(F1 + f)/t`` with ``F1 = 2f`` gated, ``f`` otherwise (routed experts: per
+      token-expert pair, ``f = f_e``; shared experts added).
+
+    0 for a rank holding no layer and no head."""
+    kwargs = _layer_kwargs(model, plan, options)
+    held = list(layers)
+    candidates = [0.0]
+    modes = _modes(plan, held, recompute_of)
+    offloaded = set(held[:options.activation_offload_layers])
+    for mode in sorted(set(modes)):
+        chosen = [layer for layer, m in zip(held, modes) if m == mode]
+        for layer in model_costs.layer_types(model, chosen):
+            none = _layer_bytes(model, layer, "none", kwargs, replace_modules(options, ()))
+            kept = _layer_bytes(model, layer, mode, kwargs, options)
+            if mode == "full":
+                candidates.append(none)
+            else:
+                candidates.append(none - kept)
+        for layer in model_costs.layer_types(model, [x for x in chosen if x in offloaded]):
+            candidates.append(_layer_bytes(model, layer, mode, kwargs, options))
+    e = ELEMENT_BYTES[kwargs["dtype"]]
+    tokens = plan.micro_batch * plan.seq_len / plan.cp
+    width = 3 if model.mlp == "swiglu" else 2
+    for layer in model_costs.layer_types(model, held):
+        if model.is_moe_layer(layer):
+            moe = model.moe
+            cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
+            f_local = moe.expert_ffn_hidden_size / plan.tp
+            candidates.append(e * width * f_local * (tokens * moe.top_k * cf
+                                                     + tokens * moe.shared_experts))
+        else:
+            candidates.append(e * width * tokens * model.ffn_hidden_size / plan.tp)
+    if has_head:
+        candidates.append(model_costs.head_transient_bytes(
+            model, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
+            dtype=kwargs["dtype"], cross_entropy=options.cross_entropy))
+    return max(candidates)
+
+
+def replace_modules(options: MemoryOptions, modules: tuple[str, ...]) -> MemoryOptions:
+    """``options`` with other recompute modules."""
+    return dataclasses.replace(options, recompute_modules=modules)
 
 
 def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                 has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
                 held_activation_bytes: float | None = None,
                 reserve_bytes: float = WORKSPACE_BYTES,
-                recompute_of: Callable[[int], str] | None = None) -> MemoryBreakdown:
+                recompute_of: Callable[[int], str] | None = None,
+                options: MemoryOptions = DEFAULT_OPTIONS) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
-    (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``),
-    ``D = dp*cp``, ``D_e = dp*cp/ep``, ``w = 2`` (3 for fp8) and ``z = plan.zero``:
+    (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``), ``P_l`` the
+    parameters of its transformer layers, ``D = dp*cp``, ``D_e = dp*cp/ep``, ``z =
+    plan.zero``, ``c = options.fp8_weight_cache_bytes_per_param`` in fp8 plans (else 0),
+    ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = 12`` (10 with
+    ``options.store_param_remainders``, ``z >= 1`` and 16-bit weights):
 
-    * weights    = ``w*(P_d/D + P_e/D_e)`` if z = 3 else ``w*(P_d + P_e)``;
-    * gradients  = ``2*(P_d/D + P_e/D_e)`` if z >= 2 else ``2*(P_d + P_e)``;
-    * optimizer  = ``12*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``;
+    * weights    = ``2*(P_d/D + P_e/D_e) + c*P_l/D`` if z = 3 else ``2*(P_d + P_e) + c*P_l``
+      (sharded FP8 copies with ZeRO-3 are those of the gathered layers, counted in the
+      buffers, so ``c*P_l/D`` is omitted there);
+    * gradients  = ``g*(P_d/D + P_e/D_e)`` if z >= 2 else ``g*(P_d + P_e)``;
+    * optimizer  = ``K*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``;
     * activations = ``held_activation_bytes`` (what the schedule's in-flight stages and
       micro-batches hold at the rank's peak, each weighed by its
       :func:`stage_activation_bytes`; :meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`),
       or ``inflight * stage_activation_bytes(layers, ...)`` for a rank whose in-flight
-      micro-batches each hold all its layers; ``+ max over layers of the recompute="none"
-      activations`` if ``plan.recompute`` is full (and anything is held);
+      micro-batches each hold all its layers;
+    * transient = :func:`transient_activation_bytes` when anything is held, else 0;
     * comm buffers = ``2*grad_bucket_bytes`` if D > 1, plus for z = 3 and D > 1
-      ``w * (sum of the two largest held layers' P_d + P_e)``;
-    * workspace = :data:`WORKSPACE_BYTES`.
+      ``(2 + c) * (sum of the two largest held layers' P_d + P_e)`` (gathered weights) and
+      ``(2 + (g if g != 2 else 0)) * (the largest)`` (its unsharded gradients);
+    * workspace = ``reserve_bytes``.
 
     Args:
         model: the model.
         plan: the parallel plan (tp, cp, dp, ep, zero, micro_batch, seq_len,
-            sequence_parallel, recompute, dtype, grad_bucket_bytes are read).
+            sequence_parallel, recompute, dtype, grad_bucket_bytes, grad_reduce_dtype are
+            read).
         layers: indices of the transformer layers this rank holds (all its virtual stages).
         has_embedding: the rank holds the input embedding (first pipeline stage).
         has_head: the rank holds the final norm, LM head and loss (last stage).
@@ -215,6 +392,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             allocator slack: ``GpuSpec.memory_reserve_bytes``), reported as workspace.
         recompute_of: each layer's recompute mode when it differs from the plan's
             (a partial full recompute, StepLowerer.recompute_of).
+        options: how the training stack holds memory (:class:`MemoryOptions`).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -250,45 +428,49 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
 
     rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep,
                                  has_embedding=has_embedding, has_head=has_head)
-    fp8 = plan.dtype == "fp8"
-    w = WEIGHT_BYTES_PER_PARAM + (FP8_WEIGHT_COPY_BYTES_PER_PARAM if fp8 else 0)
+    layer_params = sum(count * sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep))
+                       for layer, count in model_costs.layer_types(model, layers).items())
+    fp8_cache = options.fp8_weight_cache_bytes_per_param if plan.dtype == "fp8" else 0.0
 
     def sharded(per_param: float, shard: bool) -> float:
         if shard:
             return per_param * rp.dense_params / dp_group + per_param * rp.expert_params / expert_dp_group
         return per_param * rp.dense_params + per_param * rp.expert_params
 
-    weights = sharded(w, plan.zero >= 3)
+    weights = sharded(WEIGHT_BYTES_PER_PARAM, plan.zero >= 3)
+    if plan.zero < 3:
+        weights += fp8_cache * layer_params
     # gradients accumulate (and are reduced) in the plan's gradient dtype: Megatron's
     # main_grad buffer is fp32 with grad_reduce_in_fp32, bf16 otherwise
-    grads = sharded(ELEMENT_BYTES[plan.grad_reduce_dtype], plan.zero >= 2)
-    optimizer = sharded(OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
+    grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
+    grads = sharded(grad_bytes, plan.zero >= 2)
+    remainders = (options.store_param_remainders and plan.zero >= 1
+                  and ELEMENT_BYTES[plan.dtype] <= 2)
+    optimizer = sharded(OPTIMIZER_REMAINDER_BYTES_PER_PARAM if remainders
+                        else OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
 
     if held_activation_bytes is None:
         activations = inflight_microbatches * stage_activation_bytes(
             model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
-            recompute_of=recompute_of)
+            recompute_of=recompute_of, options=options)
     else:
         activations = float(held_activation_bytes)
-    recomputed = [layer for layer in layers
-                  if (plan.recompute if recompute_of is None else recompute_of(layer)) == "full"]
-    if recomputed and activations > 0:
-        # the backward rematerialises one layer's full activations at a time
-        layer_kwargs = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
-                            cp=plan.cp, sequence_parallel=plan.sequence_parallel,
-                            flash_attention=plan.flash_attention, dropout=model.dropout)
-        activations += max(model_costs.activation_bytes_per_layer(
-                               model, layer, recompute="none",
-                               dtype="bf16" if fp8 else plan.dtype, **layer_kwargs)
-                           for layer in model_costs.layer_types(model, recomputed))
+    transient = 0.0
+    if activations > 0:
+        transient = transient_activation_bytes(model, plan, layers=layers, has_head=has_head,
+                                               recompute_of=recompute_of, options=options)
 
     comm = 0.0
     if dp_group > 1:
         comm += 2.0 * plan.grad_bucket_bytes
         if plan.zero >= 3 and len(layers) > 0:
             sizes = sorted((sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep))
-                            for layer in layers), reverse=True)
-            comm += w * sum(sizes[:ZERO3_PREFETCH_LAYERS])
+                            for layer, count in model_costs.layer_types(model, layers).items()
+                            for _ in range(min(count, ZERO3_PREFETCH_LAYERS))), reverse=True)
+            comm += (WEIGHT_BYTES_PER_PARAM + fp8_cache) * sum(sizes[:ZERO3_PREFETCH_LAYERS])
+            # the largest layer's unsharded gradients (bf16, plus their reduction-dtype copy)
+            comm += (GRAD_BYTES_PER_PARAM + (grad_bytes if grad_bytes != GRAD_BYTES_PER_PARAM
+                                             else 0)) * max(sizes)
 
     return MemoryBreakdown(
         weights_bytes=weights,
@@ -297,7 +479,45 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         activations_bytes=activations,
         comm_buffers_bytes=comm,
         workspace_bytes=float(reserve_bytes),
+        transient_bytes=transient,
     )
+
+
+class PipelineLayout(Protocol):
+    """What :func:`pipeline_memory` reads of a step's stage layout
+    (:class:`strategies.lowering.StepLowerer` provides it)."""
+
+    num_stages: int
+    stage_layers: Sequence[Sequence[int]]
+    schedule: object
+
+    def rank_layers(self, p: int) -> list[int]: ...
+    def holds_embedding(self, p: int) -> bool: ...
+    def holds_head(self, p: int) -> bool: ...
+    def recompute_of(self, layer: int) -> str: ...
+
+
+def pipeline_memory(model: ModelSpec, plan: ParallelPlan, layout: PipelineLayout, *,
+                    reserve_bytes: float = WORKSPACE_BYTES,
+                    options: MemoryOptions = DEFAULT_OPTIONS) -> dict[int, MemoryBreakdown]:
+    """Peak memory of every pipeline rank under the plan's schedule: :func:`rank_memory`
+    of each rank with the activations the schedule keeps in flight at its peak, each
+    (stage, micro-batch) weighed by that stage's :func:`stage_activation_bytes`
+    (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`).
+    ``{pipeline rank: breakdown}``."""
+    last = layout.num_stages - 1
+    stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
+                                          has_head=s == last, recompute_of=layout.recompute_of,
+                                          options=options)
+                   for s, layers in enumerate(layout.stage_layers)]
+    held = layout.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
+                                                 stage_bytes)
+    return {p: rank_memory(model, plan, layers=layout.rank_layers(p),
+                           has_embedding=layout.holds_embedding(p),
+                           has_head=layout.holds_head(p), held_activation_bytes=held[p],
+                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of,
+                           options=options)
+            for p in range(plan.pp)}
 
 
 def check_fits(breakdown: MemoryBreakdown, capacity_bytes: float, rank: int, *,

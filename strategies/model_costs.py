@@ -95,16 +95,19 @@ __all__ = [
     "Kernel",
     "ParamCounts",
     "RankParams",
+    "CROSS_ENTROPY_IMPLS",
     "RECOMPUTE_MODES",
     "ADAM_BYTES_PER_PARAM",
     "CROSS_ENTROPY_BYTES_PER_LOGIT",
     "ELEMENTWISE_MODES",
+    "RECOMPUTE_MODULES",
     "activation_bytes_per_layer",
     "embedding_activation_bytes",
     "embedding_kernels",
     "resolve_fp8_recipe",
     "fp8_weight_quant_kernel",
     "head_activation_bytes",
+    "head_transient_bytes",
     "head_kernels",
     "layer_kernels",
     "layer_params",
@@ -119,6 +122,16 @@ BLOCKS = ("embedding", "attention", "mlp", "moe", "head")
 
 #: Recompute modes accepted by :func:`activation_bytes_per_layer` (as ParallelPlan.recompute).
 RECOMPUTE_MODES = ("none", "selective", "full")
+
+#: Megatron-Core ``--recompute-modules`` :func:`activation_bytes_per_layer` models.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act")
+
+#: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
+#: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
+#: buffer (TE ``parallel_cross_entropy``, flash-attn's fused loss); ``megatron`` is
+#: Megatron-Core's fp32 vocab-parallel loss; ``eager`` is PyTorch ``F.cross_entropy`` on
+#: fp32 logits.
+CROSS_ENTROPY_IMPLS = ("fused", "megatron", "eager")
 
 #: Fraction of the full ``4*b*s^2*a*d`` a causal flash-attention kernel executes
 #: (flash-attention's benchmark halves causal FLOPs; masked blocks are skipped).
@@ -1137,7 +1150,9 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int,
                                tp: int = 1, cp: int = 1, sequence_parallel: bool = True,
                                recompute: str = "none", dtype: str = "bf16",
-                               dropout: bool = True, flash_attention: bool = True) -> float:
+                               dropout: bool = True, flash_attention: bool = True,
+                               fp8_linear_inputs: bool = False,
+                               recompute_modules: Sequence[str] = ()) -> float:
     """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
@@ -1170,6 +1185,21 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     re-runs only the attention core, which flash attention never stores); ``full`` keeps only
     the layer input, ``e*n_sp*h`` (``2sbh/t`` with SP).
 
+    ``fp8_linear_inputs`` (Transformer Engine's FP8 linear layers, ``transformer_engine/pytorch/
+    module/{linear,layernorm_linear}.py``: the input is cast to FP8 and only the FP8 copy is
+    saved for the weight-gradient GEMM): the QKV, MLP-fc1 and fc2 inputs (and the routed
+    experts' fc1/fc2 inputs) are kept at 1 byte per element instead of ``e``; the
+    attention output stays ``e`` (flash attention saves it) and the out-projection saves an
+    FP8 copy of it besides (1 byte per element). Norm inputs, Q/K/V and the activation
+    function's input (the fc1 output) stay ``e``.
+
+    ``recompute_modules`` (Megatron-Core ``--recompute-modules``, ``megatron/core/transformer/
+    transformer_config.py``; only with ``recompute`` not ``full``): ``layernorm`` drops the two
+    norm outputs (the QKV and fc1 inputs, recomputed from the norm inputs); ``mlp`` keeps only
+    a dense MLP's input; ``moe`` keeps only an MoE block's input (router, dispatch and experts
+    recomputed); ``moe_act`` drops the experts' activation outputs (fc2 inputs);
+    ``core_attn`` is the flash-attention no-op. Others are rejected.
+
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
     (full recompute with SP) -- Korthikanti's Table 2 minus the score terms. Bytes.
@@ -1188,26 +1218,48 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
     mask = DROPOUT_MASK_BYTES if dropout else 0
 
+    modules = set(recompute_modules)
+    unknown = modules - set(RECOMPUTE_MODULES)
+    if unknown:
+        raise ValueError(f"recompute_modules: {sorted(unknown)} not modelled; valid: "
+                         f"{', '.join(RECOMPUTE_MODULES)}")
     if recompute == "full":
         return e * n_sp * h
 
+    # element bytes of a saved linear-layer input (TE keeps only its FP8 copy)
+    e_in = 1.0 if fp8_linear_inputs else e
+    norm_out = 0.0 if "layernorm" in modules else 1.0
     # attention block: norm input, QKV input, Q, K, V, attention output (out-proj input), mask
-    total = e * (2 * n_sp * h) + e * n * (2 * a_l + 2 * g_l) * d + mask * n_sp * h
+    total = (e * n_sp * h + norm_out * e_in * n_sp * h + e * n * (2 * a_l + 2 * g_l) * d
+             + mask * n_sp * h)
+    if fp8_linear_inputs:
+        total += 1.0 * n * a_l * d  # the out-projection's FP8 copy of the attention output
     if not flash_attention and recompute == "none":
         # unfused attention stores softmax output, dropout mask and output: 5as/h * sbh
         total += (2 * e + DROPOUT_MASK_BYTES if dropout else e) * n * a_l * seq_len
     # MLP/MoE block: norm input, MLP input, mask
-    total += e * 2 * n_sp * h + mask * n_sp * h
-    ffn_tensors = 3 if model.mlp == "swiglu" else 2
+    gated = model.mlp == "swiglu"
+    # fc1 output (gate and up for a gated MLP; the activation's input) and its output (fc2 input)
+    def ffn(width: float) -> float:
+        return e * (2 if gated else 1) * width + e_in * width
+
     if not model.is_moe_layer(layer):
-        return total + e * ffn_tensors * n * (model.ffn_hidden_size // tp)
+        if "mlp" in modules:
+            return total + e * n_sp * h
+        return (total + e * n_sp * h + norm_out * e_in * n_sp * h + mask * n_sp * h
+                + n * ffn(model.ffn_hidden_size // tp))
+    if "moe" in modules:
+        return total + e * n_sp * h
+    total += e * n_sp * h + norm_out * e_in * n_sp * h + mask * n_sp * h
     moe = model.moe  # not None: is_moe_layer(layer) is True
     cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
     pairs = n * moe.top_k * cf
     fe_l = moe.expert_ffn_hidden_size // tp
     total += FP32_BYTES * n_sp * moe.num_experts
-    total += pairs * (e * (2 * h + ffn_tensors * fe_l) + FP32_BYTES)
-    total += e * ffn_tensors * n * moe.shared_experts * fe_l
+    expert = ffn(fe_l) - (e_in * fe_l if "moe_act" in modules else 0.0)
+    # per token-expert pair: permuted input (fc1 input), expert FFN, expert output, probability
+    total += pairs * (e_in * h + expert + e * h + FP32_BYTES)
+    total += n * ffn(moe.shared_experts * fe_l)
     return total
 
 
@@ -1223,14 +1275,53 @@ def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: i
 
 
 def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
-                          cp: int = 1, sequence_parallel: bool = True, dtype: str = "bf16") -> float:
+                          cp: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
+                          cross_entropy: str = "megatron") -> float:
     """Bytes the final norm, LM head and loss keep per micro-batch on one GPU:
     final-norm input ``e*n_sp*h``, head input ``e*n_sp*h`` (gathered again for the backward
-    under SP) and the fp32 softmax of the vocab-parallel cross entropy ``4*n*ceil(V/t)``
-    (Korthikanti et al. 2022 Section 4.2: ``4sbv/t``). Bytes."""
+    under SP) and what the loss keeps of the ``n*ceil(V/t)`` logits:
+
+    * ``megatron`` (Megatron-Core's vocab-parallel cross entropy, fused or not: ``megatron/core/
+      tensor_parallel/cross_entropy.py`` casts the logits ``.float()`` and saves the
+      softmax) and ``eager`` (PyTorch ``F.cross_entropy`` on ``logits.float()``, as
+      torchtitan computes its loss: log-softmax saves its fp32 output): ``4`` bytes per
+      logit (Korthikanti et al. 2022 Section 4.2: ``4sbv/t``);
+    * ``fused`` (Transformer Engine's ``parallel_cross_entropy``, Megatron-Core
+      ``--cross-entropy-fusion-impl te``): the gradient is written into the bf16 logits in
+      the forward, ``e`` bytes per logit.
+
+    See :func:`head_transient_bytes` for what the loss needs on top while it runs. Bytes."""
+    if cross_entropy not in CROSS_ENTROPY_IMPLS:
+        raise ValueError(f"cross_entropy: {cross_entropy!r} is not known; valid: "
+                         f"{', '.join(CROSS_ENTROPY_IMPLS)}")
     _check_tp(model, tp)
     n = _tokens(micro_batch, seq_len, cp)
     n_sp = _sp_tokens(n, tp, sequence_parallel)
     _, _, _, e = _dtypes(dtype)
-    return e * 2 * n_sp * model.hidden_size + FP32_BYTES * n * math.ceil(model.vocab_size / tp)
+    per_logit = e if cross_entropy == "fused" else FP32_BYTES
+    return e * 2 * n_sp * model.hidden_size + per_logit * n * math.ceil(model.vocab_size / tp)
+
+
+def head_transient_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
+                         cp: int = 1, dtype: str = "bf16", cross_entropy: str = "megatron") -> float:
+    """Bytes the loss needs while it runs, on top of :func:`head_activation_bytes` (once per
+    step, on the stage holding the head), with ``L = n*ceil(V/t)`` logits:
+
+    * ``megatron`` (Megatron-Core, ``megatron/core/tensor_parallel/cross_entropy.py``:
+      ``calculate_logits_max`` casts the logits ``.float()``, ``calculate_predicted_logits``
+      subtracts the maximum out of place and exponentiates that copy in place, the one
+      saved): while the softmax is formed, the bf16 logits and the fp32 cast are alive
+      besides it, ``(e + 4)*L``;
+    * ``eager``: in the backward, the dense fp32 gradient of the log-probabilities
+      (``nll_loss`` backward) and log-softmax's fp32 input gradient are alive with the
+      saved output: ``8*L``;
+    * ``fused``: nothing (the gradient already sits in the logits buffer). Bytes."""
+    if cross_entropy not in CROSS_ENTROPY_IMPLS:
+        raise ValueError(f"cross_entropy: {cross_entropy!r} is not known; valid: "
+                         f"{', '.join(CROSS_ENTROPY_IMPLS)}")
+    _check_tp(model, tp)
+    logits = _tokens(micro_batch, seq_len, cp) * math.ceil(model.vocab_size / tp)
+    _, _, _, e = _dtypes(dtype)
+    return {"megatron": (e + FP32_BYTES) * logits, "eager": 2 * FP32_BYTES * logits,
+            "fused": 0.0}[cross_entropy]
 

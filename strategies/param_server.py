@@ -382,7 +382,8 @@ def colocated_memory(worker: MemoryBreakdown, server: MemoryBreakdown) -> Memory
         optimizer_bytes=worker.optimizer_bytes + server.optimizer_bytes,
         activations_bytes=worker.activations_bytes,
         comm_buffers_bytes=worker.comm_buffers_bytes + server.comm_buffers_bytes,
-        workspace_bytes=worker.workspace_bytes)
+        workspace_bytes=worker.workspace_bytes,
+        transient_bytes=worker.transient_bytes)
 
 
 def server_nodes(servers: int, gpus_per_node: int) -> int:

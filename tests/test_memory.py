@@ -12,9 +12,11 @@ from hardware.units import GIB
 from strategies.memory import (
     WORKSPACE_BYTES,
     MemoryBreakdown,
+    MemoryOptions,
     OutOfMemoryError,
     check_fits,
     rank_memory,
+    transient_activation_bytes,
 )
 from strategies.model_costs import activation_bytes_per_layer, param_counts, rank_params
 from strategies.model_spec import ModelSpec, MoESpec
@@ -95,10 +97,27 @@ def test_tp_shards_model_states():
     assert rp.total < param_counts(MHA).total
 
 
-def test_fp8_keeps_an_extra_weight_copy():
-    p = param_counts(MHA).total
+def test_fp8_keeps_te_weight_copies_of_the_layers_only():
+    """Transformer Engine caches an FP8 weight and its transpose (2 bytes) per linear-layer
+    parameter of the transformer layers; embedding, head and final norm stay bf16."""
+    pc = param_counts(MHA)
+    p, layers = pc.total, sum(pc.layers)
     b = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1, **ALL)
-    assert (b.weights_bytes, b.gradients_bytes, b.optimizer_bytes) == (3 * p, 2 * p, 12 * p)
+    assert (b.weights_bytes, b.gradients_bytes, b.optimizer_bytes) == (2 * p + 2 * layers, 2 * p, 12 * p)
+    torchao = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1,
+                          options=MemoryOptions(fp8_weight_cache_bytes_per_param=0), **ALL)
+    assert torchao.weights_bytes == 2 * p
+
+
+def test_store_param_remainders_keeps_10_bytes_of_optimizer_state():
+    """Megatron-Core's distributed optimizer with bf16 weights keeps the master weight as a
+    16-bit remainder: K = 10 instead of 12 (only when the optimizer is sharded)."""
+    p = param_counts(MHA).total
+    opts = MemoryOptions(store_param_remainders=True)
+    z1 = rank_memory(MHA, _plan(zero=1, dp=4), inflight_microbatches=1, options=opts, **ALL)
+    assert z1.optimizer_bytes == pytest.approx(10 * p / 4)
+    z0 = rank_memory(MHA, _plan(zero=0, dp=4), inflight_microbatches=1, options=opts, **ALL)
+    assert z0.optimizer_bytes == 12 * p
 
 
 @settings(max_examples=30, deadline=None)
@@ -120,14 +139,20 @@ def test_activations_are_inflight_times_korthikanti_plus_embedding_and_head():
     per_layer = sbh * 34 / t  # Korthikanti Table 2, TP + SP, flash attention
     embedding = sbh / t  # dropout mask, 1 byte
     head = 2 * 2 * sbh / t + 4 * s * b * V / t  # final-norm and head inputs, fp32 logits
+    # transients (added once): Megatron's fp32 cross entropy holds the bf16 logits and their
+    # fp32 cast besides the saved softmax, (2 + 4)*s*b*V/t; it beats the GELU MLP backward's
+    # fc1-output and activation-output gradients 2*2*s*b*f/t
+    loss, mlp_backward = (2 + 4) * s * b * V / t, 2 * 2 * s * b * (4 * H) / t
+    assert loss > mlp_backward
     mem = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s), inflight_microbatches=inflight, **ALL)
     assert mem.activations_bytes == inflight * (2 * per_layer + embedding + head)
+    assert mem.transient_bytes == loss
     middle = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s), layers=[1], has_embedding=False,
                          has_head=False, inflight_microbatches=inflight)
-    assert middle.activations_bytes == inflight * per_layer
+    assert (middle.activations_bytes, middle.transient_bytes) == (inflight * per_layer, mlp_backward)
     none = rank_memory(MHA, _plan(tp=t), layers=[1], has_embedding=False, has_head=False,
                        inflight_microbatches=0)
-    assert none.activations_bytes == 0
+    assert none.activations_bytes == none.transient_bytes == 0
 
 
 def test_full_recompute_keeps_inputs_plus_one_rematerialised_layer():
@@ -135,7 +160,8 @@ def test_full_recompute_keeps_inputs_plus_one_rematerialised_layer():
     sbh = s * b * H
     mem = rank_memory(MHA, _plan(tp=t, micro_batch=b, seq_len=s, recompute="full"), layers=[0, 1],
                       has_embedding=False, has_head=False, inflight_microbatches=inflight)
-    assert mem.activations_bytes == inflight * 2 * (2 * sbh / t) + 34 * sbh / t
+    assert mem.activations_bytes == inflight * 2 * (2 * sbh / t)
+    assert mem.transient_bytes == 34 * sbh / t  # one layer rematerialised
 
 
 def test_selective_recompute_equals_none_under_flash_attention():
@@ -147,8 +173,10 @@ def test_selective_recompute_equals_none_under_flash_attention():
 def test_moe_activations_use_the_cost_model():
     plan = _plan(tp=2, ep=2)
     expected = 2 * sum(activation_bytes_per_layer(MOE, i, micro_batch=2, seq_len=32, tp=2) for i in (0, 1))
+    # transient: the experts' backward, 2 bytes * 3 (SwiGLU) * f_e/t per routed pair and
+    # per token of the shared expert: 2*3*16*(64*2 + 64)
     mem = rank_memory(MOE, plan, layers=[0, 1], has_embedding=False, has_head=False, inflight_microbatches=2)
-    assert mem.activations_bytes == expected
+    assert (mem.activations_bytes, mem.transient_bytes) == (expected, 2 * 3 * 16 * (64 * 2 + 64))
 
 
 # ---------------------------------------------------------------------------- buffers and totals
@@ -159,9 +187,14 @@ def test_comm_buffers_and_workspace():
     assert rank_memory(MHA, _plan(dp=4, zero=1), **kw).comm_buffers_bytes == 2 * BUCKET
     assert rank_memory(MHA, _plan(dp=1, zero=1), **kw).comm_buffers_bytes == 0
     layer = param_counts(MHA).dense_layer
-    assert rank_memory(MHA, _plan(dp=4, zero=3), **kw).comm_buffers_bytes == 2 * BUCKET + 2 * (2 * layer)
+    # ZeRO-3: two gathered layers (bf16, + TE's 2-byte FP8 copies in fp8) and one layer's
+    # unsharded bf16 gradients (+ their fp32 copy when reduced in fp32)
+    assert rank_memory(MHA, _plan(dp=4, zero=3), **kw).comm_buffers_bytes == \
+        2 * BUCKET + 2 * (2 * layer) + 2 * layer
     z3_fp8 = rank_memory(MHA, _plan(dp=4, zero=3, dtype="fp8"), **kw)
-    assert z3_fp8.comm_buffers_bytes == 2 * BUCKET + 2 * (3 * layer)
+    assert z3_fp8.comm_buffers_bytes == 2 * BUCKET + 2 * (4 * layer) + 2 * layer
+    z3_fp32 = rank_memory(MHA, _plan(dp=4, zero=3, grad_reduce_dtype="fp32"), **kw)
+    assert z3_fp32.comm_buffers_bytes == 2 * BUCKET + 2 * (2 * layer) + (2 + 4) * layer
     assert rank_memory(MHA, _plan(), **kw).workspace_bytes == WORKSPACE_BYTES == GIB
 
 
@@ -169,7 +202,8 @@ def test_total_and_to_dict():
     b = rank_memory(MOE, _plan(zero=2, tp=2, ep=2), inflight_microbatches=2, **ALL)
     d = b.to_dict()
     assert set(d) == {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
-                      "comm_buffers_bytes", "workspace_bytes", "total_bytes"}
+                      "comm_buffers_bytes", "workspace_bytes", "transient_bytes", "total_bytes"}
+    assert b.transient_bytes > 0
     assert d["total_bytes"] == b.total_bytes == sum(v for k, v in d.items() if k != "total_bytes")
 
 
@@ -277,11 +311,14 @@ def test_interleaved_activations_weigh_each_inflight_chunk_by_its_own_layers():
         return stage_activation_bytes(model, plan, layers=layers, has_embedding=embedding,
                                       has_head=head)
 
+    def held(p):
+        return memory[p].activations_bytes
+
     s0, s4 = stage([0, 1], embedding=True), stage([8, 9])
     assert s0 > s4
-    assert memory[0].activations_bytes == max(7 * s0 + 4 * s4, 8 * s0 + 3 * s4) == 8 * s0 + 3 * s4
+    assert held(0) == max(7 * s0 + 4 * s4, 8 * s0 + 3 * s4) == 8 * s0 + 3 * s4
     s3, s7 = stage([6, 7]), stage([14, 15], head=True)
-    assert memory[3].activations_bytes == max(4 * s3 + s7, 5 * s3)
+    assert held(3) == max(4 * s3 + s7, 5 * s3)
 
 
 def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
@@ -297,3 +334,5 @@ def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
         per_mb = stage_activation_bytes(model, plan, layers=layers, has_embedding=p == 0,
                                         has_head=p == 3)
         assert memory[p].activations_bytes == (4 - p) * per_mb
+        assert memory[p].transient_bytes == transient_activation_bytes(model, plan, layers=layers,
+                                                                       has_head=p == 3)
