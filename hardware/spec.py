@@ -30,6 +30,12 @@ FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 #: Kernel classes the compute model prices (the Program IR's ComputeOp.kind).
 COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
+#: Fused attention kernels the compute model knows: FlashAttention v1 (flash-attn 1.x), v2
+#: (flash-attn 2.x; also PyTorch SDPA's flash backend), v3 (Hopper only), cuDNN fused
+#: attention (Transformer Engine's ``FusedAttention``), the Triton flash kernel (OpenAI
+#: tutorial / MosaicML ``attn_impl: triton``). Unfused attention is not a kernel: the cost
+#: model lowers it to its GEMMs and softmax (``strategies.model_costs``).
+ATTENTION_IMPLS = ("fa1", "fa2", "fa3", "cudnn", "triton")
 
 
 @dataclass(frozen=True, kw_only=True)

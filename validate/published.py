@@ -14,11 +14,9 @@ calibrated number (``gpu.sustained_fraction``) was fitted on; every other row
 yet (an attention kind, schedule or expert layout it does not model) is kept with its
 reason and counted, never silently dropped.
 
-How a framework runs (the defaults a row does not print) is :func:`framework_defaults`:
-Megatron-LM, Megatron-Core and NeMo run the distributed optimizer (ZeRO-1 over data x
-context parallelism), sequence parallelism with TP, overlapped gradient reduction and
-fused attention; PyTorch FSDP stacks (llm-foundry, torchtitan, NeMo AutoModel) shard
-everything (ZeRO-3).
+How a framework runs (the settings a row does not print: optimizer sharding, overlap,
+attention kernel, FP8 recipe, elementwise kernels, loss, memory savers) is
+:mod:`validate.published_stacks`; every scenario lists what it assumed.
 
 Nothing here imports torch.
 """
@@ -46,6 +44,7 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
+from validate.published_stacks import framework_defaults, stack_settings
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
@@ -105,12 +104,16 @@ class Scenario:
     Attributes:
         model, cluster, plan: the simulator's inputs.
         assumptions: the defaults applied where the row says nothing.
+        settings: framework settings applied beyond the defaults, each with its source;
+            those the row does not print but its framework's recipe sets start with
+            ``unprinted:`` (validate.published_stacks).
     """
 
     model: ModelSpec
     cluster: ClusterSpec
     plan: ParallelPlan
     assumptions: list[str] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)
 
 
 class NotExpressible(Exception):
@@ -266,33 +269,6 @@ def nemo_recipe(run: PublishedRun, recipes: Sequence[Mapping[str, str]]) -> Mapp
     return (exact or candidates or [None])[0]
 
 
-def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
-    """Plan fields a framework runs with unless the row says otherwise (module docstring).
-
-    Megatron-LM / Megatron-Core / NeMo: ``--use-distributed-optimizer`` (ZeRO-1 over
-    data x context parallelism, Megatron-LM docs/distrib_optimizer.md),
-    ``--sequence-parallel`` with TP, ``--overlap-grad-reduce``, fused attention.
-    PyTorch FSDP (llm-foundry ``FULL_SHARD``, torchtitan FSDP2, NeMo AutoModel) and the
-    JAX stacks (MaxText, Paxml shard parameters, gradients and optimizer state):
-    ZeRO-3. Megatron-LM 2021 (the commit of the SC21 runs) predates all of it:
-    unfused attention, the all-reduce after the backward, no distributed optimizer.
-    """
-    name = framework.lower()
-    if "megatron-lm" in name and version.startswith("2021"):
-        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False,
-                "overlap_param_gather": False, "tp_comm_overlap": "none"}
-    if any(k in name for k in ("foundry", "torchtitan", "automodel", "fsdp")):
-        # PyTorch FSDP: FULL_SHARD, gradients reduced in fp32 (llm-foundry's DEFAULT
-        # mixed precision, torchtitan's mixed_precision_reduce = "float32"); DTensor
-        # TP runs its collectives blocking (AsyncTP is opt-in)
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none"}
-    if any(k in name for k in ("maxtext", "paxml", "jax")):
-        return {"zero": 3, "grad_reduce_dtype": "fp32"}
-    # Megatron-Core / NeMo: distributed optimizer, overlapped grad reduce and param
-    # gather; gradients reduced in fp32 (NeMo's BF16 default, grad_reduce_in_fp32)
-    return {"zero": 1, "grad_reduce_dtype": "fp32"}
-
-
 def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                  recipes: Sequence[Mapping[str, str]] = ()) -> Scenario:
     """The simulator's inputs for one published run.
@@ -361,13 +337,15 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                            f"{recipe['dtype']} ({recipe['num_gpus']} GPUs)")
     elif not run.get("recompute"):
         assumptions.append("no activation recompute (not printed)")
-    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
-                        global_batch=run.integer("global_batch_seqs"),
-                        seq_len=run.integer("seq_len"), recompute=recompute,
-                        recompute_layers=recompute_layers,
-                        schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
-                        sequence_parallel=tp > 1, **defaults)
-    return Scenario(model, cluster, plan, assumptions)
+    fields = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
+                  global_batch=run.integer("global_batch_seqs"), seq_len=run.integer("seq_len"),
+                  recompute=recompute, recompute_layers=recompute_layers,
+                  schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
+                  sequence_parallel=tp > 1, **defaults)
+    stack = stack_settings(run.fields, fields, recipe)
+    plan = ParallelPlan(**{**fields, **stack.fields})
+    return Scenario(model, cluster, plan, assumptions,
+                    stack.notes + [f"unprinted: {u}" for u in stack.unprinted])
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -381,8 +359,9 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     Columns: ``source_id``, ``row_id``, ``role``, ``model``, ``gpu``, ``dtype``,
     ``gpus``, ``published_step_s``, ``simulated_step_s``, ``error`` (relative),
     ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
-    ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``) and
-    ``reason``.
+    ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``), ``reason``
+    (the assumptions, or why the row was not compared) and ``settings`` (framework
+    settings applied; :class:`Scenario`).
     """
     models = load_models() if models is None else models
     roles = load_roles() if roles is None else roles
@@ -394,7 +373,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
                "model": run.get("model"), "gpu": run.get("gpu"), "dtype": run.get("dtype"),
                "gpus": run.integer("num_gpus"), "published_step_s": run.published_step_time_s,
                "simulated_step_s": math.nan, "error": math.nan, "fits": None,
-               "peak_memory_gib": math.nan, "status": "ok", "reason": ""}
+               "peak_memory_gib": math.nan, "status": "ok", "reason": "", "settings": ""}
         try:
             scenario = scenario_for(run, models, recipes)
             result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
@@ -408,6 +387,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
             row["peak_memory_gib"] = result.peak_memory_bytes / 2**30
             row["fits"] = result.peak_memory_bytes <= scenario.cluster.gpu.hbm_bytes
             row["reason"] = "; ".join(scenario.assumptions)
+            row["settings"] = "; ".join(scenario.settings)
             published = run.published_step_time_s
             if published is None:
                 published = _step_from_flop_rate(run, scenario)
