@@ -342,7 +342,9 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                   recompute=recompute, recompute_layers=recompute_layers,
                   schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
                   sequence_parallel=tp > 1, **defaults)
-    stack = stack_settings(run.fields, fields, recipe)
+    stack = stack_settings(run.fields, fields, recipe, num_layers=model.num_layers)
+    if "recompute" in stack.fields:  # the framework's own recompute replaces "none"
+        assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
     plan = ParallelPlan(**{**fields, **stack.fields})
     return Scenario(model, cluster, plan, assumptions,
                     stack.notes + [f"unprinted: {u}" for u in stack.unprinted])
