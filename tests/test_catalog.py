@@ -35,6 +35,7 @@ PRESETS = [
     "gb200-nvl72",
     "gcp-a3-mega",
     "hgx-h200",
+    "polaris",
 ]
 PRESET_FILES = sorted(p for p in CATALOG_DIR.glob("*.toml") if not p.name.startswith("_"))
 

@@ -115,7 +115,9 @@ class AlgorithmCatalog:
         """A whole plan: the algorithm's phases under ``protocol``."""
         if phases is None:
             phases = self.phases(kind, algorithm, geometry, size_bytes)
-        return CommPlan(FAMILY[algorithm], protocol, tuple(phases), algorithm)
+        return CommPlan(FAMILY[algorithm], protocol, tuple(phases), algorithm,
+                        float(size_bytes), geometry.size, geometry.num_domains,
+                        geometry.local_size)
 
     def empty_plan(self, kind: str) -> CommPlan:
         """The plan of a collective with nothing to move (one rank, or 0 bytes)."""
