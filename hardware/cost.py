@@ -82,7 +82,8 @@ class CollectiveAlgorithms(Protocol):
     def unavailable(self, kind: str, algorithm: str, geometry: GroupGeometry,
                     spec: ClusterSpec, *, explicit: bool) -> str | None: ...
 
-    def protocols(self, algorithm: str, requested: str) -> tuple[str, ...]: ...
+    def protocols(self, algorithm: str, requested: str,
+                  size_bytes: float | None = None) -> tuple[str, ...]: ...
 
     def phases(self, kind: str, algorithm: str, geometry: GroupGeometry,
                size_bytes: float) -> Sequence[PhaseLike]: ...
@@ -431,7 +432,7 @@ class CostModel:
     def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
         """Protocols to try: the catalog's for the algorithm, within each protocol's
         size limit (CommTuningSpec.protocol_max_bytes) under ``auto``."""
-        offered = self.algorithms.protocols(algorithm, protocol)
+        offered = self.algorithms.protocols(algorithm, protocol, size_bytes)
         if protocol != "auto":
             return list(offered)
         limits = self.network.comm.protocol_max_bytes

@@ -36,7 +36,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hardware.catalog import load_cluster  # noqa: E402
-from sim.collective_bench import collective_sweep  # noqa: E402
+from hardware.cost import CostModel  # noqa: E402
+from hardware.topology import ClusterLayout  # noqa: E402
+from sim.collective_bench import _PER_RANK_SPLIT, _count, bus_factor  # noqa: E402
+from strategies.collectives.catalog import ALGORITHMS  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "validate" / "data" / "nccl"
 MiB = 1 << 20
@@ -194,12 +197,24 @@ class Row:
 @lru_cache(maxsize=None)
 def _simulate(preset: str, overrides: tuple, kind: str, nodes: int, gpn: int,
               algorithm: str, sizes: tuple[int, ...]) -> dict[int, tuple[float, str]]:
+    """{size: (busbw GB/s, algorithm/protocol)} as ``trainsim collective`` gives at
+    analytic fidelity (the engine's makespan of one collective is the cost model's
+    duration; priced here without building a Program of every rank)."""
     cluster = load_cluster(preset, dict(overrides))
-    df = collective_sweep(kind, cluster, nodes=nodes, gpus_per_node=gpn, sizes=sizes,
-                          algorithm=algorithm)
+    layout = ClusterLayout(cluster, nodes, gpn)
+    cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    ranks = layout.world_size
+    group = tuple(range(ranks))
     out: dict[int, tuple[float, str]] = {}
-    for r in df.itertuples():
-        out[int(r.size_bytes)] = (r.busbw_GBps, f"{r.algorithm}/{r.protocol}")
+    for requested in sizes:
+        # nccl-tests' float elements, rounded down to whole elements per rank
+        count = _count(kind, requested, ranks, 4)
+        size = count * 4 * (ranks if kind in _PER_RANK_SPLIT else 1)
+        if count == 0:
+            continue
+        choice = cost.collective(kind, group, size, algorithm)
+        busbw = size / choice.duration_ns * bus_factor(kind, ranks)  # bytes/ns = GB/s
+        out[size] = (busbw, f"{choice.algorithm}/{choice.protocol}")
     return out
 
 
