@@ -253,6 +253,7 @@ def median_abs(errors) -> float:
     return statistics.median(errors) if errors else float("nan")
 
 
+@lru_cache(maxsize=None)
 def category_rows(category: str) -> list[Row]:
     """Rows of a category (see the module docstring)."""
     rows: list[Row] = []
@@ -263,9 +264,25 @@ def category_rows(category: str) -> list[Row]:
             rows += [r for r in found if r.size_bytes >= MiB]
         elif category == "tree" and algorithm_of(log) == "tree":
             rows += [r for r in found if r.size_bytes >= MiB]
-        elif category == "mid" and log.source not in MID_SIZE_EXCLUDED:
+        elif category == "mid" and log.source not in MID_SIZE_EXCLUDED and _domains(log) > 1:
             rows += [r for r in found if MiB <= r.size_bytes <= 256 * MiB]
     return rows
+
+
+@lru_cache(maxsize=None)
+def _domain_gpus(preset: str) -> int:
+    return load_cluster(preset).scale_up.domain_gpus
+
+
+@lru_cache(maxsize=None)
+def _domains(log: Log) -> int:
+    """NVLink domains (NCCL's "nodes") the log's job spans."""
+    system = system_of(log)
+    if system is None:
+        return log.nodes
+    preset, overrides, nodes, gpn = system
+    domain_gpus = overrides.get("scale_up.domain_gpus") or _domain_gpus(preset)
+    return max(1, -(-nodes * gpn // domain_gpus))
 
 
 #: Logs left out of the mid-size category, and why.
@@ -290,14 +307,16 @@ class Series:
         return getattr(last, attr) / getattr(first, attr)
 
 
+@lru_cache(maxsize=1)
 def ring_series() -> list[Series]:
-    """Ring and NCCL-default series of one system at >= 2 multi-node counts (sizes of at
-    least 256 MiB, where the bandwidth regime shows how busbw scales)."""
+    """Ring series (forced ring, or the report's Ring column) of one system, report,
+    collective and size at >= 2 multi-node counts, for sizes of at least 256 MiB."""
     by_key: dict[tuple, list[Row]] = {}
     for log, found in compared():
-        if not found or log.nodes < 2 or log.collective == "sendrecv":
+        if not found or _domains(log) < 2 or log.collective == "sendrecv":
             continue
-        if algorithm_of(log) not in ("ring", "auto"):
+        ring = ("nccl_algo=ring" in log.env.lower() or log.note.lower().startswith("ring"))
+        if not ring:
             continue
         note = log.note.split(" (")[0]
         citation = log.citation.split(" column")[0].split(" table")[0]
