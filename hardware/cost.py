@@ -397,13 +397,6 @@ class CostModel:
             self._coefficients[key] = found
         return found
 
-    def _affine(self, kind: str, geometry: GroupGeometry, name: str,
-                protocol: str) -> tuple[int, tuple[float, ...]]:
-        """(fixed ns, seconds per byte of each phase's links) of one algorithm and
-        protocol: the affine part of its cost, without NCCL's ceilings."""
-        found = self._coefficients_of(kind, geometry, name, protocol)
-        return found.fixed_ns, tuple(link for link, _, _ in found.per_byte)
-
     def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
                     protocol: str) -> tuple[list[str], GroupGeometry]:
         """Algorithms to evaluate (none: nothing to move) and the group's geometry."""

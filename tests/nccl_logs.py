@@ -35,11 +35,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hardware.catalog import load_cluster  # noqa: E402
-from hardware.cost import CostModel  # noqa: E402
-from hardware.topology import ClusterLayout  # noqa: E402
-from sim.collective_bench import _PER_RANK_SPLIT, _count, bus_factor  # noqa: E402
-from strategies.collectives.catalog import ALGORITHMS  # noqa: E402
+from hardware.catalog import load_cluster
+from hardware.cost import CostModel
+from hardware.topology import ClusterLayout
+from sim.collective_bench import _PER_RANK_SPLIT, _count, bus_factor
+from strategies.collectives.catalog import ALGORITHMS
 
 DATA = Path(__file__).resolve().parents[1] / "validate" / "data" / "nccl"
 MiB = 1 << 20

@@ -19,7 +19,7 @@ Sizes are nccl-tests sizes (see :mod:`strategies.ir`).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from hardware.spec import GroupGeometry
 from strategies.collectives.plans import CommPlan, Phase, Transfer
