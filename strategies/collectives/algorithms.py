@@ -125,8 +125,9 @@ def double_binary_trees(num: int) -> tuple[list[dict[int, int]], int]:
     """NCCL's double binary tree over ``num`` nodes (Sanders, Speck & Träff, Parallel
     Computing 2009; src/graph/trees.cc ncclGetDtree): the first tree is
     :func:`_btree`, the second its mirror (``num`` even) or the same tree shifted by
-    one node (``num`` odd), so that a node inner in one tree is a leaf in the other
-    and every node's links stay busy with both halves of the data.
+    one node (``num`` odd), so that most nodes inner in one tree are leaves in the
+    other and every node's links carry both halves of the data (with 3 nodes, node 0
+    is inner in both: a chain 0-2-1 and its shift 1-0-2).
 
     Returns ``([parents of tree 0, parents of tree 1], max height in edges)``.
     """
