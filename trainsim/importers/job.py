@@ -63,8 +63,10 @@ class Settings:
 
     def spelled(self, name: str) -> str:
         """How the job spells ``name``; Megatron-LM's flag when it does not give it."""
+        from trainsim.importers.megatron_flags import flag_of
+
         setting = self.values.get(name)
-        return setting.spelled if setting is not None else "--" + name.replace("_", "-")
+        return setting.spelled if setting is not None else flag_of(name)
 
 
 @dataclass(frozen=True)

@@ -453,8 +453,8 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
     notes.append(f"position embedding {position}: not priced (as for every model here: "
                  "rotary embeddings have no weights, learned ones are 0.02 % of GPT-3)")
     if _value(s, "add_bias_linear", bool, True):
-        notes.append("linear layers with biases (Megatron's default without "
-                     "--disable-bias-linear): biases are not priced")
+        notes.append(f"{s.spelled('add_bias_linear')}: linear layers with biases (Megatron's "
+                     "default): biases are not priced")
     vocab = _vocab(s, tp, notes)
     moe = _moe_spec(s, layers, ffn, notes)
     return ModelSpec(name=_model_name(s), num_layers=layers, hidden_size=hidden,
@@ -771,8 +771,8 @@ def _data_parallel(s: Settings, plan: dict[str, Any], notes: list[str], *,
         zero = 3 if _value(s, "torch_fsdp2_reshard_after_forward", bool, True) else 2
     plan["zero"] = zero
     if not zero:
-        notes.append(f"no {s.spelled('use_distributed_optimizer')}: optimizer state replicated "
-                     "on every data-parallel rank (Megatron-LM's default; ZeRO 0)")
+        notes.append(f"{s.spelled('use_distributed_optimizer')} off: optimizer state "
+                     "replicated on every data-parallel rank (Megatron-LM's default; ZeRO 0)")
     overlap = bool(_value(s, "overlap_grad_reduce", bool, False))
     if legacy and s.has("DDP_impl"):
         impl = _value(s, "DDP_impl", str, "local", choices=("local", "torch"))
@@ -783,7 +783,7 @@ def _data_parallel(s: Settings, plan: dict[str, Any], notes: list[str], *,
                          "or Megatron-FSDP (Megatron-LM rejects it otherwise)")
     plan.update(overlap_grad_reduce=overlap, overlap_param_gather=gather and zero in (1, 2))
     if not overlap:
-        notes.append(f"no {s.spelled('overlap_grad_reduce')}: gradients reduced after the "
+        notes.append(f"{s.spelled('overlap_grad_reduce')} off: gradients reduced after the "
                      "backward pass (Megatron-LM's default)")
     optimizer = _value(s, "optimizer", str, "adam")
     if optimizer != "adam":
@@ -822,8 +822,8 @@ def _stack(s: Settings, plan: dict[str, Any], notes: list[str], *, legacy: bool)
     sequence = bool(_value(s, "sequence_parallel", bool, False)) and plan["tp"] > 1
     plan["sequence_parallel"] = sequence
     if plan["tp"] > 1 and not sequence:
-        notes.append(f"no {s.spelled('sequence_parallel')} with TP {plan['tp']}: no sequence "
-                     "parallelism (Megatron-LM's default)")
+        notes.append(f"{s.spelled('sequence_parallel')} off with TP {plan['tp']}: no "
+                     "sequence parallelism (Megatron-LM's default)")
     if _value(s, "tp_comm_overlap", bool, False):
         if not sequence:
             raise ValueError(f"{s.spelled('tp_comm_overlap')}: needs sequence parallelism "
@@ -902,5 +902,5 @@ def _moe(s: Settings, plan: dict[str, Any], model: ModelSpec, notes: list[str]) 
     local_experts = model.moe.num_experts // plan["ep"] if model.moe.num_experts % plan["ep"] \
         == 0 else 0
     if local_experts > 1 and not _value(s, "moe_grouped_gemm", bool, False):
-        notes.append(f"no {s.spelled('moe_grouped_gemm')}: Megatron loops over the "
+        notes.append(f"{s.spelled('moe_grouped_gemm')} off: Megatron loops over the "
                      f"{local_experts} local experts; priced as one grouped GEMM")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Flag", "FLAGS", "destination"]
+__all__ = ["Flag", "FLAGS", "destination", "flag_of"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,14 @@ def destination(flag: str) -> str:
     underscores (argparse's rule) for flags not in :data:`FLAGS`."""
     entry = FLAGS.get(flag)
     return entry.dest if entry is not None else flag.lstrip("-").replace("-", "_")
+
+
+#: The first flag of each destination (``--disable-bias-linear`` for ``add_bias_linear``).
+_FLAG_OF: dict[str, str] = {}
+for _name, _flag in FLAGS.items():
+    _FLAG_OF.setdefault(_flag.dest, _name)
+
+
+def flag_of(dest: str) -> str:
+    """Megatron-LM's flag for a destination (its name with dashes when not in the table)."""
+    return _FLAG_OF.get(dest, "--" + dest.replace("_", "-"))

@@ -448,6 +448,7 @@ class _Reader:
                 "grad_reduce_in_fp32": self._grad_reduce_fp32,
                 "num_microbatches_with_partial_activation_checkpoints": self.refuse_set,
                 "vocab_size": self._bridge_vocab, "cp_comm_type": self._cp_comm_type,
+                "num_query_groups": self._query_groups,
                 "main_grads_dtype": self._dtype_name, "main_params_dtype": self._dtype_name,
                 "exp_avg_dtype": self._dtype_name, "exp_avg_sq_dtype": self._dtype_name}
             if section == "dataset":
