@@ -263,7 +263,6 @@ def test_comments_continuations_and_quotes_as_a_shell_reads_them(tmp_path):
     path.write_text("# a job\n" + " \\\n".join(BASE) + " \\\n  --wandb-exp-name 'a b'  # run\n")
     j = import_job(megatron_args=f"@{path} --tensor-model-parallel-size 2", gpus=16)
     assert j.plan["tp"] == 2 and "--wandb-exp-name" in j.ignored
-    assert j.source == "Megatron-LM arguments in job.args"
 
 
 def test_modelzoo_yaml_of_flags(tmp_path):

@@ -9,7 +9,7 @@ appears in the user's own file. :class:`ImportedJob` is what the mapping gives b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from strategies.model_spec import ModelSpec
@@ -90,6 +90,8 @@ class ImportedJob:
     assumed: tuple[str, ...] = field(default=())
 
     def notes(self) -> dict[str, Any]:
-        """What a result records of the import: source, ignored settings, assumptions."""
-        return {"source": self.source, "ignored": list(self.ignored),
-                "assumed": list(self.assumed)}
+        """What a result records of the import: source, the model it made of the job (its
+        shape, which a model's name alone does not say), ignored settings, assumptions."""
+        return {"source": self.source,
+                "model": None if self.model is None else asdict(self.model),
+                "ignored": list(self.ignored), "assumed": list(self.assumed)}

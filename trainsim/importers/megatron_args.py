@@ -44,7 +44,8 @@ _NNODES = ("--nnodes",)
 
 def read_arguments(arguments: str | Sequence[str], *,
                    base_dir: str | os.PathLike[str] | None = None) -> tuple[list[str], str]:
-    """The words of a Megatron-LM command line and a label of where they came from.
+    """The words of a Megatron-LM command line and a label of what they are (the same with or
+    without files, so a result re-run from the recorded words is bit for bit the same).
 
     Args:
         arguments: the command line as one string or a list of words; a word ``@FILE``
@@ -57,7 +58,6 @@ def read_arguments(arguments: str | Sequence[str], *,
     given = _words(arguments, "megatron-args") if isinstance(arguments, str) \
         else [str(word) for word in arguments]
     words: list[str] = []
-    files: list[str] = []
     for word in given:
         if not word.startswith("@"):
             words.append(word)
@@ -71,11 +71,9 @@ def read_arguments(arguments: str | Sequence[str], *,
             raise ValueError(f"megatron-args: {str(path)!r} cannot be read "
                              f"({problem.strerror}); give a file of Megatron-LM arguments"
                              ) from None
-        files.append(path.name)
         words += _yaml_words(content, path) if path.suffix.lower() in (".yaml", ".yml") \
             else _words(content, str(path))
-    label = "Megatron-LM arguments" + (f" in {', '.join(files)}" if files else "")
-    return words, label
+    return words, "Megatron-LM arguments"
 
 
 def _words(text: str, where: str) -> list[str]:
