@@ -146,6 +146,12 @@ IGNORED_PREFIXES = ("log_", "no_log_", "tensorboard_", "wandb_", "one_logger_", 
                     "biencoder_", "retriever_", "indexer_", "sft", "kitchen_", "bert_",
                     "profile_", "nccl_communicator_", "high_priority_stream_groups")
 
+_NO_ENCODER = "encoder-decoder models are not modelled (give --num-layers)"
+_ELEMENTWISE = ("the plan prices norms, activations and RoPE as fused or eager together "
+                "(plan field elementwise)")
+_TP_OVERLAP = ("the plan overlaps all TP collectives with userbuffers or none of them (plan "
+               "field tp_comm_overlap)")
+
 #: Settings refused when active: destination -> (inactive values, why).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "multi_latent_attention": ((False, None), "multi-head latent attention is not modelled "
@@ -159,42 +165,25 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
                                                  "modelled"),
     "is_hybrid_model": ((False, None), "Mamba hybrid models are not modelled"),
     "hybrid_override_pattern": ((None,), "Mamba hybrid models are not modelled"),
-    "encoder_num_layers": ((None,), "encoder-decoder models are not modelled (give "
-                           "--num-layers)"),
-    "decoder_num_layers": ((None,), "encoder-decoder models are not modelled (give "
-                           "--num-layers)"),
-    "decoder_seq_length": ((None,), "encoder-decoder models are not modelled"),
+    **{name: ((None,), _NO_ENCODER) for name in ("encoder_num_layers", "decoder_num_layers",
+                                                 "decoder_seq_length")},
     "yaml_cfg": ((None,), "it replaces every other argument with a file trainsim does not "
                  "read; give its arguments instead"),
     "batch_size": ((None,), "it was removed from Megatron-LM; give --micro-batch-size"),
     "model_parallel_size": ((None,), "it was removed from Megatron-LM; give "
                             "--tensor-model-parallel-size"),
-    "distribute_saved_activations": ((False, None), "the plan has no field for recomputed "
-                                     "activations split over TP"),
-    "distribute_checkpointed_activations": ((False, None), "the plan has no field for "
-                                            "recomputed activations split over TP"),
+    **{name: ((False, None), "the plan has no field for recomputed activations split over "
+              "TP") for name in ("distribute_saved_activations",
+                                 "distribute_checkpointed_activations")},
     "deterministic_mode": ((False, None), "deterministic kernels are not modelled"),
     "fp32_residual_connection": ((False, None), "fp32 residuals are not modelled"),
     "gradient_accumulation_fusion": ((True, None), "the plan has no field for weight "
                                      "gradients accumulated by a separate kernel"),
-    "bias_gelu_fusion": ((True, None), "the plan prices norms, activations and RoPE as "
-                         "fused or eager together (plan field elementwise)"),
-    "bias_swiglu_fusion": ((True, None), "the plan prices norms, activations and RoPE as "
-                           "fused or eager together (plan field elementwise)"),
-    "bias_dropout_fusion": ((True, None), "the plan prices norms, activations and RoPE as "
-                            "fused or eager together (plan field elementwise)"),
-    "tp_comm_overlap_ag": ((True, None), "the plan overlaps every TP collective with "
-                           "userbuffers or none (plan field tp_comm_overlap)"),
-    "tp_comm_overlap_rs": ((True, None), "the plan overlaps every TP collective with "
-                           "userbuffers or none (plan field tp_comm_overlap)"),
-    "tp_comm_bulk_dgrad": ((True, None), "the plan overlaps every TP collective with "
-                           "userbuffers or none (plan field tp_comm_overlap)"),
-    "tp_comm_bulk_wgrad": ((True, None), "the plan overlaps every TP collective with "
-                           "userbuffers or none (plan field tp_comm_overlap)"),
-    "tp_comm_split_ag": ((True, None), "the plan overlaps every TP collective with "
-                         "userbuffers or none (plan field tp_comm_overlap)"),
-    "tp_comm_split_rs": ((True, None), "the plan overlaps every TP collective with "
-                         "userbuffers or none (plan field tp_comm_overlap)"),
+    **{name: ((True, None), _ELEMENTWISE) for name in ("bias_gelu_fusion", "bias_swiglu_fusion",
+                                                       "bias_dropout_fusion")},
+    **{name: ((True, None), _TP_OVERLAP) for name in (
+        "tp_comm_overlap_ag", "tp_comm_overlap_rs", "tp_comm_bulk_dgrad", "tp_comm_bulk_wgrad",
+        "tp_comm_split_ag", "tp_comm_split_rs")},
     "align_grad_reduce": ((True, None), "the plan has no field for unaligned gradient "
                           "reductions across pipeline stages"),
     "scatter_gather_tensors_in_pipeline": ((True, None), "the plan has no field for "
