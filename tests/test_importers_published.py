@@ -239,3 +239,26 @@ def test_nemo_recipe_settings_land_in_the_plan(catalog, tmp_path):
         assert p["dtype"] == row["dtype"]
         # Megatron-Bridge pads the vocabulary to 128 x TP (published.py keeps models.csv's)
         assert job.model.vocab_size % (128 * p["tp"]) == 0
+
+
+# --------------------------------------------------------------------------- NeMo 2
+
+
+def test_nemo2_recipe_dump_takes_its_shape_from_model_and_the_rest_from_the_file():
+    from strategies.models import load_model
+
+    path = FIXTURES / "nemo2_llama3_8b.yaml"
+    expect_one_line_error(lambda: import_job(nemo_config=path), "--num-layers",
+                          "Llama3Config8B", "--model")
+    job = import_job(nemo_config=path, model=load_model("llama3-8b"))
+    recipe = next(r for r in published.load_nemo_recipes() if (
+        r["task"], r["model"], r["size"], r["system"], r["dtype"]) ==
+        ("pre_train", "llama3", "8b", "h100", "bf16"))
+    p = job.plan
+    assert (p["tp"], p["pp"], p["cp"], p["micro_batch"], p["global_batch"], p["seq_len"]) \
+        == tuple(int(float(recipe[k])) for k in ("tp_size", "pp_size", "cp_size", "mbs",
+                                                 "gbs", "seq_len"))
+    assert job.gpus == int(float(recipe["num_gpus"]))  # trainer.num_nodes x devices
+    assert (p["zero"], p["overlap_grad_reduce"], p["overlap_param_gather"],
+            p["grad_reduce_dtype"], p["cross_entropy"]) == (1, True, True, "fp32", "fused")
+    assert "optim.config.lr" in job.ignored and "trainer.max_steps" in job.ignored

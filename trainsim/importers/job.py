@@ -40,6 +40,8 @@ class Settings:
             memory (logging, checkpoint paths, data, seeds, learning-rate schedules).
         notes: what the front end itself assumed (e.g. a tokenizer's default).
         gpus: GPUs the job ran on, when the job says (a launcher's nodes x devices).
+        shape_hint: what to do when the job gives no model shape (a NeMo 2 recipe keeps it
+            in a config class trainsim does not import), or empty.
         read: destinations the mapping has read (:meth:`get`), so it can refuse a setting
             nothing read.
     """
@@ -49,6 +51,7 @@ class Settings:
     ignored: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     gpus: int | None = None
+    shape_hint: str = ""
     read: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def has(self, name: str) -> bool:

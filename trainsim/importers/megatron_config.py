@@ -402,6 +402,9 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
         ValueError: a missing size, a tokenizer whose vocabulary trainsim cannot know, or
             a MoE layout a ModelSpec cannot express (one line).
     """
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if s.get(name) is None and s.shape_hint:
+            raise ValueError(f"{s.spelled(name)}: missing from {s.source}; {s.shape_hint}")
     layers = _required(s, "num_layers")
     hidden = _required(s, "hidden_size")
     heads = _required(s, "num_attention_heads")

@@ -101,6 +101,9 @@ _RENAMED = {"num_moe_experts": "num_experts", "fp8_param": "fp8_param_gather",
             "encoder_seq_length": "seq_length", "ub_tp_comm_overlap": "tp_comm_overlap",
             "bias": "add_bias_linear", "layernorm_epsilon": "norm_epsilon"}
 
+#: Sections of a Megatron-Bridge ConfigContainer read, in the order later ones win.
+_BRIDGE_SECTIONS = ("model", "train", "optimizer", "ddp", "dist", "comm_overlap",
+                    "mixed_precision", "dataset")
 _TORCH_DTYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float16": "fp16",
                  "torch.float": "fp32", "torch.half": "fp16", "torch.uint8": "fp8"}
 _PRECISIONS = {"bf16": "bf16", "bf16-mixed": "bf16", "bf16-true": "bf16", "16": "fp16",
@@ -161,9 +164,10 @@ class _Reader:
     def set(self, dest: str, value: Any, spelled: str) -> None:
         self.values[dest] = Setting(value, spelled)
 
-    def settings(self, source: str, gpus: int | None) -> Settings:
+    def settings(self, source: str, gpus: int | None, shape_hint: str = "") -> Settings:
         return Settings(values=self.values, source=f"{source} {self.name}",
-                        ignored=tuple(self.ignored), notes=tuple(self.notes), gpus=gpus)
+                        ignored=tuple(self.ignored), notes=tuple(self.notes), gpus=gpus,
+                        shape_hint=shape_hint)
 
     def resolve(self, value: Any, where: tuple[str, ...], spelled: str) -> Any:
         """A value with OmegaConf interpolations resolved (those a mapped key uses)."""
@@ -426,52 +430,54 @@ class _Reader:
 
     # ----------------------------------------------------------------- Megatron-Bridge
 
-    def bridge(self, gpus: int | None = None, source: str = "Megatron-Bridge config"
-               ) -> Settings:
+    def bridge(self) -> Settings:
         root = self.root
-        order = ("model", "train", "optimizer", "ddp", "dist", "comm_overlap",
-                 "mixed_precision", "dataset")
-        for section in order:
-            value = root.get(section)
-            if value is None:
-                continue
-            if section == "mixed_precision" and isinstance(value, str):
-                self._mixed_precision_name(value, section)
-                continue
-            if not isinstance(value, dict):
-                raise ValueError(f"{section}: {value!r} is not valid; give a section")
-            special: dict[str, Callable[[Any, str], None]] = {
-                "activation_func": self._activation_func,
-                "gated_linear_unit": self._gated,
-                "share_embeddings_and_output_weights": self._shared_embeddings,
-                "bias_activation_fusion": self._bias_activation,
-                "grad_reduce_in_fp32": self._grad_reduce_fp32,
-                "num_microbatches_with_partial_activation_checkpoints": self.refuse_set,
-                "vocab_size": self._bridge_vocab, "cp_comm_type": self._cp_comm_type,
-                "num_query_groups": self._query_groups,
-                "main_grads_dtype": self._dtype_name, "main_params_dtype": self._dtype_name,
-                "exp_avg_dtype": self._dtype_name, "exp_avg_sq_dtype": self._dtype_name}
-            if section == "dataset":
-                special = {"seq_length": self._dataset_seq}
-                self.take({k: v for k, v in value.items() if k == "seq_length"},
-                          (section,), special)
-                self.ignored += [f"{section}.{k}" for k in value if k != "seq_length"]
-                continue
-            self.take({k: v for k, v in value.items() if k != "_target_"}, (section,), special)
         if root.get("peft") is not None:
             raise ValueError(f"peft: {root['peft']!r} is refused: parameter-efficient "
                              "fine-tuning is not modelled")
         for section in root:
-            if section not in order and section != "peft":
+            if section not in _BRIDGE_SECTIONS and section != "peft":
                 if section not in _IGNORED_SECTIONS and not _inactive(root[section]):
                     raise ValueError(f"{section}: is not a section trainsim knows; remove it "
                                      "if it has no effect on step time or memory")
                 self.ignored.append(section)
-        if "should_pad_vocab" in root.get("model", {}) and \
-                root["model"]["should_pad_vocab"] is False and "vocab_size" in self.values:
+        parts = [(name, root[name], (name,)) for name in _BRIDGE_SECTIONS
+                 if root.get(name) is not None]
+        return self.sections(parts, None, "Megatron-Bridge config")
+
+    def sections(self, parts: list[tuple[str, Any, tuple[str, ...]]], gpus: int | None,
+                 source: str, shape_hint: str = "") -> Settings:
+        """Read Megatron-Bridge-style sections: (kind, table, where it sits in the file)."""
+        special: dict[str, Callable[[Any, str], None]] = {
+            "activation_func": self._activation_func, "gated_linear_unit": self._gated,
+            "share_embeddings_and_output_weights": self._shared_embeddings,
+            "bias_activation_fusion": self._bias_activation,
+            "grad_reduce_in_fp32": self._grad_reduce_fp32,
+            "num_microbatches_with_partial_activation_checkpoints": self.refuse_set,
+            "vocab_size": self._bridge_vocab, "cp_comm_type": self._cp_comm_type,
+            "num_query_groups": self._query_groups,
+            "main_grads_dtype": self._dtype_name, "main_params_dtype": self._dtype_name,
+            "exp_avg_dtype": self._dtype_name, "exp_avg_sq_dtype": self._dtype_name}
+        pad = True
+        for kind, value, where in parts:
+            spelled = ".".join(where)
+            if kind == "mixed_precision" and isinstance(value, str):
+                self._mixed_precision_name(value, spelled)
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"{spelled}: {value!r} is not valid; give a section")
+            if kind == "dataset":
+                self.take({k: v for k, v in value.items() if k == "seq_length"}, where,
+                          {"seq_length": self._dataset_seq})
+                self.ignored += [f"{spelled}.{k}" for k in value if k != "seq_length"]
+                continue
+            if kind == "model" and value.get("should_pad_vocab") is False:
+                pad = False
+            self.take({k: v for k, v in value.items() if k != "_target_"}, where, special)
+        if not pad and "vocab_size" in self.values:  # the vocabulary used as given
             setting = self.values.pop("vocab_size")
             self.set("padded_vocab_size", setting.value, setting.spelled)
-        return self.settings(source, gpus)
+        return self.settings(source, gpus, shape_hint)
 
     def _activation_func(self, value: Any, spelled: str) -> None:
         name = str(value).rsplit(".", 1)[-1]
@@ -523,40 +529,49 @@ class _Reader:
 
     def nemo2(self) -> Settings:
         root = self.root
-        trainer = root["trainer"]
-        strategy = dict(trainer["strategy"])
-        model_config = root["model"].get("config", {}) if isinstance(root["model"], dict) else {}
-        if not isinstance(model_config, dict):
+        trainer, model = root["trainer"], root["model"]
+        strategy = trainer["strategy"]
+        config = model.get("config") or {}
+        if not isinstance(config, dict):
             raise ValueError("model.config: is not a section; give the model's config")
-        sections: dict[str, Any] = {"model": {k: v for k, v in model_config.items()}}
-        ddp = strategy.pop("ddp", None)
-        sections["model"].update({k: v for k, v in strategy.items() if not k.startswith("ckpt")
-                                  and k not in ("_target_", "pipeline_dtype")})
-        if isinstance(ddp, dict):
-            sections["ddp"] = ddp
+        parts: list[tuple[str, Any, tuple[str, ...]]] = [
+            ("model", config, ("model", "config")),
+            ("model", {k: v for k, v in strategy.items() if k not in ("ddp", "_target_")
+                       and not k.startswith("ckpt")}, ("trainer", "strategy"))]
+        self.ignored += [f"trainer.strategy.{k}" for k in strategy if k.startswith("ckpt")]
+        if isinstance(strategy.get("ddp"), dict):
+            parts.append(("ddp", strategy["ddp"], ("trainer", "strategy", "ddp")))
         data = root.get("data") or {}
-        sections["train"] = {k: data[k] for k in ("micro_batch_size", "global_batch_size")
-                             if k in data}
-        if "seq_length" in data:
-            sections["dataset"] = {"seq_length": data["seq_length"]}
+        batch = ("micro_batch_size", "global_batch_size")
+        parts.append(("train", {k: data[k] for k in batch if k in data}, ("data",)))
+        parts.append(("dataset", {k: v for k, v in data.items() if k not in batch},
+                      ("data",)))
         optim = root.get("optim") or {}
         if isinstance(optim.get("config"), dict):
-            sections["optimizer"] = optim["config"]
+            parts.append(("optimizer", optim["config"], ("optim", "config")))
+        self.ignored += [f"optim.{k}" for k in optim if k != "config"]
         plugins = trainer.get("plugins")
-        for plugin in plugins if isinstance(plugins, list) else [plugins]:
+        for i, plugin in enumerate(plugins if isinstance(plugins, list) else [plugins]):
+            where = ("trainer", "plugins") if not isinstance(plugins, list) else \
+                ("trainer", "plugins", str(i))
             if isinstance(plugin, dict) and "precision" in plugin:
-                mixed = {k: v for k, v in plugin.items() if k not in ("precision", "_target_")}
-                self.precision(plugin["precision"], "trainer.plugins.precision")
-                sections["mixed_precision"] = mixed
-        for callback in trainer.get("callbacks") or []:
+                self.precision(plugin["precision"], ".".join((*where, "precision")))
+                parts.append(("mixed_precision", {k: v for k, v in plugin.items()
+                                                  if k != "precision"}, where))
+        for i, callback in enumerate(trainer.get("callbacks") or []):
+            where = ("trainer", "callbacks", str(i))
             if isinstance(callback, dict) and "CommOverlap" in str(callback.get("_target_")):
-                sections["comm_overlap"] = {k: v for k, v in callback.items() if k != "_target_"}
-        shape = ("num_layers", "hidden_size", "num_attention_heads")
-        if not all(k in sections["model"] for k in shape):
-            self.notes.append(f"model.config._target_ {model_config.get('_target_')!r}: its "
-                              "shape lives in the class defaults")
-        self.root = sections
-        return self.bridge(self.gpus(trainer), "NeMo 2 recipe")
+                parts.append(("comm_overlap", callback, where))
+            else:
+                self.ignored.append(".".join(where))
+        self.ignored += [f"trainer.{k}" for k in trainer
+                         if k not in ("strategy", "plugins", "callbacks", "num_nodes",
+                                      "devices")]
+        self.ignored += [k for k in root if k not in ("model", "trainer", "data", "optim")]
+        self.ignored += [f"model.{k}" for k in model if k != "config"]
+        hint = (f"the shape of model.config._target_ {config.get('_target_')!r} lives in "
+                "its class defaults, which trainsim does not import; give --model")
+        return self.sections(parts, self.gpus(trainer), "NeMo 2 recipe", hint)
 
 
 def _split_args(text: str) -> list[str]:
