@@ -381,3 +381,47 @@ def test_a_model_given_apart_replaces_the_jobs_shape():
                                   "--num-layers-per-virtual-pipeline-stage", "4"],
                    gpus=16, model=spec)
     assert j.model is spec and j.plan["vpp"] == 4  # 32 layers / 2 ranks / 4 per stage
+
+
+# --------------------------------------------------------------------------- malformed YAML
+
+
+@pytest.mark.parametrize("text, words", [
+    ("- a list\n", ["nemo-config", "'model'"]),
+    ("model: [1]\n", ["nemo-config", "'model'"]),
+    ("model: {num_layers: 2}\ntrainer: [1]\n", ["trainer"]),
+    ("model: {ffn_hidden_size: '${.nope}'}\n", ["model.ffn_hidden_size", "nope"]),
+    ("model: {ffn_hidden_size: '${multiply:4, ${.x}}', x: abc}\n",
+     ["model.ffn_hidden_size", "not a number"]),
+    ("model: {ffn_hidden_size: '${.a}', a: '${.b}', b: '${.a}'}\n",
+     ["model.ffn_hidden_size", "itself"]),
+    ("trainer: {precision: 8}\nmodel: {num_layers: 2}\n", ["trainer.precision"]),
+    ("model: {optim: {name: sgd}}\n", ["model.optim.name", "refused"]),
+    ("model: {optim: {name: distributed_fused_adam, bucket_cap_mb: lots}}\n",
+     ["model.optim.bucket_cap_mb"]),
+    ("model: {activation: relu6}\n", ["model.activation", "refused"]),
+    ("model: {not_a_key: 7}\n", ["model.not_a_key", "not a setting"]),
+    ("model: {megatron_amp_O2: false}\n", ["model.megatron_amp_O2", "refused"]),
+    ("model: {num_layers: 2}\ntrain: {}\nbogus: {x: 1}\n", ["bogus", "section"]),
+    ("model: {num_layers: 2}\ntrain: {}\npeft: {dim: 8}\n", ["peft", "refused"]),
+    ("{unclosed: [\n", ["nemo-config", "YAML"]),
+])
+def test_malformed_nemo_yaml_is_one_line_naming_the_key(tmp_path, text, words):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    expect_one_line_error(lambda: import_job(nemo_config=path, gpus=8), *words)
+
+
+def test_nemo_interpolations_resolve_relative_and_absolute(tmp_path):
+    text = ("trainer: {num_nodes: 2, devices: 8, precision: bf16-mixed}\n"
+            "model:\n  hidden_size: 1024\n  ffn_hidden_size: ${multiply:4, ${.hidden_size}}\n"
+            "  num_layers: ${training.model.num_attention_heads}\n"
+            "  num_attention_heads: 16\n  encoder_seq_length: 2048\n"
+            "  micro_batch_size: 1\n  global_batch_size: 16\n"
+            "  tokenizer: {library: megatron, type: GPT2BPETokenizer}\n"
+            "  optim: {name: fused_adam}\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    j = import_job(nemo_config=path)
+    assert (j.model.ffn_hidden_size, j.model.num_layers, j.gpus) == (4096, 16, 16)
+    assert j.plan["zero"] == 0 and j.plan["dtype"] == "bf16"

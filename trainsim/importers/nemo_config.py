@@ -169,46 +169,47 @@ class _Reader:
                         ignored=tuple(self.ignored), notes=tuple(self.notes), gpus=gpus,
                         shape_hint=shape_hint)
 
-    def resolve(self, value: Any, where: tuple[str, ...], spelled: str) -> Any:
-        """A value with OmegaConf interpolations resolved (those a mapped key uses)."""
+    def resolve(self, value: Any, where: tuple[str, ...], spelled: str, depth: int = 0
+                ) -> Any:
+        """A value with OmegaConf interpolations resolved (those a mapped key uses);
+        ``where`` is the path of the node holding the key."""
         if isinstance(value, dict) and "_target_" in value:
             target = str(value["_target_"])
             return _TORCH_DTYPES.get(target, target)
         if not isinstance(value, str) or "${" not in value:
             return value
         match = re.fullmatch(r"\$\{(.*)\}", value.strip())
-        if match is None:
-            raise ValueError(f"{spelled}: {value!r} mixes text and interpolation; give a value")
+        if match is None or depth > 16:
+            raise ValueError(f"{spelled}: {value!r} mixes text and interpolation or refers to "
+                             "itself; give a value")
         inner = match.group(1).strip()
         if inner.startswith("multiply:"):
             product = 1
             for part in _split_args(inner[len("multiply:"):]):
-                factor = self.resolve(part.strip(), where, spelled)
-                if isinstance(factor, str):
-                    factor = float(factor) if "." in factor else int(factor)
-                product *= factor
+                factor = self.resolve(part.strip(), where, spelled, depth + 1)
+                try:
+                    if isinstance(factor, str):
+                        factor = float(factor) if "." in factor else int(factor)
+                    product *= factor
+                except (TypeError, ValueError):
+                    raise ValueError(f"{spelled}: {value!r} multiplies {factor!r}, which is not "
+                                     "a number; give the value") from None
             return product
         if inner.startswith("."):
-            depth = len(inner) - len(inner.lstrip("."))
             # ${.x} is a key of the same node, ${..x} of its parent
-            node: Any = self.node(where[:len(where) - depth + 1])
-            keys = inner.lstrip(".").split(".")
+            up = len(inner) - len(inner.lstrip(".")) - 1
+            path = (*where[:len(where) - up], *inner.lstrip(".").split("."))
         else:
-            node, keys = self.root, inner.split(".")
-            if keys[0] == "training" and "training" not in self.root:
-                keys = keys[1:]
-        for key in keys:
+            path = tuple(inner.split("."))
+            if path[0] == "training" and "training" not in self.root:
+                path = path[1:]
+        node: Any = self.root
+        for key in path:
             if not isinstance(node, dict) or key not in node:
                 raise ValueError(f"{spelled}: {value!r} refers to {inner!r}, which the file does "
                                  "not hold; give the value")
             node = node[key]
-        return self.resolve(node, tuple(keys[:-1]), spelled)
-
-    def node(self, path: tuple[str, ...]) -> Any:
-        node: Any = self.root
-        for key in path:
-            node = node[key]
-        return node
+        return self.resolve(node, path[:-1], spelled, depth + 1)
 
     def take(self, section: Mapping[str, Any], where: tuple[str, ...],
              special: Mapping[str, Callable[[Any, str], None]] | None = None) -> None:
@@ -262,6 +263,8 @@ class _Reader:
 
     def nemo1(self) -> Settings:
         model, trainer = self.root["model"], self.root.get("trainer") or {}
+        if not isinstance(trainer, dict):
+            raise ValueError(f"trainer: {trainer!r} is not valid; give the trainer section")
         accumulate = trainer.get("accumulate_grad_batches", 1)
         if accumulate != 1:
             raise ValueError(f"trainer.accumulate_grad_batches: {accumulate!r} is refused: "
@@ -396,7 +399,11 @@ class _Reader:
                               "state's dtype, fp32")
         if "bucket_cap_mb" in value and apex:
             # Apex buckets hold bucket_cap_mb MiB of gradients in the reduction dtype
-            bytes_ = int(float(value["bucket_cap_mb"]) * 2**20)
+            cap = value["bucket_cap_mb"]
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
+                raise ValueError(f"{spelled}.bucket_cap_mb: {cap!r} is not valid; give a "
+                                 "number of MiB > 0")
+            bytes_ = int(cap * 2**20)
             grad_bytes = 2 if sync in ("bf16", "fp16") else 4
             self.set("ddp_bucket_size", bytes_ // grad_bytes, f"{spelled}.bucket_cap_mb")
         if apex and value.get("store_params") is not True and \
