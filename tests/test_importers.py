@@ -10,7 +10,7 @@ import pytest
 
 from conftest import expect_one_line_error
 from trainsim.importers import import_job
-from trainsim.importers.megatron_config import APPROXIMATED, IGNORED, REFUSED
+from trainsim.importers.setting_kinds import APPROXIMATED, IGNORED, REFUSED
 from trainsim.importers.megatron_flags import FLAGS
 from trainsim.importers.patterns import layer_pattern, moe_layout, pipeline_layout
 

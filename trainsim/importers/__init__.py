@@ -4,10 +4,14 @@
 * :mod:`~trainsim.importers.nemo_config`: a NeMo 1 launcher training YAML, or a NeMo 2 /
   Megatron-Bridge recipe configuration dumped as YAML;
 * :mod:`~trainsim.importers.megatron_config`: the one mapping both use, from Megatron-LM
-  settings to a ModelSpec and ParallelPlan fields, with Megatron's own defaults, the
-  settings without effect listed as ignored and the ones trainsim cannot model refused;
+  settings (:mod:`~trainsim.importers.job`) to ParallelPlan fields, with Megatron's own
+  defaults; :mod:`~trainsim.importers.megatron_model` makes the ModelSpec;
+* :mod:`~trainsim.importers.setting_kinds`: the settings without effect (listed as
+  ignored), those trainsim cannot model (refused) and those it approximates;
+  :mod:`~trainsim.importers.megatron_flags`: how Megatron-LM parses each flag;
 * :mod:`~trainsim.importers.patterns`: Megatron's layer-pattern and pipeline-layout
-  strings.
+  strings; :mod:`~trainsim.importers.planning`: an imported job as ``trainsim plan``'s
+  starting point.
 
 :func:`import_job` is the entry point the scenario resolution (``trainsim.resolve``) and
 the commands use.

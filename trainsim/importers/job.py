@@ -10,7 +10,7 @@ appears in the user's own file. :class:`ImportedJob` is what the mapping gives b
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from strategies.model_spec import ModelSpec
 
@@ -70,6 +70,52 @@ class Settings:
 
         setting = self.values.get(name)
         return setting.spelled if setting is not None else flag_of(name)
+
+    def value(self, name: str, kind: Callable, default: Any = None, *,
+              minimum: int | None = None, choices: tuple = ()) -> Any:
+        """A setting checked for its type (``int``, ``float``, ``bool`` or ``str``), range
+        and choices; ``default`` when the job does not give it (or gives null).
+
+        Raises:
+            ValueError: one line naming the setting as the job spells it.
+        """
+        value = self.get(name)
+        if value is None:
+            return default
+        spelled = self.spelled(name)
+        if kind is int:
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{spelled}: {value!r} is not valid; give a whole number")
+            if minimum is not None and value < minimum:
+                raise ValueError(f"{spelled}: {value} is not valid; give a whole number >= "
+                                 f"{minimum}")
+        elif kind is float:
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{spelled}: {value!r} is not valid; give a number") from None
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{spelled}: {value!r} is not valid; give true or false")
+        elif kind is str and not isinstance(value, str):
+            raise ValueError(f"{spelled}: {value!r} is not valid; give a name")
+        if choices and value not in choices:
+            raise ValueError(f"{spelled}: {value!r} is not valid; valid: "
+                             f"{', '.join(map(str, choices))}")
+        return value
+
+    def required(self, name: str, kind: Callable = int) -> Any:
+        """A setting Megatron-LM requires (a whole number >= 1 by default), checked.
+
+        Raises:
+            ValueError: one line naming it when it is missing or invalid.
+        """
+        if self.get(name) is None:
+            raise ValueError(f"{self.spelled(name)}: missing from {self.source}; Megatron-LM "
+                             "requires it (give it)")
+        return self.value(name, kind, minimum=1 if kind is int else None)
 
 
 @dataclass(frozen=True)

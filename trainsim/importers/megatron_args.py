@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import yaml
 
 from trainsim.importers.job import Setting, Settings
-from trainsim.importers.megatron_config import is_ignored
+from trainsim.importers.setting_kinds import is_ignored
 from trainsim.importers.megatron_flags import FLAGS, Flag, destination
 
 __all__ = ["canonical_arguments", "read_arguments", "relative_files", "settings_from_arguments"]
@@ -67,10 +67,10 @@ def read_arguments(arguments: str | Sequence[str], *,
             path = Path(base_dir) / path
         try:
             content = path.read_text(encoding="utf-8")
-        except OSError as problem:
-            raise ValueError(f"megatron-args: {str(path)!r} cannot be read "
-                             f"({problem.strerror}); give a file of Megatron-LM arguments"
-                             ) from None
+        except (OSError, UnicodeDecodeError) as problem:
+            why = getattr(problem, "strerror", None) or "not UTF-8 text"
+            raise ValueError(f"megatron-args: {str(path)!r} cannot be read ({why}); give a "
+                             "file of Megatron-LM arguments") from None
         words += _yaml_words(content, path) if path.suffix.lower() in (".yaml", ".yml") \
             else _words(content, str(path))
     return words, "Megatron-LM arguments"

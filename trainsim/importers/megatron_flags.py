@@ -11,7 +11,7 @@ Kinds: ``on`` (``store_true``), ``off`` (``store_false``: the flag stores False)
 (one value), ``many`` (one or more values; ``nargs='+'``/``'*'``).
 
 Flags not listed here are either without effect on step time or memory (the lists of
-:mod:`trainsim.importers.megatron_config`, matched by destination) or unknown, and
+:mod:`trainsim.importers.setting_kinds`, matched by destination) or unknown, and
 refused.
 """
 

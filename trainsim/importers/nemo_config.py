@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from trainsim.importers.job import Setting, Settings
-from trainsim.importers.megatron_config import is_ignored
+from trainsim.importers.setting_kinds import is_ignored
 from trainsim.importers.megatron_flags import FLAGS
 
 __all__ = ["settings_from_nemo"]
