@@ -40,6 +40,7 @@ from hardware.catalog import load_cluster
 from hardware.spec import ClusterSpec
 from sim.analytic_step import PricingCache
 from sim.step import simulate_step
+from sim.step_bands import band_shares
 from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import ModelSpec, MoESpec
@@ -387,8 +388,11 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     ``gpus``, ``published_step_s``, ``simulated_step_s``, ``error`` (relative),
     ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
     ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``), ``reason``
-    (the assumptions, or why the row was not compared) and ``settings`` (framework
-    settings applied; :class:`Scenario`). ``preset_overrides``: as :func:`scenario_for`.
+    (the assumptions, or why the row was not compared), ``settings`` (framework
+    settings applied; :class:`Scenario`), ``gpu_name`` (the preset's GPU) and
+    ``share_<component>`` (each component's share of the simulated step,
+    :func:`sim.step_bands.band_shares`: what the prediction band is fitted on).
+    ``preset_overrides``: as :func:`scenario_for`.
     """
     models = load_models() if models is None else models
     roles = load_roles() if roles is None else roles
@@ -416,6 +420,10 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
             row["fits"] = result.peak_memory_bytes <= scenario.cluster.gpu.hbm_bytes
             row["reason"] = "; ".join(scenario.assumptions)
             row["settings"] = "; ".join(scenario.settings)
+            row["gpu_name"] = scenario.cluster.gpu.name
+            shares = band_shares(result.breakdown, result.step_time_s,
+                                 dtype=scenario.plan.dtype, moe=scenario.model.moe is not None)
+            row.update({f"share_{name}": value for name, value in shares.items()})
             published = run.published_step_time_s
             if published is None:
                 published = _step_from_flop_rate(run, scenario)
