@@ -40,6 +40,7 @@ from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_step import PricingCache, analytic_step
 from sim.engine import Engine
+from sim.step_bands import StepBand, band_shares, step_band
 from sim.timeline import Timeline
 from strategies import model_costs
 from strategies.collectives.catalog import ALGORITHMS
@@ -80,6 +81,9 @@ class StepResult:
             slowdown (seconds and fraction) and the critical rank.
         embedded: what the application layer records for reproducibility (its
             resolved ``scenario`` and ``trainsim_version``); added to ``to_dict()``.
+        band: the 80 % prediction band of the step a real run would measure
+            (:mod:`sim.step_bands`); ``step_time_p10_s``, ``step_time_p50_s`` and
+            ``step_time_p90_s`` read it.
     """
 
     step_time_s: float
@@ -97,11 +101,31 @@ class StepResult:
     stats: dict[str, int] = field(default_factory=dict)
     perturbation_cost: dict[str, object] | None = None
     embedded: dict[str, object] | None = field(default=None, repr=False)
+    band: StepBand | None = field(default=None, repr=False)
+
+    @property
+    def step_time_p10_s(self) -> float:
+        """The step a real run beats one time in ten (seconds; the step if no band)."""
+        return self.band.p10_s if self.band else self.step_time_s
+
+    @property
+    def step_time_p50_s(self) -> float:
+        """The median step a real run would measure (seconds)."""
+        return self.band.p50_s if self.band else self.step_time_s
+
+    @property
+    def step_time_p90_s(self) -> float:
+        """The step a real run exceeds one time in ten (seconds)."""
+        return self.band.p90_s if self.band else self.step_time_s
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable summary (no timeline)."""
         return {
             "step_time_s": self.step_time_s,
+            "step_time_p10_s": self.step_time_p10_s,
+            "step_time_p50_s": self.step_time_p50_s,
+            "step_time_p90_s": self.step_time_p90_s,
+            **({"band_terms": dict(self.band.terms)} if self.band else {}),
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
@@ -198,9 +222,9 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
 
         # No closed form for parameter servers: ``analytic`` replays them at
         # ``event`` fidelity, and the result records that.
-        return simulate_ps_step(model, cluster, plan,
-                                fidelity="event" if fidelity == "analytic" else fidelity,
-                                check_memory=check_memory, compute=compute)
+        return with_band(simulate_ps_step(
+            model, cluster, plan, fidelity="event" if fidelity == "analytic" else fidelity,
+            check_memory=check_memory, compute=compute), model, cluster, plan)
     if fidelity not in STEP_FIDELITIES:
         raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(STEP_FIDELITIES)}")
     layout = job_layout(cluster, plan.world_size)
@@ -227,7 +251,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             result.perturbation_cost = _perturbation_cost(
                 result.step_time_s, int(result.inputs["critical_rank"]), model, cluster, plan,
                 fidelity, compute)
-        return result
+        return with_band(result, model, cluster, plan)
     lowering = lowerer.lower(distinct=sorted(applied.distinct), mirrors=fidelity == "flow")
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
@@ -245,7 +269,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     # collective), the one that computed longest: a straggler when there is one.
     critical = max(present, key=lambda r: (ends.get(r, 0), by_rank[r]["compute"], -r))
     step_s = step_ns / 1e9
-    return StepResult(
+    return with_band(StepResult(
         step_time_s=step_s,
         **throughput(model, cluster, plan, step_s),
         peak_memory_bytes=int(max(m.total_bytes for m in memory.values())),
@@ -261,7 +285,20 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         stats=dict(result.stats),
         perturbation_cost=(_perturbation_cost(step_s, critical, model, cluster, plan, fidelity,
                                               compute) if perturbations else None),
-    )
+    ), model, cluster, plan)
+
+
+def with_band(result: StepResult, model: ModelSpec, cluster: ClusterSpec,
+              plan: ParallelPlan) -> StepResult:
+    """``result`` with its prediction band (:func:`sim.step_bands.step_band`) from its
+    breakdown, the plan's dtype, the model's kind and the job's GPU count; a step of
+    no time gets none."""
+    if result.step_time_s > 0:
+        shares = band_shares(result.breakdown, result.step_time_s, dtype=plan.dtype,
+                             moe=model.moe is not None)
+        result.band = step_band(result.step_time_s, shares, gpus=plan.world_size,
+                                gpu_name=cluster.gpu.name)
+    return result
 
 
 def _perturbation_cost(step_s: float, critical: int, model: ModelSpec, cluster: ClusterSpec,

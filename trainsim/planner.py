@@ -17,7 +17,10 @@ The search, in order (each step says how many candidates it drops and why):
    closed-form step model, ~0.05-0.2 s per plan), ranked, and the best ``top`` are
    simulated again at the final fidelity (``event``, the SimPy replay) and re-ranked.
    Ranking is by days to train including failure goodput (effective tokens/s when no
-   token target is given), or by cost.
+   token target is given), or by cost, both at the **median** of the step's prediction
+   band (:mod:`sim.step_bands`); the lower bound prunes by simulated step time.
+   A plan whose 80 % band overlaps the best plan's is marked ``tied_with_best``: the
+   simulator cannot tell them apart.
 
 Failure goodput: the failure profile (``llama3-h100`` by default) gives the job's MTBF at
 its GPU count; the checkpoint interval is Young-Daly ``sqrt(2 C M)`` for the model's
@@ -408,7 +411,10 @@ class PlanReport:
         plans: ranked plans, best first; each a dict with ``rank``, ``plan`` (the fields),
             the keys of ``StepResult.to_dict()`` (step_time_s, tokens_per_s, mfu, ...),
             ``goodput``, ``checkpoint_interval_s``, ``effective_tokens_per_s``,
-            ``days_to_train`` and ``cost`` (None without tokens / price), ``fidelity``,
+            ``days_to_train`` and ``cost`` (None without tokens / price), at the
+            simulated step; ``days_to_train_p10``/``_p50``/``_p90`` at the band's
+            quantiles (same goodput), ``tied_with_best`` (its step-time band overlaps
+            the best plan's), ``fidelity``,
             ``ranked_step_time_s`` (at the ranking fidelity), ``command`` (the
             ``trainsim simulate`` call that reproduces the step time), ``scenario``
             (the same as a scenario file's data, :mod:`trainsim.scenario`) and
@@ -430,9 +436,14 @@ class PlanReport:
         rows = []
         for p in self.plans:
             rows.append({"rank": p["rank"], **p["plan"], "step_time_s": p["step_time_s"],
-                         "mfu": p["mfu"], "tokens_per_s": p["tokens_per_s"],
+                         "step_time_p10_s": p["step_time_p10_s"],
+                         "step_time_p50_s": p["step_time_p50_s"],
+                         "step_time_p90_s": p["step_time_p90_s"],
+                         "tied_with_best": p["tied_with_best"], "mfu": p["mfu"], "tokens_per_s": p["tokens_per_s"],
                          "peak_memory_GiB": p["peak_memory_bytes"] / 2**30,
                          "goodput": p["goodput"], "days_to_train": p["days_to_train"],
+                         "days_to_train_p10": p["days_to_train_p10"],
+                         "days_to_train_p90": p["days_to_train_p90"],
                          "cost": p["cost"], "fidelity": p["fidelity"]})
         return pd.DataFrame(rows)
 
@@ -586,6 +597,8 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
         best = [_row(r["_plan"], res, fail, token_count, price, final_fidelity,
                      ranked_step_time_s=r["step_time_s"]) for r, res in zip(best, again)]
         best.sort(key=lambda row: _sort_key(row, sort))
+    for row in best:
+        row["tied_with_best"] = bands_overlap(row, best[0])
     plans = []
     for i, row in enumerate(best, 1):
         plan = row.pop("_plan")
@@ -622,22 +635,38 @@ def _plan_key(plan: ParallelPlan) -> tuple:
             plan.recompute, plan.schedule)
 
 
+def bands_overlap(row: Mapping, best: Mapping) -> bool:
+    """Whether a plan's 80 % step-time band overlaps ``best``'s (rows of
+    :class:`PlanReport`; both train the same tokens per step on the same GPUs, so the
+    step time orders them)."""
+    return (row["step_time_p10_s"] <= best["step_time_p90_s"]
+            and best["step_time_p10_s"] <= row["step_time_p90_s"])
+
+
 def _row(plan: ParallelPlan, result: dict, fail: dict, tokens: float | None,
          price: float | None, fidelity: str, ranked_step_time_s: float | None = None) -> dict:
     effective = result["tokens_per_s"] * fail["goodput"]
     days = tokens / effective / SECONDS_PER_DAY if tokens is not None else None
     cost = days * 24 * plan.world_size * price if days is not None and price is not None \
         else None
+    step_s = result["step_time_s"]
+    # days scale with the step time (same tokens per step, same goodput)
+    band_days = {f"days_to_train_{q}": None if days is None else
+                 days * result[f"step_time_{q}_s"] / step_s for q in ("p10", "p50", "p90")}
     return {"plan": plan_flags(plan) | {"gpus": plan.world_size}, **result,
             "goodput": fail["goodput"], "checkpoint_interval_s": fail["checkpoint_interval_s"],
-            "effective_tokens_per_s": effective, "days_to_train": days, "cost": cost,
+            "effective_tokens_per_s": effective,
+            "median_effective_tokens_per_s": effective * step_s / result["step_time_p50_s"],
+            "days_to_train": days, **band_days, "cost": cost,
+            "cost_p50": None if cost is None else cost * result["step_time_p50_s"] / step_s,
             "fidelity": fidelity,
             "ranked_step_time_s": result["step_time_s"] if ranked_step_time_s is None
             else ranked_step_time_s, "_plan": plan}
 
 
 def _sort_key(row: dict, sort: str) -> tuple:
-    primary = row["cost"] if sort == "cost" else -row["effective_tokens_per_s"]
+    """Rank by the median of the band: cost, or effective tokens/s."""
+    primary = row["cost_p50"] if sort == "cost" else -row["median_effective_tokens_per_s"]
     # Ties (equal simulated times): less memory first, then the fixed plan order.
     return (primary, row["peak_memory_bytes"], _plan_key(row["_plan"]))
 

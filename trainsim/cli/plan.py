@@ -15,12 +15,13 @@ from trainsim.cli.output import console, number, progress, progress_callback, ta
 
 FORMATS = ("table", "json", "csv")
 #: The plan table: (header, column of PlanReport.to_frame()); fits 100 columns.
-PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+PLAN_COLUMNS = (("#", "rank_tied"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
                 ("ep", "ep"), ("vpp", "vpp"), ("mb", "micro_batch"), ("zero", "zero"),
                 ("recompute", "recompute"), ("schedule", "schedule"),
-                ("step\n(s)", "step_time_s"), ("MFU\n(%)", "mfu_percent"),
+                ("step\n(s)", "step_time_s"), ("p10-p90\n(s)", "step_band"),
+                ("MFU\n(%)", "mfu_percent"),
                 ("mem\n(GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
-                ("cost", "cost"))
+                ("days\np10-p90", "days_band"), ("cost", "cost"))
 #: Columns left out of the table (and named in the header) when every plan has 1.
 _OPTIONAL_COLUMNS = ("cp", "ep", "vpp")
 
@@ -152,8 +153,9 @@ def _emit_report(report, output_format: str) -> None:
               f"{i['failure_checkpoint_interval_s'] / 60:.1f} min)"
               + (f"; cost = GPU-hours x {i['price_per_gpu_hour']:g} per GPU-hour"
                  if i["price_per_gpu_hour"] else ""))
-    frame = frame.assign(mfu_percent=100 * frame["mfu"])
+    frame = frame.assign(mfu_percent=100 * frame["mfu"], **_band_columns(frame))
     ones = [c for c in _OPTIONAL_COLUMNS if (frame[c] == 1).all()]
+    ones += [c for c in ("days_band",) if frame["days_to_train_p10"].isna().all()]
     if ones:
         out.print(f"# {', '.join(f'{c} 1' for c in ones)} in every plan")
     columns = [(h, c) for h, c in PLAN_COLUMNS if c not in ones]
@@ -161,7 +163,23 @@ def _emit_report(report, output_format: str) -> None:
                                          "days_to_train") else number(row[c])
              for _, c in columns] for row in frame.to_dict(orient="records"))
     out.print(table([h for h, _ in columns], rows, left=("recompute", "schedule")))
+    tied = int(frame["tied_with_best"].sum()) - 1
+    if tied > 0:
+        out.print(f"# ranked by the median of the 80 % band; {tied} plan(s) marked = overlap "
+                  "the best's band: not distinguishable by this simulator")
     _print_counts(report, out)
+
+
+def _band_columns(frame) -> dict:
+    """The table's band columns: step and days p10-p90, and the rank with '=' where the
+    plan is tied with the best."""
+    def span(low, high, digits: int) -> list[str]:
+        return [f"{a:.{digits}f}-{b:.{digits}f}" if a is not None and a == a else "-"
+                for a, b in zip(frame[low], frame[high])]
+    return {"step_band": span("step_time_p10_s", "step_time_p90_s", 2),
+            "days_band": span("days_to_train_p10", "days_to_train_p90", 1),
+            "rank_tied": [f"{r}=" if t and r > 1 else str(r)
+                          for t, r in zip(frame["tied_with_best"], frame["rank"])]}
 
 
 def _print_counts(report, out) -> None:

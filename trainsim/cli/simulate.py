@@ -97,6 +97,8 @@ def print_step(result) -> None:
     if "import" in result.inputs:
         out.print(import_header(result.inputs["import"]))
     rows = [("step time (s)", f"{result.step_time_s:.4f}"),
+            ("step time p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
+             f"{result.step_time_p50_s:.4f} / {result.step_time_p90_s:.4f}"),
             ("tokens/s", f"{result.tokens_per_s:,.0f}"),
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
             ("MFU (%)", f"{100 * result.mfu:.1f}"),
