@@ -1,8 +1,10 @@
 """Plotly figures for what-if studies. Every helper returns a ``plotly.graph_objects.Figure``.
 
-* :func:`step_breakdown_figure`: where a step's time goes, per pipeline rank;
+* :func:`step_breakdown_figure`: where a step's time goes, per pipeline rank, with the
+  step's 80 % prediction band (sim.step_bands) as an error bar;
 * :func:`pipeline_gantt_figure`: the compute spans of every simulated rank over time;
-* :func:`scaling_figure`: MFU and throughput against the GPU count;
+* :func:`scaling_figure`: MFU and throughput against the GPU count, with error bars of
+  the 80 % band when the frame has ``step_time_p10_s`` and ``step_time_p90_s``;
 * :func:`goodput_vs_interval_figure`: goodput of a long run against the checkpoint interval;
 * :func:`busbw_figure`: nccl-tests busbw against message size, measured points overlaid.
 """
@@ -35,6 +37,16 @@ def step_breakdown_figure(result, *, title: str | None = None):
     for category in frame.columns:
         if frame[category].abs().sum() > 0:
             fig.add_trace(go.Bar(name=category, x=list(frame.index), y=frame[category]))
+    data = result if isinstance(result, Mapping) else result.to_dict()
+    if "step_time_p10_s" in data:
+        step = data["step_time_s"]
+        fig.add_trace(go.Scatter(
+            name="step time, 80 % band (p10-p90)", x=list(frame.index),
+            y=[step] * len(frame), mode="markers", marker=dict(color="black", symbol="line-ew",
+                                                              size=14, line_width=2),
+            error_y=dict(type="data", symmetric=False,
+                         array=[data["step_time_p90_s"] - step] * len(frame),
+                         arrayminus=[step - data["step_time_p10_s"]] * len(frame))))
     fig.update_layout(barmode="stack", title=title or "Where the step goes",
                       xaxis_title="pipeline rank", yaxis_title="seconds",
                       template="plotly_white")
@@ -85,7 +97,9 @@ def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
                    throughput: str = "tokens_per_s", group: str | None = None,
                    title: str | None = None):
     """MFU (left axis, %) and throughput (right axis) against the GPU count, one line
-    per ``group`` value if given."""
+    per ``group`` value if given; with ``step_time_s``, ``step_time_p10_s`` and
+    ``step_time_p90_s`` columns (a sweep's), error bars show the 80 % band (both
+    scale with 1 / step time)."""
     go = _go()
     from plotly.subplots import make_subplots
 
@@ -95,9 +109,11 @@ def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
         part = part.sort_values(x)
         label = "" if key is None else f" {key}"
         fig.add_trace(go.Scatter(x=part[x], y=100 * part[mfu], mode="lines+markers",
-                                 name=f"MFU{label}"), secondary_y=False)
+                                 name=f"MFU{label}", error_y=_band_bars(part, 100 * part[mfu])),
+                      secondary_y=False)
         fig.add_trace(go.Scatter(x=part[x], y=part[throughput], mode="lines+markers",
-                                 line=dict(dash="dot"), name=f"{throughput}{label}"),
+                                 line=dict(dash="dot"), name=f"{throughput}{label}",
+                                 error_y=_band_bars(part, part[throughput])),
                       secondary_y=True)
     fig.update_xaxes(title_text=x, type="log")
     fig.update_yaxes(title_text="MFU (%)", secondary_y=False)
@@ -105,6 +121,17 @@ def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
     fig.update_layout(title=title or "MFU and throughput vs GPU count",
                       template="plotly_white")
     return fig
+
+
+def _band_bars(part: pd.DataFrame, rate: pd.Series) -> dict | None:
+    """Error bars of a rate (inverse to the step time) over the step's 80 % band; None
+    without the band columns."""
+    if not {"step_time_s", "step_time_p10_s", "step_time_p90_s"} <= set(part.columns):
+        return None
+    high = rate * part["step_time_s"] / part["step_time_p10_s"]
+    low = rate * part["step_time_s"] / part["step_time_p90_s"]
+    return dict(type="data", symmetric=False, array=list(high - rate),
+                arrayminus=list(rate - low))
 
 
 def busbw_figure(simulated: pd.DataFrame | Mapping[str, pd.DataFrame], *,

@@ -20,7 +20,9 @@ are cluster preset overrides (``nic.gbit_per_s``, ``fabric.oversubscription``,
 ``scale_up.nvlink_bytes_per_s``, ...); the others are inputs of the kind:
 
 * ``step``: :func:`trainsim.api.simulate` (model, cluster, gpus, fidelity, plan fields);
-  outputs step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_bytes, the
+  outputs step_time_s, its prediction band step_time_p10_s, step_time_p50_s and
+  step_time_p90_s (:mod:`sim.step_bands`), tokens_per_s, tflops_per_gpu, mfu,
+  peak_memory_bytes, the
   critical rank's breakdown as ``<category>_s``, and the values the defaults filled in
   (fidelity_used, seq_len_used, global_batch_used, micro_batches; :mod:`trainsim.defaults`).
 * ``collective``: one message size of :func:`trainsim.api.collective` (op, cluster, nodes,
@@ -29,7 +31,8 @@ are cluster preset overrides (``nic.gbit_per_s``, ``fabric.oversubscription``,
 * ``failures``: :func:`sim.longrun.simulate_long_run` (cluster, gpus, days or tokens,
   profile, checkpoint_interval, seeds, seed, model, step_time_s, tokens_per_step, ...);
   outputs goodput_mean, interruptions_mean, checkpoint_interval_s, young_daly_s, mtbf_s,
-  days_to_train_mean.
+  days_to_train_mean and days_to_train_p10, _p50, _p90 (the runs' spread; with a
+  ``step``, its band too).
 
 The table has one row per scenario in spec order: ``scenario`` (index), ``scenario_id``
 (hash of its inputs), ``kind``, every input, the outputs, ``status`` (``ok``,
@@ -166,8 +169,10 @@ def _run_step(inputs: dict, overrides: dict) -> dict:
     model = inputs.pop("model")
     inputs.setdefault("fidelity", defaults.SWEEP_FIDELITY)
     result = api.simulate(model, overrides=overrides or None, **inputs)
-    out = {k: result.to_dict()[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu",
-                                            "mfu", "peak_memory_bytes")}
+    data = result.to_dict()
+    out = {k: data[k] for k in ("step_time_s", "step_time_p10_s", "step_time_p50_s",
+                                "step_time_p90_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                                "peak_memory_bytes")}
     out.update({f"{k}_s": v for k, v in result.breakdown.items()})
     plan = result.inputs["plan"]
     out.update(fidelity_used=result.inputs.get("fidelity"), seq_len_used=plan["seq_len"],
@@ -197,7 +202,9 @@ def _run_failures(inputs: dict, overrides: dict) -> dict:
             "checkpoint_interval_s": result["checkpoint_interval_s"],
             "young_daly_s": result["checkpoint_interval"]["young_daly_s"],
             "mtbf_s": result["mtbf_s"],
-            "days_to_train_mean": None if days is None else days["mean"]}
+            "days_to_train_mean": None if days is None else days["mean"],
+            **{f"days_to_train_{q}": None if not days or not days["band"] else days["band"][q]
+               for q in ("p10", "p50", "p90")}}
 
 
 _RUNNERS = {"step": _run_step, "collective": _run_collective, "failures": _run_failures}

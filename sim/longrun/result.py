@@ -27,6 +27,9 @@ class LongRunResult:
         scan: goodput against the interval when ``"auto"`` scanned (else None).
         embedded: what the application layer records for reproducibility (its
             resolved ``scenario`` and ``trainsim_version``); added to ``to_dict()``.
+        step_ratios: the step's prediction band as sorted draws of measured / simulated
+            step time (:class:`sim.step_bands.StepBand`), None without one: days to
+            train combine it with the runs' spread (:meth:`days_band`).
     """
 
     setup: LongRunSetup
@@ -37,6 +40,19 @@ class LongRunResult:
     runs: dict[str, np.ndarray] = field(repr=False)
     scan: pd.DataFrame | None = field(default=None, repr=False)
     embedded: dict[str, object] | None = field(default=None, repr=False)
+    step_ratios: np.ndarray | None = field(default=None, repr=False)
+
+    def days_band(self) -> dict[str, float] | None:
+        """p10, p50 and p90 of the days to train (None without a token target, or when
+        no run finished): every finished run's days times every draw of the step band,
+        the wall time taken as proportional to the step time (same failures per day,
+        same goodput)."""
+        if self.setup.tokens is None or not self.runs["finished"].any():
+            return None
+        days = self.runs["wall_s"][self.runs["finished"]] / SECONDS_PER_DAY
+        ratios = np.ones(1) if self.step_ratios is None else self.step_ratios
+        combined = np.outer(days, ratios).ravel()
+        return {f"p{q}": float(np.quantile(combined, q / 100)) for q in (10, 50, 90)}
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -64,7 +80,8 @@ class LongRunResult:
         if self.setup.tokens is not None:
             days = np.where(r["finished"], wall_days, np.nan)
             days_to_train = {**summary(days), "unfinished_runs": int((~r["finished"]).sum()),
-                             "failure_free_days": self.setup.target_work_s / SECONDS_PER_DAY}
+                             "failure_free_days": self.setup.target_work_s / SECONDS_PER_DAY,
+                             "band": self.days_band()}
         first, exact = analytic_goodput(self.setup, self.checkpoint_interval_s)
         out = {
             "interruptions_mean": float(total.mean()),
@@ -146,7 +163,8 @@ class LongRunResult:
         return df
 
     def summary_frame(self) -> pd.DataFrame:
-        """Headline numbers as rows of (metric, mean, ci95_lo, ci95_hi, unit) for a table."""
+        """Headline numbers as rows of (metric, mean, ci95_lo, ci95_hi, unit, p10, p50,
+        p90) for a table; the quantiles (days to train only) include the step's band."""
         d = self.to_dict()
         rows = [("interruptions", d["interruptions"], "count"),
                 ("goodput", d["goodput"], "fraction")]
@@ -154,10 +172,15 @@ class LongRunResult:
             rows.append(("days_to_train", d["days_to_train"], "days"))
         out = [{"metric": m, "mean": st["mean"], "ci95_lo": st["ci95"][0],
                 "ci95_hi": st["ci95"][1], "unit": unit} for m, st, unit in rows]
+        band = (d["days_to_train"] or {}).get("band")
+        for row in out:  # the step's prediction band with the runs' spread (days_band)
+            chosen = band if band and row["metric"] == "days_to_train" else {}
+            row.update({q: chosen.get(q) for q in ("p10", "p50", "p90")})
         out += [{"metric": "checkpoint_interval", "mean": d["checkpoint_interval_s"],
                  "ci95_lo": None, "ci95_hi": None, "unit": "s"},
                 {"metric": "young_daly_interval", "mean": d["checkpoint_interval"]["young_daly_s"],
                  "ci95_lo": None, "ci95_hi": None, "unit": "s"},
                 {"metric": "mtbf", "mean": d["mtbf_s"] / 3600.0, "ci95_lo": None,
                  "ci95_hi": None, "unit": "h"}]
-        return pd.DataFrame(out).set_index("metric")
+        frame = pd.DataFrame(out).set_index("metric")
+        return frame if band else frame.drop(columns=["p10", "p50", "p90"])

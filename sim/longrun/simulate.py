@@ -115,8 +115,10 @@ def simulate_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
     interval = round_to_steps(feasible(interval, s), s.step_time_s)
     runs = run_engine(s, np.array([interval]), seeds, seed)
     runs = {k: v[0] for k, v in runs.items()}
+    band = getattr(step, "band", None)
     return LongRunResult(setup=s, checkpoint_interval_s=interval, interval=info, seeds=seeds,
-                         seed=seed, runs=runs, scan=found)
+                         seed=seed, runs=runs, scan=found,
+                         step_ratios=None if band is None else band.ratios)
 
 
 def goodput_vs_interval(*, intervals: Sequence[float | str] | None = None, seeds: int = 100,
