@@ -19,12 +19,15 @@ are read by the same functions (validate.spans):
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from hardware.calibration import CalibratedComputeModel, apply_calibration, load_calibration
 from hardware.catalog import load_cluster
 from hardware.topology import ClusterLayout
 from hardware.cost import CostModel, RankConditions
+from sim.breakdown import rank_breakdowns
 from sim.engine import Engine
+from sim.step_bands import StepBand, band_shares, step_band
 from strategies.collectives.catalog import ALGORITHMS
 from validate.calibrate import job_shape, preset_path
 from validate.spans import (comm_durations, compute_ops, load_measurements, measured_timeline,
@@ -37,6 +40,22 @@ def _relative(simulated: float, measured: float) -> float | None:
     return abs(simulated - measured) / measured if measured > 0 else None
 
 
+def _band(program, result, spec) -> StepBand | None:
+    """The simulated step's 80 % prediction band (sim.step_bands) from the breakdown of
+    the rank that ends last, the compute ops' commonest dtype (a Program carries no
+    model kind: dense); None for a step of no time."""
+    step_ns = result.makespan_ns
+    ends = result.timeline.end_ns_by_rank()
+    if step_ns <= 0 or not ends:
+        return None
+    critical = max(ends, key=lambda rank: (ends[rank], -rank))
+    breakdown = rank_breakdowns(result.timeline, [critical], step_ns)[critical]
+    dtypes = Counter(op.dtype for _, _, op in compute_ops(program))
+    dtype = dtypes.most_common(1)[0][0] if dtypes else "bf16"
+    shares = band_shares(breakdown, step_ns * 1e-9, dtype=dtype, moe=False)
+    return step_band(step_ns * 1e-9, shares, gpus=program.world_size, gpu_name=spec.gpu.name)
+
+
 def compare(directory: str, *, calibration: str | None = None, cluster: str | None = None,
             overrides: dict | None = None, fidelity: str = "analytic",
             tolerance: float = 0.15, trace_prefix: str | None = None) -> dict:
@@ -46,8 +65,9 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     first kept iteration) and ``PREFIX.simulated.json`` side by side.
 
     Returns a JSON-serialisable dict with ``step_time_error``, ``per_op_kind``,
-    ``step_time_s`` (measured, simulated, the measured spread), ``tolerance``,
-    ``within_tolerance`` and ``inputs``.
+    ``step_time_s`` (measured, simulated, the measured spread, the simulated step's
+    80 % band ``p10``/``p50``/``p90``), ``inside_band`` (the measured step lies in the
+    band), ``tolerance``, ``within_tolerance`` and ``inputs``.
 
     Raises:
         ValueError: unreadable directory or calibration, unknown cluster or fidelity, or a
@@ -122,11 +142,15 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
     step_measured_s = measured.step_time_ns() * 1e-9
     step_simulated_s = result.makespan_ns * 1e-9
     error = _relative(step_simulated_s, step_measured_s)
+    band = _band(program, result, spec)
     return {
         "step_time_error": error,
         "step_time_s": {"measured": step_measured_s, "simulated": step_simulated_s,
                         "measured_min": min(steps) * 1e-9, "measured_max": max(steps) * 1e-9,
-                        "iterations": len(steps), "iterations_used": len(measured.kept())},
+                        "iterations": len(steps), "iterations_used": len(measured.kept()),
+                        **({"p10": band.p10_s, "p50": band.p50_s, "p90": band.p90_s}
+                           if band else {})},
+        "inside_band": None if band is None else band.p10_s <= step_measured_s <= band.p90_s,
         "per_op_kind": per_kind,
         "tolerance": tolerance,
         "within_tolerance": error is not None and error <= tolerance,

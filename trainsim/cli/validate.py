@@ -438,6 +438,10 @@ def _print_compare(result: dict) -> None:
                  f"{step['iterations_used']} of {step['iterations']} iterations), simulated "
                  f"{step['simulated'] * 1e3:.3f} ms, error {result['step_time_error']:.1%} "
                  f"(tolerance {result['tolerance']:.0%})")
+    if result.get("inside_band") is not None:
+        screen.print(f"80 % band of the simulated step: {step['p10'] * 1e3:.3f} - "
+                     f"{step['p90'] * 1e3:.3f} ms; the measured step is "
+                     f"{'inside' if result['inside_band'] else 'outside'} it")
     screen.print(table(
         ("kind", "category", "ops", "measured (ms)", "simulated (ms)", "error",
          "median op error"),
