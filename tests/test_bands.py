@@ -1,0 +1,186 @@
+"""The prediction band (sim.step_bands, validate.fit_bands): calibrated on sources it
+was not fitted on, deterministic, its terms behaving as stated, on every answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.step_bands import BAND_FILE, COMPONENTS, band_shares, load_band_model, slowest_of_n, \
+    step_band
+from validate import fit_bands
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The 80 % band must cover between these fractions of held-out rows overall.
+COVERAGE_RANGE = (0.70, 0.90)
+#: ... and be no wider than this (median of (p90 - p10) / p50).
+MAX_MEDIAN_WIDTH = 0.45
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    start = time.perf_counter()
+    frame = fit_bands.load_rows()
+    predicted, table = fit_bands.leave_one_source_out(frame)
+    return predicted, table.set_index("source_id"), time.perf_counter() - start
+
+
+def test_band_covers_held_out_sources_as_stated(held_out):
+    """Leave one source out: fit on the others' validation rows, predict its rows."""
+    predicted, table, seconds = held_out
+    overall = table.loc["all"]
+    low, high = COVERAGE_RANGE
+    assert low <= overall["coverage"] <= high, table.to_string()
+    assert overall["median_width"] <= MAX_MEDIAN_WIDTH, table.to_string()
+    assert overall["rows"] == len(fit_bands.validation_rows(fit_bands.load_rows()))
+    assert seconds < 20, f"leave-one-source-out took {seconds:.1f} s"
+
+
+def test_band_is_fitted_on_validation_rows_only_of_the_current_data():
+    """Never the calibration rows; and the fit is of the published data as it is now
+    (else rerun python -m validate.fit_bands)."""
+    frame = fit_bands.load_rows()
+    rows = fit_bands.validation_rows(frame)
+    assert set(rows["role"]) == {"validation"}
+    provenance = json.loads(BAND_FILE.read_text())["provenance"]
+    assert provenance["validation_rows"] == len(rows)
+    assert provenance["published_data_sha256"] == fit_bands.data_hash(), \
+        "the published data changed since the band was fitted; run python -m validate.fit_bands"
+    refitted = fit_bands.fit(frame)
+    stored = load_band_model()
+    for name in COMPONENTS:
+        assert refitted.sigma[name] == pytest.approx(stored.sigma[name], rel=1e-6)
+    assert refitted.sigma_source == pytest.approx(stored.sigma_source, rel=1e-6)
+
+
+def test_stored_rows_are_what_the_simulator_gives_now():
+    """A few rows of band_rows.csv re-simulated: the stored step times and shares are
+    current (one row per source, the simulator's analytic answer)."""
+    from validate.published import evaluate, load_runs
+
+    stored = fit_bands.load_rows().groupby("source_id").head(1).set_index(["source_id", "row_id"])
+    wanted = set(stored.index)
+    runs = [r for r in load_runs() if (r.source_id, r.row_id) in wanted]
+    fresh = evaluate(runs).set_index(["source_id", "row_id"])
+    for key, row in stored.iterrows():
+        assert fresh.loc[key, "simulated_step_s"] == pytest.approx(row["simulated_step_s"],
+                                                                   rel=1e-5), key
+        for column in fit_bands.SHARE_COLUMNS:
+            assert fresh.loc[key, column] == pytest.approx(row[column], rel=1e-4, abs=1e-6)
+
+
+def test_slowest_of_n_matches_sampled_order_statistics():
+    rng = np.random.default_rng(7)
+    for n in (1, 8, 512):
+        draws = rng.standard_normal((4000, n)).max(axis=1)
+        for q in (0.1, 0.5, 0.9):
+            assert slowest_of_n(n, np.array([q]))[0] == pytest.approx(
+                np.quantile(draws, q), abs=0.06)
+
+
+def test_band_is_deterministic_and_ordered():
+    shares = band_shares({"compute": 0.8, "exposed_dp": 0.2}, 1.0, dtype="bf16", moe=False)
+    one = step_band(1.0, shares, gpus=64, gpu_name="H100-SXM5-80GB")
+    two = step_band(1.0, shares, gpus=64, gpu_name="H100-SXM5-80GB")
+    assert one.to_dict() == two.to_dict()
+    assert one.p10_s < one.p50_s < one.p90_s
+
+
+def test_slowest_gpu_moves_the_band_up_with_scale():
+    shares = band_shares({"compute": 0.9, "exposed_dp": 0.1}, 1.0, dtype="bf16", moe=False)
+    bands = [step_band(1.0, shares, gpus=n, gpu_name="H100-SXM5-80GB") for n in (8, 1024, 16384)]
+    assert bands[0].p90_s < bands[1].p90_s < bands[2].p90_s
+    assert bands[0].terms["slow_of_n_median"] < 1 < bands[2].terms["slow_of_n_median"]
+
+
+def test_band_depends_on_where_the_step_goes():
+    """A TP-heavy FP8 step gets another band than a compute-bound BF16 one (its centre:
+    the fitted biases differ), and an FP8 MoE step a wider one (its spread)."""
+    model = load_band_model()
+    dense = band_shares({"compute": 9.5, "exposed_dp": 0.5}, 10.0, dtype="bf16", moe=False)
+    tp_fp8 = band_shares({"compute": 6.0, "exposed_tp": 4.0}, 10.0, dtype="fp8", moe=False)
+    moe_fp8 = band_shares({"compute": 9.5, "exposed_dp": 0.5}, 10.0, dtype="fp8", moe=True)
+    a, b, c = (step_band(10.0, shares, gpus=256, gpu_name="H100-SXM5-80GB", model=model)
+               for shares in (dense, tp_fp8, moe_fp8))
+    assert a.p50_s != pytest.approx(b.p50_s, rel=0.02)
+    assert c.p90_s - c.p10_s > 1.2 * (a.p90_s - a.p10_s)
+
+
+def test_bad_band_input_is_one_line():
+    shares = band_shares({"compute": 1.0}, 1.0, dtype="bf16", moe=False)
+    with pytest.raises(ValueError, match="^step_s: "):
+        step_band(0.0, shares, gpus=8, gpu_name="x")
+    with pytest.raises(ValueError, match="^gpus: "):
+        step_band(1.0, shares, gpus=0, gpu_name="x")
+
+
+def test_simulate_carries_the_band_and_is_fast():
+    import trainsim
+
+    result = trainsim.simulate("llama3-8b", gpus=16, tp=2, fidelity="analytic")
+    data = result.to_dict()
+    assert data["step_time_p10_s"] < data["step_time_p50_s"] < data["step_time_p90_s"]
+    assert result.step_time_p50_s == data["step_time_p50_s"]
+    shares = band_shares(result.breakdown, result.step_time_s, dtype="bf16", moe=False)
+    start = time.perf_counter()
+    for _ in range(20):
+        step_band(result.step_time_s, shares, gpus=16, gpu_name="H100-SXM5-80GB")
+    assert (time.perf_counter() - start) / 20 < 0.05
+
+
+def test_plans_inside_each_others_band_are_reported_as_tied():
+    """Two plans whose step times differ by less than the band are tied; one far
+    outside it is not."""
+    from trainsim.planner import bands_overlap
+
+    def row(step_s):
+        band = step_band(step_s, band_shares({"compute": step_s}, step_s, dtype="bf16",
+                                             moe=False), gpus=64, gpu_name="H100-SXM5-80GB")
+        return {"step_time_p10_s": band.p10_s, "step_time_p90_s": band.p90_s}
+
+    best = row(10.0)
+    assert bands_overlap(row(10.3), best)
+    assert not bands_overlap(row(20.0), best)
+
+
+def test_plan_search_marks_ties_with_the_best(monkeypatch):
+    from trainsim import planner
+
+    monkeypatch.setattr(planner, "ranking_fidelities", lambda: ("analytic", "analytic"))
+    space = planner.SearchSpace(tp=(1, 2, 4), pp=(1,), micro_batch=(1,), zero=(1,),
+                                recompute=("none",))
+    report = planner.search("llama3-8b", gpus=16, top=3, space=space, tokens="1e10")
+    plans = report.plans
+    medians = [p["step_time_p50_s"] for p in plans]
+    assert medians == sorted(medians)  # ranked by the median
+    for p in plans[1:]:
+        overlap = (p["step_time_p10_s"] <= plans[0]["step_time_p90_s"])
+        assert p["tied_with_best"] == overlap
+    assert {"days_to_train_p10", "days_to_train_p90"} <= set(plans[0])
+
+
+def test_failures_give_days_to_train_with_a_band():
+    import trainsim
+
+    result = trainsim.failures("llama3-8b", gpus=16, tokens="1e10", seeds=10, tp=2)
+    days = result.to_dict()["days_to_train"]
+    band = days["band"]
+    assert band["p10"] < days["mean"] < band["p90"]
+
+
+def test_readme_states_the_coverage_the_test_measures(held_out):
+    """The README's figures are the ones leave-one-source-out gives (they cannot drift)."""
+    _, table, _ = held_out
+    text = (ROOT / "README.md").read_text()
+    overall = table.loc["all"]
+    claim = (f"covers {overall['coverage']:.0%} of {int(overall['rows'])} held-out rows, "
+             f"median width {overall['median_width']:.0%}")
+    assert claim in text, f"README should say: {claim!r}"
+    for source, row in table.drop(index="all").iterrows():
+        assert re.search(rf"\| {source} \| {int(row['rows'])} \| {row['coverage']:.0%} \|",
+                         text), f"README: row of {source}"
