@@ -21,7 +21,7 @@ PLAN_COLUMNS = (("#", "rank_tied"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("
                 ("step\n(s)", "step_time_s"), ("p10-p90\n(s)", "step_band"),
                 ("MFU\n(%)", "mfu_percent"),
                 ("mem\n(GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
-                ("days\np10-p90", "days_band"), ("cost", "cost"))
+                ("cost", "cost"))
 #: Columns left out of the table (and named in the header) when every plan has 1.
 _OPTIONAL_COLUMNS = ("cp", "ep", "vpp")
 
@@ -155,7 +155,6 @@ def _emit_report(report, output_format: str) -> None:
                  if i["price_per_gpu_hour"] else ""))
     frame = frame.assign(mfu_percent=100 * frame["mfu"], **_band_columns(frame))
     ones = [c for c in _OPTIONAL_COLUMNS if (frame[c] == 1).all()]
-    ones += [c for c in ("days_band",) if frame["days_to_train_p10"].isna().all()]
     if ones:
         out.print(f"# {', '.join(f'{c} 1' for c in ones)} in every plan")
     columns = [(h, c) for h, c in PLAN_COLUMNS if c not in ones]
@@ -163,6 +162,9 @@ def _emit_report(report, output_format: str) -> None:
                                          "days_to_train") else number(row[c])
              for _, c in columns] for row in frame.to_dict(orient="records"))
     out.print(table([h for h, _ in columns], rows, left=("recompute", "schedule")))
+    first = frame.iloc[0]
+    if first["days_band"] != "-":  # every plan's is in --format json / csv
+        out.print(f"# days to train of plan 1, 80 % band: {first['days_band']}")
     tied = int(frame["tied_with_best"].sum()) - 1
     if tied > 0:
         out.print(f"# ranked by the median of the 80 % band; {tied} plan(s) marked = overlap "
@@ -173,11 +175,14 @@ def _emit_report(report, output_format: str) -> None:
 def _band_columns(frame) -> dict:
     """The table's band columns: step and days p10-p90, and the rank with '=' where the
     plan is tied with the best."""
-    def span(low, high, digits: int) -> list[str]:
-        return [f"{a:.{digits}f}-{b:.{digits}f}" if a is not None and a == a else "-"
+    def short(value: float) -> str:  # two digits: the band is ~30 % wide
+        return f"{value:.2g}" if value < 10 else f"{value:.0f}"
+
+    def span(low, high) -> list[str]:
+        return [f"{short(a)}-{short(b)}" if a is not None and a == a else "-"
                 for a, b in zip(frame[low], frame[high])]
-    return {"step_band": span("step_time_p10_s", "step_time_p90_s", 2),
-            "days_band": span("days_to_train_p10", "days_to_train_p90", 1),
+    return {"step_band": span("step_time_p10_s", "step_time_p90_s"),
+            "days_band": span("days_to_train_p10", "days_to_train_p90"),
             "rank_tied": [f"{r}=" if t and r > 1 else str(r)
                           for t, r in zip(frame["tied_with_best"], frame["rank"])]}
 
