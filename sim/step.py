@@ -44,7 +44,7 @@ from sim.timeline import Timeline
 from strategies import model_costs
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.lowering import StepLowerer, StepLowering
-from sim.breakdown import rank_breakdowns
+from sim.breakdown import critical_rank, rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.perturbations import Perturbations, check_perturbations
@@ -240,11 +240,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     present = sorted(lowering.program.ops_by_rank)
     by_rank = rank_breakdowns(timeline, present, step_ns)
     stage_breakdown = {p: by_rank[rank] for p, rank in enumerate(lowering.representatives)}
-    ends = timeline.end_ns_by_rank()
-    # The rank that ends last sets the step; among ranks that end together (a final
-    # collective), the one that computed longest: a straggler when there is one.
-    critical = max(present, key=lambda r: (ends.get(r, 0), by_rank[r]["compute"], -r))
     step_s = step_ns / 1e9
+    critical = critical_rank(by_rank, step_s)
     return StepResult(
         step_time_s=step_s,
         **throughput(model, cluster, plan, step_s),

@@ -71,6 +71,8 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 OPTIMIZER_FLOPS_PER_PARAM = 12
 
 COMPUTE = "compute"
+#: Stream of the expert all-to-all inside an overlapped forward-backward pair.
+EP_STREAM = "ep"
 #: Communication groups of a rank: tensor, context, gradient (data x context),
 #: expert and expert-gradient parallelism.
 GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad")
@@ -113,12 +115,14 @@ class _RankBuilder:
         groups: its communication groups by name (tp, cp, grad, ep, expert_grad).
     """
 
-    def __init__(self, rank: int, groups: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, rank: int, groups: dict[str, tuple[int, ...]],
+                 key_counts: dict[str, int] | None = None) -> None:
         self.rank = rank
         self.groups = groups
         self.ops: list[Op] = []
         self.last_on: dict[str, int] = {}
-        self.key_counts: dict[str, int] = {}
+        #: collectives issued per name and group (shared by the builders of one rank)
+        self.key_counts: dict[str, int] = {} if key_counts is None else key_counts
         self._waits: set[int] = set()
 
     def add(self, op: Op) -> int:
@@ -139,6 +143,28 @@ class _RankBuilder:
     def last(self, stream: str = COMPUTE) -> int | None:
         return self.last_on.get(stream)
 
+    def pending_waits(self) -> tuple[int, ...]:
+        """Ops the next compute-stream op would wait for (:meth:`wait`)."""
+        return tuple(sorted(self._waits))
+
+
+def _is_expert_comm(op: Op) -> bool:
+    """Expert-parallel communication (dispatch, combine and the expert-TP gathers)."""
+    return isinstance(op, CollectiveOp) and op.axis == "ep"
+
+
+def _segments(ops: Sequence[Op]) -> list[list[tuple[int, Op]]]:
+    """``ops`` (with their indices) cut after each run of expert communication on the
+    compute stream: the pieces an overlapped pair interleaves."""
+    pieces: list[list[tuple[int, Op]]] = [[]]
+    for index, op in enumerate(ops):
+        pieces[-1].append((index, op))
+        following = ops[index + 1] if index + 1 < len(ops) else None
+        if (op.stream == COMPUTE and _is_expert_comm(op) and following is not None
+                and not (following.stream == COMPUTE and _is_expert_comm(following))):
+            pieces.append([])
+    return [piece for piece in pieces if piece]
+
 
 class StepLowerer:
     """Builds the Program of one training step (see module docstring).
@@ -152,10 +178,18 @@ class StepLowerer:
         self.model = model
         self.plan = plan
         self.layout = RankLayout(plan)
-        self.stage_layers = split_layers(model.num_layers, plan)
-        self.num_stages = plan.pp * plan.vpp
         self.schedule = get_schedule(plan.schedule)
         self.placement = self.schedule.placement(plan.pp, plan.vpp)
+        #: layers of each of the model's pp * vpp chunks, and of each virtual stage (a
+        #: stage runs one chunk; DualPipe's two routes run every chunk twice)
+        self.chunk_layers = split_layers(model.num_layers, plan)
+        self.stage_layers = tuple(self.chunk_layers[self.placement.chunk_of(s)]
+                                  for s in range(self.placement.num_stages))
+        self.num_stages = self.placement.num_stages
+        #: pipeline ranks holding a copy of each rank's chunks (DualPipe: its mirror)
+        self.chunk_copies = self.placement.num_stages // self.placement.num_chunks
+        #: overlapped forward-backward pairs in the steady state
+        self.overlap = bool(getattr(plan, "moe_a2a_overlap", False))
         self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
         self.tokens = plan.micro_batch * plan.seq_len // plan.cp
         self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
@@ -508,8 +542,15 @@ class StepLowerer:
             return False
         if plan.zero == 3:
             return True
-        return (plan.zero in (1, 2) and plan.overlap_param_gather and comp == "F"
+        return (plan.zero in (1, 2) and self._gather_in_forward() and comp == "F"
                 and microbatch == 0)
+
+    def _gather_in_forward(self) -> bool:
+        """ZeRO-1/2 gathers the updated parameters in the next step's first forward
+        (``overlap_param_gather``), except for chunks held by several pipeline ranks
+        (DualPipe), whose copies reach their first forward at different times: they
+        gather right after the optimizer."""
+        return self.plan.overlap_param_gather and self.chunk_copies == 1
 
     def _param_gather(self, b: _RankBuilder, layers: Sequence[int], tag: str, comp: str,
                       microbatch: int) -> dict[int, int]:
@@ -616,7 +657,7 @@ class StepLowerer:
                 (:class:`strategies.ir.Mirrors`), for the flow fidelity.
         """
         plan = self.plan
-        all_actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
+        all_actions = self.actions()
         programs = {}
         for p, rank in enumerate(self.representatives):
             programs[rank] = self._lower_rank(p, rank, all_actions[p])
@@ -674,15 +715,24 @@ class StepLowerer:
         layout = self.layout
         if name == "ep":
             return layout.ep_group(rank)
+        if name in ("grad", "expert_grad") and self.chunk_copies > 1:
+            # a chunk held by several pipeline ranks (DualPipe) reduces its gradients,
+            # and shards its optimizer, over all of its holders
+            holders = self.chunk_holders(layout.coords(rank)["pp"])
+            return tuple(sorted(r for q in holders
+                                for r in self._group_of_one_copy(layout.stage_rank(q, rank),
+                                                                 name)))
+        return self._group_of_one_copy(rank, name)
+
+    def _group_of_one_copy(self, rank: int, name: str) -> tuple[int, ...]:
+        layout = self.layout
         if name == "expert_grad":
             return layout.expert_dp_group(rank)
         return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",), "grad": ("dp", "cp")}[name])
 
     def rank_ops(self, p: int) -> list[Op]:
         """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
-        plan = self.plan
-        actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
-        return self._lower_rank(p, self.representatives[p], actions[p])
+        return self._lower_rank(p, self.representatives[p], self.actions()[p])
 
     def phase_ops(self, p: int, part: int | str, comp: str) -> list[Op]:
         """Ops of one layer (``part`` = its index) or of the ``"embedding"`` or
@@ -703,93 +753,217 @@ class StepLowerer:
             self._layer_backward(b, part, tag, comp)
         return b.ops
 
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        """The schedule's actions of every pipeline rank for this plan (with overlapped
+        forward-backward pairs when the plan asks for them)."""
+        plan = self.plan
+        return self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp, self.overlap)
+
+    def last_microbatch(self, stage: int) -> int:
+        """The last micro-batch that runs through ``stage`` (its route's last)."""
+        m, routes = self.plan.num_microbatches, self.placement.routes
+        route = stage // self.placement.num_chunks
+        return route + (m - 1 - route) // routes * routes
+
     def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
-        last_mb = plan.num_microbatches - 1
         pending: dict[int, dict[str, float]] = {}
         dp_ops: list[int] = []
         last_compute_stage: dict[int, int] = {}
-        for action in actions:
-            s, j = action.stage, action.microbatch
-            layers = self.stage_layers[s]
-            tag = f"{action.comp}{s}.mb{j}"
-            if action.comp == "F":
-                self._forward_action(b, s, j, layers, tag)
-            else:
-                weights_done = action.comp in ("B", "W") and j == last_mb
-                reduce_now = weights_done and plan.overlap_grad_reduce
-                grads = pending.setdefault(s, {})
-                if action.comp in ("B", "I"):
-                    self._backward_recv(b, s, j)
-                if s == self.num_stages - 1:
-                    head = self._edge_kernels("head")
-                    for kernel in reversed(head):
-                        self._emit_kernel(b, kernel, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
-                gathered = self._param_gather(b, layers[::-1], tag, action.comp, j)
-                for layer in reversed(layers):
-                    b.wait(gathered.get(layer, -1))
-                    if action.comp in ("B", "I"):
-                        self._recompute(b, layer, tag)
-                    self._layer_backward(b, layer, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
-                                                     b.last(), final=layer == layers[0] and s != 0)
-                if s == 0:
-                    embedding = self._edge_kernels("embedding")
-                    for kernel in reversed(embedding):
-                        self._emit_kernel(b, kernel, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, embedding, "embedding", grads, b.last(),
-                                                     True)
-                if action.comp in ("B", "I"):
-                    self._backward_send(b, s, j)
-                last_compute_stage[s] = b.last()
+        index = 0
+        while index < len(actions):
+            action = actions[index]
+            if action.overlap:
+                dp_ops += self._pair_action(b, action, actions[index + 1], pending)
+                for member in actions[index:index + 2]:
+                    last_compute_stage[member.stage] = b.last()
+                index += 2
+                continue
+            dp_ops += self._action(b, action, pending)
+            last_compute_stage[action.stage] = b.last()
+            index += 1
         if not plan.overlap_grad_reduce:
             for s in sorted(last_compute_stage):
                 kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]
-                if s == 0:
+                if self.placement.is_first(s):
                     kernels += self._edge_kernels("embedding")
-                if s == self.num_stages - 1:
+                if self.placement.is_last(s):
                     kernels += self._edge_kernels("head")
                 dp_ops += self._grad_buckets(b, kernels, f"stage{s}", {}, b.last(), True)
         self._optimizer(b, p, dp_ops)
         return b.ops
 
+    def _action(self, b: _RankBuilder, action: Action, pending: dict[int, dict[str, float]],
+                communicate: bool = True) -> list[int]:
+        """Emit one action; the indices of the gradient reductions it issued.
+        ``communicate`` False leaves out pipeline transfers and data-parallel
+        reductions (what :meth:`pair_ops` prices)."""
+        s, j = action.stage, action.microbatch
+        layers = self.stage_layers[s]
+        tag = f"{action.comp}{s}.mb{j}"
+        if action.comp == "F":
+            self._forward_action(b, s, j, layers, tag, communicate)
+            return []
+        return self._backward_action(b, action, layers, tag, pending, communicate)
+
+    def _backward_action(self, b: _RankBuilder, action: Action, layers: Sequence[int],
+                         tag: str, pending: dict[int, dict[str, float]],
+                         communicate: bool) -> list[int]:
+        """A backward (B, I) or weight (W) action of stage ``action.stage``: the head,
+        the layers in reverse (recomputing first what recompute dropped) and the
+        embedding, each bucket of the route's last micro-batch reduced as it fills."""
+        plan, placement = self.plan, self.placement
+        s, j = action.stage, action.microbatch
+        dp_ops: list[int] = []
+        weights_done = action.comp in ("B", "W") and j == self.last_microbatch(s)
+        reduce_now = weights_done and plan.overlap_grad_reduce and communicate
+        grads = pending.setdefault(s, {})
+        if action.comp in ("B", "I") and communicate:
+            self._backward_recv(b, s, j)
+        if placement.is_last(s):
+            head = self._edge_kernels("head")
+            for kernel in reversed(head):
+                self._emit_kernel(b, kernel, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
+        gathered = self._param_gather(b, layers[::-1], tag, action.comp, j) if communicate else {}
+        for layer in reversed(layers):
+            b.wait(gathered.get(layer, -1))
+            if action.comp in ("B", "I"):
+                self._recompute(b, layer, tag)
+            self._layer_backward(b, layer, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
+                                             b.last(),
+                                             final=layer == layers[0] and not placement.is_first(s))
+        if placement.is_first(s):
+            embedding = self._edge_kernels("embedding")
+            for kernel in reversed(embedding):
+                self._emit_kernel(b, kernel, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, embedding, "embedding", grads, b.last(), True)
+        if action.comp in ("B", "I") and communicate:
+            self._backward_send(b, s, j)
+        return dp_ops
+
+    def _pair_action(self, b: _RankBuilder, first: Action, second: Action,
+                     pending: dict[int, dict[str, float]]) -> list[int]:
+        """An overlapped forward-backward pair (:attr:`strategies.pipeline.Action.overlap`)
+        as DualPipe's ``_forward_backward_chunk`` runs it: both inputs received, the two
+        actions' kernels interleaved on the compute stream so that each one's expert
+        all-to-all runs on its own stream while the other computes
+        (:meth:`_merge_overlapped`), and both outputs sent after the pair."""
+        parts = []
+        for action in (first, second):
+            sub = _RankBuilder(b.rank, b.groups, key_counts=b.key_counts)
+            reductions = self._action(sub, action, pending)
+            parts.append((sub, reductions))
+        return self._merge_overlapped(b, parts)
+
+    def pair_ops(self, p: int, forward_stage: int, backward_stage: int, comp: str) -> list[Op]:
+        """Ops of an overlapped pair on pipeline rank ``p``'s representative: the
+        forward of ``forward_stage`` with the ``comp`` (B or I) of ``backward_stage``,
+        as :meth:`_pair_action` interleaves them, without pipeline transfers and
+        gradient reductions (the closed-form model prices it once)."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        parts = []
+        for action in (Action(forward_stage, "F", 0), Action(backward_stage, comp, 0)):
+            sub = _RankBuilder(rank, b.groups, key_counts=b.key_counts)
+            self._action(sub, action, {}, communicate=False)
+            parts.append((sub, []))
+        self._merge_overlapped(b, parts)
+        return b.ops
+
+    def _merge_overlapped(self, b: _RankBuilder, parts: list[tuple[_RankBuilder, list[int]]]
+                          ) -> list[int]:
+        """Append two actions' ops to ``b`` interleaved (DeepSeek-V3 report, Figure 4:
+        the forward's attention beside the backward's combine, its dispatch beside the
+        backward's experts, ...): each action's compute-stream ops are cut at its expert
+        communication (axis ``ep``) and the pieces alternate, the communication moving
+        to the ``ep`` stream after the piece that produced its input and before the
+        piece that reads its output. Sends wait for the whole pair. Returns the new
+        indices of the parts' gradient reductions."""
+        mapping: list[dict[int, int]] = [{}, {}]
+        # both inputs arrive before the pair computes (DualPipe's _forward_backward_chunk
+        # posts both receives and waits for them)
+        for k, (sub, _) in enumerate(parts):
+            for local, op in enumerate(sub.ops):
+                if isinstance(op, RecvOp):
+                    mapping[k][local] = b.add(op)
+                    b.wait(mapping[k][local])
+        segments = [[[(local, op) for local, op in piece if not isinstance(op, RecvOp)]
+                     for piece in _segments(sub.ops)] for sub, _ in parts]
+        sends: list[tuple[int, Op]] = []
+        comm_done: list[int | None] = [None, None]
+        last_compute: list[int | None] = [None, None]
+        for step in range(max(len(seg) for seg in segments)):
+            for k, seg in enumerate(segments):
+                if step >= len(seg):
+                    continue
+                for local, op in seg[step]:
+                    deps = {mapping[k][d] for d in op.deps}
+                    if isinstance(op, SendOp):
+                        sends.append((k, op))
+                        continue
+                    if op.stream == COMPUTE and _is_expert_comm(op):
+                        deps.update(d for d in (last_compute[k], comm_done[k]) if d is not None)
+                        op = replace(op, stream=EP_STREAM)
+                    elif op.stream == COMPUTE and comm_done[k] is not None:
+                        deps.add(comm_done[k])
+                        comm_done[k] = None
+                    index = b.add(replace(op, deps=tuple(sorted(deps))))
+                    mapping[k][local] = index
+                    if op.stream == EP_STREAM and _is_expert_comm(op):
+                        comm_done[k] = index
+                    elif op.stream == COMPUTE:
+                        last_compute[k] = index
+        for k, done in enumerate(comm_done):
+            if done is not None:
+                b.wait(done)
+        for k, (sub, _) in enumerate(parts):
+            for pending in sub.pending_waits():
+                b.wait(mapping[k][pending])
+        end = b.last()
+        for k, op in sends:
+            b.add(replace(op, deps=tuple(sorted({end, *(mapping[k][d] for d in op.deps
+                                                          if d in mapping[k])}))))
+        return [mapping[k][i] for k, (_, reductions) in enumerate(parts) for i in reductions]
+
     def _forward_action(self, b: _RankBuilder, s: int, j: int, layers: Sequence[int],
-                        tag: str) -> None:
+                        tag: str, communicate: bool = True) -> None:
+        placement = self.placement
         recv = None
-        if s > 0 and self._crosses(s - 1, s):
+        if communicate and not placement.is_first(s) and self._crosses(s - 1, s):
             recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(b, s - 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
                                 stream="pp.recv.fwd"))
             b.wait(recv)
-        if s == 0:
+        if placement.is_first(s):
             for kernel in self._edge_kernels("embedding"):
                 self._emit_kernel(b, kernel, tag, "F")
-        gathered = self._param_gather(b, layers, tag, "F", j)
+        gathered = self._param_gather(b, layers, tag, "F", j) if communicate else {}
         for layer in layers:
             b.wait(gathered.get(layer, -1))
             self._layer_forward(b, layer, tag)
-        if s == self.num_stages - 1:
+        if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")
-        elif self._crosses(s, s + 1):
+        elif communicate and self._crosses(s, s + 1):
             b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(b, s + 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
                          stream="pp.send.fwd", deps=(b.last(),)))
 
     def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s < self.num_stages - 1 and self._crosses(s, s + 1):
+        if not self.placement.is_last(s) and self._crosses(s, s + 1):
             recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(b, s + 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
                                 stream="pp.recv.bwd"))
             b.wait(recv)
 
     def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s > 0 and self._crosses(s - 1, s):
+        if not self.placement.is_first(s) and self._crosses(s - 1, s):
             b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(b, s - 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
                          stream="pp.send.bwd", deps=(b.last(),)))
@@ -808,12 +982,21 @@ class StepLowerer:
         return [layer for s in self.placement.stages_of(p) for layer in self.stage_layers[s]]
 
     def holds_embedding(self, p: int) -> bool:
-        """Pipeline rank ``p`` holds the first stage (the input embedding)."""
-        return self.placement.rank_of(0) == p
+        """Pipeline rank ``p`` holds a route's first stage (the input embedding)."""
+        return any(self.placement.is_first(s) for s in self.placement.stages_of(p))
 
     def holds_head(self, p: int) -> bool:
-        """Pipeline rank ``p`` holds the last stage (final norm, output head, loss)."""
-        return self.placement.rank_of(self.num_stages - 1) == p
+        """Pipeline rank ``p`` holds a route's last stage (final norm, output head, loss)."""
+        return any(self.placement.is_last(s) for s in self.placement.stages_of(p))
+
+    def chunk_holders(self, p: int) -> tuple[int, ...]:
+        """Pipeline ranks holding the chunks pipeline rank ``p`` holds, ``p`` first
+        (DualPipe: ``p`` and its mirror ``pp - 1 - p``; otherwise ``(p,)``)."""
+        placement = self.placement
+        chunks = {placement.chunk_of(s) for s in placement.stages_of(p)}
+        others = sorted({placement.rank_of(s) for s in range(placement.num_stages)
+                         if placement.chunk_of(s) in chunks} - {p})
+        return (p, *others)
 
     def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
         """The optimizer step of pipeline rank ``p`` once its gradients are reduced:
@@ -829,8 +1012,11 @@ class StepLowerer:
                                    ep=plan.ep, has_embedding=self.holds_embedding(p),
                                    has_head=self.holds_head(p))
         sharded = plan.zero >= 1
-        dense = params.dense_params / (plan.dp * plan.cp if sharded else 1)
-        expert = params.expert_params / ((plan.dp * plan.cp) // plan.ep if sharded else 1)
+        # a chunk held by several pipeline ranks is sharded over all of their ranks
+        copies = self.chunk_copies if sharded else 1
+        dense = params.dense_params / (plan.dp * plan.cp * copies if sharded else 1)
+        expert = params.expert_params / ((plan.dp * plan.cp) // plan.ep * copies if sharded
+                                         else 1)
         tensors = sum(1 for layer in layers for k in self.kernels(layer) if k.params) + 2
         kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
                                           grad_bytes=self.grad_bytes, tensors=tensors)
@@ -848,7 +1034,7 @@ class StepLowerer:
                           for layer, count in costs.layer_types(self.model, layers).items())
             quant = costs.fp8_weight_quant_kernel(weights, recipe)
             b.add(compute_op(quant, quant.name, "F"))
-        if plan.zero in (1, 2) and not plan.overlap_param_gather:
+        if plan.zero in (1, 2) and not self._gather_in_forward():
             # (overlapped, the gather runs layer by layer in the next step's first
             # forward instead: gathers_params)
             done = b.last()

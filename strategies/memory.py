@@ -336,7 +336,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                 has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
                 held_activation_bytes: float | None = None,
                 reserve_bytes: float = WORKSPACE_BYTES,
-                recompute_of: Callable[[int], str] | None = None) -> MemoryBreakdown:
+                recompute_of: Callable[[int], str] | None = None,
+                chunk_copies: int = 1) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
@@ -378,6 +379,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             allocator slack: ``GpuSpec.memory_reserve_bytes``), reported as workspace.
         recompute_of: each layer's recompute mode when it differs from the plan's
             (a partial full recompute, StepLowerer.recompute_of).
+        chunk_copies: pipeline ranks holding each of this rank's chunks (DualPipe: 2);
+            ZeRO shards their states over all of them (``D`` and ``D_e`` times this).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -409,7 +412,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             f"ep: {plan.ep} does not divide dp*cp = {dp_group} (dp {plan.dp}, cp {plan.cp}); "
             "expert parallelism splits the data-parallel group"
         )
-    expert_dp_group = dp_group // plan.ep
+    expert_dp_group = dp_group // plan.ep * chunk_copies
+    shard_group = dp_group * chunk_copies
 
     rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep,
                                  has_embedding=has_embedding, has_head=has_head)
@@ -420,7 +424,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
 
     def sharded(per_param: float, shard: bool) -> float:
         if shard:
-            return per_param * rp.dense_params / dp_group + per_param * rp.expert_params / expert_dp_group
+            return (per_param * rp.dense_params / shard_group
+                    + per_param * rp.expert_params / expert_dp_group)
         return per_param * rp.dense_params + per_param * rp.expert_params
 
     weights = sharded(WEIGHT_BYTES_PER_PARAM, plan.zero >= 3)
@@ -476,6 +481,8 @@ class PipelineLayout(Protocol):
     num_stages: int
     stage_layers: Sequence[Sequence[int]]
     schedule: object
+    placement: object
+    chunk_copies: int
 
     def rank_layers(self, p: int) -> list[int]: ...
     def holds_embedding(self, p: int) -> bool: ...
@@ -490,16 +497,19 @@ def pipeline_memory(model: ModelSpec, plan: ParallelPlan, layout: PipelineLayout
     (stage, micro-batch) weighed by that stage's :func:`stage_activation_bytes`
     (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`).
     ``{pipeline rank: breakdown}``."""
-    last = layout.num_stages - 1
-    stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
-                                          has_head=s == last, recompute_of=layout.recompute_of)
+    placement = layout.placement
+    stage_bytes = [stage_activation_bytes(model, plan, layers=layers,
+                                          has_embedding=placement.is_first(s),
+                                          has_head=placement.is_last(s),
+                                          recompute_of=layout.recompute_of)
                    for s, layers in enumerate(layout.stage_layers)]
     held = layout.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
                                                  stage_bytes)
     return {p: rank_memory(model, plan, layers=layout.rank_layers(p),
                            has_embedding=layout.holds_embedding(p),
                            has_head=layout.holds_head(p), held_activation_bytes=held[p],
-                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of)
+                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of,
+                           chunk_copies=layout.chunk_copies)
             for p in range(plan.pp)}
 
 

@@ -351,8 +351,9 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         raise ValueError(f"global_batch: {plan.global_batch} is not divisible by dp {plan.dp} x "
                          f"micro_batch {plan.micro_batch} = {plan.dp * plan.micro_batch}")
     # the schedule object says which shapes it runs (strategies.schedules)
+    schedule = get_schedule(plan.schedule)
     try:
-        get_schedule(plan.schedule).check(plan.pp, plan.num_microbatches, plan.vpp)
+        schedule.check(plan.pp, plan.num_microbatches, plan.vpp)
     except ValueError as problem:
         field_name = str(problem).split("=", 1)[0]
         if field_name == "microbatches":
@@ -360,6 +361,10 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
                              f"pipeline, which schedule {plan.schedule!r} rejects: {problem}"
                              ) from None
         raise ValueError(f"{field_name}: {problem}") from None
+    if plan.zero == 3 and schedule.placement(plan.pp, plan.vpp).routes > 1:
+        raise ValueError(f"zero: 3 is not valid with schedule {plan.schedule!r}, whose two "
+                         "copies of every chunk would gather their parameters at different "
+                         "times; give zero 0, 1 or 2")
     if plan.ep > 1:
         if num_experts == 0:
             raise ValueError(f"ep: {plan.ep} needs a mixture-of-experts model; give ep 1")
