@@ -191,6 +191,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
                   num_kv_heads=model.num_kv_heads,
                   num_experts=model.moe.num_experts if model.moe else 0,
+                  expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size if model.moe else 0,
                   gpus=plan.world_size if gpus is None else gpus,
                   cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
     if plan.dp_mode != "allreduce":
@@ -214,7 +215,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
-    lowerer = StepLowerer(model, plan)
+    lowerer = StepLowerer(model, plan, domain_gpus=cluster.scale_up.domain_gpus)
     memory = pipeline_memory(model, plan, lowerer, reserve_bytes=cluster.gpu.memory_reserve_bytes)
     if check_memory:
         for p, breakdown in memory.items():

@@ -44,6 +44,7 @@ from typing import Sequence
 
 from hardware.units import ELEMENT_BYTES
 from strategies import model_costs as costs
+from strategies import moe_dispatch
 from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
@@ -73,9 +74,10 @@ OPTIMIZER_FLOPS_PER_PARAM = 12
 COMPUTE = "compute"
 #: Stream of the expert all-to-all inside an overlapped forward-backward pair.
 EP_STREAM = "ep"
-#: Communication groups of a rank: tensor, context, gradient (data x context),
-#: expert and expert-gradient parallelism.
-GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad")
+#: Communication groups of a rank: tensor, context, gradient (data x context), expert,
+#: expert-gradient (expert data parallelism), expert-tensor, expert x expert-tensor, and
+#: the EP members at the rank's position in every NVLink domain and in its own domain.
+GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad", "etp", "ep_etp", "ep_rail", "ep_local")
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 
@@ -172,11 +174,15 @@ class StepLowerer:
     Args:
         model: the model.
         plan: a validated plan.
+        domain_gpus: GPUs of one NVLink domain (the cluster's scale-up domain), for
+            dispatchers whose traffic depends on it (DeepEP); None: one domain.
     """
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan) -> None:
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, *,
+                 domain_gpus: int | None = None) -> None:
         self.model = model
         self.plan = plan
+        self.domain_gpus = domain_gpus
         self.layout = RankLayout(plan)
         self.schedule = get_schedule(plan.schedule)
         self.placement = self.schedule.placement(plan.pp, plan.vpp)
@@ -208,6 +214,35 @@ class StepLowerer:
         self.attention_impl = "" if plan.attention_impl == "auto" else plan.attention_impl
         #: modules selective recompute re-runs (Megatron's default: the attention core)
         self.recompute_modules = frozenset(plan.recompute_modules or ("core_attn",))
+        #: expert tensor parallelism, routing and the dispatcher's collectives per layer
+        self.etp = self.layout.expert_tp
+        self.routing = moe_dispatch.plan_routed_load(model, plan)
+        self.dispatch, self.combine, self.dispatch_backward = self._dispatcher()
+
+    def _dispatcher(self) -> tuple[tuple[moe_dispatch.Transfer, ...], ...]:
+        """The MoE dispatch, the combine, and the dispatch's direction in bf16 (the
+        combine's gradient going back to the experts); empty for a dense model."""
+        moe, plan = self.model.moe, self.plan
+        if moe is None:
+            return (), (), ()
+        tokens = self.tokens // plan.tp if plan.sequence_parallel else self.tokens
+        shape = self._ep_shape()
+        nodes = moe_dispatch.nodes_per_token(moe.num_experts, moe.top_k, shape.domains,
+                                             moe.router_groups, moe.router_group_topk)
+        common = dict(dispatcher=plan.moe_dispatcher, tokens=tokens, top_k=moe.top_k,
+                      hidden=self.model.hidden_size, ep=plan.ep, etp=self.etp,
+                      load=self.routing.rows_factor, shape=shape, nodes_per_token=nodes)
+        dispatch = moe_dispatch.dispatch_transfers(fp8=plan.moe_dispatch_fp8, **common)
+        return (dispatch, moe_dispatch.combine_transfers(dispatch, plan.moe_dispatch_fp8),
+                moe_dispatch.dispatch_transfers(fp8=False, **common))
+
+    def _ep_shape(self) -> moe_dispatch.EpShape:
+        """How the first rank's EP group sits on NVLink domains (all groups alike)."""
+        group = self.layout.ep_group(0)
+        if not self.domain_gpus:
+            return moe_dispatch.EpShape(1, len(group))
+        domains = {r // self.domain_gpus for r in group}
+        return moe_dispatch.EpShape(len(domains), len(group) // len(domains))
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         groups = self._group_cache.get(rank)
@@ -225,7 +260,8 @@ class StepLowerer:
             self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
             flash_attention=plan.flash_attention, dropout=self.model.dropout,
-            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise))
+            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise, etp=self.etp,
+            expert_load=self.routing.rows_factor))
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
@@ -307,6 +343,9 @@ class StepLowerer:
                         self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
                     continue
             label = f"l{layer}.{block}.{tag}"
+            if block == "moe":
+                self._moe_forward(b, layer, members, tag, label)
+                continue
             column, row = self._tp_matmuls(block, members)
             if column is None:
                 self._tp_boundary(b, label, entering=True, backward=False)
@@ -320,14 +359,83 @@ class StepLowerer:
                     self._reduced_matmul(b, kernel, f"{tag}.l{layer}", label)
                 else:
                     self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
-                if block == "moe" and kernel.name.endswith("router"):
-                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                     f"l{layer}.dispatch.{tag}", COMPUTE)
-            if block == "moe":
-                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                 f"l{layer}.combine.{tag}", COMPUTE)
             if column is None:
                 self._tp_boundary(b, label, entering=False, backward=False)
+
+    # --------------------------------------------------------------------- MoE
+    def _shared_matmuls(self, members: Sequence[costs.Kernel]) -> tuple[int | None, int | None]:
+        """The shared experts' first and last GEMM (a dense TP MLP inside the MoE block,
+        Megatron-Core's SharedExpertMLP: column- and row-parallel); (None, None) without
+        shared experts or TP."""
+        matmuls = [i for i, k in enumerate(members)
+                   if k.name.startswith("moe.shared.") and k.kind == "matmul"]
+        if self.plan.tp == 1 or len(matmuls) < 2:
+            return None, None
+        return matmuls[0], matmuls[-1]
+
+    def _moe_forward(self, b: _RankBuilder, layer: int, members: Sequence[costs.Kernel],
+                     tag: str, label: str) -> None:
+        """An MoE block's forward as Megatron-Core's MoELayer runs it: the router on the
+        rank's sequence shard, the shared experts (TP-gathered input, reduce-scattered
+        output), permute, the dispatch (:mod:`strategies.moe_dispatch`), the experts, the
+        combine, unpermute."""
+        first, last = self._shared_matmuls(members)
+        where = f"{tag}.l{layer}"
+        for index, kernel in enumerate(members):
+            if kernel.name == "moe.unpermute":
+                self._expert_comm(b, self.combine, f"l{layer}.combine.{tag}")
+            if index == first:
+                self._gathered_matmul(b, kernel, where, f"{label}.shared", "F")
+            elif index == last:
+                self._reduced_matmul(b, kernel, where, f"{label}.shared")
+            else:
+                self._emit_kernel(b, kernel, where, "F")
+            if kernel.name == "moe.permute":
+                self._expert_comm(b, self.dispatch, f"l{layer}.dispatch.{tag}")
+
+    def _moe_backward(self, b: _RankBuilder, layer: int, members: Sequence[costs.Kernel],
+                      tag: str, phase: str, label: str) -> None:
+        """An MoE block's backward (B, I) or weight pass (W), in reverse: the gradients
+        take the combine's way back to the experts (in bf16) and the dispatch's way back
+        to the tokens; the weight pass communicates only for the shared experts."""
+        first, last = self._shared_matmuls(members)
+        where = f"{tag}.l{layer}"
+        for index in reversed(range(len(members))):
+            kernel = members[index]
+            if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
+                continue
+            if kernel.name == "moe.permute" and phase != "W":
+                self._expert_comm(b, self.combine, f"l{layer}.dispatch.{tag}")
+            if index == last:
+                self._row_backward(b, kernel, where, f"{label}.shared", phase)
+            elif index == first:
+                self._column_backward(b, kernel, where, f"{label}.shared", phase)
+            else:
+                self._emit_kernel(b, kernel, where, phase)
+            if kernel.name == "moe.unpermute" and phase != "W":
+                self._expert_comm(b, self.dispatch_backward, f"l{layer}.combine.{tag}")
+
+    def _expert_comm(self, b: _RankBuilder, transfers: Sequence[moe_dispatch.Transfer],
+                     label: str) -> None:
+        """Issue the dispatcher's collectives on the compute stream (the layer waits for
+        them); a transfer followed by one ``beside`` it runs on a side stream at the same
+        time, and the layer waits for both (DeepEP's network and NVLink halves)."""
+        side = None
+        for position, transfer in enumerate(transfers):
+            following = transfers[position + 1] if position + 1 < len(transfers) else None
+            stream = (f"{EP_STREAM}.{transfer.group}" if following is not None
+                      and following.beside else COMPUTE)
+            index = self._collective(b, "ep", transfer.kind, b.groups[transfer.group],
+                                     transfer.size_bytes,
+                                     f"{label}.{transfer.kind}.{transfer.group}", stream,
+                                     self._deps_after(b, b.last()) if stream != COMPUTE else ())
+            if stream != COMPUTE:
+                side = index
+            elif side is not None:
+                b.wait(side)
+                side = None
+        if side is not None:
+            b.wait(side)
 
     # ------------------------------------------------------------ TP and GEMMs
     def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]
@@ -336,9 +444,8 @@ class StepLowerer:
         ColumnParallelLinear / RowParallelLinear): the indices of the column-parallel
         GEMM (QKV, FC1: its input is all-gathered over TP under sequence parallelism)
         and the row-parallel one (out, FC2: its output reduce-scattered, or all-reduced
-        without sequence parallelism); (None, None) without TP and for MoE blocks, whose
-        TP communication wraps the whole block (the token dispatcher)."""
-        if self.plan.tp == 1 or block == "moe":
+        without sequence parallelism); (None, None) without TP."""
+        if self.plan.tp == 1:
             return None, None
         matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"]
         if len(matmuls) < 2:
@@ -431,11 +538,6 @@ class StepLowerer:
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
-    def _dispatch_bytes(self) -> float:
-        moe = self.model.moe
-        factor = moe.capacity_factor if moe and moe.capacity_factor > 0 else 1.0
-        return self.act_bytes * (moe.top_k if moe else 1) * factor
-
     def _ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                         phase: str) -> None:
         """Attention in cp pieces; piece i+1 needs the K/V block of ring step i."""
@@ -458,12 +560,12 @@ class StepLowerer:
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
         for block, members in reversed(_blocks(self.kernels(layer))):
             label = f"l{layer}.{block}.{tag}"
+            if block == "moe":
+                self._moe_backward(b, layer, members, tag, phase, label)
+                continue
             column, row = self._tp_matmuls(block, members)
             if phase != "W" and column is None:
                 self._tp_boundary(b, label, entering=False, backward=True)
-            if block == "moe" and phase != "W":
-                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                 f"l{layer}.combine.{tag}", COMPUTE)
             for index in reversed(range(len(members))):
                 kernel = members[index]
                 if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
@@ -477,9 +579,6 @@ class StepLowerer:
                     self._column_backward(b, kernel, f"{tag}.l{layer}", label, phase)
                 else:
                     self._emit_kernel(b, kernel, f"{tag}.l{layer}", phase)
-                if block == "moe" and kernel.name.endswith("router") and phase != "W":
-                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                     f"l{layer}.dispatch.{tag}", COMPUTE)
             if phase != "W" and column is None:
                 self._tp_boundary(b, label, entering=True, backward=True)
 
@@ -728,7 +827,29 @@ class StepLowerer:
         layout = self.layout
         if name == "expert_grad":
             return layout.expert_dp_group(rank)
+        if name == "etp":
+            return layout.expert_tp_group(rank)
+        if name == "ep_etp":
+            return tuple(sorted(r for member in layout.ep_group(rank)
+                                for r in layout.expert_tp_group(member)))
+        if name in ("ep_rail", "ep_local"):
+            return self._ep_domain_group(rank, name)
         return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",), "grad": ("dp", "cp")}[name])
+
+    def _ep_domain_group(self, rank: int, name: str) -> tuple[int, ...]:
+        """The members of ``rank``'s EP group in its NVLink domain (``ep_local``), or at
+        its position in every domain the group spans (``ep_rail``)."""
+        group = self.layout.ep_group(rank)
+        if not self.domain_gpus:
+            return group if name == "ep_local" else (rank,)
+        blocks: dict[int, list[int]] = {}
+        for member in group:
+            blocks.setdefault(member // self.domain_gpus, []).append(member)
+        own = blocks[rank // self.domain_gpus]
+        if name == "ep_local":
+            return tuple(own)
+        position = own.index(rank)
+        return tuple(block[position] for block in blocks.values() if position < len(block))
 
     def rank_ops(self, p: int) -> list[Op]:
         """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
@@ -1010,13 +1131,12 @@ class StepLowerer:
         layers = self.rank_layers(p)
         params = costs.rank_params(self.model, layers=layers, tp=plan.tp,
                                    ep=plan.ep, has_embedding=self.holds_embedding(p),
-                                   has_head=self.holds_head(p))
+                                   has_head=self.holds_head(p), etp=self.etp)
         sharded = plan.zero >= 1
         # a chunk held by several pipeline ranks is sharded over all of their ranks
         copies = self.chunk_copies if sharded else 1
         dense = params.dense_params / (plan.dp * plan.cp * copies if sharded else 1)
-        expert = params.expert_params / ((plan.dp * plan.cp) // plan.ep * copies if sharded
-                                         else 1)
+        expert = params.expert_params / (self.layout.expert_dp * copies if sharded else 1)
         tensors = sum(1 for layer in layers for k in self.kernels(layer) if k.params) + 2
         kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
                                           grad_bytes=self.grad_bytes, tensors=tensors)
@@ -1030,7 +1150,7 @@ class StepLowerer:
         recipe = costs.resolve_fp8_recipe(plan.fp8_recipe)
         if plan.dtype == "fp8" and recipe.weight_cache:
             weights = sum(count * sum(costs.layer_params(self.model, layer, tp=plan.tp,
-                                                         ep=plan.ep))
+                                                         ep=plan.ep, etp=self.etp))
                           for layer, count in costs.layer_types(self.model, layers).items())
             quant = costs.fp8_weight_quant_kernel(weights, recipe)
             b.add(compute_op(quant, quant.name, "F"))

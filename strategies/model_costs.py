@@ -60,11 +60,15 @@ Assumptions (each is a choice, stated once here)
 * CP: each rank holds ``s/c`` queries of every sequence and attends to all ``s`` keys
   (ring attention, load-balanced so causal work is even), so attention FLOPs and all
   per-token work divide by ``c``.
-* MoE (balanced routing): a rank with ``E/ep`` experts processes ``n * top_k * cf``
-  token-expert pairs (``cf = capacity_factor``, 1 when 0 = dropless), as one grouped GEMM
-  per expert matmul; expert FFNs are also split over TP (expert-TP = TP). Shared experts are
-  a dense MLP of ``shared_experts * expert_ffn_hidden_size``. The router (``h x E``) is
-  replicated.
+* MoE as Megatron-Core's MoELayer runs it (``megatron/core/transformer/moe``): each TP
+  rank routes its own sequence shard (``n_sp`` tokens, ``n_sp * top_k`` token-expert
+  pairs); a rank with ``E/ep`` experts split ``etp`` ways (expert-TP, by default TP)
+  processes ``etp * n_sp * top_k * load`` pairs (the dispatcher all-gathers them over
+  expert-TP), as one grouped GEMM per expert matmul; ``load`` is 1 for a balanced router,
+  the capacity factor when padded to capacity, and the most loaded rank's share otherwise
+  (:mod:`strategies.expert_routing`). Shared experts are a dense TP MLP of
+  ``shared_experts * expert_ffn_hidden_size`` on the ``n`` gathered tokens. The router
+  (``h x E``) is replicated.
 * Vector kernels: FLOPs per element are small documented constants (they are memory bound);
   their backward reads the saved input and the upstream gradient and writes the input
   gradient.
@@ -422,11 +426,28 @@ def _check_tp(model: ModelSpec, tp: int) -> None:
         raise ValueError(
             f"tp: {tp} does not divide ffn_hidden_size {model.ffn_hidden_size} of model {model.name!r}"
         )
-    if model.moe is not None and model.moe.expert_ffn_hidden_size % tp:
+    moe = model.moe
+    if moe is not None and moe.shared_experts and (moe.shared_experts * moe.expert_ffn_hidden_size) % tp:
         raise ValueError(
-            f"tp: {tp} does not divide moe.expert_ffn_hidden_size {model.moe.expert_ffn_hidden_size} "
-            f"of model {model.name!r}"
+            f"tp: {tp} does not divide the shared experts' FFN size "
+            f"{moe.shared_experts * moe.expert_ffn_hidden_size} of model {model.name!r}"
         )
+
+
+def _check_etp(model: ModelSpec, etp: int) -> None:
+    _pos_int(etp, "expert_tp")
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % etp:
+        raise ValueError(
+            f"expert_tp: {etp} does not divide moe.expert_ffn_hidden_size "
+            f"{model.moe.expert_ffn_hidden_size} of model {model.name!r}; valid: a divisor of it"
+        )
+
+
+def _default_load(model: ModelSpec) -> float:
+    """Rows of a routed expert relative to a balanced load when nothing else is said: the
+    model's capacity factor, padded (1 when dropless)."""
+    cf = model.moe.capacity_factor if model.moe is not None else 0.0
+    return cf if cf > 0 else 1.0
 
 
 def _check_ep(model: ModelSpec, ep: int) -> None:
@@ -660,7 +681,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                   cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
                   dropout: bool = True, flash_attention: bool = True,
                   fp8_recipe: str | Fp8Recipe | None = None,
-                  elementwise: str = "fused") -> list[Kernel]:
+                  elementwise: str = "fused", etp: int | None = None,
+                  expert_load: float | None = None) -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -668,10 +690,14 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     backward 2.5x, selective-recompute), ``attn.out``, ``attn.residual``. Dense MLP block:
     ``mlp.norm``, ``mlp.fc1``/``mlp.act``/``mlp.fc2`` (GELU) or
     ``mlp.gate_up``/``mlp.act``/``mlp.down`` (SwiGLU, gate and up fused), ``mlp.residual``.
-    MoE block: ``moe.norm``, ``moe.router`` (``n_sp x h x E`` GEMM), ``moe.route``
-    (softmax/top-k), shared experts ``moe.shared.*`` (if any), ``moe.permute``,
-    ``moe.experts.*`` (grouped GEMMs over ``E/ep`` local experts and ``n*top_k*cf``
-    token-expert pairs), ``moe.unpermute``, ``moe.residual``.
+    MoE block (Megatron-Core's MoELayer with the all-to-all dispatcher): ``moe.norm``,
+    ``moe.router`` (``n_sp x h x E`` GEMM on the rank's sequence shard), ``moe.route``
+    (softmax/top-k), shared experts ``moe.shared.*`` (if any; a dense TP MLP on the ``n``
+    gathered tokens), ``moe.permute`` (the rank's ``n_sp*k`` token-expert pairs),
+    ``moe.experts.*`` (grouped GEMMs over ``E/ep`` local experts, ``f_e/etp`` wide, on the
+    ``etp*n_sp*k*load`` pairs the rank receives and gathers over expert-TP; ``load`` 1 for a
+    balanced router, else :func:`strategies.expert_routing.routed_load`'s rows factor),
+    ``moe.unpermute``, ``moe.residual``.
 
     Matmuls process ``n = b*s/c`` tokens; norms and residuals ``n_sp`` (module docstring).
     A matmul ``[m,k]@[k,n]`` costs ``2mnk`` FLOPs forward and the same for each of its input
@@ -683,6 +709,9 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         micro_batch: sequences per micro-batch ``b``.
         seq_len: tokens per sequence ``s``.
         tp, cp, ep: tensor-, context- and expert-parallel sizes.
+        etp: expert tensor-parallel size (None: tp).
+        expert_load: routed rows relative to a balanced load (None: the model's
+            capacity factor, padded; 1 when dropless).
         sequence_parallel: shard norms/residuals over TP (Korthikanti et al. 2022).
         dtype: matmul dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``, ...).
         dropout: count dropout masks in the residual kernels.
@@ -775,10 +804,13 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         return kernels
 
     moe = model.moe  # not None: is_moe_layer(layer) is True
+    etp = tp if etp is None else etp
+    _check_etp(model, etp)
     E, k = moe.num_experts, moe.top_k
-    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
-    pairs = n * k * cf
-    fe_l = moe.expert_ffn_hidden_size // tp
+    load = _default_load(model) if expert_load is None else expert_load
+    local_pairs = n_sp * k          # this rank's token-expert pairs, before dispatch
+    pairs = etp * local_pairs * load  # what its experts process, gathered over expert-TP
+    fe_l = moe.expert_ffn_hidden_size // etp
     kernels.append(_norm("moe.norm", "moe", model, n_sp, act, ea, elementwise=elementwise))
     kernels.append(_matmul("moe.router", "moe", m=n_sp, n=E, k=h, dtype=act, in_bytes=ea,
                            out_bytes=ea, params=h * E))
@@ -797,22 +829,22 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                         groups=1, mm=mm, em=em, act=act, ea=ea, recipe=recipe,
                         elementwise=elementwise)
     kernels.append(Kernel(
-        name="moe.permute", block="moe", kind="memcpy", shape=(int(round(pairs)), h), dtype=act,
+        name="moe.permute", block="moe", kind="memcpy", shape=(int(local_pairs), h), dtype=act,
         fwd_flops=0.0,
-        fwd_bytes=2 * ea * pairs * h,
-        bwd_input_flops=1.0 * pairs * h,  # sum of the top_k gradient copies
-        bwd_input_bytes=2 * ea * pairs * h,
+        fwd_bytes=2 * ea * local_pairs * h,
+        bwd_input_flops=1.0 * local_pairs * h,  # sum of the top_k gradient copies
+        bwd_input_bytes=2 * ea * local_pairs * h,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
     kernels += [replace(k, expert=True) for k in _mlp(
         "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
         mm=mm, em=em, act=act, ea=ea, recipe=recipe, elementwise=elementwise)]
     kernels.append(Kernel(
-        name="moe.unpermute", block="moe", kind="elementwise", shape=(n, h), dtype=act,
-        fwd_flops=2.0 * pairs * h,  # scale by the router probability and sum
-        fwd_bytes=ea * (pairs * h + n * h) + FP32_BYTES * pairs,
-        bwd_input_flops=3.0 * pairs * h,  # d(expert out) and d(prob)
-        bwd_input_bytes=ea * (n * h + 2 * pairs * h) + FP32_BYTES * 2 * pairs,
+        name="moe.unpermute", block="moe", kind="elementwise", shape=(n_sp, h), dtype=act,
+        fwd_flops=2.0 * local_pairs * h,  # scale by the router probability and sum
+        fwd_bytes=ea * (local_pairs * h + n_sp * h) + FP32_BYTES * local_pairs,
+        bwd_input_flops=3.0 * local_pairs * h,  # d(expert out) and d(prob)
+        bwd_input_bytes=ea * (n_sp * h + 2 * local_pairs * h) + FP32_BYTES * 2 * local_pairs,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
     kernels.append(_residual("moe.residual", "moe", n_sp, h, act, ea, dropout))
@@ -1037,13 +1069,15 @@ def _attention_params(model: ModelSpec, tp: int = 1) -> int:
     return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
 
 
-def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1,
+                 etp: int | None = None) -> tuple[int, int]:
     """``(dense, expert)`` parameters of layer ``layer`` on one rank (elements).
 
     Dense: attention ``h*(a + 2g)*d/t + a*d*h/t`` (KV replicated when ``t > g``), two norms
     (replicated), and either the MLP ``m*h*f/t`` (``m`` = 2 GELU, 3 SwiGLU) or, in an MoE
     layer, the router ``h*E`` plus shared experts ``m*h*S*f_e/t``. Expert: routed experts
-    ``(E/ep)*m*h*f_e/t``. With ``tp = ep = 1`` these are the unsharded counts.
+    ``(E/ep)*m*h*f_e/etp`` (``etp``: expert-TP, default ``t``). With ``tp = ep = 1`` these
+    are the unsharded counts.
     """
     _check_layer(model, layer)
     _check_tp(model, tp)
@@ -1053,9 +1087,10 @@ def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1) -> t
     if not model.is_moe_layer(layer):
         return dense + m * h * (model.ffn_hidden_size // tp), 0
     moe = model.moe  # not None: is_moe_layer(layer) is True
-    fe_l = moe.expert_ffn_hidden_size // tp
-    dense += h * moe.num_experts + moe.shared_experts * m * h * fe_l
-    return dense, (moe.num_experts // ep) * m * h * fe_l
+    etp = tp if etp is None else etp
+    _check_etp(model, etp)
+    dense += h * moe.num_experts + m * h * (moe.shared_experts * moe.expert_ffn_hidden_size // tp)
+    return dense, (moe.num_experts // ep) * m * h * (moe.expert_ffn_hidden_size // etp)
 
 
 def param_counts(model: ModelSpec) -> ParamCounts:
@@ -1106,12 +1141,14 @@ def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
 
 
 def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int = 1,
-                has_embedding: bool = False, has_head: bool = False) -> RankParams:
+                has_embedding: bool = False, has_head: bool = False,
+                etp: int | None = None) -> RankParams:
     """Parameters one rank holds: its layers (see :func:`layer_params`), the embedding shard
     ``ceil(V/t)*h`` if ``has_embedding``, and the final norm plus the head shard
     ``ceil(V/t)*h`` if ``has_head`` (for tied embeddings the head shard is counted only when
     the rank does not also hold the embedding: a last pipeline stage keeps its own copy, as
-    Megatron does). Elements, not bytes.
+    Megatron does); routed experts split over ``ep`` and ``etp`` (expert-TP, default ``t``).
+    Elements, not bytes.
 
     Raises:
         ValueError: a layer out of range or listed twice; tp/ep not dividing the model.
@@ -1123,7 +1160,7 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
         raise ValueError(f"layers: layer {twice} listed twice; give each held layer once")
     dense = expert = 0
     for layer, count in layer_types(model, layers).items():
-        de, ex = layer_params(model, layer, tp=tp, ep=ep)
+        de, ex = layer_params(model, layer, tp=tp, ep=ep, etp=etp)
         dense, expert = dense + count * de, expert + count * ex
     shard = math.ceil(model.vocab_size / tp) * model.hidden_size
     if has_embedding:
@@ -1162,7 +1199,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
                                recompute: str = "none", dtype: str = "bf16",
                                dropout: bool = True, flash_attention: bool = True,
                                fp8_linear_inputs: bool = False,
-                               recompute_modules: Sequence[str] = ()) -> float:
+                               recompute_modules: Sequence[str] = (), etp: int | None = None,
+                               expert_load: float | None = None) -> float:
     """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
@@ -1186,10 +1224,12 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     * SwiGLU: the GELU input/output terms become gate and up outputs (``2f``) and the
       activation output (``f``): 3 tensors of ``n*f/t``;
     * MoE layers: the MLP input, norm input and mask stay per token; the router keeps fp32
-      probabilities ``4*n_sp*E``; per token-expert pair (``n*top_k*cf``): the permuted input
-      ``h``, the FFN intermediates (1 + 1 tensors of ``f_e/t`` for GELU, 2 + 1 for SwiGLU)
-      and the expert output ``h`` (for the probability gradient) plus its fp32 probability;
-      shared experts keep their intermediates of ``S*f_e/t`` per token.
+      probabilities ``4*n_sp*E``; per token-expert pair the experts process
+      (``etp*n_sp*top_k*load``, :func:`layer_kernels`): the permuted input ``h`` and the FFN
+      intermediates (1 + 1 tensors of ``f_e/etp`` for GELU, 2 + 1 for SwiGLU); per pair of
+      the rank's own tokens (``n_sp*top_k``) the combined expert output ``h`` (for the
+      probability gradient) and its fp32 probability; shared experts keep their
+      intermediates of ``S*f_e/t`` per token.
 
     Recompute: ``none`` and ``selective`` are equal under flash attention (selective recompute
     re-runs only the attention core, which flash attention never stores); ``full`` keeps only
@@ -1262,14 +1302,17 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
         return total + e * n_sp * h
     total += e * n_sp * h + norm_out * e_in * n_sp * h + mask * n_sp * h
     moe = model.moe  # not None: is_moe_layer(layer) is True
-    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
-    pairs = n * moe.top_k * cf
-    fe_l = moe.expert_ffn_hidden_size // tp
+    etp = tp if etp is None else etp
+    load = _default_load(model) if expert_load is None else expert_load
+    local_pairs = n_sp * moe.top_k
+    pairs = etp * local_pairs * load
+    fe_l = moe.expert_ffn_hidden_size // etp
     total += FP32_BYTES * n_sp * moe.num_experts
     expert = ffn(fe_l) - (e_in * fe_l if "moe_act" in modules else 0.0)
-    # per token-expert pair: permuted input (fc1 input), expert FFN, expert output, probability
-    total += pairs * (e_in * h + expert + e * h + FP32_BYTES)
-    total += n * ffn(moe.shared_experts * fe_l)
+    # per processed pair: permuted input (fc1 input), expert FFN; per own pair: the
+    # combined expert output and its probability
+    total += pairs * (e_in * h + expert) + local_pairs * (e * h + FP32_BYTES)
+    total += n * ffn(moe.shared_experts * moe.expert_ffn_hidden_size // tp)
     return total
 
 

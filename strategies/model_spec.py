@@ -29,6 +29,12 @@ class MoESpec:
         first_dense_layers: leading layers that stay dense (DeepSeek-V3: 3).
         layer_frequency: every ``layer_frequency``-th layer after those is MoE
             (1 = all of them).
+        router_groups: the experts split in this many groups for group-limited
+            routing (DeepSeek-V3 ``n_group`` 8; Megatron ``--moe-router-num-groups``);
+            0 = no limit.
+        router_group_topk: groups a token's experts may come from (DeepSeek-V3
+            ``topk_group`` 4, its node-limited routing; Megatron
+            ``--moe-router-group-topk``); 0 = no limit.
     """
 
     num_experts: int
@@ -38,6 +44,8 @@ class MoESpec:
     capacity_factor: float = 1.0
     first_dense_layers: int = 0
     layer_frequency: int = 1
+    router_groups: int = 0
+    router_group_topk: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -362,12 +362,14 @@ def test_activation_bytes_swiglu_gqa_exactly():
 def test_activation_bytes_moe_exactly():
     s, b, t = 32, 2, 2
     n, n_sp = b * s, b * s // t
-    pairs = n * TOPK
+    pairs = n * TOPK        # processed by the rank's experts: etp * n_sp * k, etp = t
+    own = n_sp * TOPK       # the rank's own token-expert pairs
     attention_and_io = (2 * 2 * n_sp * H + 2 * n * (2 * (A // t) + 2 * (G // t)) * D + n_sp * H
                         + 2 * 2 * n_sp * H + n_sp * H)
     expected = (attention_and_io
                 + 4 * n_sp * E                                  # fp32 router probabilities
-                + pairs * (2 * (2 * H + 3 * FE // t) + 4)        # permuted in/out, 3 ffn tensors, prob
+                + pairs * 2 * (H + 3 * FE // t)                 # permuted input, 3 ffn tensors
+                + own * (2 * H + 4)                             # combined output, probability
                 + 2 * 3 * n * S * FE // t)                      # shared expert intermediates
     assert activation_bytes_per_layer(MOE, 1, micro_batch=b, seq_len=s, tp=t) == expected
 
