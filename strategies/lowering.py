@@ -275,8 +275,14 @@ class StepLowerer:
         if which == "embedding":
             return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
                                                  **common))
-        return tuple(costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
-                                        elementwise=plan.elementwise, **common))
+        head = costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
+                                  elementwise=plan.elementwise, **common)
+        # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
+        mtp = costs.mtp_kernels(self.model, ep=plan.ep, etp=self.etp,
+                                expert_load=self.routing.rows_factor,
+                                cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
+                                **common)
+        return tuple(head + mtp)
 
     # -------------------------------------------------------------- collectives
     @staticmethod
@@ -447,7 +453,9 @@ class StepLowerer:
         without sequence parallelism); (None, None) without TP."""
         if self.plan.tp == 1:
             return None, None
-        matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"]
+        # MLA's down projections are replicated over TP: the up projections gather
+        matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"
+                   and not k.name.endswith("_down")]
         if len(matmuls) < 2:
             return None, None
         return matmuls[0], matmuls[-1]
@@ -477,11 +485,12 @@ class StepLowerer:
         activations on the copy engines, no SMs taken from the GEMM); otherwise the
         all-gather blocks the compute stream first."""
         plan = self.plan
+        size = self._tp_input_bytes(kernel)
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
             return
         if plan.tp_comm_overlap != "userbuffers":
-            self._tp_collective(b, "all_gather", self.act_bytes, label)
+            self._tp_collective(b, "all_gather", size, label)
             self._emit_kernel(b, kernel, tag, phase)
             return
         chunk = self._scaled(kernel, 1.0 / plan.tp)
@@ -490,12 +499,21 @@ class StepLowerer:
         for step in range(plan.tp):
             if step < plan.tp - 1:  # the ring's next shard moves while this chunk computes
                 previous_exchange = self._tp_collective(
-                    b, "sendrecv", self.act_bytes / plan.tp, f"{label}.ring{step}", "tp",
+                    b, "sendrecv", size / plan.tp, f"{label}.ring{step}", "tp",
                     ready if step == 0 else ())
             else:
                 previous_exchange = None
             self._emit_kernel(b, chunk, f"{tag}.ring{step}", phase, self._deps_after(b, previous))
             previous = previous_exchange
+
+    def _tp_input_bytes(self, kernel: costs.Kernel) -> float:
+        """Bytes a column-parallel GEMM's TP all-gather moves (and its input gradient's
+        reduce-scatter): the hidden states, or for MLA's up projections the latents
+        (Megatron-Core gathers the down-projected latents, not the hidden states)."""
+        if self.model.mla is not None and kernel.name in ("attn.q_up", "attn.q"):
+            width = costs.mla_latent_width(self.model)
+            return self.tokens * width * ELEMENT_BYTES["bf16"]
+        return self.act_bytes
 
     def _reduced_matmul(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                         label: str) -> None:
@@ -606,25 +624,26 @@ class StepLowerer:
         dgrad computes. With ``tp_comm_overlap = "none"`` (Megatron-LM 2021) each
         collective blocks the compute stream instead."""
         plan = self.plan
+        size = self._tp_input_bytes(kernel)
         reduce_kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
         if plan.tp_comm_overlap == "none":
             if phase != "I" and plan.sequence_parallel:
-                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+                self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, phase)
             if phase != "W":
-                self._tp_collective(b, reduce_kind, self.act_bytes, label)
+                self._tp_collective(b, reduce_kind, size, label)
             return
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
             if plan.sequence_parallel:
-                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+                self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, "W")
             return
         gathered = None
         if phase == "B" and plan.sequence_parallel:
-            gathered = self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input",
+            gathered = self._tp_collective(b, "all_gather", size, f"{label}.input",
                                            "tp", self._deps_after(b, b.last()))
         dgrad = self._emit_kernel(b, kernel, tag, "I")
-        reduced = self._tp_collective(b, reduce_kind, self.act_bytes, label, "tp", (dgrad,))
+        reduced = self._tp_collective(b, reduce_kind, size, label, "tp", (dgrad,))
         if phase == "B":
             self._emit_kernel(b, kernel, tag, "W", self._deps_after(b, gathered))
         b.wait(reduced)
@@ -1191,6 +1210,8 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      impl=attention_impl if kernel.kind == "attention" else "")
 
 
+#: MLA's up projections (what ``--recompute-modules mla_up_proj`` re-runs).
+_MLA_UP_PROJECTIONS = ("attn.q_up", "attn.kv_up", "attn.q")
 #: Recompute modules that re-run a whole block (with its communication: Megatron-Core
 #: checkpoints the MLP / MoE submodule, dispatcher included) and the block they re-run.
 _BLOCK_MODULES = {"mlp": "mlp", "moe": "moe"}
@@ -1204,6 +1225,7 @@ def recomputed(block: str, members: Sequence[costs.Kernel], modules: frozenset[s
 
     ``core_attn``: the attention core (the kernels marked ``selective_recompute``);
     ``layernorm``: the block's norm; ``moe_act``: the routed experts' activation;
+    ``mla_up_proj``: MLA's up projections (their latent inputs are kept);
     ``mlp`` / ``moe``: the dense MLP / MoE block, its norm and residual left out unless
     ``layernorm`` asks for the norm."""
     whole = _BLOCK_MODULES.get(block) in modules
@@ -1215,7 +1237,9 @@ def recomputed(block: str, members: Sequence[costs.Kernel], modules: frozenset[s
             keep = not kernel.name.endswith(".residual")
         else:
             keep = ((kernel.selective_recompute and "core_attn" in modules)
-                    or (kernel.name == "moe.experts.act" and "moe_act" in modules))
+                    or (kernel.name == "moe.experts.act" and "moe_act" in modules)
+                    or (kernel.name.split(".quant")[0] in _MLA_UP_PROJECTIONS
+                        and "mla_up_proj" in modules))
         if keep:
             chosen.append(kernel)
     return chosen, whole

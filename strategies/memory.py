@@ -257,7 +257,8 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
     ``plan.recompute`` and ``options.recompute_modules``, in fp8 plans with FP8 linear
     inputs when ``options.fp8_linear_inputs``) plus the embedding's and the head's
-    (``options.cross_entropy``) when the stage holds them. The first
+    (``options.cross_entropy``) when the stage holds them, and on the head's stage the MTP
+    modules' (each a layer like the last one and the head again). The first
     ``options.activation_offload_layers`` layers hold nothing on the GPU (offloaded).
     The memory model weighs each in-flight (stage, micro-batch) by this.
 
@@ -278,9 +279,12 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
         total += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
                                                         **act_kwargs)
     if has_head:
-        total += model_costs.head_activation_bytes(model, dtype=kwargs["dtype"],
-                                                   cross_entropy=options.cross_entropy,
-                                                   **act_kwargs)
+        head = model_costs.head_activation_bytes(model, dtype=kwargs["dtype"],
+                                                 cross_entropy=options.cross_entropy,
+                                                 **act_kwargs)
+        # each MTP module keeps a layer's activations and runs the head and loss again
+        mtp_layer = _layer_bytes(model, model.num_layers - 1, plan.recompute, kwargs, options)
+        total += head + model.mtp_layers * (mtp_layer + head)
     return total
 
 

@@ -113,9 +113,13 @@ __all__ = [
     "head_activation_bytes",
     "head_transient_bytes",
     "head_kernels",
+    "kv_cache_elements_per_token",
+    "mla_latent_width",
     "layer_kernels",
     "layer_params",
     "model_flops_per_token",
+    "mtp_kernels",
+    "mtp_params",
     "optimizer_kernels",
     "param_counts",
     "rank_params",
@@ -128,7 +132,7 @@ BLOCKS = ("embedding", "attention", "mlp", "moe", "head")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 #: Megatron-Core ``--recompute-modules`` :func:`activation_bytes_per_layer` models.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj")
 
 #: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
@@ -366,6 +370,8 @@ class ParamCounts:
         active_per_token: parameters one token touches: total minus, in each MoE layer, the
             routed experts it is not sent to (``(E - top_k)`` experts). Includes the
             embedding and the head (MoE papers' "activated parameters" convention).
+        mtp: parameters of the multi-token prediction modules (not in ``total``, as
+            DeepSeek-V3's 671B leaves its 14B MTP module out).
     """
 
     embedding: int
@@ -376,6 +382,7 @@ class ParamCounts:
     moe_layer: int
     total: int
     active_per_token: int
+    mtp: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -753,22 +760,10 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         return [_fp8_quant(f"{kernel.name}.quant", kernel.block, m=n, k=k, n=cols,
                            recipe=recipe, input_from_norm=from_norm, act=act)]
 
-    attn_flops = CAUSAL_FLOP_FRACTION * 4.0 * micro_batch * s_q * s_k * a_l * d
-    q_elems = micro_batch * s_q * a_l * d
-    kv_elems = micro_batch * s_k * g_l * d
-    lse_bytes = FP32_BYTES * micro_batch * a_l * s_q
-    core = Kernel(
-        name="attn.core", block="attention", kind="attention",
-        shape=(micro_batch, a_l, g_l, s_q, s_k, d), dtype=act,
-        fwd_flops=attn_flops,
-        # read q, k, v; write o and the fp32 log-sum-exp
-        fwd_bytes=ea * (2 * q_elems + 2 * kv_elems) + lse_bytes,
-        bwd_input_flops=FLASH_BWD_FLOP_FACTOR * attn_flops,
-        # read q, k, v, o, do, lse; write dq, dk, dv
-        bwd_input_bytes=ea * (4 * q_elems + 4 * kv_elems) + lse_bytes,
-        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
-        selective_recompute=True,
-    )
+    if model.mla is not None:
+        g_l = a_l  # MLA expands keys and values to every head
+    core = _flash_core(micro_batch=micro_batch, heads=a_l, kv_heads=g_l, s_q=s_q, s_k=s_k,
+                       d_qk=model.qk_head_dim, d_v=model.v_head_dim, act=act, ea=ea)
     cores = [core] if flash_attention else unfused_attention_kernels(
         micro_batch=micro_batch, heads=a_l, s_q=s_q, s_k=s_k, head_dim=d, dtype=act,
         dropout=dropout)
@@ -783,17 +778,22 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     if getattr(model, "position_embedding", "") == "rope":
         rope = [_rotary("attn.rope", "attention", tokens=n, q_heads=a_l, kv_heads=g_l,
                         head_dim=d, act=act, elementwise=elementwise)]
-    kernels = [
-        _norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
-              elementwise=elementwise),
-        *quant(qkv, h, (a_l + 2 * g_l) * d, True),
-        qkv,
-        *rope,
-        *cores,
-        *quant(out, a_l * d, h, False),
-        out,
-        _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
-    ]
+    if model.mla is not None:
+        kernels = _mla_attention(model, n=n, n_sp=n_sp, tp=tp, mm=mm, em=em, act=act, ea=ea,
+                                 core=core, recipe=recipe, norm_out=norm_out, dropout=dropout,
+                                 elementwise=elementwise)
+    else:
+        kernels = [
+            _norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
+                  elementwise=elementwise),
+            *quant(qkv, h, (a_l + 2 * g_l) * d, True),
+            qkv,
+            *rope,
+            *cores,
+            *quant(out, a_l * d, h, False),
+            out,
+            _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
+        ]
     if not model.is_moe_layer(layer):
         kernels.append(_norm("mlp.norm", "mlp", model, n_sp, act, ea, out_bytes=norm_out,
                              elementwise=elementwise))
@@ -849,6 +849,99 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     ))
     kernels.append(_residual("moe.residual", "moe", n_sp, h, act, ea, dropout))
     return kernels
+
+
+def _flash_core(*, micro_batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, d_qk: int,
+                d_v: int, act: str, ea: float) -> Kernel:
+    """The fused causal attention kernel over local ``heads`` (``kv_heads`` key/value
+    heads): scores ``QK^T`` over ``d_qk`` and ``PV`` over ``d_v`` dims
+    (``CAUSAL * 2*b*s_q*s_k*a*(d_qk + d_v)`` FLOPs: ``4*b*s_q*s_k*a*d`` when both are ``d``);
+    it reads q, k, v and writes o and the fp32 log-sum-exp; its backward (2.5x) reads q, k,
+    v, o, do and the log-sum-exp and writes dq, dk, dv."""
+    flops = CAUSAL_FLOP_FRACTION * 2.0 * micro_batch * s_q * s_k * heads * (d_qk + d_v)
+    q, o = micro_batch * s_q * heads * d_qk, micro_batch * s_q * heads * d_v
+    k, v = micro_batch * s_k * kv_heads * d_qk, micro_batch * s_k * kv_heads * d_v
+    lse_bytes = FP32_BYTES * micro_batch * heads * s_q
+    return Kernel(
+        name="attn.core", block="attention", kind="attention",
+        shape=(micro_batch, heads, kv_heads, s_q, s_k, d_qk), dtype=act,
+        fwd_flops=flops,
+        fwd_bytes=ea * (q + o + k + v) + lse_bytes,
+        bwd_input_flops=FLASH_BWD_FLOP_FACTOR * flops,
+        bwd_input_bytes=ea * 2 * (q + o + k + v) + lse_bytes,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        selective_recompute=True,
+    )
+
+
+def _mla_attention(model: ModelSpec, *, n: int, n_sp: int, tp: int, mm: str, em: float,
+                   act: str, ea: float, core: Kernel, recipe: Fp8Recipe | None,
+                   norm_out: float | None, dropout: bool, elementwise: str) -> list[Kernel]:
+    """Multi-head latent attention as Megatron-Core's ``MLASelfAttention`` runs it
+    (``megatron/core/transformer/multi_latent_attention.py``; DeepSeek-V3 report Section
+    2.1.1): ``attn.norm``; the down projections on the rank's sequence shard with their
+    weights replicated over TP (``attn.q_down`` ``h x q_lora`` and its norm
+    ``attn.q_norm``, ``attn.kv_down`` ``h x (kv_lora + rope)`` and ``attn.kv_norm``);
+    the latents are then gathered over TP (the lowering's all-gather, latent-wide) for
+    the column-parallel up projections ``attn.q_up`` (``q_lora x a*(nope + rope)``) and
+    ``attn.kv_up`` (``kv_lora x a*(nope + v)``); the core over ``nope + rope`` query/key
+    and ``v`` value dims; ``attn.out`` (``a*v x h``, row-parallel); ``attn.residual``.
+    Without a query latent (``q_lora_rank`` 0) queries come from the gathered hidden state
+    (``attn.q``, column-parallel)."""
+    mla, h = model.mla, model.hidden_size
+    a_l = model.num_heads // tp
+    d_qk, d_v = model.qk_head_dim, model.v_head_dim
+    kv_width = mla.kv_lora_rank + mla.qk_rope_head_dim
+
+    def gemm(name: str, rows: int, cols: int, inner: int) -> list[Kernel]:
+        kernel = _matmul(name, "attention", m=rows, n=cols, k=inner, dtype=mm, in_bytes=em,
+                         out_bytes=ea, params=inner * cols)
+        if recipe is None:
+            return [kernel]
+        quant = _fp8_quant(f"{name}.quant", "attention", m=rows, k=inner, n=cols, recipe=recipe,
+                           input_from_norm=inner == h, act=act)
+        return [quant, kernel]
+
+    def latent_norm(name: str, rows: int, width: int) -> Kernel:
+        # an RMSNorm over the latent (the norm kernel of a width-``width`` model)
+        narrow = replace(model, hidden_size=width, norm="rmsnorm")
+        return _norm(name, "attention", narrow, rows, act, ea, elementwise=elementwise)
+
+    kernels = [_norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
+                     elementwise=elementwise)]
+    if mla.q_lora_rank:
+        kernels += gemm("attn.q_down", n_sp, mla.q_lora_rank, h)
+        kernels.append(latent_norm("attn.q_norm", n_sp, mla.q_lora_rank))
+    kernels += gemm("attn.kv_down", n_sp, kv_width, h)
+    kernels.append(latent_norm("attn.kv_norm", n_sp, mla.kv_lora_rank))
+    if mla.q_lora_rank:
+        kernels += gemm("attn.q_up", n, a_l * d_qk, mla.q_lora_rank)
+    else:
+        kernels += gemm("attn.q", n, a_l * d_qk, h)
+    kernels += gemm("attn.kv_up", n, a_l * (mla.qk_nope_head_dim + d_v), mla.kv_lora_rank)
+    kernels.append(core)
+    kernels += gemm("attn.out", n, h, a_l * d_v)
+    kernels.append(_residual("attn.residual", "attention", n_sp, h, act, ea, dropout))
+    return kernels
+
+
+def mla_latent_width(model: ModelSpec) -> int:
+    """Elements per token the MLA latents carry into the up projections (the tensor its
+    TP all-gather moves): query latent + key/value latent + the shared rotary key (the
+    hidden size instead of the query latent without one)."""
+    mla = model.mla
+    query = mla.q_lora_rank or model.hidden_size
+    return query + mla.kv_lora_rank + mla.qk_rope_head_dim
+
+
+def kv_cache_elements_per_token(model: ModelSpec) -> int:
+    """Key/value cache elements one token leaves per model (all layers): MLA caches its
+    key/value latent and the shared rotary key, ``(kv_lora + rope) * L`` (DeepSeek-V2
+    report Table 1: ``(d_c + d_h^R) l``); multi-head/grouped-query attention its keys
+    and values, ``2 * g * d * L``."""
+    if model.mla is not None:
+        return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * model.num_layers
+    return 2 * model.num_kv_heads * model.head_dim * model.num_layers
 
 
 def unfused_attention_kernels(*, micro_batch: int, heads: int, s_q: int, s_k: int,
@@ -1064,9 +1157,18 @@ def fp8_weight_quant_kernel(params: float, recipe: str | Fp8Recipe | None = None
 
 
 def _attention_params(model: ModelSpec, tp: int = 1) -> int:
+    """Attention block parameters on one TP rank (with its norm). MLA: the replicated down
+    projections and latent norms, the split up and output projections."""
     h, d = model.hidden_size, model.head_dim
     a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
-    return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
+    mla = model.mla
+    if mla is None:
+        return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
+    query = (h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * a_l * model.qk_head_dim
+             if mla.q_lora_rank else h * a_l * model.qk_head_dim)
+    kv = (h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+          + mla.kv_lora_rank * a_l * (mla.qk_nope_head_dim + mla.v_head_dim))
+    return query + kv + a_l * mla.v_head_dim * h + _norm_params(model)
 
 
 def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1,
@@ -1120,8 +1222,63 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     return ParamCounts(
         embedding=embedding, head=head, final_norm=final_norm, layers=layers,
         dense_layer=dense_layer, moe_layer=moe_layer, total=total,
-        active_per_token=total - inactive,
+        active_per_token=total - inactive, mtp=sum(mtp_params(model)),
     )
+
+
+def _mtp_layer(model: ModelSpec) -> int:
+    """The layer an MTP module's transformer block is like: the model's last."""
+    return model.num_layers - 1
+
+
+def mtp_params(model: ModelSpec, *, tp: int = 1, ep: int = 1, etp: int | None = None
+               ) -> tuple[int, int]:
+    """``(dense, expert)`` parameters of the model's MTP modules on one rank: per module a
+    layer like the last one, the ``2h x h`` projection (column-parallel) and two norms
+    (DeepSeek-V3 report Section 2.2: RMSNorms of the hidden state and the embedding, the
+    projection ``M_k``, a transformer block; Megatron-Core ``MultiTokenPredictionLayer``).
+    The embedding and the output head are shared with the model. (0, 0) without MTP."""
+    if not model.mtp_layers:
+        return 0, 0
+    dense, expert = layer_params(model, _mtp_layer(model), tp=tp, ep=ep, etp=etp)
+    h = model.hidden_size
+    dense += 2 * h * h // tp + 2 * _norm_params(model)
+    return model.mtp_layers * dense, model.mtp_layers * expert
+
+
+def mtp_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1,
+                ep: int = 1, etp: int | None = None, sequence_parallel: bool = True,
+                dtype: str = "bf16", expert_load: float | None = None,
+                cross_entropy: str = "megatron", elementwise: str = "fused") -> list[Kernel]:
+    """Forward kernels of the MTP modules on the stage holding the head, each module its
+    two norms, the ``2h -> h`` projection, a layer like the last one (its kernels, named
+    ``mtp.<k>.``) and the shared head and loss again. Compute only: the module's TP and
+    expert communication is not lowered (a documented simplification). [] without MTP."""
+    if not model.mtp_layers:
+        return []
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    mm, em, act, ea = _dtypes(dtype)
+    h = model.hidden_size
+    out: list[Kernel] = []
+    for k in range(model.mtp_layers):
+        prefix = f"mtp.{k}."
+        module = [_norm("mtp.hnorm", "head", model, n_sp, act, ea, elementwise=elementwise),
+                  _norm("mtp.enorm", "head", model, n_sp, act, ea, elementwise=elementwise),
+                  _matmul("mtp.proj", "head", m=n, n=h // tp, k=2 * h, dtype=mm, in_bytes=em,
+                          out_bytes=ea, params=2 * h * h // tp)]
+        module += layer_kernels(model, _mtp_layer(model), micro_batch=micro_batch,
+                                seq_len=seq_len, tp=tp, cp=cp, ep=ep, etp=etp,
+                                sequence_parallel=sequence_parallel, dtype=dtype,
+                                dropout=model.dropout, expert_load=expert_load,
+                                elementwise=elementwise)
+        module += [replace(kernel, params=0) if kernel.name == "head.logits" else kernel
+                   for kernel in head_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
+                                              tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+                                              dtype=dtype, cross_entropy=cross_entropy,
+                                              elementwise=elementwise)]
+        out += [replace(kernel, name=prefix + kernel.name) for kernel in module]
+    return out
 
 
 def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
@@ -1169,6 +1326,8 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
         dense += _norm_params(model)
         if not model.tied_embeddings or not has_embedding:
             dense += shard
+        mtp_dense, mtp_expert = mtp_params(model, tp=tp, ep=ep, etp=etp)
+        dense, expert = dense + mtp_dense, expert + mtp_expert
     return RankParams(dense_params=dense, expert_params=expert)
 
 
@@ -1182,13 +1341,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     ``N`` is :attr:`ParamCounts.active_per_token` without the embedding lookup (it does no
     matmul) but with the LM head (``V*h``, also when tied), and the attention term counts the
     full (non-causal) ``s^2`` score and value matmuls, as Megatron (Narayanan et al. 2021) and
-    PaLM do. Norm weights are included in ``N`` (negligible). FLOPs per token.
+    PaLM do; with MLA's unequal query/key and value widths the term is
+    ``6*L*a*s*(d_qk + d_v)`` (``12*L*a*d*s`` when both are ``d``). Norm weights are included
+    in ``N`` (negligible). MTP modules are not counted. FLOPs per token.
     """
     _pos_int(seq_len, "seq_len")
     pc = param_counts(model)
     head_matmul = model.vocab_size * model.hidden_size
     n = pc.active_per_token - pc.embedding + (head_matmul if model.tied_embeddings else 0)
-    return 6.0 * n + 12.0 * model.num_layers * model.num_heads * model.head_dim * seq_len
+    return 6.0 * n + 6.0 * model.num_layers * model.num_heads * seq_len * (
+        model.qk_head_dim + model.v_head_dim)
 
 
 # --------------------------------------------------------------------------- activations
@@ -1248,7 +1410,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     norm outputs (the QKV and fc1 inputs, recomputed from the norm inputs); ``mlp`` keeps only
     a dense MLP's input; ``moe`` keeps only an MoE block's input (router, dispatch and experts
     recomputed); ``moe_act`` drops the experts' activation outputs (fc2 inputs);
-    ``core_attn`` is the flash-attention no-op. Others are rejected.
+    ``mla_up_proj`` drops MLA's per-head queries, keys and values (the up projections are
+    re-run); ``core_attn`` is the flash-attention no-op. Others are rejected.
 
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
@@ -1280,10 +1443,15 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     e_in = 1.0 if fp8_linear_inputs else e
     norm_out = 0.0 if "layernorm" in modules else 1.0
     # attention block: norm input, QKV input, Q, K, V, attention output (out-proj input), mask
-    total = (e * n_sp * h + norm_out * e_in * n_sp * h + e * n * (2 * a_l + 2 * g_l) * d
-             + mask * n_sp * h)
+    if model.mla is None:
+        total = (e * n_sp * h + norm_out * e_in * n_sp * h + e * n * (2 * a_l + 2 * g_l) * d
+                 + mask * n_sp * h)
+    else:
+        total = _mla_activation_bytes(model, n=n, n_sp=n_sp, tp=tp, e=e, e_in=e_in,
+                                      norm_out=norm_out, modules=modules) + mask * n_sp * h
     if fp8_linear_inputs:
-        total += 1.0 * n * a_l * d  # the out-projection's FP8 copy of the attention output
+        # the out-projection's FP8 copy of the attention output
+        total += 1.0 * n * a_l * model.v_head_dim
     if not flash_attention and recompute == "none":
         # unfused attention stores softmax output, dropout mask and output: 5as/h * sbh
         total += (2 * e + DROPOUT_MASK_BYTES if dropout else e) * n * a_l * seq_len
@@ -1314,6 +1482,24 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     total += pairs * (e_in * h + expert) + local_pairs * (e * h + FP32_BYTES)
     total += n * ffn(moe.shared_experts * moe.expert_ffn_hidden_size // tp)
     return total
+
+
+def _mla_activation_bytes(model: ModelSpec, *, n: int, n_sp: int, tp: int, e: float,
+                          e_in: float, norm_out: float, modules: set[str]) -> float:
+    """What MLA's attention block keeps (:func:`_mla_attention`): the norm input and output
+    (the down projections' input), the latents before their norms and the gathered latents
+    the up projections read, the per-head queries, keys and values flash attention saves
+    (unless ``mla_up_proj`` recompute re-runs the up projections: Megatron-Core
+    ``--recompute-modules mla_up_proj``) and the attention output. Bytes."""
+    mla, h = model.mla, model.hidden_size
+    a_l = model.num_heads // tp
+    kv_width = mla.kv_lora_rank + mla.qk_rope_head_dim
+    total = e * n_sp * h + norm_out * e_in * n_sp * h
+    total += e * n_sp * (mla.q_lora_rank + kv_width)                   # latents (norm inputs)
+    total += e_in * n * (mla.q_lora_rank + mla.kv_lora_rank)          # up-projection inputs
+    if "mla_up_proj" not in modules:
+        total += e * n * a_l * (2 * model.qk_head_dim + model.v_head_dim)  # Q, K, V
+    return total + e * n * a_l * model.v_head_dim                     # attention output
 
 
 def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,
