@@ -1389,9 +1389,10 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
       probabilities ``4*n_sp*E``; per token-expert pair the experts process
       (``etp*n_sp*top_k*load``, :func:`layer_kernels`): the permuted input ``h`` and the FFN
       intermediates (1 + 1 tensors of ``f_e/etp`` for GELU, 2 + 1 for SwiGLU); per pair of
-      the rank's own tokens (``n_sp*top_k``) the combined expert output ``h`` (for the
-      probability gradient) and its fp32 probability; shared experts keep their
-      intermediates of ``S*f_e/t`` per token.
+      the rank's own tokens (``n_sp*top_k``) its fp32 probability (Megatron-Core applies
+      the probability in the experts' weighted activation, ``megatron/core/transformer/
+      moe/experts.py``, so its gradient needs no saved expert output); shared experts keep
+      their intermediates of ``S*f_e/t`` per token.
 
     Recompute: ``none`` and ``selective`` are equal under flash attention (selective recompute
     re-runs only the attention core, which flash attention never stores); ``full`` keeps only
@@ -1477,9 +1478,10 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     fe_l = moe.expert_ffn_hidden_size // etp
     total += FP32_BYTES * n_sp * moe.num_experts
     expert = ffn(fe_l) - (e_in * fe_l if "moe_act" in modules else 0.0)
-    # per processed pair: permuted input (fc1 input), expert FFN; per own pair: the
-    # combined expert output and its probability
-    total += pairs * (e_in * h + expert) + local_pairs * (e * h + FP32_BYTES)
+    # per processed pair: permuted input (fc1 input), expert FFN; per own pair its fp32
+    # probability (Megatron-Core applies it in the experts' weighted activation, whose
+    # saved input serves its gradient: no expert output is kept)
+    total += pairs * (e_in * h + expert) + local_pairs * FP32_BYTES
     total += n * ffn(moe.shared_experts * moe.expert_ffn_hidden_size // tp)
     return total
 

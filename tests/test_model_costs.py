@@ -398,7 +398,7 @@ def test_activation_bytes_moe_exactly():
     expected = (attention_and_io
                 + 4 * n_sp * E                                  # fp32 router probabilities
                 + pairs * 2 * (H + 3 * FE // t)                 # permuted input, 3 ffn tensors
-                + own * (2 * H + 4)                             # combined output, probability
+                + own * 4                                       # fp32 probability
                 + 2 * 3 * n * S * FE // t)                      # shared expert intermediates
     assert activation_bytes_per_layer(MOE, 1, micro_batch=b, seq_len=s, tp=t) == expected
 

@@ -44,7 +44,7 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import MLASpec, ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
-from validate.published_stacks import framework_defaults, stack_settings
+from validate.published_stacks import framework_defaults, framework_kind, stack_settings
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
@@ -386,15 +386,21 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
     if expert_tp is None and recipe is not None and recipe.get("etp_size"):
         expert_tp = int(float(recipe["etp_size"]))
         notes.append(f"expert-TP {expert_tp} (NeMo recipe etp_size)")
-    if expert_tp is None and recipe is None and "megatron-bridge" in framework:
-        # the model's NeMo recipe on the same system in another dtype or size
-        same = [r for r in recipes if (r["model"], r["size"]) == NEMO_RECIPE_MODELS.get(
-                run.get("model")) and r["system"] == NEMO_RECIPE_SYSTEMS.get(run.get("gpu"))
-                and r.get("etp_size")]
-        if same:
-            expert_tp = int(float(same[0]["etp_size"]))
-            notes.append(f"expert-TP {expert_tp} (the model's NeMo recipe on {same[0]['system']}, "
-                         f"{same[0]['dtype']})")
+    # the model's NeMo recipe on the same system (in another dtype or size when the row
+    # has none of its own): its expert-TP and recompute modules
+    same = [r for r in recipes if (r["model"], r["size"]) == NEMO_RECIPE_MODELS.get(
+            run.get("model")) and r["system"] == NEMO_RECIPE_SYSTEMS.get(run.get("gpu"))]
+    family = recipe or (same[0] if same and "megatron-bridge" in framework else None)
+    if expert_tp is None and recipe is None and family is not None and family.get("etp_size"):
+        expert_tp = int(float(family["etp_size"]))
+        notes.append(f"expert-TP {expert_tp} (the model's NeMo recipe on {family['system']}, "
+                     f"{family['dtype']})")
+    modules = tuple(m for m in (family or {}).get("recompute_modules", "").split("/") if m)
+    megatron = framework_kind(run.get("framework"), run.get("framework_version")) == "megatron-core"
+    if modules and megatron and not run.get("recompute") and fields.get("recompute") == "none":
+        fields.update(recompute="selective", recompute_modules=modules)
+        notes.append(f"unprinted: recompute modules {' '.join(modules)} (the model's NeMo "
+                     f"recipe on {family['system']})")
     stage = fields["tp"] * fields["cp"] * fields["dp"]
     if stage % fields["ep"]:
         raise NotExpressible(f"EP {fields['ep']} exceeds the {stage} ranks of a pipeline stage: "
@@ -419,9 +425,12 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         fields.update(schedule="dualpipe", vpp=1, moe_dispatch_fp8=True,
                       fp8_recipe="te-blockwise")
         if "mla up-projection" in run.get("recompute_detail").lower():
-            fields["recompute_modules"] = ("layernorm", "mla_up_proj")
-        notes.append("DualPipe, FP8 dispatch, 1x128/128x128 FP8 scaling, RMSNorm and MLA "
-                     "up-projection recompute (arXiv 2412.19437 Sections 3.2.1, 3.3, 3.2.3)")
+            # RMSNorm and MLA up-projections (Section 3.2.3); the MoE SwiGLU's output,
+            # its input cached instead (Section 3.3.2)
+            fields["recompute_modules"] = ("layernorm", "mla_up_proj", "moe_act")
+        notes.append("DualPipe, FP8 dispatch, 1x128/128x128 FP8 scaling, RMSNorm, MLA "
+                     "up-projection and SwiGLU recompute (arXiv 2412.19437 Sections 3.2.1, "
+                     "3.3, 3.2.3, 3.3.2)")
     mtp = 1 if "w/ mtp" in text or "mtp module" in text else 0
     if mtp:
         model = replace(model, mtp_layers=mtp)
