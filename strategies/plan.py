@@ -331,10 +331,13 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.layers_per_stage is not None:
         split = tuple(plan.layers_per_stage)
         stages = plan.pp * plan.vpp
-        if len(split) != stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                       for n in split):
-            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
-                             "layer counts (pp*vpp)")
+        ends = {0, stages - 1}
+        if len(split) != stages or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < (0 if i in ends else 1)
+                for i, n in enumerate(split)):
+            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} layer "
+                             "counts (pp*vpp), positive but for the first and last stage (which "
+                             "hold the embedding and the loss and may hold no layer)")
     if sorted(plan.order) != sorted(AXES):
         raise ValueError(f"order: {tuple(plan.order)} is not valid; give a permutation of "
                          f"{', '.join(AXES)}")
@@ -425,9 +428,13 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         if sum(split) != num_layers:
             raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
                              f"counts (pp*vpp) summing to the model's {num_layers} layers")
-    elif num_layers < stages:
+    elif num_layers < stages - 2 or (stages == 2 and num_layers < 1):
+        # the first and last stages may hold only the embedding and the loss (Megatron's
+        # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's 126 layers on
+        # 128 virtual stages, arXiv 2407.21783 Section 3.3.2)
         raise ValueError(f"pp: {num_layers} layers cannot fill pp {plan.pp} x vpp {plan.vpp} = "
-                         f"{stages} stages; valid: pp*vpp <= {num_layers}")
+                         f"{stages} stages; valid: pp*vpp <= {num_layers + 2} (the first and "
+                         "last stage may hold only the embedding and the loss)")
     # Model-independent, but kept here: tests/test_memory.py builds plans that break it
     # (global batch below dp x micro-batch) to test the memory model.
     if plan.global_batch % (plan.dp * plan.micro_batch):
@@ -621,7 +628,9 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     divides the layers; else a balanced split (counts differ by at most one) whose
     lighter stages are the first and the last, which also hold the embedding and the
     output head. That is the split of Llama 3 405B's 126 layers over 16 stages
-    (7, 8 x 14, 7; Llama 3 paper, arXiv 2407.21783, Section 3.3.2).
+    (7, 8 x 14, 7; Llama 3 paper, arXiv 2407.21783, Section 3.3.2); over 128 virtual
+    stages the first and last hold no layer, only the embedding and the loss (Megatron's
+    ``--account-for-embedding-in-pipeline-split`` / ``-loss-``).
     """
     if plan.layers_per_stage is not None:
         return tuple(plan.layers_per_stage)

@@ -49,15 +49,15 @@ from validate.published_stacks import framework_defaults, framework_kind, stack_
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
 
-#: The preset each published GPU runs on (overrides for variants of a preset).
-GPU_PRESETS: Mapping[str, tuple[str, dict[str, object]]] = {
-    "A100-80GB": ("dgx-a100", {}),
-    "A100-40GB": ("dgx-a100-40gb", {}),
-    "H100-SXM": ("dgx-h100", {}),
-    "H800": ("dgx-h800", {}),
-    "H200": ("hgx-h200", {}),
-    "B200": ("dgx-b200", {}),
-    "GB200": ("gb200-nvl72", {}),
+#: The preset each published GPU runs on.
+GPU_PRESETS: Mapping[str, str] = {
+    "A100-80GB": "dgx-a100",
+    "A100-40GB": "dgx-a100-40gb",
+    "H100-SXM": "dgx-h100",
+    "H800": "dgx-h800",
+    "H200": "hgx-h200",
+    "B200": "dgx-b200",
+    "GB200": "gb200-nvl72",
 }
 
 #: Activation functions of models.csv and the MLP the cost model prices them as: gated
@@ -230,15 +230,28 @@ def _published_step_s(fields: Mapping[str, str]) -> float | None:
     return None
 
 
-def load_roles(directory: Path = DATA_DIR) -> dict[str, set[str]]:
-    """``{"calibration": {"source:row", ...}}`` from ``roles.toml`` (a row is a
-    calibration row when its ``source_id:row_id`` or ``source_id:*`` is listed)."""
+def load_roles(directory: Path = DATA_DIR) -> dict:
+    """The calibration rows of ``roles.toml``: ``{"calibration": {"source:row", ...},
+    "calibration_by_preset": {preset: {"source:row", ...}}}`` (a row is a calibration row
+    when its ``source_id:row_id`` or ``source_id:*`` is listed).
+
+    Raises:
+        ValueError: for a malformed file (naming it and the entry).
+    """
     path = directory / "roles.toml"
     if not path.exists():
-        return {"calibration": set()}
+        return {"calibration": set(), "calibration_by_preset": {}}
     data = tomllib.loads(path.read_text())
     listed = data.get("calibration", {})
-    return {"calibration": {entry for entries in listed.values() for entry in entries}}
+    by_preset: dict[str, set[str]] = {}
+    for preset, entries in listed.items():
+        if not isinstance(entries, list) or not all(
+                isinstance(e, str) and ":" in e for e in entries):
+            raise ValueError(f"roles.toml: calibration.{preset} is not valid; give a list of "
+                             "'source_id:row_id' or 'source_id:*'")
+        by_preset[preset] = set(entries)
+    return {"calibration": set().union(*by_preset.values()) if by_preset else set(),
+            "calibration_by_preset": by_preset}
 
 
 def role_of(run: PublishedRun, roles: Mapping[str, set[str]]) -> str:
@@ -287,9 +300,20 @@ def nemo_recipe(run: PublishedRun, recipes: Sequence[Mapping[str, str]]) -> Mapp
     return (exact or candidates or [None])[0]
 
 
+def preset_of(run: PublishedRun) -> str | None:
+    """The cluster preset a published run simulates on (None: its GPU has none)."""
+    if "96GB HBM2e" in run.get("notes"):  # torchtitan's benchmark hosts (its notes)
+        return "grand-teton-h100-96gb"
+    return GPU_PRESETS.get(run.get("gpu"))
+
+
 def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
-                 recipes: Sequence[Mapping[str, str]] = ()) -> Scenario:
-    """The simulator's inputs for one published run.
+                 recipes: Sequence[Mapping[str, str]] = (), *,
+                 preset_overrides: Mapping[str, Mapping[str, object]] | None = None
+                 ) -> Scenario:
+    """The simulator's inputs for one published run; ``preset_overrides``: dotted preset
+    keys to change per preset name (e.g. a calibration trial's
+    ``{"dgx-h100": {"gpu.sustained_fraction": 0.8}}``).
 
     Raises:
         NotExpressible: when the model, GPU, schedule or layout cannot be expressed yet.
@@ -299,16 +323,15 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         raise NotExpressible(f"model {run.get('model')!r} is not in models.csv")
     if isinstance(model, str):
         raise NotExpressible(model)
-    preset = GPU_PRESETS.get(run.get("gpu"))
-    if "96GB HBM2e" in run.get("notes"):  # torchtitan's benchmark hosts (its notes)
-        preset = ("grand-teton-h100-96gb", {})
+    preset = preset_of(run)
     if preset is None:
         raise NotExpressible(f"GPU {run.get('gpu')!r} has no preset")
-    gpus_per_node = run.integer("gpus_per_node") or load_cluster(preset[0]).gpus_per_node
+    base = load_cluster(preset)
+    gpus_per_node = run.integer("gpus_per_node") or base.gpus_per_node
     nodes = -(-run.integer("num_gpus") // gpus_per_node)
     # the published job's own machine room: at least as many nodes as it used
-    cluster = load_cluster(preset[0], {**preset[1], "max_nodes": max(
-        nodes, load_cluster(preset[0]).max_nodes)})
+    cluster = load_cluster(preset, {**dict((preset_overrides or {}).get(preset, {})),
+                                    "max_nodes": max(nodes, base.max_nodes)})
     assumptions: list[str] = []
     tp, pp = run.integer("tp", 1), run.integer("pp", 1)
     cp, ep = run.integer("cp", 1), run.integer("ep", 1)
@@ -358,9 +381,11 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                   recompute=recompute, recompute_layers=recompute_layers,
                   schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
                   sequence_parallel=tp > 1, **defaults)
-    stack = stack_settings(run.fields, fields, recipe)
+    stack = stack_settings(run.fields, fields, recipe, num_layers=model.num_layers)
     fields.update(stack.fields)
     model, moe_notes = _moe_settings(run, model, fields, recipe, recipes)
+    if fields["recompute"] != "none":  # the framework's (or recipe's) recompute replaces "none"
+        assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
     plan = ParallelPlan(**fields)
     return Scenario(model, cluster, plan, assumptions,
                     stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])
@@ -443,7 +468,9 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
 
 def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
              roles: Mapping[str, set[str]] | None = None,
-             models: Mapping[str, ModelSpec | str] | None = None) -> pd.DataFrame:
+             models: Mapping[str, ModelSpec | str] | None = None,
+             preset_overrides: Mapping[str, Mapping[str, object]] | None = None
+             ) -> pd.DataFrame:
     """Simulate every run; one row each with the published and simulated step time.
 
     Columns: ``source_id``, ``row_id``, ``role``, ``model``, ``gpu``, ``dtype``,
@@ -451,7 +478,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
     ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``), ``reason``
     (the assumptions, or why the row was not compared) and ``settings`` (framework
-    settings applied; :class:`Scenario`).
+    settings applied; :class:`Scenario`). ``preset_overrides``: as :func:`scenario_for`.
     """
     models = load_models() if models is None else models
     roles = load_roles() if roles is None else roles
@@ -461,11 +488,12 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     for run in runs:
         row = {"source_id": run.source_id, "row_id": run.row_id, "role": role_of(run, roles),
                "model": run.get("model"), "gpu": run.get("gpu"), "dtype": run.get("dtype"),
-               "gpus": run.integer("num_gpus"), "published_step_s": run.published_step_time_s,
+               "gpus": run.integer("num_gpus"), "moe": _is_moe(models.get(run.get("model"))),
+               "published_step_s": run.published_step_time_s,
                "simulated_step_s": math.nan, "error": math.nan, "fits": None,
                "peak_memory_gib": math.nan, "status": "ok", "reason": "", "settings": ""}
         try:
-            scenario = scenario_for(run, models, recipes)
+            scenario = scenario_for(run, models, recipes, preset_overrides=preset_overrides)
             result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
                                    fidelity=fidelity, check_memory=False, cache=cache)
         except NotExpressible as reason:
@@ -490,6 +518,11 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     return pd.DataFrame(rows)
 
 
+def _is_moe(model: ModelSpec | str | None) -> bool | None:
+    """Whether a models.csv entry is a mixture of experts (None: not expressible)."""
+    return None if model is None or isinstance(model, str) else model.moe is not None
+
+
 def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
     """Step time from a published model TFLOP/s per GPU, counting the model's FLOPs as
     the simulator does (PaLM's 6N + 12 L h s per token): sources that print only a
@@ -504,11 +537,16 @@ def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
 
 
 def summarize(frame: pd.DataFrame, *, role: str | None = "validation") -> pd.DataFrame:
-    """Per source (and ``all``): rows compared, median and p90 of ``|error|``, bias (mean
-    signed error), the worst row, and rows not compared (with why)."""
+    """Per source, then ``dense models``, ``MoE models`` and ``all``: rows compared, median
+    and p90 of ``|error|``, bias (mean signed error), the worst row, and rows not compared
+    (with why)."""
     chosen = frame if role is None else frame[frame["role"] == role]
+    groups = [*sorted(chosen.groupby("source_id")),
+              ("dense models", chosen[chosen["moe"] == False]),  # noqa: E712 (None: unknown)
+              ("MoE models", chosen[chosen["moe"] == True]),  # noqa: E712
+              ("all", chosen)]
     out = []
-    for source, group in [*sorted(chosen.groupby("source_id")), ("all", chosen)]:
+    for source, group in groups:
         compared = group[group["status"] == "ok"]
         errors = compared["error"].to_numpy(dtype=float)
         worst = compared.loc[compared["error"].abs().idxmax()] if len(compared) else None

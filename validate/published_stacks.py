@@ -20,7 +20,8 @@ __all__ = ["MEGATRON_BRIDGE_OFFLOAD", "StackSettings", "framework_defaults", "fr
            "recompute_modules_of", "stack_settings"]
 
 #: Framework families by what their name contains (first match wins).
-_KINDS = (("megatron-lm-2021", ()), ("llm-foundry", ("foundry",)),
+_KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
+          ("llm-foundry", ("foundry",)),
           ("torchtitan", ("torchtitan",)), ("pytorch-fsdp", ("automodel", "fsdp")),
           ("jax", ("maxtext", "paxml", "jax")))
 
@@ -59,8 +60,9 @@ class StackSettings:
 
 
 def framework_kind(framework: str, version: str = "") -> str:
-    """``megatron-lm-2021``, ``llm-foundry``, ``torchtitan``, ``pytorch-fsdp``, ``jax`` or
-    ``megatron-core`` (Megatron-Core, NeMo, Megatron-Bridge and later Megatron-LM)."""
+    """``megatron-lm-2021``, ``meta-llama3``, ``llm-foundry``, ``torchtitan``,
+    ``pytorch-fsdp``, ``jax`` or ``megatron-core`` (Megatron-Core, NeMo, Megatron-Bridge
+    and later Megatron-LM)."""
     name = framework.lower()
     if "megatron-lm" in name and version.startswith("2021"):
         return "megatron-lm-2021"
@@ -92,6 +94,9 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8.
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
+    * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
+      parallelism that shards optimizer state and gradients and does not reshard the
+      parameters after the forward (ZeRO-2 with the parameters gathered once per step).
     """
     kind = framework_kind(framework, version)
     if kind == "megatron-lm-2021":
@@ -111,6 +116,8 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
                 "fp8_recipe": "torchao", "cross_entropy": "eager"}
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
+    if kind == "meta-llama3":
+        return {"zero": 2, "grad_reduce_dtype": "fp32"}
     return {"zero": 1, "grad_reduce_dtype": "fp32"}
 
 
@@ -142,7 +149,7 @@ def recompute_modules_of(detail: str) -> tuple[tuple[str, ...], list[str]]:
 
 
 def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
-                   recipe: Mapping[str, str] | None) -> StackSettings:
+                   recipe: Mapping[str, str] | None, *, num_layers: int = 0) -> StackSettings:
     """What a published row runs with beyond its printed configuration and its
     framework's defaults (module docstring).
 
@@ -152,6 +159,8 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         plan_fields: the plan fields chosen so far (read: ``zero``, ``recompute``,
             ``grad_reduce_dtype``).
         recipe: the row's NeMo performance recipe, if it has one.
+        num_layers: the model's transformer layers (for a pipeline layout the source
+            describes in words).
     """
     framework, version = row.get("framework", ""), row.get("framework_version", "")
     kind = framework_kind(framework, version)
@@ -169,6 +178,16 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
             fields["fp8_recipe"] = "te-current"
         if "fp8_recipe" in fields:
             notes.append(f"FP8 recipe {fields['fp8_recipe']} (printed in the row's notes)")
+    pp = int(plan_fields.get("pp", 1))
+    if (kind == "meta-llama3" and pp > 1 and not row.get("vpp")
+            and (num_layers + 2) % pp == 0):
+        # "we use an interleaved schedule ... and balance the pipeline by reducing one
+        # Transformer layer each from the first and the last stages" (Section 3.3.2): one
+        # layer per virtual stage, the first and last holding the embedding and the loss
+        fields.update(schedule="interleaved", vpp=(num_layers + 2) // pp)
+        unprinted.append(f"interleaved schedule, {(num_layers + 2) // pp} virtual stages of "
+                         "one layer, the first and last holding only the embedding and the "
+                         "loss (described in Section 3.3.2, not printed)")
     if _is_nemo1(framework, version) and plan_fields.get("grad_reduce_dtype") != "bf16":
         fields["grad_reduce_dtype"] = "bf16"
         notes.append("NeMo 1 launcher: bf16 gradient buffers (optim.grad_sync_dtype bf16, "
