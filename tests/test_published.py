@@ -131,3 +131,17 @@ def test_event_replay_agrees_with_the_closed_form_on_published_rows(row_id):
                                      fidelity=fidelity, check_memory=False).step_time_s
              for fidelity in ("analytic", "event")}
     assert times["analytic"] == pytest.approx(times["event"], rel=0.02), times
+
+
+@pytest.mark.parametrize("row_id, expected", [
+    ("tt_a100_2", {"recompute": "selective", "recompute_modules": ("op_sac",),
+                   "recompute_layers": 0}),
+    ("tt_a100_1", {"recompute": "full", "recompute_modules": (), "recompute_layers": 16}),
+])
+def test_torchtitan_selective_checkpointing_is_its_own_policy(row_id, expected):
+    """torchtitan's 'selective' is not Megatron's: per op it re-runs every second matmul,
+    per layer it checkpoints every second block of the 32 whole."""
+    from validate.published import load_nemo_recipes, load_runs, scenario_for
+    run = next(r for r in load_runs(sources=["pytorch_torchtitan"]) if r.row_id == row_id)
+    plan = scenario_for(run, load_models(), load_nemo_recipes()).plan
+    assert {name: getattr(plan, name) for name in expected} == expected
