@@ -17,8 +17,9 @@ The search, in order (each step says how many candidates it drops and why):
    closed-form step model, ~0.05-0.2 s per plan), ranked, and the best ``top`` are
    simulated again at the final fidelity (``event``, the SimPy replay) and re-ranked.
    Ranking is by days to train including failure goodput (effective tokens/s when no
-   token target is given), or by cost, both at the **median** of the step's prediction
-   band (:mod:`sim.step_bands`); the lower bound prunes by simulated step time.
+   token target is given), or by cost: the top plans are chosen at the simulated step
+   (so the lower bound prunes exactly) and ordered by the **median** of their step's
+   prediction band (:mod:`sim.step_bands`).
    A plan whose 80 % band overlaps the best plan's is marked ``tied_with_best``: the
    simulator cannot tell them apart.
 
@@ -596,7 +597,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
                           _ticker(report, f"confirming ({final_fidelity})", len(best)))
         best = [_row(r["_plan"], res, fail, token_count, price, final_fidelity,
                      ranked_step_time_s=r["step_time_s"]) for r, res in zip(best, again)]
-        best.sort(key=lambda row: _sort_key(row, sort))
+    best.sort(key=lambda row: _sort_key(row, sort, median=True))
     for row in best:
         row["tied_with_best"] = bands_overlap(row, best[0])
     plans = []
@@ -664,9 +665,13 @@ def _row(plan: ParallelPlan, result: dict, fail: dict, tokens: float | None,
             else ranked_step_time_s, "_plan": plan}
 
 
-def _sort_key(row: dict, sort: str) -> tuple:
-    """Rank by the median of the band: cost, or effective tokens/s."""
-    primary = row["cost_p50"] if sort == "cost" else -row["median_effective_tokens_per_s"]
+def _sort_key(row: dict, sort: str, *, median: bool = False) -> tuple:
+    """Rank by cost or effective tokens/s, at the simulated step or (``median``) at the
+    median of its band."""
+    if median:
+        primary = row["cost_p50"] if sort == "cost" else -row["median_effective_tokens_per_s"]
+    else:
+        primary = row["cost"] if sort == "cost" else -row["effective_tokens_per_s"]
     # Ties (equal simulated times): less memory first, then the fixed plan order.
     return (primary, row["peak_memory_bytes"], _plan_key(row["_plan"]))
 
