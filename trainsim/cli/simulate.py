@@ -12,6 +12,7 @@ from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
 from trainsim.cli.output import console, count_text, job_header, plan_header, spinner, table
+from trainsim.trace import parse_trace_ranks, write_step_trace
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +29,11 @@ def simulate(
     fidelity: Optional[str] = options.fidelity_option(defaults.STEP_FIDELITY),
     output_format: str = options.format_option(("table", "json")),
     trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
+    trace_ranks: str = typer.Option("simulated", help="Ranks in the trace: simulated (one "
+                                    "per pipeline stage, each track saying how many it "
+                                    "stands for), all, or a list such as 0-7,64."),
+    report: Optional[str] = typer.Option(None, help="Write a self-contained HTML report "
+                                         "here (inputs, breakdown, memory, Gantt, busbw)."),
     set_: Optional[List[str]] = options.set_option(),
     calibration: Optional[str] = options.calibration_option(),
     straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
@@ -56,7 +62,9 @@ def simulate(
     if trace and (chosen.fidelity or defaults.STEP_FIDELITY) == "analytic":
         raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
                         "or flow to write a trace")
+    ranks = parse_trace_ranks(trace_ranks)
     check_output_path("trace", trace)
+    check_output_path("report", report)
     try:
         with spinner(output_format == "table"):
             result = run_step(chosen, default_fidelity=defaults.STEP_FIDELITY)
@@ -67,12 +75,19 @@ def simulate(
                               "memory": oom.breakdown.to_dict()}, indent=1))
         print(f"error: {oom}", file=sys.stderr)
         sys.exit(EXIT_OOM)
-    if trace:
-        result.write_trace(trace, gpus_per_node=int(result.inputs["gpus_per_node"]))
+    # The result is printed first: a trace or report that cannot be written (too many
+    # ranks asked for) then costs the user that file, never the simulation.
     if output_format == "json":
         print(json.dumps(result.to_dict(), indent=1))
-        return
-    print_step(result)
+    else:
+        print_step(result)
+    if trace:
+        write_step_trace(result, trace, ranks=ranks)
+    if report:
+        from trainsim.report import write_step_report
+
+        with spinner(output_format == "table", "writing the report..."):
+            write_step_report(result, report)
 
 
 def print_step(result) -> None:
