@@ -274,22 +274,33 @@ def busbw_figure(simulated: pd.DataFrame | Mapping[str, pd.DataFrame], *,
                  measured: pd.DataFrame | None = None, title: str | None = None):
     """busbw (GB/s = 1e9 B/s) against message size (log axis, binary units): a line per
     simulated sweep (:func:`trainsim.api.collective` frames, several by name in a dict)
-    and ``measured`` points (columns ``size_bytes``, ``busbw_GBps``, optional ``label``).
+    and ``measured`` points (columns ``size_bytes``, ``busbw_GBps``, optional ``label``;
+    points whose label names a simulated line are drawn on it, in its colour).
     """
     go = _go()
+    from plotly.colors import qualitative
+
     sweeps = simulated if isinstance(simulated, Mapping) else {"simulated": simulated}
+    colors = {str(name): qualitative.Plotly[i % len(qualitative.Plotly)]
+              for i, name in enumerate(sweeps)}
     fig = go.Figure()
     for name, frame in sweeps.items():
         fig.add_trace(go.Scatter(x=frame["size_bytes"], y=frame["busbw_GBps"],
-                                 mode="lines", name=str(name)))
+                                 mode="lines", name=str(name), legendgroup=str(name),
+                                 line=dict(color=colors[str(name)])))
     frames = list(sweeps.values())
     if measured is not None:
         groups = measured.groupby("label") if "label" in measured else [("measured",
                                                                          measured)]
         for label, part in groups:
+            # Points labelled like a simulated line belong to it: its colour, its legend
+            # entry (a report marks the sizes a step uses on each collective's curve).
+            line = str(label) if str(label) in colors else None
             fig.add_trace(go.Scatter(x=part["size_bytes"], y=part["busbw_GBps"],
-                                     mode="markers", name=str(label),
-                                     marker=dict(symbol="x", size=8)))
+                                     mode="markers", name=str(label), legendgroup=line,
+                                     showlegend=line is None,
+                                     marker=dict(symbol="x", size=9,
+                                                 color=colors.get(str(label)))))
         frames.append(measured)
     every = pd.concat([f[["size_bytes", "busbw_GBps"]] for f in frames])
     context = _collective_context(frames[0]) if len(sweeps) == 1 else None
