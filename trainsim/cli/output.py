@@ -36,15 +36,18 @@ def console(*, stderr: bool = False) -> Console:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-          left: Sequence[str] = (), wrap: Sequence[str] = ()) -> Table:
+          left: Sequence[str] = (), wrap: Sequence[str] = (),
+          max_widths: Mapping[str, int] | None = None, gap: int = 2) -> Table:
     """A borderless table; columns named in ``left`` are left-aligned, others right-aligned.
     Cells never wrap (a folded number misreads) except in the ``wrap`` columns (long
-    text); a header may hold a line break (``"time\\n(us)"``) to stay narrow."""
-    out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    text), which may be capped at ``max_widths[column]`` characters; a header may hold a
+    line break (``"time\\n(us)"``) to stay narrow. ``gap`` spaces separate columns."""
+    out = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                padding=(0, gap, 0, 0))
     for column in columns:
         out.add_column(column, justify="left" if column in left else "right",
                        no_wrap=column not in wrap, overflow="fold" if column in wrap
-                       else "ellipsis")
+                       else "ellipsis", max_width=(max_widths or {}).get(column))
     for row in rows:
         out.add_row(*(cell if isinstance(cell, str) else number(cell) for cell in row))
     return out
