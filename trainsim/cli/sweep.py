@@ -48,3 +48,5 @@ def sweep(
                                    progress=progress_callback(bar))
     err.print(f"{summary['scenarios']} scenarios: {summary['computed']} computed, "
               f"{summary['cached']} from cache, {summary['failed']} failed -> {out}")
+    for axis in summary["unchanged_axes"]:
+        err.print(f"warning: {sweeps.unchanged_message(axis)}")
