@@ -19,6 +19,9 @@ COMMANDS = {
     "plan": ("plan", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1,2",
              "--zero", "1", "--recompute", "none", "--workers", "1", "--tokens", "1T",
              "--price-per-gpu-hour", "2.5", "--global-batch", "64"),
+    "plan --days": ("plan", "--model", "llama3-8b", "--tokens", "200B", "--days", "20",
+                    "--tp", "1,2", "--pp", "1", "--zero", "1", "--recompute", "none",
+                    "--schedule", "1f1b", "--workers", "1", "--price-per-gpu-hour", "2"),
     "hardware list": ("hardware", "list"),
     "hardware show": ("hardware", "show", "gb200-nvl72", "--format", "table"),
 }

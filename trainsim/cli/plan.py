@@ -176,6 +176,23 @@ def _emit_needed(result, output_format: str) -> None:
                   f"micro-batch {p['micro_batch']} zero {p['zero']} recompute "
                   f"{p['recompute']} schedule {p['schedule']}; seq_len {p['seq_len']:,}, "
                   f"global batch {p['global_batch']:,}")
-    out.print(table(list(frame.columns), (list(row.values()) for row in
-                                          frame.to_dict(orient="records")),
-                    left=("recompute", "schedule", "note")))
+    cost = "cost" in frame and frame["cost"].notna().any()
+    out.print(table(("GPUs", "days", "step\n(s)", "MFU\n(%)", "goodput", *(("cost",) if cost
+                                                                        else ()), "plan"),
+                    (_needed_row(row, cost) for row in result["tried"]),
+                    left=("plan",), wrap=("plan",)))
+
+
+def _needed_row(row: dict, cost: bool) -> list:
+    """One GPU count tried by ``plan --days``: its best plan in a few words, or why
+    there is none."""
+    if row.get("days_to_train") is None:
+        return [row["gpus"], None, None, None, None, *((None,) if cost else ()),
+                row.get("note", "-")]
+    words = [f"{axis} {row[axis]}" for axis in ("tp", "pp", "dp", "cp", "ep", "vpp")
+             if axis in ("tp", "pp", "dp") or row.get(axis, 1) != 1]
+    words += [f"mb {row['micro_batch']}", f"zero {row['zero']}",
+              f"recompute {row['recompute']}", row["schedule"]]
+    return [row["gpus"], number(row["days_to_train"], 3), number(row["step_time_s"], 3),
+            number(100 * row["mfu"], 3), number(row["goodput"], 3),
+            *((row.get("cost"),) if cost else ()), " ".join(words)]
