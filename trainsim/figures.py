@@ -228,10 +228,10 @@ def scaling_figure(frame: pd.DataFrame, *, x: str = "gpus", mfu: str = "mfu",
     fig.update_xaxes(title_text="GPUs" if x == "gpus" else x, type="log", tickvals=counts,
                      ticktext=[f"{int(c):,}" for c in counts],
                      range=[math.log10(counts[0]) - 0.1, math.log10(counts[-1]) + 0.1])
-    fig.update_yaxes(title_text="MFU (%)", secondary_y=False,
-                     range=[0, 1.1 * 100 * float(frame[mfu].max())])
+    fig.update_yaxes(title_text="MFU (%)", secondary_y=False, rangemode="tozero")
+    # Ticks of its own (not synced to the MFU grid, which gave "0.8M, 1.59M, ...").
     fig.update_yaxes(title_text=f"throughput ({_throughput_title(throughput)})", secondary_y=True,
-                     range=[0, 1.1 * float(frame[throughput].max())])
+                     rangemode="tozero", tickmode="auto", showgrid=False)
     fig.update_layout(title=_title(title or "MFU and throughput vs GPU count", None),
                       template=_TEMPLATE)
     return fig

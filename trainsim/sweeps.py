@@ -424,6 +424,6 @@ def sweep(spec: Mapping[str, Any] | str | os.PathLike[str], *, backend: str = "l
 
 def unchanged_message(axis: str) -> str:
     """The warning for an axis that changed no output."""
-    return (f"{axis}: its values left every output unchanged; this job does not exercise "
-            "it (e.g. traffic that never crosses a leaf switch), so the rows that differ "
-            "only in it are identical")
+    return (f"{axis}: its values left every output unchanged, so the rows that differ "
+            "only in it are identical: nothing this sweep runs is limited by it (for "
+            "instance, no traffic is slowed by an oversubscribed uplink)")
