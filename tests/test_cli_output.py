@@ -95,3 +95,15 @@ def test_bare_trainsim_prints_the_help(capsys):
     code, out, err = run_cli(capsys)
     assert code == 0 and err == ""
     assert "Usage:" in out and "simulate" in out and "\n" in out.strip()
+
+
+def test_collective_table_fits_80_columns_with_its_constants_in_the_header(capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, *COMMANDS["collective"])
+    assert code == 0, err
+    assert max(cell_len(line.rstrip()) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    assert "type float, redop sum, root -1" in " ".join(out.split())
+    first = next(line.split() for line in out.splitlines() if line.strip()[:1].isdigit())
+    assert first[:2] == ["1024", "256"] and len(first) == 7  # type, redop, root left out
