@@ -130,3 +130,13 @@ def test_the_report_renders_in_headless_chromium(tmp_path, step):
     assert shot.stat().st_size > 100_000, shot.stat().st_size
     if os.environ.get("TRAINSIM_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["TRAINSIM_KEEP_SCREENSHOT"])
+
+
+def test_a_parameter_server_step_lists_its_pushes_and_pulls():
+    """The servers of a parameter-server job are ranks past the workers, on nodes of
+    their own: the busbw is priced on that larger layout."""
+    ps = api.simulate("llama3-8b", gpus=8, tp=1, pp=1, global_batch=8, dp_mode="ps-sync",
+                      ps_servers=2)
+    markup = html.unescape(_without_inline_scripts(step_report(ps)))
+    assert "<td>DP sendrecv, 2 ranks (2 nodes × 1)</td>" in markup
+    assert 'id="figure-busbw"' in markup and "could not be listed" not in markup

@@ -49,7 +49,7 @@ def step_report(result) -> str:
     try:
         program, cluster = _program_and_cluster(result)
         used = step_collectives(program, int(result.inputs["gpus_per_node"]))
-        curves, points = busbw_curves(used, cluster, int(result.inputs["gpus"]))
+        curves, points = busbw_curves(used, cluster, program.world_size)
         collectives = (used, curves, points) if used else None
     except ValueError as problem:  # e.g. a parameter-server step has no lowering here
         collectives, note = None, f"The collectives could not be listed: {problem}"

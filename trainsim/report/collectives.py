@@ -128,14 +128,16 @@ def group_busbw(kind: str, group: Sequence[int], cost: CostModel, world_size: in
 
 def busbw_curves(used: Sequence[UsedCollective], cluster: ClusterSpec, gpus: int
                  ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """busbw of every used collective on the job's layout.
+    """busbw of every used collective on the job's layout (``gpus`` ranks of the
+    program, servers of a parameter-server job included; rounded up to whole nodes).
 
     Returns:
         ``({label: sweep frame}, points)``: a sweep from :data:`CURVE_MIN_BYTES` in
         powers of two per collective, and a frame of the sizes the step uses (columns
         of :func:`group_busbw` plus ``label``, the collective's label).
     """
-    layout = job_layout(cluster, gpus)
+    per_node = cluster.gpus_per_node
+    layout = job_layout(cluster, gpus if gpus <= per_node else -(-gpus // per_node) * per_node)
     cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
     curves, points = {}, []
     for item in used:
