@@ -11,7 +11,9 @@ the ``--scenario result.json`` of the next).
 the CLI's own exit fails the test with its traceback, and so does a non-zero exit. The
 install and test-suite commands are the set-up itself and are not re-run here
 (:data:`SETUP`). Commands that take more than a few seconds on two cores are marked
-``slow`` (:data:`SLOW`, checked against the README so the list cannot go stale).
+``slow`` (:data:`SLOW`); those that take minutes (:data:`LONG`) run only with
+``TRAINSIM_README_LONG=1`` and are skipped with their reason otherwise. Both lists are
+checked against the README, so they cannot go stale.
 """
 
 from __future__ import annotations
@@ -32,40 +34,46 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 #: The set-up and the suite (what .ci/run does): not re-run from inside the suite.
 SETUP = ("python -m pip install", "python -m pytest")
-#: Examples that take more than a few seconds here, and what they do.
+#: Examples that take 5-20 s here (marked ``slow``), and what they do.
 SLOW = {
-    "trainsim collective all_reduce --cluster dgx-h100 --nodes 128 --fidelity flow --format "
-    "json": "1,024 ranks at flow fidelity",
     "trainsim simulate --model llama3-70b --cluster dgx-h100 --gpus 1024 --tp 8 --pp 4 --dp 32 "
     "--global-batch 1024 --seq-len 8192 --trace step.json": "an event replay of 32 "
     "micro-batches",
     "trainsim simulate --model mixtral-8x7b --gpus 128 --tp 2 --pp 4 --ep 8 --recompute full "
     "--format json": "an event replay at the default batch",
-    "trainsim simulate --scenario step.toml --format json > result.json": "1,024 GPUs, event",
-    "trainsim simulate --scenario step.toml --pp 8": "1,024 GPUs, event",
-    "trainsim simulate --scenario result.json": "1,024 GPUs, event",
-    "trainsim failures --scenario step.toml": "1,024 GPUs, event",
-    "trainsim plan --model llama3-70b --gpus 1024 --emit-scenarios plans/": "a plan search",
     "trainsim validate replay --example tiny --backend gloo --nproc 4 --out runs/tiny":
         "4 gloo processes",
     "trainsim calibrate runs/tiny --out runs/tiny.toml": "needs the replay",
     "trainsim validate compare runs/tiny --calibration runs/tiny.toml --format json":
         "needs the replay",
-    "trainsim plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --format json":
-        "a plan search",
-    "trainsim plan --model llama3-70b --gpus 1024 --tokens 15T --price-per-gpu-hour 2.5 "
-    "--sort cost": "a plan search",
     "trainsim plan --model llama3-8b --gpus 64 --tp 1,2 --pp 1,2,4 --zero 1,3 --schedule "
     "1f1b,zb-h1": "a plan search",
-    "trainsim plan --model llama3-70b --tokens 2T --days 30": "plan searches up to 1,024 GPUs",
     "trainsim sweep spec.yaml --out results.csv --backend ray": "starts Ray",
     "python benchmarks/collective_scale.py": "a benchmark",
-    "python benchmarks/scale.py": "a benchmark",
-    "python benchmarks/analytic_sweep.py": "a benchmark",
-    "python benchmarks/plan_scale.py": "a benchmark",
-    "python benchmarks/failures_mc.py": "a benchmark",
-    "python notebooks/render.py": "executes the six notebooks",
-    "python:import trainsim": "a flow sweep to 8 GiB",
+}
+#: Examples that take from half a minute to ten minutes on two cores (27 min for all of
+#: them and the rest): run with ``TRAINSIM_README_LONG=1``, else skipped with this reason.
+LONG = {
+    "trainsim collective all_reduce --cluster dgx-h100 --nodes 128 --fidelity flow --format "
+    "json": "1,024 ranks at flow fidelity (45 s)",
+    "trainsim simulate --scenario step.toml --format json > result.json": "1,024 GPUs at "
+    "event fidelity, default batch (40 s)",
+    "trainsim simulate --scenario step.toml --pp 8": "1,024 GPUs at event fidelity (70 s)",
+    "trainsim simulate --scenario result.json": "1,024 GPUs at event fidelity (40 s)",
+    "trainsim failures --scenario step.toml": "1,024 GPUs at event fidelity (40 s)",
+    "trainsim plan --model llama3-70b --gpus 1024 --emit-scenarios plans/": "a plan search "
+    "on 1,024 GPUs (35 s)",
+    "trainsim plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --format json":
+        "a plan search on 1,024 GPUs (35 s)",
+    "trainsim plan --model llama3-70b --gpus 1024 --tokens 15T --price-per-gpu-hour 2.5 "
+    "--sort cost": "a plan search on 1,024 GPUs (35 s)",
+    "trainsim plan --model llama3-70b --tokens 2T --days 30": "plan searches from 8 to "
+    "1,024 GPUs (4-5 min)",
+    "python benchmarks/scale.py": "a benchmark up to 16,384 GPUs at flow fidelity (10 min)",
+    "python benchmarks/analytic_sweep.py": "a benchmark of 10,000 plans (2.5 min)",
+    "python benchmarks/plan_scale.py": "a benchmark (40 s)",
+    "python benchmarks/failures_mc.py": "a benchmark (30 s)",
+    "python notebooks/render.py": "executes the six notebooks (2.5 min)",
 }
 #: Files the README's examples read, from its blocks.
 _FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:toml|yaml|json))\s*$")
@@ -115,7 +123,7 @@ def _params():
     for command in readme_commands():
         if command.startswith(SETUP):
             continue
-        marks = [pytest.mark.slow] if command in SLOW else []
+        marks = [pytest.mark.slow] if command in SLOW or command in LONG else []
         out.append(pytest.param(command, marks=marks, id=command[:70]))
     return out
 
@@ -133,16 +141,18 @@ def test_the_readme_has_its_examples_and_the_lists_are_current():
     commands = readme_commands()
     assert len(commands) >= 30
     assert {"step.toml", "spec.yaml", "config.json"} <= set(readme_files())
-    assert [c for c in SLOW if c not in commands] == []  # no stale entry
+    assert [c for c in (*SLOW, *LONG) if c not in commands] == []  # no stale entry
     assert any(c.startswith("python -m pip install") for c in commands)
 
 
 @pytest.mark.parametrize("command", _params())
 def test_readme_example_runs(command, workdir, monkeypatch, capsys):
+    if command in LONG and not os.environ.get("TRAINSIM_README_LONG"):
+        pytest.skip(f"README example takes minutes: {LONG[command]}; run with "
+                    "TRAINSIM_README_LONG=1")
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("COLUMNS", "100")
     if command.startswith("python:"):
-        pytest.importorskip("pyarrow")
         exec(compile(_python_block(command[len("python:"):]), "README.md", "exec"), {})
         return
     args = shlex.split(command)
