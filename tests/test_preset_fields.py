@@ -65,3 +65,5 @@ def test_cli_table_prints_set_names(capsys, monkeypatch):
     keys = [line.split()[0] for line in out.splitlines()[3:] if line[:1].strip()]
     assert keys == [f.key for f in preset_fields("gcp-a3-mega")]
     assert "scale_up.nvls_efficiency" not in keys  # no NVLS on this preset
+    # a citation's "[table]" prints as written (not eaten as a rich style tag)
+    assert "_defaults.toml, comment of [comm.base_latency_us]" in " ".join(out.split())

@@ -101,8 +101,9 @@ def test_with_a_straggler_mirrors_match_the_full_replay_but_for_the_end(runs, tm
     """The straggler's own ranks are replayed; the others repeat their stage's
     representative. Ranks whose DP group holds the straggler itself (not only its TP
     peer, as the representative's does) end their gradient reduction 80 µs later in the
-    full replay (of a 117 ms step): the step time is the same, the last 18 spans of those
-    ranks move by 80 µs."""
+    full replay (of a 120 ms step): the step time is the same; the spans that move are
+    the gradient reduction and optimizer spans at the end, by under 0.5 % of the step
+    (290 µs when this was written)."""
     result, full = runs
     path = tr.write_step_trace(result, tmp_path / "all.json", ranks="all")
     _, spans, names = _tracks(path)
@@ -114,8 +115,12 @@ def test_with_a_straggler_mirrors_match_the_full_replay_but_for_the_end(runs, tm
         theirs = sorted(truth[rank], key=lambda s: (s[0], s[1], s[2]))
         assert [s[:2] for s in ours] == [s[:2] for s in theirs]
         moved = [a for a, b in zip(ours, theirs) if a != b]
-        assert len(moved) <= 18 and all(a[0] in ("dp", "compute") for a in moved), moved
-        assert all(abs(a[2] - b[2]) < 100 and a[3] == b[3] for a, b in zip(ours, theirs))
+        assert len(moved) <= 0.05 * len(ours)
+        assert all(a[0] in ("dp", "compute") and ("grad" in a[1] or "optimizer" in a[1])
+                   for a in moved), moved
+        step_us = full.timeline.makespan_ns() / 1e3
+        assert all(abs(a[2] - b[2]) < 0.005 * step_us and a[3] == b[3]
+                   for a, b in zip(ours, theirs))
     assert result.timeline.makespan_ns() == full.timeline.makespan_ns()
 
 

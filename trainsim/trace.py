@@ -16,9 +16,9 @@ Timestamps are in microseconds (the Trace Event Format's unit), from the step's 
 
 How exact a copy is: without perturbations, an expanded trace equals the replay of the
 full program span for span (tests/test_trace_ranks.py). With a straggler, ranks whose
-data-parallel group holds the straggler itself finish their gradient reduction a little
-later than their representative (80 µs of a 117 ms step in that test); the step time
-is the same.
+data-parallel group holds the straggler itself finish their gradient reduction and
+optimizer a little later than their representative (290 µs of a 120 ms step in that
+test); the step time is the same.
 """
 
 from __future__ import annotations

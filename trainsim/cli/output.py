@@ -29,10 +29,12 @@ DEFAULT_WIDTH = 100
 def console(*, stderr: bool = False) -> Console:
     """A console as wide as the terminal, or :data:`DEFAULT_WIDTH` (``COLUMNS``) without
     one."""
-    probe = Console(stderr=stderr)
+    # markup off: what we print is plain text, and a "[comm]" in a source citation or an
+    # error must print as written, not vanish as a style tag.
+    probe = Console(stderr=stderr, markup=False)
     if probe.is_terminal or "COLUMNS" in os.environ:
         return probe
-    return Console(stderr=stderr, width=DEFAULT_WIDTH)
+    return Console(stderr=stderr, width=DEFAULT_WIDTH, markup=False)
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
