@@ -34,7 +34,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 #: The set-up and the suite (what .ci/run does): not re-run from inside the suite.
 SETUP = ("python -m pip install", "python -m pytest")
-#: Examples that take 5-20 s here (marked ``slow``), and what they do.
+#: Examples that take 3-20 s here (marked ``slow``), and what they do.
 SLOW = {
     "trainsim simulate --model llama3-70b --cluster dgx-h100 --gpus 1024 --tp 8 --pp 4 --dp 32 "
     "--global-batch 1024 --seq-len 8192 --trace step.json": "an event replay of 32 "
@@ -50,6 +50,12 @@ SLOW = {
     "1f1b,zb-h1": "a plan search",
     "trainsim sweep spec.yaml --out results.csv --backend ray": "starts Ray",
     "python benchmarks/collective_scale.py": "a benchmark",
+    "trainsim failures --model llama3-405b --gpus 16128 --tp 8 --pp 14 --seq-len 8192 "
+    "--global-batch 2016 --recompute full --days 54 --profile llama3-h100 "
+    "--checkpoint-interval auto --seeds 100": "100 seeds and an interval scan (4 s)",
+    "trainsim simulate --model ./config.json --gpus 16 --tp 2 --pp 4 --schedule zb-h1 "
+    "--global-batch 32 --report step.html --trace zb.json --trace-ranks all":
+        "an event replay, the report and every rank's trace (3 s)",
 }
 #: Examples that take from half a minute to ten minutes on two cores (27 min for all of
 #: them and the rest): run with ``TRAINSIM_README_LONG=1``, else skipped with this reason.

@@ -132,6 +132,7 @@ def test_the_report_renders_in_headless_chromium(tmp_path, step):
         shutil.copy(shot, os.environ["TRAINSIM_KEEP_SCREENSHOT"])
 
 
+@pytest.mark.slow
 def test_a_parameter_server_step_lists_its_pushes_and_pulls():
     """The servers of a parameter-server job are ranks past the workers, on nodes of
     their own: the busbw is priced on that larger layout."""

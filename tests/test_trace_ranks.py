@@ -20,13 +20,13 @@ from strategies.models import load_model
 from trainsim import trace as tr
 from trainsim.api import make_plan
 
-GPUS, TP, PP = 32, 2, 2
+GPUS, TP, PP = 16, 2, 2
 
 
 def _replays(stragglers):
     """The reduced replay (what trainsim simulates) and the full one, same costs."""
     model = load_model("llama3-8b")
-    plan = make_plan(gpus=GPUS, tp=TP, pp=PP, micro_batch=1, seq_len=1024, global_batch=16)
+    plan = make_plan(gpus=GPUS, tp=TP, pp=PP, micro_batch=1, seq_len=1024, global_batch=8)
     layout = job_layout(load_cluster("dgx-h100"), GPUS)
     cost = CostModel(layout, ALGORITHMS, fidelity="event",
                      ranks={r: RankConditions(speed=v) for r, v in stragglers.items()})
@@ -76,7 +76,7 @@ def test_simulated_tracks_say_how_many_ranks_they_stand_for(runs, tmp_path):
     listed = [r for text in meta["stands_for"].values() for part in text.split(", ")
               for r in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))]
     assert sorted(listed) == list(range(GPUS)) and meta["world_size"] == GPUS
-    assert meta["stands_for"]["rank 0"] == "0-3, 6-15"  # stage 0 but the straggler's TP group
+    assert meta["stands_for"]["rank 0"] == "0-3, 6-7"  # stage 0 but the straggler's TP group
 
 
 def _truth(full) -> dict[int, set]:
@@ -130,7 +130,7 @@ def test_a_rank_list_and_its_errors(runs, tmp_path):
         "0-1,9"))
     assert set(_tracks(path)[1]) == {0, 1, 9}
     with pytest.raises(ValueError, match=r"trace-ranks: rank 40 is not in the job; give "
-                                         r"ranks 0-31"):
+                                         r"ranks 0-15"):
         tr.write_step_trace(result, tmp_path / "x.json", ranks=(1, 40))
     for bad in ("3-1", "a", "1,,2", "-2"):
         with pytest.raises(ValueError, match="trace-ranks: .* give simulated, all, or ranks"):
@@ -150,7 +150,8 @@ def test_too_large_a_trace_names_a_rank_list_that_fits(runs, tmp_path, monkeypat
 
 def test_cli_prints_the_result_before_a_trace_error(capsys, tmp_path):
     args = ("simulate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
-            "--global-batch", "16", "--format", "json", "--trace", str(tmp_path / "t.json"))
+            "--global-batch", "8", "--seq-len", "1024", "--format", "json", "--trace",
+            str(tmp_path / "t.json"))
     code, out, err = run_cli(capsys, *args, "--trace-ranks", "0-99")
     assert code == 2 and json.loads(out)["step_time_s"] > 0
     assert err == "error: trace-ranks: rank 16 is not in the job; give ranks 0-15\n"
