@@ -12,7 +12,8 @@ the CLI's own exit fails the test with its traceback, and so does a non-zero exi
 install and test-suite commands are the set-up itself and are not re-run here
 (:data:`SETUP`). Commands that take more than a few seconds on two cores are marked
 ``slow`` (:data:`SLOW`); those that take minutes (:data:`LONG`) run only with
-``TRAINSIM_README_LONG=1`` and are skipped with their reason otherwise. Both lists are
+``TRAINSIM_README_LONG=1`` and are skipped with their reason otherwise; those that need
+the hardware they describe (:data:`HARDWARE`) are skipped with their reason. The lists are
 checked against the README, so they cannot go stale.
 """
 
@@ -56,6 +57,13 @@ SLOW = {
     "trainsim simulate --model ./config.json --gpus 16 --tp 2 --pp 4 --schedule zb-h1 "
     "--global-batch 32 --report step.html --trace zb.json --trace-ranks all":
         "an event replay, the report and every rank's trace (3 s)",
+    "trainsim plan --megatron-args @job.args --tp 2,4,8 --pp 1,2,4": "a plan search on 256 "
+    "GPUs (14 s)",
+}
+#: Examples that need the hardware they describe: skipped here with this reason.
+HARDWARE = {
+    "trainsim validate replay --megatron-args @job.args --out runs/job": "replays the job "
+    "on its 256 GPUs under torchrun (outside a job it exits 2 asking for --nproc)",
 }
 #: Examples that take from half a minute to ten minutes on two cores (27 min for all of
 #: them and the rest): run with ``TRAINSIM_README_LONG=1``, else skipped with this reason.
@@ -83,6 +91,8 @@ LONG = {
 }
 #: Files the README's examples read, from its blocks.
 _FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:toml|yaml|json))\s*$")
+#: A block's info string that names its file.
+_FILE_NAME = re.compile(r"[\w-]+\.[\w.]+")
 
 
 def _blocks() -> list[tuple[str, str, str]]:
@@ -99,7 +109,7 @@ def readme_files() -> dict[str, str]:
         named = _FILE_HEADER.fullmatch(first.strip())
         if language in ("toml", "yaml") and named:
             files[named.group(1)] = body
-        elif language == "json" and info:
+        elif _FILE_NAME.fullmatch(info):  # ```json config.json, ```text job.args
             files[info] = body
     return files
 
@@ -129,7 +139,10 @@ def _params():
     for command in readme_commands():
         if command.startswith(SETUP):
             continue
-        marks = [pytest.mark.slow] if command in SLOW or command in LONG else []
+        if command in HARDWARE:
+            marks = [pytest.mark.skip(reason=f"needs real hardware: {HARDWARE[command]}")]
+        else:
+            marks = [pytest.mark.slow] if command in SLOW or command in LONG else []
         out.append(pytest.param(command, marks=marks, id=command[:70]))
     return out
 
@@ -138,6 +151,8 @@ def _params():
 def workdir(tmp_path_factory):
     """One directory for all the examples, holding the README's files."""
     path = tmp_path_factory.mktemp("readme")
+    # the README names files of the repository by their path in it (tests/fixtures/...)
+    (path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     for name, text in readme_files().items():
         (path / name).write_text(text, encoding="utf-8")
     return path
@@ -147,7 +162,8 @@ def test_the_readme_has_its_examples_and_the_lists_are_current():
     commands = readme_commands()
     assert len(commands) >= 30
     assert {"step.toml", "spec.yaml", "config.json"} <= set(readme_files())
-    assert [c for c in (*SLOW, *LONG) if c not in commands] == []  # no stale entry
+    assert [c for c in (*SLOW, *LONG, *HARDWARE) if c not in commands] == []  # no stale entry
+    assert {"job.args"} <= set(readme_files())
     assert any(c.startswith("python -m pip install") for c in commands)
 
 

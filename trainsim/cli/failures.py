@@ -11,7 +11,7 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice
-from trainsim.cli.output import console, job_header, plan_header, spinner, table
+from trainsim.cli.output import console, import_header, job_header, plan_header, spinner, table
 
 
 def register(app: typer.Typer) -> None:
@@ -84,11 +84,15 @@ def print_failures(result) -> None:
     out = console()
     data = result.to_dict()
     resolved = data["scenario"]
-    out.print(job_header(model=resolved["model"], gpus=resolved["gpus"],
-                         cluster=resolved["cluster"], fidelity=resolved["fidelity"],
+    # an imported job's model is in the import, not in the scenario's "model"
+    out.print(job_header(model=resolved.get("model", data["inputs"]["model"]),
+                         gpus=resolved["gpus"], cluster=resolved["cluster"],
+                         fidelity=resolved["fidelity"],
                          calibration=resolved.get("calibration"),
                          overrides=resolved.get("set")))
     out.print(plan_header(resolved["plan"]))
+    if "import" in data:
+        out.print(import_header(data["import"]))
     run = resolved["failures"]
     horizon = f"{run['days']:g} days" if "days" in run else f"{run['tokens']} tokens"
     out.print(f"# long run: {horizon}, profile {run['profile']}, checkpoint interval "

@@ -113,6 +113,13 @@ def plan_header(plan: Mapping[str, Any]) -> str:
             + (f"; {', '.join(other)}" if other else ""))
 
 
+def import_header(notes) -> str:
+    """One line on an imported job: where from, settings ignored, assumptions made."""
+    return (f"# imported from {notes['source']}: {len(notes['ignored'])} settings without "
+            f"effect on the step ignored, {len(notes['assumed'])} assumptions (listed in "
+            "--format json under inputs.import)")
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 

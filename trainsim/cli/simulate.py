@@ -11,7 +11,8 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
-from trainsim.cli.output import console, count_text, job_header, plan_header, spinner, table
+from trainsim.cli.output import (console, count_text, import_header, job_header, plan_header,
+                                  spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
 
 
@@ -91,13 +92,6 @@ def simulate(
 
         with spinner(output_format == "table", "writing the report..."):
             write_step_report(result, report)
-
-
-def import_header(notes) -> str:
-    """One line on an imported job: where from, settings ignored, assumptions made."""
-    return (f"# imported from {notes['source']}: {len(notes['ignored'])} settings without "
-            f"effect on the step ignored, {len(notes['assumed'])} assumptions (listed in "
-            "--format json under inputs.import)")
 
 
 def print_step(result) -> None:
