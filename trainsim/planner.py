@@ -109,9 +109,11 @@ class SearchSpace:
                 name for name in SCHEDULES if get_schedule(name).searched_by_default))
         for name in ("tp", "pp", "cp", "ep", "vpp", "micro_batch"):
             values = getattr(self, name)
-            if values is not None and (not values or any(
-                    isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
-                raise ValueError(f"{name}: {values!r} is not valid; give whole numbers >= 1")
+            if values is not None and not values:
+                raise ValueError(f"{name}: no values given; give whole numbers >= 1")
+            for v in values or ():
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{name}: {v!r} is not valid; give whole numbers >= 1")
         for name, valid in (("zero", ZERO_STAGES), ("recompute", RECOMPUTE),
                             ("schedule", SCHEDULES)):
             for v in getattr(self, name):
