@@ -560,6 +560,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     if dominated_late:
         dropped["dominated: heavier recompute than another that fits"] += dominated_late
     examined = min(examined, len(ordered))
+    tick(len(ordered) - examined)  # the plans bounded out are done too: the bar ends full
     counts = {"enumerated": len(valid) + sum(invalid.values()),
               "invalid": sum(v for k, v in invalid.items() if k.startswith("invalid")),
               "equivalent": sum(v for k, v in invalid.items() if k.startswith("equivalent")),
@@ -616,6 +617,14 @@ def _ticker(report: Callable[[str, int, int], None], phase: str, total: int
         done[0] += n
         report(phase, done[0], total)
     return tick
+
+
+def _phase_prefix(report: Callable[[str, int, int], None] | None, prefix: str
+                  ) -> Callable[[str, int, int], None] | None:
+    """``report`` with ``prefix`` on every phase name (one bar per search of a series)."""
+    if report is None:
+        return None
+    return lambda phase, done, total: report(prefix + phase, done, total)
 
 
 def _plan_key(plan: ParallelPlan) -> tuple:
@@ -679,7 +688,8 @@ def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
     while count <= limit:
         try:
             found = search(model, cluster=cluster, gpus=count, tokens=token_count, top=1,
-                           progress=progress, **search_kwargs)
+                           progress=_phase_prefix(progress, f"{count:,} GPUs: "),
+                           **search_kwargs)
         except ValueError as problem:
             if not str(problem).startswith("gpus: no feasible plan"):
                 raise

@@ -10,7 +10,7 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice
-from trainsim.cli.output import console, job_header, spinner, table
+from trainsim.cli.output import comment, console, job_header, spinner, table
 
 FORMATS = ("table", "csv", "json", "nccl-tests")
 
@@ -61,15 +61,15 @@ def collective(
     else:
         ranks = nodes * (gpus_per_node or spec.gpus_per_node)
         out = console()
-        out.print(job_header(model=None, gpus=None, cluster=spec.name, fidelity=fidelity,
-                             calibration=calibration, overrides=overrides))
+        comment(out, job_header(model=None, gpus=None, cluster=spec.name, fidelity=fidelity,
+                                calibration=calibration, overrides=overrides))
         # Below 100 columns the three columns that never change in a sweep (type, redop,
         # root) move to this line, so the numbers keep their room.
         narrow = out.width < NARROW_COLUMNS
         constant = (f"; type {df['type'].iloc[0]}, redop {df['redop'].iloc[0]}, root "
                     f"{df['root'].iloc[0]}" if narrow and len(df) else "")
-        out.print(f"# {op}: {nodes} node(s), {ranks} ranks, algorithm {algorithm}; "
-                  f"GB/s = 1e9 B/s{constant}")
+        comment(out, f"# {op}: {nodes} node(s), {ranks} ranks, algorithm {algorithm}; "
+                     f"GB/s = 1e9 B/s{constant}")
         out.print(_nccl_table(df, narrow=narrow))
 
 

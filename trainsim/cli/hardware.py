@@ -9,7 +9,7 @@ import typer
 
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice
-from trainsim.cli.output import console, table
+from trainsim.cli.output import comment, console, table
 
 FORMATS = ("table", "csv", "json")
 #: Columns of ``hardware list``'s table (the CSV and JSON have them all).
@@ -67,8 +67,8 @@ def hardware_show(
         print(json.dumps(preset_tree(fields), indent=1))
         return
     out = console()
-    out.print(f"# {fields[0].value}: every field by the name --set takes, in the unit the "
-              "name says (gb = 1e9 B, gib = 2^30 B, us = 1e-6 s, gbit = 1e9 bit)")
+    comment(out, f"# {fields[0].value}: every field by the name --set takes, in the unit the "
+                 "name says (gb = 1e9 B, gib = 2^30 B, us = 1e-6 s, gbit = 1e9 bit)")
     rows = ((item.key, _shown(item.value), item.source) for item in fields)
     out.print(table(("field (--set KEY=VALUE)", "value", "source"), rows,
                     left=("field (--set KEY=VALUE)", "value", "source"),

@@ -11,8 +11,8 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
-from trainsim.cli.output import (console, count_text, import_header, job_header, plan_header,
-                                  spinner, table)
+from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
+                                  plan_header, spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
 
 
@@ -98,13 +98,13 @@ def print_step(result) -> None:
     """The header, the headline numbers, and the breakdown and memory per pipeline rank."""
     out = console()
     resolved = result.to_dict()["scenario"]
-    out.print(job_header(model=result.inputs["model"], gpus=result.inputs["gpus"],
-                         cluster=result.inputs["cluster"], fidelity=result.inputs["fidelity"],
-                         calibration=resolved.get("calibration"),
-                         overrides=resolved.get("set")))
-    out.print(plan_header(result.inputs["plan"]))
+    comment(out, job_header(model=result.inputs["model"], gpus=result.inputs["gpus"],
+                            cluster=result.inputs["cluster"], fidelity=result.inputs["fidelity"],
+                            calibration=resolved.get("calibration"),
+                            overrides=resolved.get("set")))
+    comment(out, plan_header(result.inputs["plan"]))
     if "import" in result.inputs:
-        out.print(import_header(result.inputs["import"]))
+        comment(out, import_header(result.inputs["import"]))
     rows = [("step time (s)", f"{result.step_time_s:.4f}"),
             ("tokens/s", f"{result.tokens_per_s:,.0f}"),
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
@@ -130,8 +130,15 @@ def print_step(result) -> None:
     frame = result.breakdown_frame()
     out.print(table(["pp", *frame.columns],
                     ([str(p), *(f"{v:.4f}" for v in row)] for p, row in frame.iterrows()),
-                    title="where the step goes (s), per pipeline rank"))
+                    title="where the step goes (s), per pipeline rank", fold_names=True,
+                    gap=_gap(out)))
     mem = result.memory_frame() / 2**30
     out.print(table(["pp", *(c.replace("_bytes", "") for c in mem.columns)],
                     ([str(p), *(f"{v:.2f}" for v in row)] for p, row in mem.iterrows()),
-                    title="memory per pipeline rank (GiB = 2^30 B)"))
+                    title="memory per pipeline rank (GiB = 2^30 B)", fold_names=True,
+                    gap=_gap(out)))
+
+
+def _gap(out) -> int:
+    """Spaces between columns: 2, or 1 on a console narrower than 100 columns."""
+    return 2 if out.width >= 100 else 1
