@@ -169,6 +169,9 @@ def test_a_job_larger_than_the_preset_names_the_override(capsys, args, hint):
     # nothing close: no guess
     (["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", "zzz"],
      "schedule: 'zzz' is not valid; valid: gpipe, 1f1b, interleaved, zb-h1"),
+    # a real schedule trainsim does not model is not "gpipe" misspelled
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", "dualpipe"],
+     "schedule: 'dualpipe' is not valid; valid: gpipe, 1f1b, interleaved, zb-h1"),
 ])
 def test_a_misspelled_name_gets_a_did_you_mean(capsys, args, expected):
     code, out, err = run_cli(capsys, *args)

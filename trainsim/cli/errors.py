@@ -76,7 +76,7 @@ def with_suggestion(message: str) -> str:
     listed = re.sub(r"\([^)]*\)\s*$", "", found["valid"])  # drop "(or a path ...)"
     names = [name.strip() for name in listed.split(",")]
     names = [name for name in names if re.fullmatch(r"[\w.\-]+", name)]
-    close = difflib.get_close_matches(found["value"], names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(found["value"], names, n=1, cutoff=0.7)
     if not close or close[0] == found["value"]:
         return message
     return f"{found['head']} (did you mean {close[0]!r}?){found['tail']}"
