@@ -52,7 +52,7 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel, RankConditions
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.breakdown import AXES_IN_ORDER
+from sim.breakdown import AXES_IN_ORDER, critical_rank
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
@@ -212,7 +212,7 @@ class AnalyticStep:
         rank_end_ns: when each pipeline rank finishes the step.
         breakdown_s: per pipeline rank, seconds of compute, optimizer, exposed
             communication per axis and bubble (the keys of sim.breakdown).
-        critical: the pipeline rank that ends last.
+        critical: the pipeline rank that sets the pace (sim.breakdown.critical_rank).
         ops_priced: ops list-scheduled to get there (the model's work).
     """
 
@@ -227,7 +227,7 @@ class AnalyticStep:
 class _RankCosts:
     """What one pipeline rank's work costs (ns): per micro-batch, and at the end."""
 
-    per_microbatch: OpListCost   # forward + backward of all its virtual stages
+    per_step: OpListCost         # every action of the step, back to back
     last_backward: OpListCost    # the last micro-batch's backward alone
     finish: OpListCost           # the same with gradient reduction and optimizer
     gathers_ns: int = 0          # ZeRO-3: the step's parameter gathers back to back
@@ -266,14 +266,15 @@ class AnalyticStepModel:
 
     def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
-        last micro-batch's backward actions in the order the rank runs them."""
-        plan = self.plan
-        stages = list(self.lowerer.placement.stages_of(p))
-        split = self.lowerer.schedule.split_backward
-        last = plan.num_microbatches - 1
+        backward actions of the last micro-batch through each of its stages, in the
+        order the rank runs them."""
+        lowerer = self.lowerer
+        stages = list(lowerer.placement.stages_of(p))
+        split = lowerer.schedule.split_backward
         work = [Action(s, "F", 0) for s in stages]
         tail = []
         for s in reversed(stages):
+            last = lowerer.last_microbatch(s)
             if split:
                 work += [Action(s, "I", 0), Action(s, "W", 0)]
                 tail += [Action(s, "I", last), Action(s, "W", last)]
@@ -283,13 +284,16 @@ class AnalyticStepModel:
         return work, tail
 
     def _signature(self, p: int) -> tuple:
-        """Ranks with equal signatures do equal work (symmetry of the stages)."""
+        """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
+        lists overlap forwards with backwards each differ)."""
         model, lowerer = self.lowerer.model, self.lowerer
-        last = len(lowerer.stage_layers) - 1
-        return (self.stage_pricers.get(p, self.pricer).speed,
+        placement = lowerer.placement
+        paired = any(a.overlap for a in lowerer.actions()[p])
+        return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
                 tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
-                       s == 0, s == last)
-                      for s in lowerer.placement.stages_of(p)))
+                       placement.is_first(s), placement.is_last(s),
+                       placement.microbatches_through(s, self.plan.num_microbatches))
+                      for s in placement.stages_of(p)))
 
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
@@ -323,33 +327,55 @@ class AnalyticStepModel:
             self._part_costs[key] = cost
         return cost
 
-    def _work_cost(self, pricer: OpPricer, p: int, actions: list[Action]) -> OpListCost:
+    def _pair_cost(self, pricer: OpPricer, p: int, forward_stage: int, backward_stage: int,
+                   comp: str) -> OpListCost:
+        """An overlapped forward-backward pair, list-scheduled as the lowering
+        interleaves it (:meth:`StepLowerer.pair_ops`), priced once per stage pair."""
+        key = (id(pricer), "pair", forward_stage, backward_stage, comp)
+        cost = self._phase_costs.get(key)
+        if cost is None:
+            cost = pricer.schedule(self.lowerer.pair_ops(p, forward_stage, backward_stage, comp))
+            self._phase_costs[key] = cost
+        return cost
+
+    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action]) -> OpListCost:
+        """Compute and exposed communication of ``actions`` back to back (an overlapped
+        pair as one), each kind of action priced once and counted."""
+        counts: dict[tuple, int] = {}
+        index = 0
+        while index < len(actions):
+            action = actions[index]
+            if action.overlap:
+                forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
+                key = ("pair", forward.stage, backward.stage, backward.comp)
+                index += 2
+            else:
+                key = ("phase", action.stage, action.comp)
+                index += 1
+            counts[key] = counts.get(key, 0) + 1
         total = OpListCost(exposed_ns={})
-        for action in actions:
-            cost = self._phase_cost(pricer, p, action.stage, action.comp)
-            total.total_ns += cost.total_ns
-            total.compute_ns += cost.compute_ns
-            _add(total.exposed_ns, cost.exposed_ns)
+        for key, count in counts.items():
+            cost = (self._pair_cost(pricer, p, *key[1:]) if key[0] == "pair"
+                    else self._phase_cost(pricer, p, *key[1:]))
+            total.total_ns += cost.total_ns * count
+            total.compute_ns += cost.compute_ns * count
+            _add(total.exposed_ns, cost.exposed_ns, count)
         return total
 
     def _rank_costs(self, p: int) -> _RankCosts:
         pricer = self.stage_pricers.get(p, self.pricer)
-        work, tail = self._rank_actions(p)
-        forward = self._work_cost(pricer, p, [a for a in work if a.comp == "F"])
-        backward = self._work_cost(pricer, p, [a for a in work if a.comp != "F"])
-        per_mb = OpListCost(forward.total_ns + backward.total_ns,
-                            forward.compute_ns + backward.compute_ns, 0, {})
-        _add(per_mb.exposed_ns, forward.exposed_ns)
-        _add(per_mb.exposed_ns, backward.exposed_ns)
+        _, tail = self._rank_actions(p)
+        per_step = self._work_cost(pricer, p, self.lowerer.actions()[p])
         gathers, first_gather = self._gathers_ns(pricer, p)
-        return _RankCosts(per_mb, self._work_cost(pricer, p, tail),
+        return _RankCosts(per_step, self._work_cost(pricer, p, tail),
                           self._finish_cost(pricer, p, tail), gathers, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
-        parts: list[int | str] = ["head"] if stage == len(self.lowerer.stage_layers) - 1 else []
+        placement = self.lowerer.placement
+        parts: list[int | str] = ["head"] if placement.is_last(stage) else []
         parts += list(reversed(self.lowerer.stage_layers[stage]))
-        return parts + (["embedding"] if stage == 0 else [])
+        return parts + (["embedding"] if placement.is_first(stage) else [])
 
     def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
         """The last micro-batch's backward with its gradient buckets reduced on the
@@ -370,7 +396,8 @@ class AnalyticStepModel:
         total = first = 0
         for action in work:
             repeats = sum(lowerer.gathers_params(action.comp, j)
-                          for j in range(self.plan.num_microbatches))
+                          for j in range(self.plan.num_microbatches)
+                          if lowerer.placement.on_route(action.stage, j))
             if not repeats:
                 continue
             for layer in self.lowerer.stage_layers[action.stage]:
@@ -379,6 +406,21 @@ class AnalyticStepModel:
                 first = first or duration
                 total += duration * repeats
         return total, first
+
+    def _start_gathers_ns(self, p: int) -> int:
+        """The parameter gathers rank ``p``'s first action issues at the step's start
+        (StepLowerer.gathers_params), back to back: the data-parallel stream runs them
+        while the rank waits for its first input, time the replay counts as exposed."""
+        lowerer = self.lowerer
+        first = lowerer.actions()[p][0]
+        if not lowerer.gathers_params(first.comp, first.microbatch):
+            return 0
+        pricer = self.stage_pricers.get(p, self.pricer)
+        total = 0
+        for layer in lowerer.stage_layers[first.stage]:
+            op = self._gather_op(p, layer)
+            total += pricer.duration_ns(op) if op is not None else 0
+        return total
 
     def _gather_op(self, p: int, layer: int) -> Op | None:
         """ZeRO-3's parameter gather of a layer, built once per layer kind."""
@@ -407,8 +449,8 @@ class AnalyticStepModel:
                 dp_free[p] = dp_free.get(p, 0) + (pricer.duration_ns(op) if op else 0)
                 gathered[layer] = dp_free[p]
         waiting = free = 0
-        last = len(lowerer.stage_layers) - 1
-        for stage, layers in enumerate(lowerer.stage_layers):
+        last = placement.num_chunks - 1  # micro-batch 0 runs the first route
+        for stage, layers in enumerate(lowerer.stage_layers[:last + 1]):
             p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             parts = (["embedding"] if stage == 0 else []) + list(layers)
@@ -459,18 +501,18 @@ class AnalyticStepModel:
 
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
-        last = len(lowerer.stage_layers) - 1
+        placement = lowerer.placement
         for action in actions:
             stage, comp = action.stage, action.comp
             layers = list(lowerer.stage_layers[stage])
             if comp == "F":
-                parts = (["embedding"] if stage == 0 else []) + layers
-                parts += ["head"] if stage == last else []
+                parts = (["embedding"] if placement.is_first(stage) else []) + layers
+                parts += ["head"] if placement.is_last(stage) else []
             else:
                 parts = self._stage_parts(stage)
                 layers.reverse()
             reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and action.microbatch == plan.num_microbatches - 1)
+                          and action.microbatch == lowerer.last_microbatch(stage))
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
             gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
@@ -538,10 +580,13 @@ class AnalyticStepModel:
             ends.append(max(last_start + rank.finish.total_ns,
                             rank.gathers_ns + after_backward))
         step_ns = max(ends)
-        breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0,
-                                        first_wait if p == 0 else 0)
+        starts = timing.rank_start or (0,) * pp
+        waits = timing.rank_comm_wait or (2 * (pp - 1) * t_p2p,) + (0,) * (pp - 1)
+        breakdown = {p: self._breakdown(rank, step_ns, waits[p],
+                                        first_wait if p == 0
+                                        else min(starts[p], self._start_gathers_ns(p)))
                      for p, rank in enumerate(ranks)}
-        critical = max(range(pp), key=lambda r: (ends[r], -r))
+        critical = critical_rank(breakdown, step_ns / 1e9)
         pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers))
@@ -550,7 +595,7 @@ class AnalyticStepModel:
         """Without pipeline parallelism the step is one rank's list schedule: every
         action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
-        actions = list(self.lowerer.schedule.actions(1, self.plan.num_microbatches, 1)[0])
+        actions = list(self.lowerer.actions()[0])
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
         row = {"compute": cost.compute_ns / 1e9, "optimizer": cost.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
@@ -567,31 +612,46 @@ class AnalyticStepModel:
         weight-gradient time for one micro-batch, priced on the rank that holds it."""
         plan, lowerer = self.plan, self.lowerer
         schedule, placement = lowerer.schedule, lowerer.placement
-        durations: dict[str, list[int]] = {"F": [], "B": [], "W": []}
+        pairs: dict[tuple[int, int], int] = {}
+        for row in lowerer.actions():
+            for first, second in zip(row, row[1:]):
+                if first.overlap:
+                    forward, backward = (first, second) if first.comp == "F" else (second, first)
+                    if (forward.stage, backward.stage) not in pairs:
+                        p = placement.rank_of(forward.stage)
+                        pricer = self.stage_pricers.get(p, self.pricer)
+                        pairs[(forward.stage, backward.stage)] = self._pair_cost(
+                            pricer, p, forward.stage, backward.stage, backward.comp).total_ns
+        durations: dict[str, list[int]] = {"F": [], "B": [], "W": [], "I": []}
         for stage in range(lowerer.num_stages):
             p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             durations["F"].append(self._phase_cost(pricer, p, stage, "F").total_ns)
+            durations["B"].append(self._phase_cost(pricer, p, stage, "B").total_ns)
             if schedule.split_backward:
                 weight = self._phase_cost(pricer, p, stage, "W").total_ns
                 durations["W"].append(weight)
-                durations["B"].append(self._phase_cost(pricer, p, stage, "I").total_ns + weight)
-            else:
-                durations["B"].append(self._phase_cost(pricer, p, stage, "B").total_ns)
-        return schedule.timing(plan.pp, plan.num_microbatches, plan.vpp, durations["F"],
-                               durations["B"], durations["W"] or None, t_p2p)
+                durations["I"].append(self._phase_cost(pricer, p, stage, "I").total_ns)
+                # (a full backward is at least its weight part)
+                durations["B"][-1] = max(durations["B"][-1], weight)
+        args = (plan.pp, plan.num_microbatches, plan.vpp, durations["F"], durations["B"],
+                durations["W"] or None, t_p2p)
+        if not pairs and not schedule.split_backward:
+            return schedule.timing(*args)  # (a schedule's own timing may predate the rest)
+        return schedule.timing(*args, t_fb=pairs or None, overlap=lowerer.overlap,
+                               t_i=durations["I"] or None)
 
     @staticmethod
-    def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int,
+    def _breakdown(rank: _RankCosts, step_ns: int, p2p_ns: int,
                    gather_wait_ns: int) -> dict[str, float]:
-        """Seconds per category: m micro-batches, plus what finishing the step adds
+        """Seconds per category: the rank's actions, plus what finishing the step adds
         (reduction, optimizer, parameter all-gather) beyond the last backward."""
         exposed: dict[str, int] = {"dp": gather_wait_ns}
-        _add(exposed, rank.per_microbatch.exposed_ns, m)
+        _add(exposed, rank.per_step.exposed_ns)
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        compute = rank.per_microbatch.compute_ns * m
+        compute = rank.per_step.compute_ns
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9

@@ -13,18 +13,34 @@ Notation (PyTorch ``torch.distributed.pipelining`` ``_Action``): an action is
   schedules split B into I and W;
 * ``2W1``: backward for the *weights* only.
 
-Stages are GLOBAL virtual stage indices ``0 .. S-1`` of the model cut in ``S``
-pieces; stage ``s`` sends activations to ``s+1`` and gradients to ``s-1``. A
-:class:`StagePlacement` says which pipeline rank holds each stage: Megatron's
-interleaved layout puts stage ``s`` on rank ``s % pp``; V-shaped schedules put
-stages ``r`` and ``2 pp - 1 - r`` on rank ``r``. Micro-batches are ``0 .. m-1``.
+Stages are GLOBAL virtual stage indices ``0 .. S-1``; stage ``s`` sends
+activations to ``s+1`` and gradients to ``s-1``. A :class:`StagePlacement` says
+which pipeline rank holds each stage: Megatron's interleaved layout puts stage
+``s`` on rank ``s % pp``; V-shaped schedules put stages ``r`` and ``2 pp - 1 - r``
+on rank ``r``. Micro-batches are ``0 .. m-1``.
+
+Routes (bidirectional pipelines): a placement may cut its stages into ``routes``
+consecutive blocks, each a whole pass over the model's chunks; micro-batch ``j``
+runs through route ``j % routes`` only. DualPipe (DeepSeek-V3 report, arXiv
+2412.19437, Section 3.2.1) has two: micro-batches fed from the first rank run
+stages ``0 .. pp-1`` (rank ``r`` holds stage ``r``), those fed from the last rank
+run stages ``pp .. 2pp-1`` (rank ``r`` holds stage ``2pp-1-r``); stage ``s`` runs
+model chunk ``s % (S / routes)``, so every rank holds two copies' worth of chunks.
+
+Overlapped pairs: an action with ``overlap=True`` runs together with the next
+action of its rank's list, a forward and a backward of two different
+micro-batches interleaved so that the communication of each hides behind the
+computation of the other (DualPipe's "F&B" chunks; Megatron-Core's
+``--overlap-moe-expert-parallel-comm``). The pair starts when both members'
+dependencies are met and both end together (PyTorch pipelining's
+``OVERLAP_F_B`` action with sub-actions; written ``(0F1;3B0)`` here).
 
 Dependencies between actions (used by :func:`check_schedule` and
 :func:`simulate_unit_times`):
 
-* ``F(s, j)`` needs ``F(s-1, j)`` (for ``s > 0``);
-* ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, for ``s < S-1``, the
-  backward-input of stage ``s+1`` on ``j`` (its B or its I);
+* ``F(s, j)`` needs ``F(s-1, j)`` (unless ``s`` is the first stage of ``j``'s route);
+* ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, unless ``s`` is the last stage of
+  ``j``'s route, the backward-input of stage ``s+1`` on ``j`` (its B or its I);
 * ``W(s, j)`` needs ``I(s, j)``;
 * actions of one rank run one at a time, in list order.
 
@@ -42,17 +58,19 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational, Real
-from typing import NamedTuple, Sequence, Union
+from typing import Mapping, NamedTuple, Sequence, Union
 
 __all__ = [
     "COMPUTATIONS",
     "Action",
     "parse_action",
     "parse_actions",
+    "pair_forwards_with_backwards",
     "format_schedule",
     "StagePlacement",
     "interleaved_placement",
     "v_placement",
+    "dual_placement",
     "PeerStages",
     "peer_stages",
     "send_target",
@@ -82,6 +100,8 @@ class Action:
         comp: ``"F"`` forward, ``"B"`` full backward, ``"I"`` backward for
             the input only, ``"W"`` backward for the weights only.
         microbatch: micro-batch index (``0 .. m-1``).
+        overlap: runs overlapped with the next action of the rank's list (an
+            F&B pair, module docstring).
 
     ``str(Action(0, "F", 1)) == "0F1"`` (PyTorch pipelining notation).
     """
@@ -89,6 +109,7 @@ class Action:
     stage: int
     comp: str
     microbatch: int
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.stage) or self.stage < 0:
@@ -97,6 +118,8 @@ class Action:
             raise ValueError(f"Action.comp={self.comp!r} is invalid; valid: one of {COMPUTATIONS}")
         if not _is_int(self.microbatch) or self.microbatch < 0:
             raise ValueError(f"Action.microbatch={self.microbatch!r} is invalid; valid: an int >= 0")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"Action.overlap={self.overlap!r} is invalid; valid: True or False")
 
     def __str__(self) -> str:
         return f"{self.stage}{self.comp}{self.microbatch}"
@@ -119,22 +142,106 @@ def parse_action(text: str) -> Action:
 
 def parse_actions(rows: Sequence[Sequence[str] | str]) -> list[list[Action]]:
     """Parse per-rank action lists; a row may be a list of strings or one
-    whitespace-separated string (``"0F0 0F1 0B0"``)."""
+    whitespace-separated string (``"0F0 0F1 0B0"``); an overlapped pair is written
+    ``"(0F1;3B0)"`` (its first action gets ``overlap=True``).
+
+    Raises:
+        ValueError: for an item that is neither an action nor a pair of two.
+    """
     out = []
     for row in rows:
         items = row.split() if isinstance(row, str) else row
-        out.append([parse_action(item) for item in items])
+        parsed: list[Action] = []
+        for item in items:
+            if isinstance(item, str) and item.startswith("(") and item.endswith(")"):
+                parts = item[1:-1].split(";")
+                if len(parts) != 2:
+                    raise ValueError(f"action text={item!r} is invalid; valid: a pair "
+                                     "'(<action>;<action>)', e.g. '(0F1;3B0)'")
+                first, second = (parse_action(part) for part in parts)
+                parsed += [Action(first.stage, first.comp, first.microbatch, True), second]
+            else:
+                parsed.append(parse_action(item))
+        out.append(parsed)
     return out
 
 
+def _row_text(row: Sequence[Action]) -> str:
+    """A rank's actions as text, overlapped pairs as ``(a;b)``."""
+    words, pending = [], None
+    for action in row:
+        if pending is not None:
+            words.append(f"({pending};{action})")
+            pending = None
+        elif action.overlap:
+            pending = action
+        else:
+            words.append(str(action))
+    if pending is not None:
+        words.append(str(pending))
+    return " ".join(words)
+
+
 def format_schedule(actions: Sequence[Sequence[Action]]) -> str:
-    """One line per rank: ``"rank 0: 0F0 0F1 0B0 ..."``."""
-    return "\n".join(
-        f"rank {rank}: " + " ".join(str(a) for a in row) for rank, row in enumerate(actions)
-    )
+    """One line per rank: ``"rank 0: 0F0 0F1 0B0 ..."`` (pairs as ``(0F1;3B0)``)."""
+    return "\n".join(f"rank {rank}: " + _row_text(row) for rank, row in enumerate(actions))
 
 
 # --------------------------------------------------------------------------- placement
+
+
+def pair_forwards_with_backwards(actions: Sequence[Sequence[Action]],
+                                 placement: StagePlacement) -> list[list[Action]]:
+    """The ranks' lists with every forward that directly precedes a backward (B or I)
+    of another micro-batch or stage made an overlapped pair (:attr:`Action.overlap`):
+    the steady state of a 1F1B-family schedule as Megatron-Core runs it with
+    ``--overlap-moe-expert-parallel-comm`` (one micro-batch's forward merged with
+    another's backward, ``megatron/core/pipeline_parallel/combined_1f1b.py``). A pair
+    whose backward waits, through the next ranks, for its own forward (a warm-up cut
+    short by few micro-batches) would deadlock: it stays two actions.
+
+    A single rank with one stage (no pipeline) runs ``F0 (F1;B0) (F2;B1) ... B(m-1)``:
+    each backward waits for the next forward to pair with, as Megatron-Core's combined
+    1F1B does without pipeline parallelism.
+
+    Raises:
+        ValueError: when the lists deadlock without any pair.
+    """
+    if placement.pp == 1 and placement.num_stages == 1 and len(actions[0]) > 2:
+        row = list(actions[0])
+        forwards = [a for a in row if a.comp == "F"]
+        backwards = [a for a in row if a.comp != "F"]
+        if len(backwards) == len(forwards):  # F then B per micro-batch
+            out = [forwards[0]]
+            for forward, backward in zip(forwards[1:], backwards):
+                out += [Action(forward.stage, "F", forward.microbatch, True), backward]
+            return [out + [backwards[-1]]]
+    rows = []
+    for row in actions:
+        out = list(row)
+        index = 0
+        while index + 1 < len(out):
+            first, second = out[index], out[index + 1]
+            if (first.comp == "F" and second.comp in ("B", "I") and not first.overlap
+                    and not second.overlap
+                    and (first.stage, first.microbatch) != (second.stage, second.microbatch)):
+                out[index] = Action(first.stage, "F", first.microbatch, True)
+                index += 2
+            else:
+                index += 1
+        rows.append(out)
+    while True:
+        try:
+            _run(rows, placement, lambda a: 0, 0)
+            return rows
+        except _Deadlock as stuck:
+            paired = [(rank, index) for rank, index in stuck.waiting
+                      if rows[rank][index].overlap]
+            if not paired:
+                raise
+            rank, index = paired[0]
+            action = rows[rank][index]
+            rows[rank][index] = Action(action.stage, "F", action.microbatch)
 
 
 def _check_pos_int(name: str, value: object) -> None:
@@ -144,20 +251,26 @@ def _check_pos_int(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class StagePlacement:
-    """Which pipeline rank holds each global virtual stage.
+    """Which pipeline rank holds each global virtual stage, and the routes
+    micro-batches take through them (module docstring).
 
     Attributes:
         pp: pipeline ranks.
         rank_of_stage: the rank of stage ``s`` at index ``s`` (every rank holds
             the same number of stages).
+        routes: disjoint passes over the model (1; DualPipe: 2). The stages split
+            in ``routes`` consecutive blocks of ``S / routes``; micro-batch ``j``
+            runs through block ``j % routes``, and stage ``s`` runs model chunk
+            ``s % (S / routes)``.
 
     Raises:
-        ValueError: when a rank is out of range or ranks hold unequal numbers
-            of stages.
+        ValueError: when a rank is out of range, ranks hold unequal numbers of
+            stages, or ``routes`` does not divide the stages.
     """
 
     pp: int
     rank_of_stage: tuple[int, ...]
+    routes: int = 1
 
     def __post_init__(self) -> None:
         _check_pos_int("pp", self.pp)
@@ -170,6 +283,10 @@ class StagePlacement:
         if len(set(counts)) != 1 or counts[0] == 0:
             raise ValueError(f"rank_of_stage={self.rank_of_stage!r} is invalid; valid: every "
                              f"one of the {self.pp} ranks holds the same number of stages")
+        _check_pos_int("routes", self.routes)
+        if len(self.rank_of_stage) % self.routes:
+            raise ValueError(f"routes={self.routes} is invalid; valid: a divisor of the "
+                             f"{len(self.rank_of_stage)} stages")
 
     @property
     def num_stages(self) -> int:
@@ -180,6 +297,36 @@ class StagePlacement:
     def stages_per_rank(self) -> int:
         """Virtual stages (model chunks) each rank holds."""
         return self.num_stages // self.pp
+
+    @property
+    def num_chunks(self) -> int:
+        """Distinct model chunks: the stages of one route (``S / routes``)."""
+        return self.num_stages // self.routes
+
+    def chunk_of(self, stage: int) -> int:
+        """The model chunk stage ``stage`` runs (``stage % num_chunks``).
+
+        Raises:
+            ValueError: for a stage outside ``0 .. S-1``.
+        """
+        self.rank_of(stage)  # validates the stage
+        return stage % self.num_chunks
+
+    def is_first(self, stage: int) -> bool:
+        """``stage`` is the first of its route (it embeds the input tokens)."""
+        return self.chunk_of(stage) == 0
+
+    def is_last(self, stage: int) -> bool:
+        """``stage`` is the last of its route (it holds the head and the loss)."""
+        return self.chunk_of(stage) == self.num_chunks - 1
+
+    def on_route(self, stage: int, microbatch: int) -> bool:
+        """Micro-batch ``microbatch`` runs through ``stage``."""
+        return stage // self.num_chunks == microbatch % self.routes
+
+    def microbatches_through(self, stage: int, microbatches: int) -> int:
+        """How many of ``microbatches`` micro-batches run through ``stage``."""
+        return len(range(stage // self.num_chunks, microbatches, self.routes))
 
     def rank_of(self, stage: int) -> int:
         """The pipeline rank that holds ``stage``.
@@ -202,10 +349,12 @@ class StagePlacement:
         return tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank)
 
     def edges(self) -> tuple[tuple[int, int], ...]:
-        """``(rank, next rank)`` of every stage boundary that crosses ranks, in stage
-        order without repeats: the pipeline's point-to-point links."""
+        """``(rank, next rank)`` of every stage boundary inside a route that crosses
+        ranks, in stage order without repeats: the pipeline's point-to-point links."""
         seen: list[tuple[int, int]] = []
         for stage in range(self.num_stages - 1):
+            if self.is_last(stage):
+                continue
             pair = (self.rank_of_stage[stage], self.rank_of_stage[stage + 1])
             if pair[0] != pair[1] and pair not in seen:
                 seen.append(pair)
@@ -234,6 +383,20 @@ def v_placement(pp: int) -> StagePlacement:
     """
     _check_pos_int("pp", pp)
     return StagePlacement(pp, tuple(range(pp)) + tuple(reversed(range(pp))))
+
+
+def dual_placement(pp: int) -> StagePlacement:
+    """DualPipe's two-way layout (DeepSeek-V3 report, arXiv 2412.19437, Section 3.2.1):
+    ``2 pp`` stages on the V's ranks (stage ``s`` and ``2 pp - 1 - s`` on rank
+    ``min(s, 2 pp - 1 - s)``) but two routes: even micro-batches run chunks
+    ``0 .. pp-1`` on ranks ``0 .. pp-1``, odd ones the same chunks on ranks
+    ``pp-1 .. 0``. Rank ``r`` holds chunks ``r`` and ``pp - 1 - r``.
+
+    Raises:
+        ValueError: if ``pp`` is not an int >= 1.
+    """
+    _check_pos_int("pp", pp)
+    return StagePlacement(pp, v_placement(pp).rank_of_stage, routes=2)
 
 
 class PeerStages(NamedTuple):
@@ -267,16 +430,16 @@ def peer_stages(stage: int, num_stages: int) -> PeerStages:
 
 def send_target(action: Action, placement: StagePlacement) -> tuple[int, int] | None:
     """``(stage, rank)`` the output of ``action`` goes to, or None (W actions, the
-    last stage's F, the first stage's B/I). It is a point-to-point transfer only
-    when the target rank differs from the action's own rank."""
-    peers = peer_stages(action.stage, placement.num_stages)
-    if action.comp == "F":
-        target = peers.activations_to
-    elif action.comp in ("B", "I"):
-        target = peers.gradients_to
+    last stage's F and the first stage's B/I of a route). It is a point-to-point
+    transfer only when the target rank differs from the action's own rank."""
+    stage = action.stage
+    if action.comp == "F" and not placement.is_last(stage):
+        target = stage + 1
+    elif action.comp in ("B", "I") and not placement.is_first(stage):
+        target = stage - 1
     else:
-        target = None
-    return None if target is None else (target, placement.rank_of(target))
+        return None
+    return target, placement.rank_of(target)
 
 
 # --------------------------------------------------------------------------- checking & timing
@@ -324,6 +487,7 @@ def _structure(
                 raise ValueError(f"action {action} appears twice on rank {rank}; valid: once")
             seen[key] = rank
             mbs.add(action.microbatch)
+            _check_pair(row, index, rank)
     if microbatches is None:
         microbatches = max(mbs) + 1 if mbs else 0
         if microbatches == 0:
@@ -340,6 +504,12 @@ def _structure(
         for j in range(microbatches):
             has = {c: (stage, c, j) in seen for c in COMPUTATIONS}
             where = f"stage {stage} (rank {rank_of[stage]}), micro-batch {j}"
+            if not placement.on_route(stage, j):
+                if any(has.values()):
+                    raise ValueError(f"{where}: micro-batch {j} takes route "
+                                     f"{j % placement.routes}, which does not pass stage "
+                                     f"{stage}; valid: no action there")
+                continue
             if not has["F"]:
                 raise ValueError(f"{where} has no forward {stage}F{j}; valid: exactly one F")
             if has["B"] and (has["I"] or has["W"]):
@@ -354,7 +524,23 @@ def _structure(
     return microbatches
 
 
-def _dependencies(action: Action, num_stages: int, has_split: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
+def _check_pair(row: Sequence[Action], index: int, rank: int) -> None:
+    """An action flagged ``overlap`` pairs with the next one: a forward and a backward
+    (B or I) of one rank, the second not flagged itself."""
+    action = row[index]
+    if not action.overlap:
+        return
+    partner = row[index + 1] if index + 1 < len(row) else None
+    comps = {action.comp, partner.comp} if isinstance(partner, Action) else set()
+    if (partner is None or not isinstance(partner, Action) or partner.overlap
+            or "F" not in comps or not comps & {"B", "I"}):
+        raise ValueError(f"action {action} on rank {rank} overlaps the next action "
+                         f"({partner}); valid: a forward paired with a B or I that is not "
+                         "paired itself")
+
+
+def _dependencies(action: Action, placement: StagePlacement,
+                  has_split: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
     """Keys (stage, comp, mb) of the actions ``action`` waits for ("B" in a
     key means "the stage's backward-input": B or I, resolved via has_split)."""
     s, c, j = action.stage, action.comp, action.microbatch
@@ -363,10 +549,10 @@ def _dependencies(action: Action, num_stages: int, has_split: set[tuple[int, int
         return (stage, "I" if (stage, j) in has_split else "B", j)
 
     if c == "F":
-        return [(s - 1, "F", j)] if s > 0 else []
+        return [] if placement.is_first(s) else [(s - 1, "F", j)]
     if c in ("B", "I"):
         deps = [(s, "F", j)]
-        if s + 1 < num_stages:
+        if not placement.is_last(s):
             deps.append(bwd_key(s + 1))
         return deps
     return [(s, "I", j)]  # W
@@ -388,27 +574,43 @@ def _as_stage_durations(name: str, value: Durations, num_stages: int) -> list[Nu
     return values
 
 
+class _Deadlock(ValueError):
+    """Action lists that cannot finish; ``waiting``: (rank, position) of every rank's
+    stuck action, lowest rank first."""
+
+    def __init__(self, message: str, waiting: list[tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.waiting = waiting
+
+
 def _run(
     actions: Sequence[Sequence[Action]],
     placement: StagePlacement,
     duration,
     t_comm: Number,
+    pair_duration=None,
 ):
-    """Execute the action lists in dependency order.
+    """Execute the action lists in dependency order; an overlapped pair
+    (:attr:`Action.overlap`) starts when both its actions may and lasts
+    ``pair_duration(first, second)`` (default: the sum of their durations).
 
     Returns per rank a list of (action, start, end); raises ValueError naming
     the first stuck action (lowest rank) if the lists deadlock.
     """
-    pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
+    pp, rank_of = placement.pp, placement.rank_of_stage
     has_split = {
         (a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"
     }
+    if pair_duration is None:
+        def pair_duration(first: Action, second: Action) -> Number:
+            return duration(first) + duration(second)
     finish: dict[tuple[int, str, int], object] = {}
     pos = [0] * pp
     free_at: list[Number] = [0] * pp
     spans: list[list[tuple[Action, Number, Number]]] = [[] for _ in range(pp)]
+    comm_wait: list[Number] = [0] * pp
     remaining = sum(len(row) for row in actions)
-    # dependencies of the action each rank waits on, computed once per action
+    # dependencies of the action (or pair) each rank waits on, computed once
     waiting: list[list | None] = [None] * pp
     while remaining:
         progressed = False
@@ -416,40 +618,50 @@ def _run(
             row = actions[rank]
             while pos[rank] < len(row):
                 action = row[pos[rank]]
+                members = (action, row[pos[rank] + 1]) if action.overlap else (action,)
                 deps = waiting[rank]
                 if deps is None:
-                    deps = waiting[rank] = _dependencies(action, num_stages, has_split)
+                    deps = waiting[rank] = [d for member in members
+                                            for d in _dependencies(member, placement, has_split)]
                 if any(d not in finish for d in deps):
                     break
                 waiting[rank] = None
-                start = free_at[rank]
+                start = produced = free_at[rank]
                 for d in deps:
                     ready = finish[d]
+                    if ready > produced:
+                        produced = ready
                     if rank_of[d[0]] != rank:
                         ready = ready + t_comm
                     if ready > start:
                         start = ready
-                end = start + duration(action)
-                finish[(action.stage, action.comp, action.microbatch)] = end
-                spans[rank].append((action, start, end))
+                # the rank idles for the transfer itself only past the data's production
+                comm_wait[rank] = comm_wait[rank] + (start - produced if start > produced else 0)
+                end = start + (pair_duration(*members) if action.overlap else duration(action))
+                for member in members:
+                    finish[(member.stage, member.comp, member.microbatch)] = end
+                    spans[rank].append((member, start, end))
                 free_at[rank] = end
-                pos[rank] += 1
-                remaining -= 1
+                pos[rank] += len(members)
+                remaining -= len(members)
                 progressed = True
         if not progressed:
             for rank in range(pp):
                 if pos[rank] < len(actions[rank]):
                     action = actions[rank][pos[rank]]
+                    members = ((action, actions[rank][pos[rank] + 1]) if action.overlap
+                               else (action,))
                     missing = [
                         f"{d[0]}{d[1]}{d[2]}"
-                        for d in _dependencies(action, num_stages, has_split)
+                        for member in members
+                        for d in _dependencies(member, placement, has_split)
                         if d not in finish
                     ]
-                    raise ValueError(
+                    raise _Deadlock(
                         f"schedule deadlocks: action {action} (rank {rank}, position "
-                        f"{pos[rank]}) waits for {', '.join(missing)}, which can never run first"
-                    )
-    return spans
+                        f"{pos[rank]}) waits for {', '.join(missing)}, which can never run first",
+                        [(r, pos[r]) for r in range(pp) if pos[r] < len(actions[r])])
+    return spans, comm_wait
 
 
 def check_schedule(
@@ -553,6 +765,9 @@ class ScheduleTiming:
         max_inflight_until_w: per rank, peak held between F and B/W
             (``release="weight"``).
         spans: per rank, ``(action, start, end)`` in execution order.
+        comm_wait: per rank, time it idles for point-to-point transfers: an action
+            that waits for an input from another rank waits ``t_comm`` at most beyond
+            the input's production (the exposed transfer).
     """
 
     makespan: Number
@@ -561,11 +776,22 @@ class ScheduleTiming:
     max_inflight: tuple[int, ...]
     max_inflight_until_w: tuple[int, ...]
     spans: tuple[tuple[tuple[Action, Number, Number], ...], ...]
+    comm_wait: tuple[Number, ...] = ()
 
     @property
     def mean_bubble_fraction(self) -> Number:
         """Bubble fraction averaged over ranks (= 1 - sum(busy) / (pp * makespan))."""
         return sum(self.bubble_fraction) / len(self.bubble_fraction)
+
+
+def _busy(row: Sequence[tuple[Action, Number, Number]]) -> Number:
+    """Time a rank computes: its spans, an overlapped pair's (shared) span once."""
+    total, paired = 0, False
+    for action, start, end in row:
+        if not paired:
+            total = total + (end - start)
+        paired = action.overlap
+    return total
 
 
 def simulate_unit_times(
@@ -577,6 +803,8 @@ def simulate_unit_times(
     t_w: Durations | None = None,
     t_comm: Number = 0,
     check: bool = True,
+    t_fb: Number | Mapping[tuple[int, int], Number] | None = None,
+    t_i: Durations | None = None,
 ) -> ScheduleTiming:
     """Exact event simulation of per-rank action lists with fixed durations.
 
@@ -602,9 +830,16 @@ def simulate_unit_times(
         t_comm: point-to-point latency between ranks (>= 0).
         check: validate the lists' structure first (:func:`check_schedule`); lists
             from :func:`schedule_actions` may skip it.
+        t_i: input-gradient part of the backward when it is not ``t_b - t_w`` (a
+            full backward overlaps its two parts' communication better than the two
+            split actions do): I takes ``t_i``.
+        t_fb: duration of an overlapped forward-backward pair (DualPipe's ``F&B``):
+            a number for every pair, or ``{(forward stage, backward stage):
+            duration}``; None (or a pair missing from the mapping) takes the sum of
+            the two actions' durations.
 
     Returns:
-        :class:`ScheduleTiming`.
+        :class:`ScheduleTiming` (a pair counts once in ``busy``).
 
     Raises:
         ValueError: on incomplete or deadlocking lists, negative durations,
@@ -632,6 +867,8 @@ def simulate_unit_times(
                 )
     else:
         tw = [0] * num_stages
+    ti = ([b - w for b, w in zip(tb, tw)] if t_i is None
+          else _as_stage_durations("t_i", t_i, num_stages))
     if isinstance(t_comm, bool) or not isinstance(t_comm, Real) or not t_comm >= 0:
         raise ValueError(f"t_comm={t_comm!r} is invalid; valid: a duration >= 0")
 
@@ -642,15 +879,32 @@ def simulate_unit_times(
         if action.comp == "B":
             return tb[s]
         if action.comp == "I":
-            return tb[s] - tw[s]
+            return ti[s]
         return tw[s]
 
-    spans = _run(actions, placement, duration, t_comm)
+    pair_values: list[Number] = []
+
+    def pair_duration(first: Action, second: Action) -> Number:
+        forward, backward = (first, second) if first.comp == "F" else (second, first)
+        if t_fb is None:
+            found = None
+        elif isinstance(t_fb, Mapping):
+            found = t_fb.get((forward.stage, backward.stage))
+        else:
+            found = t_fb
+        if found is None:
+            return duration(first) + duration(second)
+        if isinstance(found, bool) or not isinstance(found, Real) or not found >= 0:
+            raise ValueError(f"t_fb={found!r} is invalid; valid: durations >= 0")
+        pair_values.append(found)
+        return found
+
+    spans, comm_wait = _run(actions, placement, duration, t_comm, pair_duration)
     ends = [row[-1][2] for row in spans if row]
     makespan = max(ends) if ends else 0
-    busy = tuple(sum((end - start for _, start, end in row), 0) for row in spans)
+    busy = tuple(_busy(row) for row in spans)
     exact = all(
-        isinstance(v, Rational) for v in [*tf, *tb, *tw, t_comm]
+        isinstance(v, Rational) for v in [*tf, *tb, *tw, *ti, t_comm, *pair_values]
     )
     if makespan == 0:
         bubble = tuple(0 for _ in busy)
@@ -665,4 +919,5 @@ def simulate_unit_times(
         max_inflight=tuple(max_inflight_microbatches(actions, release="input")),
         max_inflight_until_w=tuple(max_inflight_microbatches(actions, release="weight")),
         spans=tuple(tuple(row) for row in spans),
+        comm_wait=tuple(comm_wait),
     )
