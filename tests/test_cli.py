@@ -85,7 +85,8 @@ def test_installed_script_reports_errors_without_traceback():
     done = subprocess.run([sys.executable, "-m", "trainsim.cli", "collective", "all_reduce",
                            "--cluster", "dgx-h900"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.startswith("error: cluster: 'dgx-h900' is not a preset; valid: ")
+    assert done.stderr.startswith("error: cluster: 'dgx-h900' is not a preset (did you mean ")
+    assert "; valid: dgx-a100, " in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -149,3 +150,52 @@ def test_nccl_tests_format_is_read_by_nccl_tests_parsers(capsys):
 def test_a_job_larger_than_the_preset_names_the_override(capsys, args, hint):
     code, _, err = run_cli(capsys, *args)
     assert code == 2 and err.count("\n") == 1 and hint in err, err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["simulate", "--model", "llama3-8x", "--gpus", "8"],
+     "model: 'llama3-8x' is not a preset (did you mean 'llama3-8b'?); valid: "),
+    (["hardware", "show", "dgx-h10"],
+     "cluster: 'dgx-h10' is not a preset (did you mean 'dgx-h100'?); valid: "),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", "1f1c"],
+     "schedule: '1f1c' is not valid (did you mean '1f1b'?); valid: "),
+    (["plan", "--model", "llama3-8b", "--gpus", "8", "--schedule", "gpipe,1f1bb"],
+     "schedule: '1f1bb' is not valid (did you mean '1f1b'?); valid: "),
+    (["failures", "--model", "llama3-8b", "--gpus", "8", "--days", "3", "--profile",
+      "llama3-h10"], "profile: 'llama3-h10' is not a profile (did you mean 'llama3-h100'?)"),
+    (["collective", "alreduce"], "op: 'alreduce' is not valid (did you mean 'all_reduce'?)"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--fidelity", "evnt"],
+     "fidelity: 'evnt' is not valid (did you mean 'event'?); valid: analytic, event, flow"),
+    # nothing close: no guess
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", "zzz"],
+     "schedule: 'zzz' is not valid; valid: gpipe, 1f1b, interleaved, zb-h1"),
+    # a real schedule trainsim does not model is not "gpipe" misspelled
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", "chimera"],
+     "schedule: 'chimera' is not valid; valid: gpipe, 1f1b, interleaved, zb-h1"),
+])
+def test_a_misspelled_name_gets_a_did_you_mean(capsys, args, expected):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("error: " + expected), err
+
+
+def test_a_misspelled_model_in_a_scenario_file_gets_a_did_you_mean(capsys, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('model = "llama3-7b"\ngpus = 8\n')
+    code, _, err = run_cli(capsys, "simulate", "--scenario", str(path))
+    assert code == 2 and f"{path}: model: 'llama3-7b' is not a preset (did you mean " in err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["simulate", "--model", "llama3-8b", "--gpus", "-8"], "gpus: -8 is not valid"),
+    (["failures", "--model", "llama3-8b", "--gpus", "-8", "--days", "3"],
+     "gpus: -8 is not valid"),
+    (["plan", "--model", "llama3-8b", "--gpus", "-8"], "gpus: -8 is not valid"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "-2"], "tp: -2 is not valid"),
+    (["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "2,-2"], "tp: -2 is not valid"),
+])
+def test_a_negative_size_names_the_option_given(capsys, args, expected):
+    """--gpus -8 is reported as gpus (once reported as the dp it implied, dp: -1)."""
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and err.startswith("error: " + expected), err
+    assert err.count("\n") == 1

@@ -69,6 +69,39 @@ def test_bounded_search_finds_the_same_top_plans_as_brute_force():
     assert ranked == times[:5]
 
 
+def _last_report_per_phase(calls):
+    last = {}
+    for phase, done, total in calls:
+        assert 0 <= done <= total, (phase, done, total)
+        last[phase] = (done, total)
+    return last
+
+
+def test_progress_ends_full_when_plans_are_bounded_out():
+    """The bar reaches 100 % although the bound skips most plans (it stopped at a third)."""
+    dense, _ = tiny_models()
+    calls = []
+    report = planner.search(dense, cluster=resolve_cluster("dgx-h100"), gpus=16,
+                            seq_len=1024, global_batch=64, top=5, workers=1,
+                            progress=lambda *call: calls.append(call))
+    assert report.counts["bounded"] > 0
+    last = _last_report_per_phase(calls)
+    assert set(last) == {"simulating (analytic)", "confirming (event)"}
+    assert all(done == total > 0 for done, total in last.values()), last
+
+
+def test_progress_of_a_gpus_needed_series_has_one_full_bar_per_count():
+    dense, _ = tiny_models()
+    calls = []
+    result = planner.gpus_needed(dense, tokens="2T", days=1.0, cluster="dgx-h100",
+                                 seq_len=1024, global_batch=64, workers=1,
+                                 progress=lambda *call: calls.append(call))
+    last = _last_report_per_phase(calls)
+    counts = {phase.split(" GPUs: ")[0] for phase in last}
+    assert counts == {f"{t['gpus']:,}" for t in result["tried"]}
+    assert all(done == total for done, total in last.values()), last
+
+
 @pytest.mark.parametrize("name,gpus", [("llama3-8b", 64), ("mixtral-8x7b", 64)])
 def test_lower_bound_never_exceeds_the_simulated_step(name, gpus):
     model, cluster = load_model(name), resolve_cluster("dgx-h100")

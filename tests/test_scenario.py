@@ -201,3 +201,20 @@ def test_validate_replay_builds_its_program_from_a_scenario(tmp_path):
     source = options.scenario_from_options(scenario=str(path), plan={"tp": 2})
     program = _program(None, None, source)
     assert program.world_size == 4 and len(program.ops_by_rank) == 4  # tp 2 x pp 2
+
+
+def test_a_sweep_row_is_the_api_result_with_the_same_defaults(capsys, tmp_path):
+    """A sweep's step uses the API's defaults (seq_len, global batch) at its fidelity: the
+    same step time to the last digit, and the effective values recorded in the row."""
+    import pandas
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {model: llama3-8b, gpus: 16, tp: 2, pp: 2}\n")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "r.csv"),
+                           "--workers", "1")
+    assert code == 0, err
+    row = pandas.read_csv(tmp_path / "r.csv").iloc[0]
+    api = trainsim.simulate("llama3-8b", gpus=16, tp=2, pp=2, fidelity="analytic")
+    assert row["step_time_s"] == api.step_time_s
+    assert (row["seq_len_used"], row["global_batch_used"], row["fidelity_used"]) == \
+        (api.inputs["plan"]["seq_len"], api.inputs["plan"]["global_batch"], "analytic")

@@ -18,6 +18,8 @@ What it exports (loaded on first use, so ``import trainsim`` is cheap)::
     trainsim.make_plan(gpus=..., **fields)                       # a plan with the defaults
     trainsim.simulate_program(program, cluster=...)              # replay any Program
     trainsim.figures                                             # plotly figures
+    trainsim.report.write_step_report(result, "step.html")       # the HTML report
+    trainsim.trace.write_step_trace(result, "t.json", ranks=...) # Perfetto trace
     trainsim.__version__
 
 What it may import: every other package of the repository; ``validate`` only inside the
@@ -44,6 +46,8 @@ _EXPORTS = {
     "load_scenario": ("trainsim.scenario", "load_scenario"),
     "Scenario": ("trainsim.scenario", "Scenario"),
     "figures": ("trainsim.figures", None),
+    "report": ("trainsim.report", None),
+    "trace": ("trainsim.trace", None),
     "__version__": ("trainsim.version", "VERSION"),
 }
 

@@ -113,9 +113,11 @@ class SearchSpace:
                 name for name in SCHEDULES if get_schedule(name).searched_by_default))
         for name in ("tp", "pp", "cp", "ep", "vpp", "micro_batch"):
             values = getattr(self, name)
-            if values is not None and (not values or any(
-                    isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
-                raise ValueError(f"{name}: {values!r} is not valid; give whole numbers >= 1")
+            if values is not None and not values:
+                raise ValueError(f"{name}: no values given; give whole numbers >= 1")
+            for v in values or ():
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{name}: {v!r} is not valid; give whole numbers >= 1")
         for name, valid in (("zero", ZERO_STAGES), ("recompute", RECOMPUTE),
                             ("schedule", SCHEDULES)):
             for v in getattr(self, name):
@@ -570,6 +572,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     if dominated_late:
         dropped["dominated: heavier recompute than another that fits"] += dominated_late
     examined = min(examined, len(ordered))
+    tick(len(ordered) - examined)  # the plans bounded out are done too: the bar ends full
     counts = {"enumerated": len(valid) + sum(invalid.values()),
               "invalid": sum(v for k, v in invalid.items() if k.startswith("invalid")),
               "equivalent": sum(v for k, v in invalid.items() if k.startswith("equivalent")),
@@ -628,6 +631,14 @@ def _ticker(report: Callable[[str, int, int], None], phase: str, total: int
         done[0] += n
         report(phase, done[0], total)
     return tick
+
+
+def _phase_prefix(report: Callable[[str, int, int], None] | None, prefix: str
+                  ) -> Callable[[str, int, int], None] | None:
+    """``report`` with ``prefix`` on every phase name (one bar per search of a series)."""
+    if report is None:
+        return None
+    return lambda phase, done, total: report(prefix + phase, done, total)
 
 
 def _plan_key(plan: ParallelPlan) -> tuple:
@@ -711,7 +722,8 @@ def gpus_needed(model: str | ModelSpec, *, tokens: float | str, days: float,
     while count <= limit:
         try:
             found = search(model, cluster=cluster, gpus=count, tokens=token_count, top=1,
-                           progress=progress, **search_kwargs)
+                           progress=_phase_prefix(progress, f"{count:,} GPUs: "),
+                           **search_kwargs)
         except ValueError as problem:
             if not str(problem).startswith("gpus: no feasible plan"):
                 raise

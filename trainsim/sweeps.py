@@ -51,6 +51,7 @@ import json
 import math
 import os
 import time
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -60,6 +61,7 @@ import pandas as pd
 from sim.atomic_io import write_bytes_atomic, write_text_atomic
 from trainsim import defaults
 from trainsim.plan_fields import PLAN_FIELDS
+from trainsim.sweep_checks import unchanged_axes
 
 BACKENDS = ("local", "ray")
 KINDS = ("step", "collective", "failures")
@@ -266,7 +268,8 @@ def map_ray(func: Callable[[list], list], chunks: Sequence[list], workers: int,
     ``workers`` CPUs, and shuts down only what it started.
 
     Raises:
-        ValueError: when Ray is not installed (``pip install 'trainsim[ray]'``).
+        ValueError: when Ray is not installed (``pip install 'trainsim[ray]'``), or no
+            Ray instance answers at ``address``.
     """
     try:
         import ray
@@ -278,7 +281,13 @@ def map_ray(func: Callable[[list], list], chunks: Sequence[list], workers: int,
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if address is None:
             options["num_cpus"] = workers
-        ray.init(address=address, **options)
+        try:
+            ray.init(address=address, **options)
+        except ConnectionError as problem:  # no cluster at that address
+            first = " ".join(str(problem).split())[:160]
+            raise ValueError(f"address: {address!r}: no Ray instance answers ({first}); "
+                             "start one with 'ray start --head', give its address, or "
+                             "leave --address out to start a local one") from None
         started = True
     try:
         remote = ray.remote(func)
@@ -351,7 +360,8 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
         progress: ``callback(phase, done, total)``.
 
     Returns:
-        ``{"frame", "scenarios", "computed", "cached", "failed"}``.
+        ``{"frame", "scenarios", "computed", "cached", "failed", "unchanged_axes"}``
+        (the inputs whose values changed no output: :mod:`trainsim.sweep_checks`).
 
     Raises:
         ValueError: for an unknown backend, bad workers, or Ray missing.
@@ -400,7 +410,8 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
         write_table(frame, out)
     failed = int((frame["status"] != "ok").sum()) if len(frame) else 0
     return {"frame": frame, "scenarios": len(scenarios), "computed": len(todo),
-            "cached": cached, "failed": failed}
+            "cached": cached, "failed": failed,
+            "unchanged_axes": unchanged_axes(scenarios, frame)}
 
 
 def sweep(spec: Mapping[str, Any] | str | os.PathLike[str], *, backend: str = "local",
@@ -412,4 +423,14 @@ def sweep(spec: Mapping[str, Any] | str | os.PathLike[str], *, backend: str = "l
     a process pool starts. Other keywords as :func:`run_sweep`.
     """
     scenarios = expand_spec(spec) if isinstance(spec, Mapping) else load_spec(spec)
-    return run_sweep(scenarios, out, backend=backend, workers=workers, **kwargs)["frame"]
+    summary = run_sweep(scenarios, out, backend=backend, workers=workers, **kwargs)
+    for axis in summary["unchanged_axes"]:
+        warnings.warn(unchanged_message(axis), stacklevel=2)
+    return summary["frame"]
+
+
+def unchanged_message(axis: str) -> str:
+    """The warning for an axis that changed no output."""
+    return (f"{axis}: its values left every output unchanged, so the rows that differ "
+            "only in it are identical: nothing this sweep runs is limited by it (for "
+            "instance, no traffic is slowed by an oversubscribed uplink)")

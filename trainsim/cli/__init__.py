@@ -24,7 +24,7 @@ from typing import List, Optional
 import typer
 
 from trainsim.cli import collective, failures, hardware, plan, simulate, sweep, validate
-from trainsim.cli.errors import EXIT_USAGE
+from trainsim.cli.errors import EXIT_USAGE, with_suggestion
 
 app = typer.Typer(
     name="trainsim",
@@ -60,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(EXIT_USAGE)
     except ValueError as problem:
         message = str(problem).splitlines()[0] if str(problem) else type(problem).__name__
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {with_suggestion(message)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 

@@ -10,7 +10,7 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice
-from trainsim.cli.output import console, job_header, spinner, table
+from trainsim.cli.output import comment, console, job_header, spinner, table
 
 FORMATS = ("table", "csv", "json", "nccl-tests")
 
@@ -61,22 +61,35 @@ def collective(
     else:
         ranks = nodes * (gpus_per_node or spec.gpus_per_node)
         out = console()
-        out.print(job_header(model=None, gpus=None, cluster=spec.name, fidelity=fidelity,
-                             calibration=calibration, overrides=overrides))
-        out.print(f"# {op}: {nodes} node(s), {ranks} ranks, algorithm {algorithm}; "
-                  "GB/s = 1e9 B/s")
-        out.print(_nccl_table(df))
+        comment(out, job_header(model=None, gpus=None, cluster=spec.name, fidelity=fidelity,
+                                calibration=calibration, overrides=overrides))
+        # Below 100 columns the three columns that never change in a sweep (type, redop,
+        # root) move to this line, so the numbers keep their room.
+        narrow = out.width < NARROW_COLUMNS
+        constant = (f"; type {df['type'].iloc[0]}, redop {df['redop'].iloc[0]}, root "
+                    f"{df['root'].iloc[0]}" if narrow and len(df) else "")
+        comment(out, f"# {op}: {nodes} node(s), {ranks} ranks, algorithm {algorithm}; "
+                     f"GB/s = 1e9 B/s{constant}")
+        out.print(_nccl_table(df, narrow=narrow))
 
 
-def _nccl_table(df):
+#: Console width below which the collective table leaves out its constant columns.
+NARROW_COLUMNS = 100
+
+
+def _nccl_table(df, *, narrow: bool = False):
     """nccl-tests' columns (size, count, type, redop, root, time, algbw, busbw) and what
-    trainsim chose (algorithm, protocol)."""
+    trainsim chose (algorithm, protocol); ``narrow`` leaves out type, redop and root."""
     rows = ((str(r.size_bytes), str(r.count), r.type, r.redop, str(r.root), f"{r.time_us:.2f}",
              f"{r.algbw_GBps:.2f}", f"{r.busbw_GBps:.2f}", r.algorithm, r.protocol)
             for r in df.itertuples(index=False))
-    return table(("size\n(B)", "count\n(elements)", "type", "redop", "root", "time\n(us)",
-                  "algbw\n(GB/s)", "busbw\n(GB/s)", "algorithm", "protocol"), rows,
-                 left=("type", "redop", "algorithm", "protocol"))
+    columns = ("size\n(B)", "count\n(elements)", "type", "redop", "root", "time\n(us)",
+               "algbw\n(GB/s)", "busbw\n(GB/s)", "algorithm", "protocol")
+    if narrow:
+        keep = [i for i, c in enumerate(columns) if c not in ("type", "redop", "root")]
+        columns = tuple(columns[i] for i in keep)
+        rows = ([row[i] for i in keep] for row in rows)
+    return table(columns, rows, left=("type", "redop", "algorithm", "protocol"))
 
 
 def nccl_tests_text(df, op: str, spec, nodes: int, gpus_per_node: int, step_factor: int) -> str:

@@ -10,7 +10,9 @@ result is never lost to a missing directory after minutes of work.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -57,3 +59,24 @@ def check_output_path(field: str, path: str | None) -> Path | None:
     if target.exists() and not os.access(target, os.W_OK):
         raise UserError(f"{field}: {path!r} exists and is not writable; give another path")
     return target
+
+
+#: ``[<file>: ]<field>: '<value>' is not ...; valid: a, b, c`` (the convention above).
+_NOT_VALID = re.compile(r"^(?P<head>.*?'(?P<value>[^']*)' is not [^;]*)"
+                        r"(?P<tail>; valid: (?P<valid>.*))$")
+
+
+def with_suggestion(message: str) -> str:
+    """``message`` with ``(did you mean 'x'?)`` before its ``valid:`` list when the value
+    given is close to one of the valid names (a misspelled preset, model, schedule,
+    profile, collective, ...); otherwise ``message`` unchanged."""
+    found = _NOT_VALID.match(message)
+    if not found or found["value"] == "":
+        return message
+    listed = re.sub(r"\([^)]*\)\s*$", "", found["valid"])  # drop "(or a path ...)"
+    names = [name.strip() for name in listed.split(",")]
+    names = [name for name in names if re.fullmatch(r"[\w.\-]+", name)]
+    close = difflib.get_close_matches(found["value"], names, n=1, cutoff=0.7)
+    if not close or close[0] == found["value"]:
+        return message
+    return f"{found['head']} (did you mean {close[0]!r}?){found['tail']}"

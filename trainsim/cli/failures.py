@@ -11,7 +11,8 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice
-from trainsim.cli.output import console, job_header, plan_header, spinner, table
+from trainsim.cli.output import (comment, console, import_header, job_header, plan_header,
+                                  spinner, table)
 
 
 def register(app: typer.Typer) -> None:
@@ -84,20 +85,25 @@ def print_failures(result) -> None:
     out = console()
     data = result.to_dict()
     resolved = data["scenario"]
-    out.print(job_header(model=resolved["model"], gpus=resolved["gpus"],
-                         cluster=resolved["cluster"], fidelity=resolved["fidelity"],
-                         calibration=resolved.get("calibration"),
-                         overrides=resolved.get("set")))
-    out.print(plan_header(resolved["plan"]))
+    # an imported job's model is in the import, not in the scenario's "model"
+    comment(out, job_header(model=resolved.get("model", data["inputs"]["model"]),
+                            gpus=resolved["gpus"], cluster=resolved["cluster"],
+                            fidelity=resolved["fidelity"],
+                            calibration=resolved.get("calibration"),
+                            overrides=resolved.get("set")))
+    comment(out, plan_header(resolved["plan"]))
+    if "import" in data:
+        comment(out, import_header(data["import"]))
     run = resolved["failures"]
     horizon = f"{run['days']:g} days" if "days" in run else f"{run['tokens']} tokens"
-    out.print(f"# long run: {horizon}, profile {run['profile']}, checkpoint interval "
-              f"{run['checkpoint_interval']} ({run['checkpoint_mode']} saves), policy "
-              f"{run.get('policy', 'spares')}, {run['seeds']} seeds from {run['seed']}")
+    comment(out, f"# long run: {horizon}, profile {run['profile']}, checkpoint interval "
+                 f"{run['checkpoint_interval']} ({run['checkpoint_mode']} saves), policy "
+                 f"{run.get('policy', 'spares')}, {run['seeds']} seeds from {run['seed']}")
     for title, frame in (("summary", result.summary_frame()),
                          ("interruptions by cause", result.interruptions_frame()),
                          ("GPU-hours by cause", result.gpu_hours_frame())):
         columns = [frame.index.name or "", *map(str, frame.columns)]
         rows = ([str(index), *row] for index, row in zip(frame.index, frame.itertuples(
             index=False)))
-        out.print(table(columns, rows, title=title, left=(columns[0], "unit")))
+        out.print(table(columns, rows, title=title, left=(columns[0], "unit"),
+                        fold_names=True))

@@ -9,7 +9,7 @@ import typer
 
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice
-from trainsim.cli.output import console, table
+from trainsim.cli.output import comment, console, table
 
 FORMATS = ("table", "csv", "json")
 #: Columns of ``hardware list``'s table (the CSV and JSON have them all).
@@ -43,7 +43,7 @@ def hardware_list(
         rows = ([_cell(row[c]) for c in LIST_COLUMNS] for row in df.to_dict(orient="records"))
         console().print(table(list(LIST_COLUMNS.values()), rows,
                               left=("name", "gpu", "NVLS", "NIC", "fabric"),
-                              wrap=("gpu", "fabric")))
+                              wrap=("gpu", "fabric"), gap=1))
 
 
 def _cell(value) -> str:
@@ -57,25 +57,26 @@ def hardware_show(
     output_format: str = options.format_option(("json", "table"), default="json"),
     set_: Optional[List[str]] = options.set_option(),
 ) -> None:
-    """Show every field of a preset, with the source of each number."""
-    from trainsim import api
+    """Show every field of a preset by the name --set takes, with the source of each
+    number (JSON: nested as in a preset file, plus "sources")."""
+    from trainsim.preset_fields import preset_fields, preset_tree
 
     check_choice("format", output_format, ("json", "table"))
-    data = api.hardware_show(preset, options.parse_overrides(set_))
+    fields = preset_fields(preset, options.parse_overrides(set_))
     if output_format == "json":
-        print(json.dumps(data, indent=1))
+        print(json.dumps(preset_tree(fields), indent=1))
         return
-    sources = data.get("sources", {})
-    rows = ((key, str(value), sources.get(key, "")) for key, value in _flatten(data)
-            if not key.startswith("sources."))
-    console().print(table(("field", "value", "source"), rows,
-                          left=("field", "value", "source"), wrap=("value", "source")))
+    out = console()
+    comment(out, f"# {fields[0].value}: every field by the name --set takes, in the unit the "
+                 "name says (gb = 1e9 B, gib = 2^30 B, us = 1e-6 s, gbit = 1e9 bit)")
+    rows = ((item.key, _shown(item.value), item.source) for item in fields)
+    out.print(table(("field (--set KEY=VALUE)", "value", "source"), rows,
+                    left=("field (--set KEY=VALUE)", "value", "source"),
+                    wrap=("value", "source"), max_widths={"value": 22}))
 
 
-def _flatten(data: dict, prefix: str = ""):
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flatten(value, path + ".")
-        else:
-            yield path, value
+def _shown(value) -> str:
+    """A value as --set takes it back (12 significant digits, TOML booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:.12g}" if isinstance(value, float) else str(value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -29,39 +30,58 @@ DEFAULT_WIDTH = 100
 def console(*, stderr: bool = False) -> Console:
     """A console as wide as the terminal, or :data:`DEFAULT_WIDTH` (``COLUMNS``) without
     one."""
-    probe = Console(stderr=stderr)
+    # markup off: what we print is plain text, and a "[comm]" in a source citation or an
+    # error must print as written, not vanish as a style tag.
+    probe = Console(stderr=stderr, markup=False)
     if probe.is_terminal or "COLUMNS" in os.environ:
         return probe
-    return Console(stderr=stderr, width=DEFAULT_WIDTH)
+    return Console(stderr=stderr, width=DEFAULT_WIDTH, markup=False)
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-          left: Sequence[str] = (), wrap: Sequence[str] = ()) -> Table:
+          left: Sequence[str] = (), wrap: Sequence[str] = (),
+          max_widths: Mapping[str, int] | None = None, gap: int = 2,
+          fold_names: bool = False) -> Table:
     """A borderless table; columns named in ``left`` are left-aligned, others right-aligned.
     Cells never wrap (a folded number misreads) except in the ``wrap`` columns (long
-    text); a header may hold a line break (``"time\\n(us)"``) to stay narrow."""
-    out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    text), which may be capped at ``max_widths[column]`` characters; a header may hold a
+    line break (``"time\\n(us)"``) to stay narrow. ``gap`` spaces separate columns.
+    ``fold_names`` puts long snake_case headers on two lines at the ``_`` nearest their
+    middle (``exposed_tp`` -> ``exposed`` / ``tp``), for tables of many named columns."""
+    out = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                padding=(0, gap, 0, 0))
     for column in columns:
-        out.add_column(column, justify="left" if column in left else "right",
+        header = folded(column) if fold_names else column
+        out.add_column(header, justify="left" if column in left else "right",
                        no_wrap=column not in wrap, overflow="fold" if column in wrap
-                       else "ellipsis")
+                       else "ellipsis", max_width=(max_widths or {}).get(column))
     for row in rows:
         out.add_row(*(cell if isinstance(cell, str) else number(cell) for cell in row))
     return out
 
 
+def folded(name: str, longest: int = 8) -> str:
+    """``name`` on two lines at the ``_`` nearest its middle when it is longer than
+    ``longest`` characters and has one; else ``name``."""
+    cuts = [i for i, char in enumerate(name) if char == "_"]
+    if len(name) <= longest or not cuts:
+        return name
+    cut = min(cuts, key=lambda i: (abs(2 * i - len(name)), i))
+    return f"{name[:cut]}\n{name[cut + 1:]}"
+
+
 def number(value: Any, digits: int = 4) -> str:
     """A value for a table: ``-`` when missing (None, NaN), integers with thousands
-    separators, other numbers with ``digits`` significant digits (no e-notation below
-    1e15)."""
+    separators, other numbers with ``digits`` significant digits in fixed notation (no
+    e-notation, so a column reads one way; below 1e-9 a value prints as 0)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int) or float(value).is_integer() and abs(value) >= 10**digits:
         return f"{int(value):,}"
-    if value != 0 and abs(value) < 10 ** -(digits - 1):
-        return f"{value:.{digits - 1}e}"
+    if abs(value) < 1e-9:
+        return "0"
     decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value))))) if value else 0
     return f"{value:,.{decimals}f}"
 
@@ -70,6 +90,14 @@ def count_text(values: Sequence[Any], limit: int = 8) -> str:
     """``"1, 2, 3"``, or the first ``limit`` values and how many in all."""
     text = ", ".join(map(str, values[:limit]))
     return text + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def comment(out: Console, text: str) -> None:
+    """Print a ``# ...`` header wrapped to the console's width, every line starting with
+    ``#`` (so ``grep -v '^#'`` leaves only the tables), never split inside a word."""
+    for line in textwrap.wrap(text, width=out.width, subsequent_indent="#   ",
+                              break_long_words=False, break_on_hyphens=False):
+        out.print(line, highlight=False, soft_wrap=True)
 
 
 def job_header(*, model: str | None, gpus: int | None, cluster: Any, fidelity: str,
@@ -108,11 +136,20 @@ def plan_header(plan: Mapping[str, Any]) -> str:
             + (f"; {', '.join(other)}" if other else ""))
 
 
+def import_header(notes) -> str:
+    """One line on an imported job: where from, settings ignored, assumptions made."""
+    return (f"# imported from {notes['source']}: {len(notes['ignored'])} settings without "
+            f"effect on the step ignored, {len(notes['assumed'])} assumptions (listed in "
+            "--format json under inputs.import)")
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _on(value)  # as the header says "sequence parallel on"
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 

@@ -11,7 +11,8 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import UserError, check_choice
-from trainsim.cli.output import console, number, progress, progress_callback, table
+from trainsim.cli.output import (comment, console, number, progress, progress_callback,
+                                  table)
 
 FORMATS = ("table", "json", "csv")
 #: The plan table: (header, column of PlanReport.to_frame()); fits 100 columns.
@@ -22,8 +23,12 @@ PLAN_COLUMNS = (("#", "rank_tied"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("
                 ("MFU\n(%)", "mfu_percent"),
                 ("mem\n(GiB)", "peak_memory_GiB"), ("days", "days_to_train"),
                 ("cost", "cost"))
-#: Columns left out of the table (and named in the header) when every plan has 1.
-_OPTIONAL_COLUMNS = ("cp", "ep", "vpp")
+#: The header line names a column left out as the table would (micro_batch is "mb").
+_SHORT = {"micro_batch": "mb"}
+#: Columns left out of the table (and named in the header) when every plan has the same
+#: value: what the search did not vary says nothing per row, and 80 columns then suffice.
+_OPTIONAL_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "zero", "recompute",
+                     "schedule")
 
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to ``app``."""
@@ -44,7 +49,9 @@ def plan(
     days: Optional[float] = typer.Option(None, help="With --tokens and no --gpus: the "
                                          "deadline; find the GPUs needed."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="Price of a GPU-hour: "
-                                                       "gives the cost (in its currency)."),
+                                                       "gives the cost."),
+    currency: str = typer.Option("USD", help="Currency of --price-per-gpu-hour, printed "
+                                 "with every cost."),
     top: int = typer.Option(10, help="Plans to show."),
     sort: str = typer.Option("time", help="time or cost."),
     profile: str = typer.Option(defaults.FAILURES["profile"], help="Failure profile for "
@@ -93,7 +100,7 @@ def plan(
                                 "needed")
             result = planner.gpus_needed(subject, tokens=tokens, days=days,
                                          progress=progress_callback(bar), **common)
-            _emit_needed(result, output_format)
+            _emit_needed(result, output_format, currency)
             return
         if days is not None:
             raise UserError("days: give --days without --gpus (the question is how many "
@@ -106,7 +113,7 @@ def plan(
         attach_import(report.plans, table, model_given=model is not None)
     if emit_scenarios is not None:
         _write_scenarios(report, emit_scenarios)
-    _emit_report(report, output_format)
+    _emit_report(report, output_format, currency)
 
 
 def _check_directory(path: str) -> None:
@@ -130,7 +137,7 @@ def _write_scenarios(report, directory: str) -> None:
         write_text_atomic(Path(directory) / f"plan-{row['rank']:02d}.toml", scenario.to_toml())
 
 
-def _emit_report(report, output_format: str) -> None:
+def _emit_report(report, output_format: str, currency: str) -> None:
     if output_format == "json":
         print(json.dumps(report.plans, indent=1))
         _print_counts(report, console(stderr=True))
@@ -143,21 +150,23 @@ def _emit_report(report, output_format: str) -> None:
     out = console()
     i = report.inputs
     fixed = ", ".join(f"{k} {v}" for k, v in i["fixed"].items())
-    out.print(f"# {i['model']} on {i['gpus']:,} GPUs of {i['cluster']}; calibration "
-              f"{i['calibration'] or 'none'}; seq_len {i['seq_len']:,}; global batch "
-              f"{i['global_batch']:,} sequences ({i['global_batch'] * i['seq_len'] / 2**20:.2f}"
-              f" Mi tokens), micro-batches per pipeline = global batch / (dp x mb); "
-              f"{fixed or 'DP gradient reduction overlapped with backward'}; ranked at "
-              f"{i['ranking_fidelity']}, confirmed at {i['final_fidelity']} fidelity")
-    out.print(f"# goodput {i['failure_goodput']:.3f} ({i['profile']}, Young-Daly "
-              f"{i['failure_checkpoint_interval_s'] / 60:.1f} min)"
-              + (f"; cost = GPU-hours x {i['price_per_gpu_hour']:g} per GPU-hour"
-                 if i["price_per_gpu_hour"] else ""))
+    comment(out, f"# {i['model']} on {i['gpus']:,} GPUs of {i['cluster']}; calibration "
+                 f"{i['calibration'] or 'none'}; seq_len {i['seq_len']:,}; global batch "
+                 f"{i['global_batch']:,} sequences ({i['global_batch'] * i['seq_len'] / 2**20:.2f}"
+                 f" Mi tokens), micro-batches per pipeline = global batch / (dp x mb); "
+                 f"{fixed or 'DP gradient reduction overlapped with backward'}; ranked at "
+                 f"{i['ranking_fidelity']}, confirmed at {i['final_fidelity']} fidelity")
+    comment(out, f"# goodput {i['failure_goodput']:.3f} ({i['profile']}, Young-Daly "
+                 f"{i['failure_checkpoint_interval_s'] / 60:.1f} min)"
+                 + (f"; cost ({currency}) = GPU-hours x {i['price_per_gpu_hour']:g} "
+                    f"{currency} per GPU-hour" if i["price_per_gpu_hour"] else ""))
     frame = frame.assign(mfu_percent=100 * frame["mfu"], **_band_columns(frame))
-    ones = [c for c in _OPTIONAL_COLUMNS if (frame[c] == 1).all()]
-    if ones:
-        out.print(f"# {', '.join(f'{c} 1' for c in ones)} in every plan")
-    columns = [(h, c) for h, c in PLAN_COLUMNS if c not in ones]
+    same = [c for c in _OPTIONAL_COLUMNS if frame[c].nunique(dropna=False) == 1]
+    if same:
+        comment(out, f"# {', '.join(f'{_SHORT.get(c, c)} {frame[c].iloc[0]}' for c in same)} "
+                     "in every plan")
+    columns = [(h if c != "cost" else f"cost\n({currency})", c) for h, c in PLAN_COLUMNS
+               if c not in same]
     rows = ([number(row[c], 3) if c in ("step_time_s", "mfu_percent", "peak_memory_GiB",
                                          "days_to_train") else number(row[c])
              for _, c in columns] for row in frame.to_dict(orient="records"))
@@ -199,7 +208,7 @@ def _print_counts(report, out) -> None:
         out.print(f"  {count:6d}  {reason}")
 
 
-def _emit_needed(result, output_format: str) -> None:
+def _emit_needed(result, output_format: str, currency: str) -> None:
     if output_format == "json":
         print(json.dumps(result, indent=1))
         return
@@ -219,6 +228,23 @@ def _emit_needed(result, output_format: str) -> None:
                   f"micro-batch {p['micro_batch']} zero {p['zero']} recompute "
                   f"{p['recompute']} schedule {p['schedule']}; seq_len {p['seq_len']:,}, "
                   f"global batch {p['global_batch']:,}")
-    out.print(table(list(frame.columns), (list(row.values()) for row in
-                                          frame.to_dict(orient="records")),
-                    left=("recompute", "schedule", "note")))
+    cost = "cost" in frame and frame["cost"].notna().any()
+    out.print(table(("GPUs", "days", "step\n(s)", "MFU\n(%)", "goodput",
+                     *((f"cost\n({currency})",) if cost else ()), "plan"),
+                    (_needed_row(row, cost) for row in result["tried"]),
+                    left=("plan",), wrap=("plan",)))
+
+
+def _needed_row(row: dict, cost: bool) -> list:
+    """One GPU count tried by ``plan --days``: its best plan in a few words, or why
+    there is none."""
+    if row.get("days_to_train") is None:
+        return [row["gpus"], None, None, None, None, *((None,) if cost else ()),
+                row.get("note", "-")]
+    words = [f"{axis} {row[axis]}" for axis in ("tp", "pp", "dp", "cp", "ep", "vpp")
+             if axis in ("tp", "pp", "dp") or row.get(axis, 1) != 1]
+    words += [f"mb {row['micro_batch']}", f"zero {row['zero']}",
+              f"recompute {row['recompute']}", row["schedule"]]
+    return [row["gpus"], number(row["days_to_train"], 3), number(row["step_time_s"], 3),
+            number(100 * row["mfu"], 3), number(row["goodput"], 3),
+            *((row.get("cost"),) if cost else ()), " ".join(words)]

@@ -11,7 +11,9 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
-from trainsim.cli.output import console, count_text, job_header, plan_header, spinner, table
+from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
+                                  plan_header, spinner, table)
+from trainsim.trace import parse_trace_ranks, write_step_trace
 
 
 def register(app: typer.Typer) -> None:
@@ -30,6 +32,11 @@ def simulate(
     fidelity: Optional[str] = options.fidelity_option(defaults.STEP_FIDELITY),
     output_format: str = options.format_option(("table", "json")),
     trace: Optional[str] = typer.Option(None, help="Write a Perfetto/Chrome trace here."),
+    trace_ranks: str = typer.Option("simulated", help="Ranks in the trace: simulated (one "
+                                    "per pipeline stage, each track saying how many it "
+                                    "stands for), all, or a list such as 0-7,64."),
+    report: Optional[str] = typer.Option(None, help="Write a self-contained HTML report "
+                                         "here (inputs, breakdown, memory, Gantt, busbw)."),
     set_: Optional[List[str]] = options.set_option(),
     calibration: Optional[str] = options.calibration_option(),
     straggler: Optional[List[str]] = typer.Option(None, help="A slow rank as RANK:SPEED "
@@ -59,7 +66,9 @@ def simulate(
     if trace and (chosen.fidelity or defaults.STEP_FIDELITY) == "analytic":
         raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
                         "or flow to write a trace")
+    ranks = parse_trace_ranks(trace_ranks)
     check_output_path("trace", trace)
+    check_output_path("report", report)
     try:
         with spinner(output_format == "table"):
             result = run_step(chosen, default_fidelity=defaults.STEP_FIDELITY)
@@ -70,32 +79,32 @@ def simulate(
                               "memory": oom.breakdown.to_dict()}, indent=1))
         print(f"error: {oom}", file=sys.stderr)
         sys.exit(EXIT_OOM)
-    if trace:
-        result.write_trace(trace, gpus_per_node=int(result.inputs["gpus_per_node"]))
+    # The result is printed first: a trace or report that cannot be written (too many
+    # ranks asked for) then costs the user that file, never the simulation.
     if output_format == "json":
         print(json.dumps(result.to_dict(), indent=1))
-        return
-    print_step(result)
+    else:
+        print_step(result)
+    if trace:
+        write_step_trace(result, trace, ranks=ranks)
+    if report:
+        from trainsim.report import write_step_report
 
-
-def import_header(notes) -> str:
-    """One line on an imported job: where from, settings ignored, assumptions made."""
-    return (f"# imported from {notes['source']}: {len(notes['ignored'])} settings without "
-            f"effect on the step ignored, {len(notes['assumed'])} assumptions (listed in "
-            "--format json under inputs.import)")
+        with spinner(output_format == "table", "writing the report..."):
+            write_step_report(result, report)
 
 
 def print_step(result) -> None:
     """The header, the headline numbers, and the breakdown and memory per pipeline rank."""
     out = console()
     resolved = result.to_dict()["scenario"]
-    out.print(job_header(model=result.inputs["model"], gpus=result.inputs["gpus"],
-                         cluster=result.inputs["cluster"], fidelity=result.inputs["fidelity"],
-                         calibration=resolved.get("calibration"),
-                         overrides=resolved.get("set")))
-    out.print(plan_header(result.inputs["plan"]))
+    comment(out, job_header(model=result.inputs["model"], gpus=result.inputs["gpus"],
+                            cluster=result.inputs["cluster"], fidelity=result.inputs["fidelity"],
+                            calibration=resolved.get("calibration"),
+                            overrides=resolved.get("set")))
+    comment(out, plan_header(result.inputs["plan"]))
     if "import" in result.inputs:
-        out.print(import_header(result.inputs["import"]))
+        comment(out, import_header(result.inputs["import"]))
     rows = [("step time (s)", f"{result.step_time_s:.4f}"),
             ("step time p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
              f"{result.step_time_p50_s:.4f} / {result.step_time_p90_s:.4f}"),
@@ -123,8 +132,15 @@ def print_step(result) -> None:
     frame = result.breakdown_frame()
     out.print(table(["pp", *frame.columns],
                     ([str(p), *(f"{v:.4f}" for v in row)] for p, row in frame.iterrows()),
-                    title="where the step goes (s), per pipeline rank"))
+                    title="where the step goes (s), per pipeline rank", fold_names=True,
+                    gap=_gap(out)))
     mem = result.memory_frame() / 2**30
     out.print(table(["pp", *(c.replace("_bytes", "") for c in mem.columns)],
                     ([str(p), *(f"{v:.2f}" for v in row)] for p, row in mem.iterrows()),
-                    title="memory per pipeline rank (GiB = 2^30 B)"))
+                    title="memory per pipeline rank (GiB = 2^30 B)", fold_names=True,
+                    gap=_gap(out)))
+
+
+def _gap(out) -> int:
+    """Spaces between columns: 2, or 1 on a console narrower than 100 columns."""
+    return 2 if out.width >= 100 else 1

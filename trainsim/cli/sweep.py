@@ -8,7 +8,7 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli.errors import check_choice, check_output_path
-from trainsim.cli.output import console, progress, progress_callback
+from trainsim.cli.output import comment, console, progress, progress_callback
 
 
 def register(app: typer.Typer) -> None:
@@ -36,15 +36,17 @@ def sweep(
     check_output_path("out", out)
     err = console(stderr=True)
     kinds = sorted({s["kind"] for s in scenarios})
-    err.print(f"# {len(scenarios)} scenarios ({', '.join(kinds)}); where a scenario does not "
-              f"say: cluster {defaults.CLUSTER}, no calibration, seq_len {defaults.SEQ_LEN}, "
-              f"global batch ~{defaults.TOKENS_PER_STEP / 2**20:g} Mi tokens, zero "
-              f"{defaults.ZERO}, DP gradient reduction overlapped with backward; fidelity "
-              f"{defaults.SWEEP_FIDELITY} (steps), {defaults.COLLECTIVE_FIDELITY} "
-              "(collectives); the table records the values used")
+    comment(err, f"# {len(scenarios)} scenarios ({', '.join(kinds)}); where a scenario does not "
+                 f"say: cluster {defaults.CLUSTER}, no calibration, seq_len {defaults.SEQ_LEN:,}, "
+                 f"global batch ~{defaults.TOKENS_PER_STEP / 2**20:g} Mi tokens, zero "
+                 f"{defaults.ZERO}, DP gradient reduction overlapped with backward; fidelity "
+                 f"{defaults.SWEEP_FIDELITY} (steps), {defaults.COLLECTIVE_FIDELITY} "
+                 "(collectives); the table records the values used")
     with progress(True) as bar:
         summary = sweeps.run_sweep(scenarios, out, backend=backend, workers=workers,
                                    address=address, cache_dir=cache, fresh=fresh,
                                    progress=progress_callback(bar))
     err.print(f"{summary['scenarios']} scenarios: {summary['computed']} computed, "
               f"{summary['cached']} from cache, {summary['failed']} failed -> {out}")
+    for axis in summary["unchanged_axes"]:
+        err.print(f"warning: {sweeps.unchanged_message(axis)}")

@@ -16,7 +16,7 @@ import typer
 
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice, check_output_path
-from trainsim.cli.output import console, spinner, table
+from trainsim.cli.output import comment, console, spinner, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
 EXIT_OUT_OF_TOLERANCE = 1
@@ -357,9 +357,9 @@ def register(app: typer.Typer) -> None:
                               "provenance": result["provenance"]}, indent=1, default=str))
             return
         screen = console()
-        screen.print(f"# calibration of {result['provenance']['base_cluster']} written to "
-                     f"{out} ({result['provenance']['comm_points']} communication and "
-                     f"{result['provenance']['compute_points']} compute points)")
+        comment(screen, f"# calibration of {result['provenance']['base_cluster']} written to "
+                        f"{out} ({result['provenance']['comm_points']} communication and "
+                        f"{result['provenance']['compute_points']} compute points)")
         screen.print(table(("field", "value"), (
             (key, f"{value:.6g}" if isinstance(value, float) else str(value))
             for key, value in sorted(result["fields"].items())),
@@ -384,8 +384,8 @@ def _print_published(report, worst: int) -> None:
 
     screen = console()
     chosen = report.chosen()
-    screen.print(f"# {len(chosen)} published runs ({report.role} rows), analytic fidelity; "
-                 "error = simulated / published - 1")
+    comment(screen, f"# {len(chosen)} published runs ({report.role} rows), analytic fidelity; "
+                    "error = simulated / published - 1")
     screen.print(table(
         ("source", "rows", "median", "p90", "bias", "worst row", "error"),
         ((r.source_id, f"{r.compared}/{r.rows}", percent(r.median_abs_error),
@@ -431,9 +431,9 @@ def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
 def _print_compare(result: dict) -> None:
     screen = console()
     step = result["step_time_s"]
-    screen.print(f"# {result['inputs']['program']} on {result['inputs']['world_size']} ranks, "
-                 f"simulated on {result['inputs']['cluster']} ({result['inputs']['fidelity']}"
-                 f"{', calibrated' if result['inputs']['calibration'] else ''})")
+    comment(screen, f"# {result['inputs']['program']} on {result['inputs']['world_size']} ranks, "
+                    f"simulated on {result['inputs']['cluster']} ({result['inputs']['fidelity']}"
+                    f"{', calibrated' if result['inputs']['calibration'] else ''})")
     screen.print(f"step time: measured {step['measured'] * 1e3:.3f} ms (mean of "
                  f"{step['iterations_used']} of {step['iterations']} iterations), simulated "
                  f"{step['simulated'] * 1e3:.3f} ms, error {result['step_time_error']:.1%} "
