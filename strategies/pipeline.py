@@ -39,6 +39,7 @@ result is exact.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational, Real
@@ -61,6 +62,7 @@ __all__ = [
     "peak_held",
     "ScheduleTiming",
     "simulate_unit_times",
+    "replay_ends",
 ]
 
 #: Compute actions: Forward, full Backward, backward-Input, backward-Weight.
@@ -518,9 +520,22 @@ def peak_held(actions: Sequence[Sequence[Action]], stage_bytes: Sequence[float])
     :func:`max_inflight_microbatches`), so stages of unequal size weigh what they
     hold.
 
+    Immutable action lists (tuples of tuples, as :meth:`PipelineSchedule.actions`
+    returns them) are walked with numpy: each rank's running total is an
+    ``add.accumulate``, which adds in list order like the loop below, so the peaks are
+    the same floats.
+
     Raises:
         ValueError: when an action's stage has no entry in ``stage_bytes``.
     """
+    walk = _held_walk(actions)
+    if walk is not None and walk.max_stage < len(stage_bytes):
+        import numpy as np
+
+        sizes = np.asarray(stage_bytes, dtype=np.float64)[walk.stage]
+        deltas = np.where(walk.sign > 0, sizes, np.where(walk.sign < 0, -sizes, 0.0))
+        held = np.add.accumulate(deltas, axis=1)
+        return [float(x) for x in np.where(walk.forward, held, 0.0).max(axis=1, initial=0.0)]
     peaks = []
     for row in actions:
         held = peak = 0.0
@@ -666,3 +681,178 @@ def simulate_unit_times(
         max_inflight_until_w=tuple(max_inflight_microbatches(actions, release="weight")),
         spans=tuple(tuple(row) for row in spans),
     )
+
+
+# --------------------------------------------------------------------------- compiled walks
+#
+# A sweep or a plan search replays the same few action lists (one per schedule, pp,
+# micro-batch count and vpp) with thousands of duration vectors. The lists are turned
+# once into flat arrays (a dependency order for the replay, per-rank stage and sign
+# arrays for the memory walk), kept in small LRU caches keyed by the identity of the
+# immutable lists (the entry keeps them alive, so an id cannot be reused while cached).
+# They hold no simulation state: every entry is a function of its key.
+
+#: Compiled action lists kept (each is O(actions); a few hundred KiB at most).
+_COMPILED_MAX = 64
+#: Replay results kept per compiled list (duration vectors of one sweep).
+_RESULTS_MAX = 512
+
+
+class _HeldWalk(NamedTuple):
+    """Per-rank arrays of the memory walk, padded to the longest rank with W-like
+    no-ops: stage index, +1 (F) / -1 (B, I) / 0, and whether the action is an F."""
+
+    stage: object
+    sign: object
+    forward: object
+    max_stage: int
+
+
+_HELD_WALKS: OrderedDict = OrderedDict()
+
+
+def _held_walk(actions) -> _HeldWalk | None:
+    """The compiled memory walk of immutable ``actions`` (None for mutable lists)."""
+    if not isinstance(actions, tuple) or not all(isinstance(row, tuple) for row in actions):
+        return None
+    key = id(actions)
+    found = _HELD_WALKS.get(key)
+    if found is not None and found[0] is actions:
+        _HELD_WALKS.move_to_end(key)
+        return found[1]
+    import numpy as np
+
+    width = max((len(row) for row in actions), default=0)
+    stage = np.zeros((len(actions), width), dtype=np.int64)
+    sign = np.zeros((len(actions), width), dtype=np.float64)
+    forward = np.zeros((len(actions), width), dtype=bool)
+    for r, row in enumerate(actions):
+        for i, action in enumerate(row):
+            stage[r, i] = action.stage
+            if action.comp == "F":
+                sign[r, i], forward[r, i] = 1.0, True
+            elif action.comp in ("B", "I"):
+                sign[r, i] = -1.0
+    walk = _HeldWalk(stage, sign, forward, int(stage.max(initial=0)))
+    _HELD_WALKS[key] = (actions, walk)
+    if len(_HELD_WALKS) > _COMPILED_MAX:
+        _HELD_WALKS.popitem(last=False)
+    return walk
+
+
+class _Replay(NamedTuple):
+    """An action list compiled for :func:`replay_ends`: per action in a dependency
+    order, (rank, duration index, first dependency, its transfer flag, second
+    dependency, its flag), -1 for none; and the position of each rank's last action."""
+
+    steps: tuple[tuple[int, int, int, bool, int, bool], ...]
+    last: tuple[int, ...]
+    pp: int
+    split: bool
+    results: OrderedDict
+
+
+_REPLAYS: OrderedDict = OrderedDict()
+
+
+def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
+    """Order the actions as :func:`_run` executes them (a dependency order) and resolve
+    their dependencies to positions; None when the lists deadlock (the caller then
+    runs :func:`_run`, which names the stuck action)."""
+    pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
+    has_split = {(a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"}
+    position: dict[tuple[int, str, int], int] = {}
+    steps = []
+    pos = [0] * pp
+    remaining = sum(len(row) for row in actions)
+    index_of = {"F": 0, "B": 1, "I": 2, "W": 3}
+    while remaining:
+        progressed = False
+        for rank in range(pp):
+            row = actions[rank]
+            while pos[rank] < len(row):
+                action = row[pos[rank]]
+                deps = _dependencies(action, num_stages, has_split)
+                if any(d not in position for d in deps):
+                    break
+                refs = [(position[d], rank_of[d[0]] != rank) for d in deps] + [(-1, False)] * 2
+                steps.append((rank, index_of[action.comp] * num_stages + action.stage,
+                              *refs[0], *refs[1]))
+                position[(action.stage, action.comp, action.microbatch)] = len(steps) - 1
+                pos[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            return None
+    last = [-1] * pp
+    for k, step in enumerate(steps):
+        last[step[0]] = k
+    return _Replay(tuple(steps), tuple(last), pp, bool(has_split), OrderedDict())
+
+
+def replay_ends(actions: Sequence[Sequence[Action]], placement: StagePlacement,
+                t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
+                t_comm: int) -> tuple[int, tuple[int, ...]]:
+    """``(makespan, each rank's last end)`` of :func:`simulate_unit_times` on
+    already-checked lists (``check=False``), with integer durations per stage; 0 for a
+    rank without actions.
+
+    The same earliest-start recurrence as :func:`_run` (an action starts at the later
+    of its rank's previous end and each dependency's end, plus ``t_comm`` across
+    ranks), evaluated over a dependency order compiled once per immutable action list
+    and memoised per duration vector, so the same sums and maxima give the same
+    integers. Mutable lists are replayed by :func:`simulate_unit_times` itself.
+
+    Raises:
+        ValueError: as :func:`simulate_unit_times` (deadlocks, bad durations).
+    """
+    compiled = None
+    if isinstance(actions, tuple) and all(isinstance(row, tuple) for row in actions):
+        key = (id(actions), placement)
+        entry = _REPLAYS.get(key)
+        if entry is not None and entry[0] is actions:
+            _REPLAYS.move_to_end(key)
+            compiled = entry[1]
+        else:
+            compiled = _compile_replay(actions, placement)
+            if compiled is not None:
+                _REPLAYS[key] = (actions, compiled)
+                if len(_REPLAYS) > _COMPILED_MAX:
+                    _REPLAYS.popitem(last=False)
+    exact = all(_is_int(v) for v in (*t_f, *t_b, *(t_w or ()), t_comm))
+    if (compiled is None or not exact or any(v < 0 for v in (*t_f, *t_b, *(t_w or ())))
+            or t_comm < 0 or len(t_f) != placement.num_stages
+            or len(t_b) != placement.num_stages or (compiled.split and t_w is None)
+            or (t_w is not None and len(t_w) != placement.num_stages)):
+        timing = simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
+                                     list(t_b), None if t_w is None else list(t_w), t_comm,
+                                     check=False)
+        return timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans)
+    weights = list(t_w) if t_w is not None else [0] * len(t_f)
+    if any(w > b for w, b in zip(weights, t_b)):
+        simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
+                            list(t_b), weights, t_comm, check=False)  # raises its error
+    durations = (*t_f, *t_b, *(b - w for b, w in zip(t_b, weights)), *weights)
+    memo_key = (durations, t_comm)
+    found = compiled.results.get(memo_key)
+    if found is not None:
+        return found
+    end = [0] * len(compiled.steps)
+    free = [0] * compiled.pp
+    for k, (rank, which, a, a_far, b, b_far) in enumerate(compiled.steps):
+        start = free[rank]
+        if a >= 0:
+            ready = end[a] + t_comm if a_far else end[a]
+            if ready > start:
+                start = ready
+            if b >= 0:
+                ready = end[b] + t_comm if b_far else end[b]
+                if ready > start:
+                    start = ready
+        free[rank] = end[k] = start + durations[which]
+    ends = tuple(end[k] if k >= 0 else 0 for k in compiled.last)
+    found = (max((end[k] for k in compiled.last if k >= 0), default=0), ends)
+    compiled.results[memo_key] = found
+    if len(compiled.results) > _RESULTS_MAX:
+        compiled.results.popitem(last=False)
+    return found

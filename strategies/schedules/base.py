@@ -30,7 +30,7 @@ from strategies.pipeline import (
     StagePlacement,
     interleaved_placement,
     peak_held,
-    simulate_unit_times,
+    replay_ends,
 )
 
 
@@ -120,7 +120,8 @@ class PipelineSchedule:
             t_comm: a point-to-point transfer between ranks.
 
         The default replays the action lists exactly
-        (:func:`strategies.pipeline.simulate_unit_times`). Past the warm-up the
+        (:func:`strategies.pipeline.simulate_unit_times`, through its compiled
+        :func:`strategies.pipeline.replay_ends`). Past the warm-up the
         steady state repeats, so a long schedule is extrapolated from three
         replays that show a constant period (checked for the makespan and every
         rank's end); otherwise the whole schedule is replayed.
@@ -130,10 +131,11 @@ class PipelineSchedule:
         weights = None if not self.split_backward else list(t_w or [0] * len(t_f))
 
         def replay(m: int) -> PipelineTiming:
-            timing = simulate_unit_times(self.actions(pp, m, vpp), placement, vpp, list(t_f),
-                                         list(t_b), weights, t_comm, check=False)
-            ends = tuple(int(row[-1][2]) if row else 0 for row in timing.spans)
-            return PipelineTiming(int(timing.makespan), ends)
+            # replay_ends: simulate_unit_times' makespan and last ends, compiled once per
+            # action list and memoised per duration vector (a sweep repeats both)
+            makespan, ends = replay_ends(self.actions(pp, m, vpp), placement, t_f, t_b,
+                                         weights, t_comm)
+            return PipelineTiming(int(makespan), tuple(int(e) for e in ends))
 
         short = -(-3 * pp // step) * step
         if microbatches <= short + 2 * step:
