@@ -52,12 +52,12 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel, RankConditions
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from sim.analytic_prices import NAME_BLIND_TIMERS, SharedPrices, plan_fields
 from sim.breakdown import AXES_IN_ORDER
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action
 from strategies.schedules import PipelineTiming
 from strategies.plan import ParallelPlan
 
@@ -86,8 +86,9 @@ class OpListCost:
 class PricingCache:
     """Cost models shared by many evaluations (a sweep, a plan search): evaluations on
     the same cluster spec, job shape and compute model reuse one
-    :class:`hardware.cost.CostModel`, its collective choices and prices. Specs are held
-    by identity, so the cache keeps them alive; at most ``max_layouts`` job shapes are
+    :class:`hardware.cost.CostModel`, its collective choices and prices, and the
+    :class:`SharedPrices` of the analytic step model on it. Specs are held by
+    identity, so the cache keeps them alive; at most ``max_layouts`` job shapes are
     kept.
 
     Args:
@@ -96,7 +97,7 @@ class PricingCache:
 
     def __init__(self, max_layouts: int = 64) -> None:
         self.max_layouts = max_layouts
-        self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel]] = {}
+        self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel, SharedPrices]] = {}
         self._cluster_dicts: dict[int, tuple[ClusterSpec, dict]] = {}
 
     def cluster_dict(self, cluster: ClusterSpec) -> dict:
@@ -112,15 +113,25 @@ class PricingCache:
                    ) -> CostModel:
         """The closed-form cost model of ``layout`` (with ``compute``, default the GPU's
         roofline), shared by every evaluation of the same job shape."""
+        return self._entry(layout, compute)[2]
+
+    def shared_prices(self, layout: ClusterLayout, compute: ComputeTimer | None = None
+                      ) -> SharedPrices | None:
+        """The :class:`SharedPrices` of :meth:`cost_model`'s model (None when its compute
+        timer may price by layer name, :data:`_NAME_BLIND_TIMERS`)."""
+        return self._entry(layout, compute)[3]
+
+    def _entry(self, layout: ClusterLayout, compute: ComputeTimer | None) -> tuple:
         key = (id(layout.spec), layout.nodes, layout.gpus_per_node, id(compute))
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= self.max_layouts:
                 self._entries.pop(next(iter(self._entries)))
-            entry = (layout.spec, compute,
-                     CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic"))
+            cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
+            shared = SharedPrices() if type(cost.compute) in NAME_BLIND_TIMERS else None
+            entry = (layout.spec, compute, cost, shared)
             self._entries[key] = entry
-        return entry[2]
+        return entry
 
 
 class OpPricer:
@@ -247,50 +258,129 @@ def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
 class AnalyticStepModel:
     """Prices one step of one pipeline in closed form (module docstring).
 
+    Each distinct part (a layer kind, the embedding, the head) is list-scheduled once
+    per phase and reused for every stage, rank and micro-batch; with ``shared``, once
+    for every plan on the same cost model that asks for the same part
+    (:class:`sim.analytic_prices.SharedPrices`). Which layer stands for its kind is the
+    first one met in the order of the rank walk below (so a plan prices exactly the
+    ops it priced before sharing existed).
+
     Args:
         lowerer: the step lowering of the model and plan.
         pricer: prices the ops of the pipeline's ranks.
         stage_pricers: pricers of pipeline ranks that run at another speed
             (stragglers), by pipeline rank.
+        shared: prices shared with other plans on the same cost model (only the
+            ordinary ranks' pricer uses them).
     """
 
     def __init__(self, lowerer: StepLowerer, pricer: OpPricer,
-                 stage_pricers: Mapping[int, OpPricer] | None = None) -> None:
+                 stage_pricers: Mapping[int, OpPricer] | None = None,
+                 shared: SharedPrices | None = None) -> None:
         self.lowerer = lowerer
         self.pricer = pricer
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
+        self.shared = shared
         self._part_costs: dict[tuple, OpListCost] = {}
         self._phase_costs: dict[tuple, OpListCost] = {}
         self._ops: dict[tuple, Op | None] = {}
+        self._durations: dict[tuple, int | None] = {}
+        self._keys: dict[object, tuple] = {}
+        self._kinds: dict[int, tuple] = {}
+        self._grads: dict[object, tuple] = {}
+        self._last_stage = len(lowerer.stage_layers) - 1
+        stages: list[list[int]] = [[] for _ in range(self.plan.pp)]
+        for stage, rank in enumerate(lowerer.placement.rank_of_stage):
+            stages[rank].append(stage)
+        self._stages_of = [tuple(row) for row in stages]
+        self._flags = self._moe_flags()
 
-    def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
-        """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
-        last micro-batch's backward actions in the order the rank runs them."""
-        plan = self.plan
-        stages = list(self.lowerer.placement.stages_of(p))
-        split = self.lowerer.schedule.split_backward
-        last = plan.num_microbatches - 1
-        work = [Action(s, "F", 0) for s in stages]
-        tail = []
-        for s in reversed(stages):
-            if split:
-                work += [Action(s, "I", 0), Action(s, "W", 0)]
-                tail += [Action(s, "I", last), Action(s, "W", last)]
-            else:
-                work.append(Action(s, "B", 0))
-                tail.append(Action(s, "B", last))
-        return work, tail
+    # ------------------------------------------------------------ shared keys
+    def _moe_flags(self) -> tuple[bool, ...]:
+        """``model.is_moe_layer`` of every layer (the kind of a layer part)."""
+        model = self.lowerer.model
+        if model.moe is None:
+            return (False,) * model.num_layers
+        key = ("moe_flags", self.shared.model_key(model)) if self.shared else None
+        flags = self.shared.get(key) if key else None
+        if flags is None:
+            flags = tuple(model.is_moe_layer(layer) for layer in range(model.num_layers))
+            if key:
+                self.shared.put(key, flags)
+        return flags
+
+    def _shared_key(self, name: str) -> tuple:
+        """The plan's part of a :class:`SharedPrices` key: the lowering's class, the model
+        and the plan fields a ``part``, ``optimizer`` or ``groups`` price reads
+        (:func:`sim.analytic_prices.plan_fields`), once per plan."""
+        found = self._keys.get(name)
+        if found is None:
+            found = (name, type(self.lowerer), self.shared.model_key(self.lowerer.model),
+                     plan_fields(self.plan, name))
+            self._keys[name] = found
+        return found
+
+    def _part_groups(self, p: int) -> tuple:
+        """The TP, CP and EP groups of pipeline rank ``p``'s representative (what a
+        part's communication runs on)."""
+        key = ("groups", p)
+        found = self._keys.get(key)
+        if found is None:
+            rep, lowerer = self.lowerer.representatives[p], self.lowerer
+            found = tuple(lowerer._group_of(rep, name) for name in ("tp", "cp", "ep"))
+            self._keys[key] = found
+        return found
+
+    def _shared_for(self, pricer: OpPricer) -> SharedPrices | None:
+        """The shared prices ``pricer`` may use: the ordinary ranks' pricer only."""
+        return self.shared if pricer is self.pricer else None
+
+    # ------------------------------------------------------------ stage shape
+    def _stage_kinds(self, stage: int) -> tuple[tuple[object, int | str, int], ...]:
+        """The parts of a virtual stage grouped by kind, in backward order (head, layers
+        reversed, embedding): ``(kind, first part of that kind, how many)``."""
+        found = self._kinds.get(stage)
+        if found is not None:
+            return found
+        layers = self.lowerer.stage_layers[stage]
+        out: list[tuple[object, int | str, int]] = []
+        if stage == self._last_stage:
+            out.append(("head", "head", 1))
+        if layers and layers[-1] - layers[0] + 1 == len(layers):
+            flags = self._flags[layers[0]:layers[-1] + 1]
+            moe = flags.count(True)
+            if moe in (0, len(flags)):
+                out.append((flags[-1], layers[-1], len(flags)))
+            else:  # both kinds: the one of the last layer comes first
+                last_of = {kind: layers[-1] - flags[::-1].index(kind) for kind in (True, False)}
+                for kind in sorted(last_of, key=lambda k: -last_of[k]):
+                    out.append((kind, last_of[kind], moe if kind else len(flags) - moe))
+        else:
+            counts: dict[object, list] = {}
+            for layer in reversed(layers):
+                entry = counts.setdefault(self._flags[layer], [layer, 0])
+                entry[1] += 1
+            out += [(kind, first, count) for kind, (first, count) in counts.items()]
+        if stage == 0:
+            out.append(("embedding", "embedding", 1))
+        found = tuple(out)
+        self._kinds[stage] = found
+        return found
 
     def _signature(self, p: int) -> tuple:
         """Ranks with equal signatures do equal work (symmetry of the stages)."""
-        model, lowerer = self.lowerer.model, self.lowerer
-        last = len(lowerer.stage_layers) - 1
-        return (self.stage_pricers.get(p, self.pricer).speed,
-                tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
-                       s == 0, s == last)
-                      for s in lowerer.placement.stages_of(p)))
+        layers_of, flags, last = self.lowerer.stage_layers, self._flags, self._last_stage
 
+        def kinds(layers: tuple[int, ...]) -> tuple[bool, ...]:
+            if layers and layers[-1] - layers[0] + 1 == len(layers):
+                return flags[layers[0]:layers[-1] + 1]
+            return tuple(flags[layer] for layer in layers)
+
+        return (self.stage_pricers.get(p, self.pricer).speed,
+                tuple((kinds(layers_of[s]), s == 0, s == last) for s in self._stages_of[p]))
+
+    # ---------------------------------------------------------------- prices
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
         add up, one evaluation per kind (ZeRO-3's gathers are prefetched, see
@@ -299,14 +389,9 @@ class AnalyticStepModel:
         total = self._phase_costs.get(key)
         if total is not None:
             return total
-        counts: dict[object, tuple[int | str, int]] = {}
-        for part in self._stage_parts(stage):
-            kind = _kind(self.lowerer, part)
-            first, count = counts.get(kind, (part, 0))
-            counts[kind] = (first, count + 1)
         total = OpListCost(exposed_ns={})
-        for part, count in counts.values():
-            cost = self._part_cost(pricer, p, part, comp)
+        for kind, part, count in self._stage_kinds(stage):
+            cost = self._kind_cost(pricer, p, part, kind, comp)
             total.total_ns += cost.total_ns * count
             total.compute_ns += cost.compute_ns * count
             _add(total.exposed_ns, cost.exposed_ns, count)
@@ -315,18 +400,134 @@ class AnalyticStepModel:
 
     def _part_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str) -> OpListCost:
         """List schedule of one layer or edge in one phase, priced once per layer type."""
-        kind = _kind(self.lowerer, part)
+        return self._kind_cost(pricer, p, part, _kind(self.lowerer, part), comp)
+
+    def _kind_cost(self, pricer: OpPricer, p: int, part: int | str, kind: object,
+                   comp: str) -> OpListCost:
+        """:meth:`_part_cost` of ``part``, whose kind is ``kind``; the first part of a
+        kind priced in this plan stands for the kind."""
         key = (id(pricer), kind, comp)
         cost = self._part_costs.get(key)
         if cost is None:
-            cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))
+            shared = self._shared_for(pricer)
+            if shared is not None:
+                mode = None if isinstance(part, str) else self.lowerer.recompute_of(part)
+                shared_key = (self._shared_key("part"), kind, comp, mode, self._part_groups(p))
+                cost = shared.get(shared_key)
+            if cost is None:
+                cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))
+                if shared is not None:
+                    shared.put(shared_key, cost)
             self._part_costs[key] = cost
         return cost
 
-    def _work_cost(self, pricer: OpPricer, p: int, actions: list[Action]) -> OpListCost:
+    def _collective_ns(self, pricer: OpPricer, p: int, what: str, arg: object,
+                       build, reads_kernels: bool) -> int | None:
+        """Duration of one data-parallel op of rank ``p`` the lowering builds with
+        ``build()`` (a bucket's reduction, a layer's parameter gather, whose size
+        ``reads_kernels``); None when the lowering issues nothing. Built and priced once
+        per plan, and once per :class:`SharedPrices` for the ordinary ranks."""
+        key = (id(pricer), p, what, arg)
+        if key in self._durations:
+            return self._durations[key]
+        shared = self._shared_for(pricer)
+        if shared is not None:
+            shared_key = (self._shared_key("groups"),
+                          self._shared_key("part") if reads_kernels else None, what, p, arg)
+            found = shared.get(shared_key)
+            if found is not None:
+                self._durations[key] = found[0]
+                return found[0]
+        op_key = (what, p, arg)
+        if op_key not in self._ops:
+            self._ops[op_key] = build()
+        op = self._ops[op_key]
+        duration = None if op is None else pricer.duration_ns(op)
+        if shared is not None:
+            shared.put(shared_key, (duration,))
+        self._durations[key] = duration
+        return duration
+
+    def _reduction_ns(self, pricer: OpPricer, p: int, group: str, size: float) -> int | None:
+        """Duration of the reduction of one gradient bucket (StepLowerer.reduction_op) on
+        rank ``p``; None when nothing is reduced (a data-parallel group of one)."""
+        return self._collective_ns(pricer, p, "reduce", (group, size),
+                                   lambda: self.lowerer.reduction_op(p, group, size), False)
+
+    def _gather_ns(self, pricer: OpPricer, p: int, layer: int) -> int | None:
+        """Duration of ZeRO's parameter gather of a layer (StepLowerer.param_gather_op)
+        on rank ``p``, once per layer kind; None when nothing is gathered."""
+        return self._collective_ns(pricer, p, "gather", self._flags[layer],
+                                   lambda: self.lowerer.param_gather_op(p, layer), True)
+
+    def _optimizer_cost(self, pricer: OpPricer, p: int) -> OpListCost:
+        """The optimizer step of rank ``p`` (StepLowerer.optimizer_ops), list-scheduled."""
+        shared = self._shared_for(pricer)
+        if shared is None:
+            return pricer.schedule(self.lowerer.optimizer_ops(p))
+        lowerer = self.lowerer
+        key = (self._shared_key("optimizer"), p, tuple(lowerer.rank_layers(p)),
+               lowerer.holds_embedding(p), lowerer.holds_head(p))
+        cost = shared.get(key)
+        if cost is None:
+            cost = pricer.schedule(lowerer.optimizer_ops(p))
+            shared.put(key, cost)
+        return cost
+
+    def _part_grads(self, part: int | str) -> tuple[float, float] | None:
+        """Gradient bytes a part adds to the ``dense`` and ``expert`` buckets
+        (StepLowerer.fill_buckets), or None when they are not whole numbers: then the
+        buckets are filled kernel by kernel as the lowering does (whole numbers add
+        exactly in any grouping, so adding a part's sum is adding its kernels)."""
+        kind = _kind(self.lowerer, part)
+        if kind in self._grads:
+            return self._grads[kind]
+        lowerer = self.lowerer
+        kernels = lowerer.part_kernels(part)
+        found = None
+        if type(lowerer.grad_bytes) is int and all(type(k.params) is int for k in kernels):
+            scratch: dict[str, float] = {}
+            due = dict(lowerer.fill_buckets(kernels, scratch, False))
+            found = (due.get("dense", scratch.get("dense", 0.0)),
+                     due.get("expert", scratch.get("expert", 0.0)))
+        self._grads[kind] = found
+        return found
+
+    def _fill(self, part: int | str, pending: dict[str, float], final: bool
+              ) -> list[tuple[str, float]]:
+        """StepLowerer.fill_buckets of a part's kernels, by its sums when they are whole."""
+        grads = self._part_grads(part)
+        if grads is None:
+            return self.lowerer.fill_buckets(self.lowerer.part_kernels(part), pending, final)
+        bucket = self.plan.grad_bucket_bytes
+        due = []
+        for group, added in zip(("dense", "expert"), grads):
+            size = pending.get(group, 0.0) + added
+            if size > 0 and (size >= bucket or final):
+                due.append((group, size))
+                size = 0.0
+            pending[group] = size
+        return due
+
+    # ----------------------------------------------------------------- ranks
+    def _rank_actions(self, p: int) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        """One micro-batch's actions of rank ``p`` (all its virtual stages) as (stage,
+        computation), and the last micro-batch's backward in the order the rank runs it."""
+        stages = self._stages_of[p]
+        work = [(s, "F") for s in stages]
+        tail = []
+        for s in reversed(stages):
+            if self.lowerer.schedule.split_backward:
+                tail += [(s, "I"), (s, "W")]
+            else:
+                tail.append((s, "B"))
+        return work + tail, tail
+
+    def _work_cost(self, pricer: OpPricer, p: int, actions: list[tuple[int, str]]
+                   ) -> OpListCost:
         total = OpListCost(exposed_ns={})
-        for action in actions:
-            cost = self._phase_cost(pricer, p, action.stage, action.comp)
+        for stage, comp in actions:
+            cost = self._phase_cost(pricer, p, stage, comp)
             total.total_ns += cost.total_ns
             total.compute_ns += cost.compute_ns
             _add(total.exposed_ns, cost.exposed_ns)
@@ -335,27 +536,23 @@ class AnalyticStepModel:
     def _rank_costs(self, p: int) -> _RankCosts:
         pricer = self.stage_pricers.get(p, self.pricer)
         work, tail = self._rank_actions(p)
-        forward = self._work_cost(pricer, p, [a for a in work if a.comp == "F"])
-        backward = self._work_cost(pricer, p, [a for a in work if a.comp != "F"])
+        forward = self._work_cost(pricer, p, [a for a in work if a[1] == "F"])
+        # the last micro-batch's backward is any micro-batch's: the same phases
+        backward = self._work_cost(pricer, p, tail)
         per_mb = OpListCost(forward.total_ns + backward.total_ns,
                             forward.compute_ns + backward.compute_ns, 0, {})
         _add(per_mb.exposed_ns, forward.exposed_ns)
         _add(per_mb.exposed_ns, backward.exposed_ns)
         gathers, first_gather = self._gathers_ns(pricer, p)
-        return _RankCosts(per_mb, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail), gathers, first_gather)
+        last = self.plan.num_microbatches - 1
+        finish = self._walk(pricer, p, [(s, c, last) for s, c in tail], finish=True)
+        return _RankCosts(per_mb, backward, finish, gathers, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
-        parts: list[int | str] = ["head"] if stage == len(self.lowerer.stage_layers) - 1 else []
+        parts: list[int | str] = ["head"] if stage == self._last_stage else []
         parts += list(reversed(self.lowerer.stage_layers[stage]))
         return parts + (["embedding"] if stage == 0 else [])
-
-    def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
-        """The last micro-batch's backward with its gradient buckets reduced on the
-        data-parallel stream as they fill, then the optimizer and ZeRO's parameter
-        all-gathers."""
-        return self._walk(pricer, p, tail, finish=True)
 
     def _gathers_ns(self, pricer: OpPricer, p: int) -> tuple[int, int]:
         """Parameter gathers on rank ``p`` (StepLowerer.gathers_params): (the step's
@@ -368,24 +565,19 @@ class AnalyticStepModel:
         lowerer = self.lowerer
         work, _ = self._rank_actions(p)
         total = first = 0
-        for action in work:
-            repeats = sum(lowerer.gathers_params(action.comp, j)
-                          for j in range(self.plan.num_microbatches))
+        repeats_of: dict[str, int] = {}
+        for stage, comp in work:
+            repeats = repeats_of.get(comp)
+            if repeats is None:
+                repeats = repeats_of[comp] = sum(lowerer.gathers_params(comp, j)
+                                                 for j in range(self.plan.num_microbatches))
             if not repeats:
                 continue
-            for layer in self.lowerer.stage_layers[action.stage]:
-                op = self._gather_op(p, layer)
-                duration = pricer.duration_ns(op) if op is not None else 0
+            for layer in lowerer.stage_layers[stage]:
+                duration = self._gather_ns(pricer, p, layer) or 0
                 first = first or duration
                 total += duration * repeats
         return total, first
-
-    def _gather_op(self, p: int, layer: int) -> Op | None:
-        """ZeRO-3's parameter gather of a layer, built once per layer kind."""
-        key = ("gather", p, _kind(self.lowerer, layer))
-        if key not in self._ops:
-            self._ops[key] = self.lowerer.param_gather_op(p, layer)
-        return self._ops[key]
 
     def _gather_fill_delay_ns(self, t_p2p: int) -> int:
         """How much later micro-batch 0's forward leaves the last stage because layers
@@ -396,123 +588,146 @@ class AnalyticStepModel:
         lowerer = self.lowerer
         if not lowerer.gathers_params("F", 0):
             return 0
-        placement = lowerer.placement
+        rank_of = lowerer.placement.rank_of_stage
         dp_free: dict[int, int] = {}
         gathered: dict[int, int] = {}
         for stage, layers in enumerate(lowerer.stage_layers):
-            p = placement.rank_of(stage)
+            p = rank_of[stage]
             pricer = self.stage_pricers.get(p, self.pricer)
             for layer in layers:
-                op = self._gather_op(p, layer)
-                dp_free[p] = dp_free.get(p, 0) + (pricer.duration_ns(op) if op else 0)
+                dp_free[p] = dp_free.get(p, 0) + (self._gather_ns(pricer, p, layer) or 0)
                 gathered[layer] = dp_free[p]
         waiting = free = 0
-        last = len(lowerer.stage_layers) - 1
+        last = self._last_stage
         for stage, layers in enumerate(lowerer.stage_layers):
-            p = placement.rank_of(stage)
+            p = rank_of[stage]
             pricer = self.stage_pricers.get(p, self.pricer)
-            parts = (["embedding"] if stage == 0 else []) + list(layers)
-            parts += ["head"] if stage == last else []
-            for part in parts:
-                if not isinstance(part, str):
-                    waiting = max(waiting, gathered[part])
-                cost = self._part_cost(pricer, p, part, "F").total_ns
+            if stage == 0:
+                cost = self._kind_cost(pricer, p, "embedding", "embedding", "F").total_ns
                 waiting += cost
                 free += cost
-            if stage < last and lowerer._crosses(stage, stage + 1):
+            for layer in layers:
+                waiting = max(waiting, gathered[layer])
+                cost = self._kind_cost(pricer, p, layer, self._flags[layer], "F").total_ns
+                waiting += cost
+                free += cost
+            if stage == last:
+                cost = self._kind_cost(pricer, p, "head", "head", "F").total_ns
+                waiting += cost
+                free += cost
+            elif lowerer._crosses(stage, stage + 1):
                 waiting += t_p2p
                 free += t_p2p
         return waiting - free
 
-    def _embedding_forward_ns(self) -> int:
-        """The embedding's forward on pipeline rank 0 (before its first layer)."""
-        return self._part_cost(self.stage_pricers.get(0, self.pricer), 0, "embedding",
-                               "F").total_ns
-
-    def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
+    def _walk(self, pricer: OpPricer, p: int, actions: Sequence[tuple[int, str, int]],
               finish: bool, gathers: bool = False) -> OpListCost:
-        """List schedule of ``actions`` on rank ``p``, part by part in the order the
-        lowering issues them: layers and edges run back to back on the compute
-        stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
-        end inside them); with ``finish``, the data-parallel stream reduces the
-        gradient buckets of the last micro-batch as they fill, then the optimizer
-        and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
-        gathers run on the data-parallel stream in issue order (all of an action's
-        at its start) and each layer waits for its own: for a rank whose actions
-        run back to back (no pipeline) this is the replay's schedule exactly."""
+        """List schedule of ``actions`` ((stage, computation, micro-batch)) on rank
+        ``p``, part by part in the order the lowering issues them: layers and edges run
+        back to back on the compute stream (each priced once per kind,
+        :meth:`_part_cost`; their CP exchanges end inside them); with ``finish``, the
+        data-parallel stream reduces the gradient buckets of the last micro-batch as
+        they fill, then the optimizer and ZeRO's parameter all-gathers run. With
+        ``gathers``, ZeRO-3's parameter gathers run on the data-parallel stream in issue
+        order (all of an action's at its start) and each layer waits for its own: for a
+        rank whose actions run back to back (no pipeline) this is the replay's schedule
+        exactly."""
         lowerer, plan = self.lowerer, self.plan
-        cost = OpListCost(exposed_ns={})
+        total = compute = 0
+        exposed: dict[str, int] = {}
         dp_free = 0
-
-        def on_dp_stream(op: Op | None, ready_ns: int) -> int:
-            nonlocal dp_free
-            if op is not None:
-                dp_free = max(dp_free, ready_ns) + pricer.duration_ns(op)
-            return dp_free
+        last_mb = plan.num_microbatches - 1
+        overlap = plan.overlap_grad_reduce
 
         def reduce(due: list[tuple[str, float]]) -> None:
+            nonlocal dp_free
             for group, size in due:
-                key = ("reduce", p, group, size)
-                if key not in self._ops:
-                    self._ops[key] = lowerer.reduction_op(p, group, size)
-                on_dp_stream(self._ops[key], cost.total_ns)
+                duration = self._reduction_ns(pricer, p, group, size)
+                if duration is not None:
+                    dp_free = max(dp_free, total) + duration
 
         pending: dict[int, dict[str, float]] = {}
-        used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
-        last = len(lowerer.stage_layers) - 1
-        for action in actions:
-            stage, comp = action.stage, action.comp
-            layers = list(lowerer.stage_layers[stage])
-            if comp == "F":
-                parts = (["embedding"] if stage == 0 else []) + layers
-                parts += ["head"] if stage == last else []
-            else:
-                parts = self._stage_parts(stage)
-                layers.reverse()
-            reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and action.microbatch == plan.num_microbatches - 1)
+        for stage, comp, microbatch in actions:
+            forward = comp == "F"
+            kinds = self._stage_kinds(stage)
+            layers = lowerer.stage_layers[stage]
+            reduce_now = finish and comp in ("B", "W") and overlap and microbatch == last_mb
+            gathers_here = gathers and lowerer.gathers_params(comp, microbatch)
+            if not (reduce_now or gathers_here):
+                # nothing between the parts: the stage's parts back to back
+                for kind, part, count in kinds:
+                    cost = self._kind_cost(pricer, p, part, kind, comp)
+                    total += cost.total_ns * count
+                    compute += cost.compute_ns * count
+                    for axis, value in cost.exposed_ns.items():
+                        exposed[axis] = exposed.get(axis, 0) + value * count
+                continue
+            parts = self._stage_parts(stage)
+            if forward:
+                parts.reverse()
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
-            gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
             for index, part in enumerate(parts):
-                if gathers_here and not isinstance(part, str):
-                    if not gathered:  # issued at the action's start, waited for per layer
-                        gathered = {layer: on_dp_stream(self._gather_op(p, layer), 0)
-                                    for layer in layers}
-                    wait = gathered[part] - cost.total_ns
+                layer = not isinstance(part, str)
+                if gathers_here and layer:
+                    if not gathered:
+                        # issued (at the first layer) in use order, ready at once; each
+                        # layer waits for its own
+                        for held in (layers if forward else reversed(layers)):
+                            duration = self._gather_ns(pricer, p, held)
+                            if duration is not None:
+                                dp_free = max(dp_free, 0) + duration
+                            gathered[held] = dp_free
+                    wait = gathered[part] - total
                     if wait > 0:
-                        cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
-                        cost.total_ns += wait
-                part_cost = self._part_cost(pricer, p, part, comp)
-                cost.total_ns += part_cost.total_ns
-                cost.compute_ns += part_cost.compute_ns
-                if part_cost.exposed_ns:
-                    used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
+                        exposed["dp"] = exposed.get("dp", 0) + wait
+                        total += wait
+                cost = self._kind_cost(pricer, p, part, self._flags[part] if layer else part,
+                                       comp)
+                total += cost.total_ns
+                compute += cost.compute_ns
+                for axis, value in cost.exposed_ns.items():
+                    exposed[axis] = exposed.get(axis, 0) + value
                 if reduce_now:
                     # the stage's last backward part flushes its partly filled buckets
-                    final = index == len(parts) - 1
-                    reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final))
-        for part_cost, count in used.values():
-            _add(cost.exposed_ns, part_cost.exposed_ns, count)
+                    reduce(self._fill(part, grads, index == len(parts) - 1))
+        cost = OpListCost(total, compute, 0, exposed)
         if not finish:
             return cost
-        if not plan.overlap_grad_reduce:
-            for stage in sorted({a.stage for a in actions}):
-                reduce(lowerer.fill_buckets([k for part in reversed(self._stage_parts(stage))
-                                             for k in lowerer.part_kernels(part)], {}, True))
+        if not overlap:  # each stage's gradients in one bucket per group, at the end
+            for stage in sorted({stage for stage, _, _ in actions}):
+                parts = self._stage_parts(stage)[::-1]
+                sums = [self._part_grads(part) for part in parts]
+                if any(added is None for added in sums):
+                    reduce(lowerer.fill_buckets(
+                        [k for part in parts for k in lowerer.part_kernels(part)], {}, True))
+                    continue
+                whole = [0.0, 0.0]
+                for dense, expert in sums:
+                    whole[0] += dense
+                    whole[1] += expert
+                reduce([(g, size) for g, size in zip(("dense", "expert"), whole) if size > 0])
         compute_end = cost.total_ns
         if dp_free > compute_end:
-            cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
-        optimizer = pricer.schedule(lowerer.optimizer_ops(p))
+            exposed["dp"] = exposed.get("dp", 0) + dp_free - compute_end
+        optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
-        _add(cost.exposed_ns, optimizer.exposed_ns)
+        _add(exposed, optimizer.exposed_ns)
         return cost
 
+    # ------------------------------------------------------------------ step
     def run(self) -> AnalyticStep:
         """The step's time, per-rank ends and breakdown."""
         plan = self.plan
         pp, m = plan.pp, plan.num_microbatches
+        if pp == 1 and self.lowerer.gathers_params("F", 0):
+            # the same parts stand for their kinds as in a pipelined rank (the walk
+            # meets the first layer of each kind first, the phases the last)
+            work, _ = self._rank_actions(0)
+            for stage, comp in work:
+                self._phase_cost(self.stage_pricers.get(0, self.pricer), 0, stage, comp)
+            return self._whole_rank_step()
         reps = self.lowerer.representatives
         t_p2p = (self.pricer.p2p_ns(reps[0], reps[1], int(self.lowerer.pp_message_bytes))
                  if pp > 1 else 0)
@@ -523,8 +738,6 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
-        if pp == 1 and self.lowerer.gathers_params("F", 0):
-            return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
@@ -550,7 +763,8 @@ class AnalyticStepModel:
         """Without pipeline parallelism the step is one rank's list schedule: every
         action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
-        actions = list(self.lowerer.schedule.actions(1, self.plan.num_microbatches, 1)[0])
+        actions = [(a.stage, a.comp, a.microbatch)
+                   for a in self.lowerer.schedule.actions(1, self.plan.num_microbatches, 1)[0]]
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
         row = {"compute": cost.compute_ns / 1e9, "optimizer": cost.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
@@ -566,10 +780,10 @@ class AnalyticStepModel:
         exact replay of its actions) with each virtual stage's forward, backward and
         weight-gradient time for one micro-batch, priced on the rank that holds it."""
         plan, lowerer = self.plan, self.lowerer
-        schedule, placement = lowerer.schedule, lowerer.placement
+        schedule, rank_of = lowerer.schedule, lowerer.placement.rank_of_stage
         durations: dict[str, list[int]] = {"F": [], "B": [], "W": []}
         for stage in range(lowerer.num_stages):
-            p = placement.rank_of(stage)
+            p = rank_of[stage]
             pricer = self.stage_pricers.get(p, self.pricer)
             durations["F"].append(self._phase_cost(pricer, p, stage, "F").total_ns)
             if schedule.split_backward:
@@ -623,10 +837,12 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     lowerer = lowerer or StepLowerer(model, plan)
     if cache is None:
         cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
+        shared = None
     else:
         cost = cache.cost_model(layout, compute)
+        shared = cache.shared_prices(layout, compute)
     pricer = OpPricer(cost)
-    step = AnalyticStepModel(lowerer, pricer).run()
+    step = AnalyticStepModel(lowerer, pricer, shared=shared).run()
     if not stragglers:
         return step
     # the slowest rank of each (data-parallel replica, pipeline rank) sets its pace
@@ -642,7 +858,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for _, slow_ranks in sorted(replicas.items()):
         slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
-        candidate = AnalyticStepModel(lowerer, pricer, slow).run()
+        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared).run()
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step
