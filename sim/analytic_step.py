@@ -53,11 +53,12 @@ from hardware.cost import ComputeTimer, CostModel, RankConditions
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_prices import NAME_BLIND_TIMERS, SharedPrices, plan_fields
-from sim.breakdown import AXES_IN_ORDER
+from sim.breakdown import AXES_IN_ORDER, critical_rank
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
+from strategies.pipeline import Action
 from strategies.schedules import PipelineTiming
 from strategies.plan import ParallelPlan
 
@@ -223,7 +224,7 @@ class AnalyticStep:
         rank_end_ns: when each pipeline rank finishes the step.
         breakdown_s: per pipeline rank, seconds of compute, optimizer, exposed
             communication per axis and bubble (the keys of sim.breakdown).
-        critical: the pipeline rank that ends last.
+        critical: the pipeline rank that sets the pace (sim.breakdown.critical_rank).
         ops_priced: ops list-scheduled to get there (the model's work).
     """
 
@@ -238,7 +239,7 @@ class AnalyticStep:
 class _RankCosts:
     """What one pipeline rank's work costs (ns): per micro-batch, and at the end."""
 
-    per_microbatch: OpListCost   # forward + backward of all its virtual stages
+    per_step: OpListCost         # every action of the step, back to back
     last_backward: OpListCost    # the last micro-batch's backward alone
     finish: OpListCost           # the same with gradient reduction and optimizer
     gathers_ns: int = 0          # ZeRO-3: the step's parameter gathers back to back
@@ -248,6 +249,38 @@ class _RankCosts:
 def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
     """What a stage part's cost depends on: the edge's name, or whether the layer is MoE."""
     return part if isinstance(part, str) else lowerer.model.is_moe_layer(part)
+
+
+#: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on.
+_PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
+_COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
+
+
+def _action_counts(actions: Sequence[Action]) -> dict[tuple, int]:
+    """How often each kind of action runs in ``actions``: ``("phase", stage, comp)``
+    or ``("pair", forward stage, backward stage, backward comp)`` for an overlapped
+    pair, in order of first appearance. Memoised for immutable rows (a schedule's
+    memoised lists; the entry keeps the row alive, so its id names it)."""
+    entry = _COUNTS.get(id(actions)) if isinstance(actions, tuple) else None
+    if entry is not None and entry[0] is actions:
+        return entry[1]
+    counts: dict[tuple, int] = {}
+    index = 0
+    while index < len(actions):
+        action = actions[index]
+        if action.overlap:
+            forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
+            key = ("pair", forward.stage, backward.stage, backward.comp)
+            index += 2
+        else:
+            key = ("phase", action.stage, action.comp)
+            index += 1
+        counts[key] = counts.get(key, 0) + 1
+    if isinstance(actions, tuple):
+        if len(_COUNTS) >= 4096:
+            _COUNTS.clear()
+        _COUNTS[id(actions)] = (actions, counts)
+    return counts
 
 
 def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
@@ -261,9 +294,9 @@ class AnalyticStepModel:
     Each distinct part (a layer kind, the embedding, the head) is list-scheduled once
     per phase and reused for every stage, rank and micro-batch; with ``shared``, once
     for every plan on the same cost model that asks for the same part
-    (:class:`sim.analytic_prices.SharedPrices`). Which layer stands for its kind is the
-    first one met in the order of the rank walk below (so a plan prices exactly the
-    ops it priced before sharing existed).
+    (:class:`sim.analytic_prices.SharedPrices`): the same for bucket reductions,
+    parameter gathers and optimizer steps. Which layer stands for its kind within a
+    plan is the first one met, as without sharing.
 
     Args:
         lowerer: the step lowering of the model and plan.
@@ -288,12 +321,7 @@ class AnalyticStepModel:
         self._durations: dict[tuple, int | None] = {}
         self._keys: dict[object, tuple] = {}
         self._kinds: dict[int, tuple] = {}
-        self._grads: dict[object, tuple] = {}
-        self._last_stage = len(lowerer.stage_layers) - 1
-        stages: list[list[int]] = [[] for _ in range(self.plan.pp)]
-        for stage, rank in enumerate(lowerer.placement.rank_of_stage):
-            stages[rank].append(stage)
-        self._stages_of = [tuple(row) for row in stages]
+        self._grads: dict[object, tuple | None] = {}
         self._flags = self._moe_flags()
 
     # ------------------------------------------------------------ shared keys
@@ -322,13 +350,14 @@ class AnalyticStepModel:
         return found
 
     def _part_groups(self, p: int) -> tuple:
-        """The TP, CP and EP groups of pipeline rank ``p``'s representative (what a
-        part's communication runs on)."""
+        """The groups a part's own communication runs on (TP, CP, EP and the expert
+        groups) of pipeline rank ``p``'s representative: every group but the
+        data-parallel ones (StepLowerer.phase_ops issues no data-parallel op)."""
         key = ("groups", p)
         found = self._keys.get(key)
         if found is None:
-            rep, lowerer = self.lowerer.representatives[p], self.lowerer
-            found = tuple(lowerer._group_of(rep, name) for name in ("tp", "cp", "ep"))
+            groups = self.lowerer._groups(self.lowerer.representatives[p])
+            found = tuple(groups[name] for name in _PART_GROUPS)
             self._keys[key] = found
         return found
 
@@ -336,51 +365,51 @@ class AnalyticStepModel:
         """The shared prices ``pricer`` may use: the ordinary ranks' pricer only."""
         return self.shared if pricer is self.pricer else None
 
-    # ------------------------------------------------------------ stage shape
     def _stage_kinds(self, stage: int) -> tuple[tuple[object, int | str, int], ...]:
         """The parts of a virtual stage grouped by kind, in backward order (head, layers
         reversed, embedding): ``(kind, first part of that kind, how many)``."""
         found = self._kinds.get(stage)
-        if found is not None:
-            return found
-        layers = self.lowerer.stage_layers[stage]
-        out: list[tuple[object, int | str, int]] = []
-        if stage == self._last_stage:
-            out.append(("head", "head", 1))
-        if layers and layers[-1] - layers[0] + 1 == len(layers):
-            flags = self._flags[layers[0]:layers[-1] + 1]
-            moe = flags.count(True)
-            if moe in (0, len(flags)):
-                out.append((flags[-1], layers[-1], len(flags)))
-            else:  # both kinds: the one of the last layer comes first
-                last_of = {kind: layers[-1] - flags[::-1].index(kind) for kind in (True, False)}
-                for kind in sorted(last_of, key=lambda k: -last_of[k]):
-                    out.append((kind, last_of[kind], moe if kind else len(flags) - moe))
-        else:
+        if found is None:
             counts: dict[object, list] = {}
-            for layer in reversed(layers):
-                entry = counts.setdefault(self._flags[layer], [layer, 0])
+            for part in self._stage_parts(stage):
+                kind = part if isinstance(part, str) else self._flags[part]
+                entry = counts.setdefault(kind, [part, 0])
                 entry[1] += 1
-            out += [(kind, first, count) for kind, (first, count) in counts.items()]
-        if stage == 0:
-            out.append(("embedding", "embedding", 1))
-        found = tuple(out)
-        self._kinds[stage] = found
+            found = self._kinds[stage] = tuple((kind, first, count)
+                                               for kind, (first, count) in counts.items())
         return found
 
+    def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
+        """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
+        backward actions of the last micro-batch through each of its stages, in the
+        order the rank runs them."""
+        lowerer = self.lowerer
+        stages = list(lowerer.placement.stages_of(p))
+        split = lowerer.schedule.split_backward
+        work = [Action(s, "F", 0) for s in stages]
+        tail = []
+        for s in reversed(stages):
+            last = lowerer.last_microbatch(s)
+            if split:
+                work += [Action(s, "I", 0), Action(s, "W", 0)]
+                tail += [Action(s, "I", last), Action(s, "W", last)]
+            else:
+                work.append(Action(s, "B", 0))
+                tail.append(Action(s, "B", last))
+        return work, tail
+
     def _signature(self, p: int) -> tuple:
-        """Ranks with equal signatures do equal work (symmetry of the stages)."""
-        layers_of, flags, last = self.lowerer.stage_layers, self._flags, self._last_stage
+        """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
+        lists overlap forwards with backwards each differ)."""
+        model, lowerer = self.lowerer.model, self.lowerer
+        placement = lowerer.placement
+        paired = any(a.overlap for a in lowerer.actions()[p])
+        return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
+                tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
+                       placement.is_first(s), placement.is_last(s),
+                       placement.microbatches_through(s, self.plan.num_microbatches))
+                      for s in placement.stages_of(p)))
 
-        def kinds(layers: tuple[int, ...]) -> tuple[bool, ...]:
-            if layers and layers[-1] - layers[0] + 1 == len(layers):
-                return flags[layers[0]:layers[-1] + 1]
-            return tuple(flags[layer] for layer in layers)
-
-        return (self.stage_pricers.get(p, self.pricer).speed,
-                tuple((kinds(layers_of[s]), s == 0, s == last) for s in self._stages_of[p]))
-
-    # ---------------------------------------------------------------- prices
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
         add up, one evaluation per kind (ZeRO-3's gathers are prefetched, see
@@ -405,7 +434,9 @@ class AnalyticStepModel:
     def _kind_cost(self, pricer: OpPricer, p: int, part: int | str, kind: object,
                    comp: str) -> OpListCost:
         """:meth:`_part_cost` of ``part``, whose kind is ``kind``; the first part of a
-        kind priced in this plan stands for the kind."""
+        kind priced in this plan stands for the kind, and with shared prices a part
+        another plan priced under the same key (its plan fields, kind, phase, recompute
+        mode and groups) gives the same list schedule."""
         key = (id(pricer), kind, comp)
         cost = self._part_costs.get(key)
         if cost is None:
@@ -466,8 +497,9 @@ class AnalyticStepModel:
         if shared is None:
             return pricer.schedule(self.lowerer.optimizer_ops(p))
         lowerer = self.lowerer
-        key = (self._shared_key("optimizer"), p, tuple(lowerer.rank_layers(p)),
-               lowerer.holds_embedding(p), lowerer.holds_head(p))
+        key = (self._shared_key("optimizer"), self._shared_key("groups"), p,
+               tuple(lowerer.rank_layers(p)), lowerer.holds_embedding(p),
+               lowerer.holds_head(p))
         cost = shared.get(key)
         if cost is None:
             cost = pricer.schedule(lowerer.optimizer_ops(p))
@@ -509,50 +541,50 @@ class AnalyticStepModel:
             pending[group] = size
         return due
 
-    # ----------------------------------------------------------------- ranks
-    def _rank_actions(self, p: int) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-        """One micro-batch's actions of rank ``p`` (all its virtual stages) as (stage,
-        computation), and the last micro-batch's backward in the order the rank runs it."""
-        stages = self._stages_of[p]
-        work = [(s, "F") for s in stages]
-        tail = []
-        for s in reversed(stages):
-            if self.lowerer.schedule.split_backward:
-                tail += [(s, "I"), (s, "W")]
-            else:
-                tail.append((s, "B"))
-        return work + tail, tail
+    def _pair_cost(self, pricer: OpPricer, p: int, forward_stage: int, backward_stage: int,
+                   comp: str) -> OpListCost:
+        """An overlapped forward-backward pair, list-scheduled as the lowering
+        interleaves it (:meth:`StepLowerer.pair_ops`), priced once per stage pair."""
+        key = (id(pricer), "pair", forward_stage, backward_stage, comp)
+        cost = self._phase_costs.get(key)
+        if cost is None:
+            cost = pricer.schedule(self.lowerer.pair_ops(p, forward_stage, backward_stage, comp))
+            self._phase_costs[key] = cost
+        return cost
 
-    def _work_cost(self, pricer: OpPricer, p: int, actions: list[tuple[int, str]]
-                   ) -> OpListCost:
+    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action]) -> OpListCost:
+        """Compute and exposed communication of ``actions`` back to back (an overlapped
+        pair as one), each kind of action priced once and counted."""
+        counts = _action_counts(actions)
         total = OpListCost(exposed_ns={})
-        for stage, comp in actions:
-            cost = self._phase_cost(pricer, p, stage, comp)
-            total.total_ns += cost.total_ns
-            total.compute_ns += cost.compute_ns
-            _add(total.exposed_ns, cost.exposed_ns)
+        for key, count in counts.items():
+            cost = (self._pair_cost(pricer, p, *key[1:]) if key[0] == "pair"
+                    else self._phase_cost(pricer, p, *key[1:]))
+            total.total_ns += cost.total_ns * count
+            total.compute_ns += cost.compute_ns * count
+            _add(total.exposed_ns, cost.exposed_ns, count)
         return total
 
     def _rank_costs(self, p: int) -> _RankCosts:
         pricer = self.stage_pricers.get(p, self.pricer)
-        work, tail = self._rank_actions(p)
-        forward = self._work_cost(pricer, p, [a for a in work if a[1] == "F"])
-        # the last micro-batch's backward is any micro-batch's: the same phases
-        backward = self._work_cost(pricer, p, tail)
-        per_mb = OpListCost(forward.total_ns + backward.total_ns,
-                            forward.compute_ns + backward.compute_ns, 0, {})
-        _add(per_mb.exposed_ns, forward.exposed_ns)
-        _add(per_mb.exposed_ns, backward.exposed_ns)
+        _, tail = self._rank_actions(p)
+        per_step = self._work_cost(pricer, p, self.lowerer.actions()[p])
         gathers, first_gather = self._gathers_ns(pricer, p)
-        last = self.plan.num_microbatches - 1
-        finish = self._walk(pricer, p, [(s, c, last) for s, c in tail], finish=True)
-        return _RankCosts(per_mb, backward, finish, gathers, first_gather)
+        return _RankCosts(per_step, self._work_cost(pricer, p, tail),
+                          self._finish_cost(pricer, p, tail), gathers, first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
-        parts: list[int | str] = ["head"] if stage == self._last_stage else []
+        placement = self.lowerer.placement
+        parts: list[int | str] = ["head"] if placement.is_last(stage) else []
         parts += list(reversed(self.lowerer.stage_layers[stage]))
-        return parts + (["embedding"] if stage == 0 else [])
+        return parts + (["embedding"] if placement.is_first(stage) else [])
+
+    def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
+        """The last micro-batch's backward with its gradient buckets reduced on the
+        data-parallel stream as they fill, then the optimizer and ZeRO's parameter
+        all-gathers."""
+        return self._walk(pricer, p, tail, finish=True)
 
     def _gathers_ns(self, pricer: OpPricer, p: int) -> tuple[int, int]:
         """Parameter gathers on rank ``p`` (StepLowerer.gathers_params): (the step's
@@ -563,21 +595,35 @@ class AnalyticStepModel:
         gathers in every micro-batch's forward and backward, ZeRO-1/2 with
         overlapped parameter gathers in the first micro-batch's forward only."""
         lowerer = self.lowerer
+        if not lowerer.gathers_params("F", 0):  # then no action gathers
+            return 0, 0
         work, _ = self._rank_actions(p)
         total = first = 0
-        repeats_of: dict[str, int] = {}
-        for stage, comp in work:
-            repeats = repeats_of.get(comp)
-            if repeats is None:
-                repeats = repeats_of[comp] = sum(lowerer.gathers_params(comp, j)
-                                                 for j in range(self.plan.num_microbatches))
+        for action in work:
+            repeats = sum(lowerer.gathers_params(action.comp, j)
+                          for j in range(self.plan.num_microbatches)
+                          if lowerer.placement.on_route(action.stage, j))
             if not repeats:
                 continue
-            for layer in lowerer.stage_layers[stage]:
+            for layer in self.lowerer.stage_layers[action.stage]:
                 duration = self._gather_ns(pricer, p, layer) or 0
                 first = first or duration
                 total += duration * repeats
         return total, first
+
+    def _start_gathers_ns(self, p: int) -> int:
+        """The parameter gathers rank ``p``'s first action issues at the step's start
+        (StepLowerer.gathers_params), back to back: the data-parallel stream runs them
+        while the rank waits for its first input, time the replay counts as exposed."""
+        lowerer = self.lowerer
+        first = lowerer.actions()[p][0]
+        if not lowerer.gathers_params(first.comp, first.microbatch):
+            return 0
+        pricer = self.stage_pricers.get(p, self.pricer)
+        total = 0
+        for layer in lowerer.stage_layers[first.stage]:
+            total += self._gather_ns(pricer, p, layer) or 0
+        return total
 
     def _gather_fill_delay_ns(self, t_p2p: int) -> int:
         """How much later micro-batch 0's forward leaves the last stage because layers
@@ -588,146 +634,119 @@ class AnalyticStepModel:
         lowerer = self.lowerer
         if not lowerer.gathers_params("F", 0):
             return 0
-        rank_of = lowerer.placement.rank_of_stage
+        placement = lowerer.placement
         dp_free: dict[int, int] = {}
         gathered: dict[int, int] = {}
         for stage, layers in enumerate(lowerer.stage_layers):
-            p = rank_of[stage]
+            p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             for layer in layers:
                 dp_free[p] = dp_free.get(p, 0) + (self._gather_ns(pricer, p, layer) or 0)
                 gathered[layer] = dp_free[p]
         waiting = free = 0
-        last = self._last_stage
-        for stage, layers in enumerate(lowerer.stage_layers):
-            p = rank_of[stage]
+        last = placement.num_chunks - 1  # micro-batch 0 runs the first route
+        for stage, layers in enumerate(lowerer.stage_layers[:last + 1]):
+            p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
-            if stage == 0:
-                cost = self._kind_cost(pricer, p, "embedding", "embedding", "F").total_ns
+            parts = (["embedding"] if stage == 0 else []) + list(layers)
+            parts += ["head"] if stage == last else []
+            for part in parts:
+                if not isinstance(part, str):
+                    waiting = max(waiting, gathered[part])
+                cost = self._part_cost(pricer, p, part, "F").total_ns
                 waiting += cost
                 free += cost
-            for layer in layers:
-                waiting = max(waiting, gathered[layer])
-                cost = self._kind_cost(pricer, p, layer, self._flags[layer], "F").total_ns
-                waiting += cost
-                free += cost
-            if stage == last:
-                cost = self._kind_cost(pricer, p, "head", "head", "F").total_ns
-                waiting += cost
-                free += cost
-            elif lowerer._crosses(stage, stage + 1):
+            if stage < last and lowerer._crosses(stage, stage + 1):
                 waiting += t_p2p
                 free += t_p2p
         return waiting - free
 
-    def _walk(self, pricer: OpPricer, p: int, actions: Sequence[tuple[int, str, int]],
+    def _embedding_forward_ns(self) -> int:
+        """The embedding's forward on pipeline rank 0 (before its first layer)."""
+        return self._part_cost(self.stage_pricers.get(0, self.pricer), 0, "embedding",
+                               "F").total_ns
+
+    def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
               finish: bool, gathers: bool = False) -> OpListCost:
-        """List schedule of ``actions`` ((stage, computation, micro-batch)) on rank
-        ``p``, part by part in the order the lowering issues them: layers and edges run
-        back to back on the compute stream (each priced once per kind,
-        :meth:`_part_cost`; their CP exchanges end inside them); with ``finish``, the
-        data-parallel stream reduces the gradient buckets of the last micro-batch as
-        they fill, then the optimizer and ZeRO's parameter all-gathers run. With
-        ``gathers``, ZeRO-3's parameter gathers run on the data-parallel stream in issue
-        order (all of an action's at its start) and each layer waits for its own: for a
-        rank whose actions run back to back (no pipeline) this is the replay's schedule
-        exactly."""
+        """List schedule of ``actions`` on rank ``p``, part by part in the order the
+        lowering issues them: layers and edges run back to back on the compute
+        stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
+        end inside them); with ``finish``, the data-parallel stream reduces the
+        gradient buckets of the last micro-batch as they fill, then the optimizer
+        and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
+        gathers run on the data-parallel stream in issue order (all of an action's
+        at its start) and each layer waits for its own: for a rank whose actions
+        run back to back (no pipeline) this is the replay's schedule exactly."""
         lowerer, plan = self.lowerer, self.plan
-        total = compute = 0
-        exposed: dict[str, int] = {}
+        cost = OpListCost(exposed_ns={})
         dp_free = 0
-        last_mb = plan.num_microbatches - 1
-        overlap = plan.overlap_grad_reduce
+
+        def on_dp_stream_ns(duration: int | None, ready_ns: int) -> int:
+            nonlocal dp_free
+            if duration is not None:
+                dp_free = max(dp_free, ready_ns) + duration
+            return dp_free
 
         def reduce(due: list[tuple[str, float]]) -> None:
-            nonlocal dp_free
             for group, size in due:
-                duration = self._reduction_ns(pricer, p, group, size)
-                if duration is not None:
-                    dp_free = max(dp_free, total) + duration
+                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns)
 
         pending: dict[int, dict[str, float]] = {}
-        for stage, comp, microbatch in actions:
-            forward = comp == "F"
-            kinds = self._stage_kinds(stage)
-            layers = lowerer.stage_layers[stage]
-            reduce_now = finish and comp in ("B", "W") and overlap and microbatch == last_mb
-            gathers_here = gathers and lowerer.gathers_params(comp, microbatch)
-            if not (reduce_now or gathers_here):
-                # nothing between the parts: the stage's parts back to back
-                for kind, part, count in kinds:
-                    cost = self._kind_cost(pricer, p, part, kind, comp)
-                    total += cost.total_ns * count
-                    compute += cost.compute_ns * count
-                    for axis, value in cost.exposed_ns.items():
-                        exposed[axis] = exposed.get(axis, 0) + value * count
-                continue
-            parts = self._stage_parts(stage)
-            if forward:
-                parts.reverse()
+        used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
+        placement = lowerer.placement
+        for action in actions:
+            stage, comp = action.stage, action.comp
+            layers = list(lowerer.stage_layers[stage])
+            if comp == "F":
+                parts = (["embedding"] if placement.is_first(stage) else []) + layers
+                parts += ["head"] if placement.is_last(stage) else []
+            else:
+                parts = self._stage_parts(stage)
+                layers.reverse()
+            reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
+                          and action.microbatch == lowerer.last_microbatch(stage))
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
+            gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
             for index, part in enumerate(parts):
-                layer = not isinstance(part, str)
-                if gathers_here and layer:
-                    if not gathered:
-                        # issued (at the first layer) in use order, ready at once; each
-                        # layer waits for its own
-                        for held in (layers if forward else reversed(layers)):
-                            duration = self._gather_ns(pricer, p, held)
-                            if duration is not None:
-                                dp_free = max(dp_free, 0) + duration
-                            gathered[held] = dp_free
-                    wait = gathered[part] - total
+                if gathers_here and not isinstance(part, str):
+                    if not gathered:  # issued at the action's start, waited for per layer
+                        gathered = {layer: on_dp_stream_ns(self._gather_ns(pricer, p, layer), 0)
+                                    for layer in layers}
+                    wait = gathered[part] - cost.total_ns
                     if wait > 0:
-                        exposed["dp"] = exposed.get("dp", 0) + wait
-                        total += wait
-                cost = self._kind_cost(pricer, p, part, self._flags[part] if layer else part,
-                                       comp)
-                total += cost.total_ns
-                compute += cost.compute_ns
-                for axis, value in cost.exposed_ns.items():
-                    exposed[axis] = exposed.get(axis, 0) + value
+                        cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
+                        cost.total_ns += wait
+                part_cost = self._part_cost(pricer, p, part, comp)
+                cost.total_ns += part_cost.total_ns
+                cost.compute_ns += part_cost.compute_ns
+                if part_cost.exposed_ns:
+                    used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
                 if reduce_now:
                     # the stage's last backward part flushes its partly filled buckets
-                    reduce(self._fill(part, grads, index == len(parts) - 1))
-        cost = OpListCost(total, compute, 0, exposed)
+                    final = index == len(parts) - 1
+                    reduce(self._fill(part, grads, final))
+        for part_cost, count in used.values():
+            _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
             return cost
-        if not overlap:  # each stage's gradients in one bucket per group, at the end
-            for stage in sorted({stage for stage, _, _ in actions}):
-                parts = self._stage_parts(stage)[::-1]
-                sums = [self._part_grads(part) for part in parts]
-                if any(added is None for added in sums):
-                    reduce(lowerer.fill_buckets(
-                        [k for part in parts for k in lowerer.part_kernels(part)], {}, True))
-                    continue
-                whole = [0.0, 0.0]
-                for dense, expert in sums:
-                    whole[0] += dense
-                    whole[1] += expert
-                reduce([(g, size) for g, size in zip(("dense", "expert"), whole) if size > 0])
+        if not plan.overlap_grad_reduce:
+            for stage in sorted({a.stage for a in actions}):
+                reduce(lowerer.fill_buckets([k for part in reversed(self._stage_parts(stage))
+                                             for k in lowerer.part_kernels(part)], {}, True))
         compute_end = cost.total_ns
         if dp_free > compute_end:
-            exposed["dp"] = exposed.get("dp", 0) + dp_free - compute_end
+            cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
         optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
-        _add(exposed, optimizer.exposed_ns)
+        _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
 
-    # ------------------------------------------------------------------ step
     def run(self) -> AnalyticStep:
         """The step's time, per-rank ends and breakdown."""
         plan = self.plan
         pp, m = plan.pp, plan.num_microbatches
-        if pp == 1 and self.lowerer.gathers_params("F", 0):
-            # the same parts stand for their kinds as in a pipelined rank (the walk
-            # meets the first layer of each kind first, the phases the last)
-            work, _ = self._rank_actions(0)
-            for stage, comp in work:
-                self._phase_cost(self.stage_pricers.get(0, self.pricer), 0, stage, comp)
-            return self._whole_rank_step()
         reps = self.lowerer.representatives
         t_p2p = (self.pricer.p2p_ns(reps[0], reps[1], int(self.lowerer.pp_message_bytes))
                  if pp > 1 else 0)
@@ -738,6 +757,8 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
+        if pp == 1 and self.lowerer.gathers_params("F", 0):
+            return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
@@ -751,10 +772,13 @@ class AnalyticStepModel:
             ends.append(max(last_start + rank.finish.total_ns,
                             rank.gathers_ns + after_backward))
         step_ns = max(ends)
-        breakdown = {p: self._breakdown(rank, m, step_ns, 2 * (pp - 1) * t_p2p if p == 0 else 0,
-                                        first_wait if p == 0 else 0)
+        starts = timing.rank_start or (0,) * pp
+        waits = timing.rank_comm_wait or (2 * (pp - 1) * t_p2p,) + (0,) * (pp - 1)
+        breakdown = {p: self._breakdown(rank, step_ns, waits[p],
+                                        first_wait if p == 0
+                                        else min(starts[p], self._start_gathers_ns(p)))
                      for p, rank in enumerate(ranks)}
-        critical = max(range(pp), key=lambda r: (ends[r], -r))
+        critical = critical_rank(breakdown, step_ns / 1e9)
         pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers))
@@ -763,8 +787,7 @@ class AnalyticStepModel:
         """Without pipeline parallelism the step is one rank's list schedule: every
         action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
-        actions = [(a.stage, a.comp, a.microbatch)
-                   for a in self.lowerer.schedule.actions(1, self.plan.num_microbatches, 1)[0]]
+        actions = list(self.lowerer.actions()[0])
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
         row = {"compute": cost.compute_ns / 1e9, "optimizer": cost.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
@@ -780,32 +803,47 @@ class AnalyticStepModel:
         exact replay of its actions) with each virtual stage's forward, backward and
         weight-gradient time for one micro-batch, priced on the rank that holds it."""
         plan, lowerer = self.plan, self.lowerer
-        schedule, rank_of = lowerer.schedule, lowerer.placement.rank_of_stage
-        durations: dict[str, list[int]] = {"F": [], "B": [], "W": []}
+        schedule, placement = lowerer.schedule, lowerer.placement
+        pairs: dict[tuple[int, int], int] = {}
+        for row in lowerer.actions():
+            for first, second in zip(row, row[1:]):
+                if first.overlap:
+                    forward, backward = (first, second) if first.comp == "F" else (second, first)
+                    if (forward.stage, backward.stage) not in pairs:
+                        p = placement.rank_of(forward.stage)
+                        pricer = self.stage_pricers.get(p, self.pricer)
+                        pairs[(forward.stage, backward.stage)] = self._pair_cost(
+                            pricer, p, forward.stage, backward.stage, backward.comp).total_ns
+        durations: dict[str, list[int]] = {"F": [], "B": [], "W": [], "I": []}
         for stage in range(lowerer.num_stages):
-            p = rank_of[stage]
+            p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             durations["F"].append(self._phase_cost(pricer, p, stage, "F").total_ns)
+            durations["B"].append(self._phase_cost(pricer, p, stage, "B").total_ns)
             if schedule.split_backward:
                 weight = self._phase_cost(pricer, p, stage, "W").total_ns
                 durations["W"].append(weight)
-                durations["B"].append(self._phase_cost(pricer, p, stage, "I").total_ns + weight)
-            else:
-                durations["B"].append(self._phase_cost(pricer, p, stage, "B").total_ns)
-        return schedule.timing(plan.pp, plan.num_microbatches, plan.vpp, durations["F"],
-                               durations["B"], durations["W"] or None, t_p2p)
+                durations["I"].append(self._phase_cost(pricer, p, stage, "I").total_ns)
+                # (a full backward is at least its weight part)
+                durations["B"][-1] = max(durations["B"][-1], weight)
+        args = (plan.pp, plan.num_microbatches, plan.vpp, durations["F"], durations["B"],
+                durations["W"] or None, t_p2p)
+        if not pairs and not schedule.split_backward:
+            return schedule.timing(*args)  # (a schedule's own timing may predate the rest)
+        return schedule.timing(*args, t_fb=pairs or None, overlap=lowerer.overlap,
+                               t_i=durations["I"] or None)
 
     @staticmethod
-    def _breakdown(rank: _RankCosts, m: int, step_ns: int, p2p_ns: int,
+    def _breakdown(rank: _RankCosts, step_ns: int, p2p_ns: int,
                    gather_wait_ns: int) -> dict[str, float]:
-        """Seconds per category: m micro-batches, plus what finishing the step adds
+        """Seconds per category: the rank's actions, plus what finishing the step adds
         (reduction, optimizer, parameter all-gather) beyond the last backward."""
         exposed: dict[str, int] = {"dp": gather_wait_ns}
-        _add(exposed, rank.per_microbatch.exposed_ns, m)
+        _add(exposed, rank.per_step.exposed_ns)
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        compute = rank.per_microbatch.compute_ns * m
+        compute = rank.per_step.compute_ns
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9

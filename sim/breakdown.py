@@ -73,3 +73,26 @@ def rank_breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
         row["bubble"] = max(step_ns - _length(covered), 0) / 1e9
         result[rank] = row
     return result
+
+
+#: Busy times closer than this fraction of the step are one tie (the closed-form and
+#: replayed models attribute a few microseconds differently).
+CRITICAL_TIE_FRACTION = 0.005
+
+
+def critical_rank(breakdowns: dict[int, dict[str, float]], step_s: float) -> int:
+    """The rank that sets the step's pace: the busiest one (compute, optimizer and
+    exposed communication; the least bubble), as a key of ``breakdowns``. Busy times
+    within :data:`CRITICAL_TIE_FRACTION` of the step tie; a tie goes to the rank that
+    computes longest (a straggler, a pipeline stage with more or heavier layers), then
+    to the lowest rank.
+
+    Raises:
+        ValueError: for no breakdowns.
+    """
+    if not breakdowns:
+        raise ValueError("breakdowns: empty; give at least one rank's breakdown")
+    busy = {r: sum(v for k, v in row.items() if k != "bubble") for r, row in breakdowns.items()}
+    top = max(busy.values())
+    tied = [r for r, b in busy.items() if top - b <= CRITICAL_TIE_FRACTION * step_s]
+    return max(tied, key=lambda r: (breakdowns[r]["compute"] + breakdowns[r]["optimizer"], -r))

@@ -8,9 +8,11 @@ closed form (:mod:`sim.analytic_step`). Perturbations (slow or throttled GPUs,
 degraded links, mixed GPU generations; :mod:`strategies.perturbations`) break
 the rank symmetry and are replayed rank by rank (:mod:`sim.perturbed`).
 
-Breakdown of the step time of the critical rank (the pipeline rank whose
-timeline ends last), in seconds, attributed in this order so nothing is
-counted twice:
+Breakdown of the step time of the critical rank, in seconds: the busiest rank (the
+least idle), the one that sets the pipeline's pace (sim.breakdown.critical_rank; with
+dense first layers and MoE layers after them, an MoE stage, not the first one), with
+every pipeline rank's breakdown beside it (``stage_breakdown``). Categories are
+attributed in this order so nothing is counted twice:
 
 * ``compute``: time the GPU runs kernels of the model (forward, backward,
   recompute), excluding the optimizer;
@@ -44,7 +46,7 @@ from sim.timeline import Timeline
 from strategies import model_costs
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.lowering import StepLowerer, StepLowering
-from sim.breakdown import rank_breakdowns
+from sim.breakdown import critical_rank, rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.perturbations import Perturbations, check_perturbations
@@ -63,8 +65,11 @@ class StepResult:
         mfu: model FLOPs utilisation of the dense bf16 peak.
         peak_memory_bytes: largest per-rank memory.
         memory: per pipeline rank, the memory breakdown.
-        breakdown: seconds per category of the critical rank.
+        breakdown: seconds per category of the critical rank: the busiest one, which sets
+            the pace (sim.breakdown.critical_rank; ``inputs["critical_rank"]`` is its
+            global rank).
         stage_breakdown: the same for every pipeline rank.
+        critical_stage: the pipeline rank the top-level ``breakdown`` is of.
         inputs: resolved model, cluster, plan and fidelity.
         timeline: spans of the simulated representatives (empty at
             ``analytic`` fidelity, which replays nothing).
@@ -97,6 +102,7 @@ class StepResult:
     stats: dict[str, int] = field(default_factory=dict)
     perturbation_cost: dict[str, object] | None = None
     embedded: dict[str, object] | None = field(default=None, repr=False)
+    critical_stage: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable summary (no timeline)."""
@@ -108,6 +114,7 @@ class StepResult:
             "peak_memory_bytes": self.peak_memory_bytes,
             "memory": {f"pp{p}": m.to_dict() for p, m in self.memory.items()},
             "breakdown": dict(self.breakdown),
+            "critical_stage": self.critical_stage,
             "stage_breakdown": {f"pp{p}": b for p, b in self.stage_breakdown.items()},
             "inputs": self.inputs,
             **({"ps": self.ps} if self.ps is not None else {}),
@@ -191,6 +198,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
                   num_kv_heads=model.num_kv_heads,
                   num_experts=model.moe.num_experts if model.moe else 0,
+                  expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size if model.moe else 0,
                   gpus=plan.world_size if gpus is None else gpus,
                   cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
     if plan.dp_mode != "allreduce":
@@ -214,7 +222,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
-    lowerer = StepLowerer(model, plan)
+    lowerer = StepLowerer(model, plan, domain_gpus=cluster.scale_up.domain_gpus)
     memory = pipeline_memory(model, plan, lowerer, reserve_bytes=cluster.gpu.memory_reserve_bytes)
     if check_memory:
         for p, breakdown in memory.items():
@@ -240,11 +248,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     present = sorted(lowering.program.ops_by_rank)
     by_rank = rank_breakdowns(timeline, present, step_ns)
     stage_breakdown = {p: by_rank[rank] for p, rank in enumerate(lowering.representatives)}
-    ends = timeline.end_ns_by_rank()
-    # The rank that ends last sets the step; among ranks that end together (a final
-    # collective), the one that computed longest: a straggler when there is one.
-    critical = max(present, key=lambda r: (ends.get(r, 0), by_rank[r]["compute"], -r))
     step_s = step_ns / 1e9
+    critical = critical_rank(by_rank, step_s)
     return StepResult(
         step_time_s=step_s,
         **throughput(model, cluster, plan, step_s),
@@ -259,6 +264,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         timeline=timeline,
         lowering=lowering,
         stats=dict(result.stats),
+        critical_stage=lowerer.layout.coords(critical)["pp"],
         perturbation_cost=(_perturbation_cost(step_s, critical, model, cluster, plan, fidelity,
                                               compute) if perturbations else None),
     )
@@ -300,6 +306,7 @@ def _analytic_result(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         timeline=Timeline(),
         lowering=None,
         stats={"ops_priced": step.ops_priced},
+        critical_stage=step.critical,
     )
 
 

@@ -44,6 +44,7 @@ from typing import Sequence
 
 from hardware.units import ELEMENT_BYTES
 from strategies import model_costs as costs
+from strategies import moe_dispatch
 from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
@@ -71,9 +72,12 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 OPTIMIZER_FLOPS_PER_PARAM = 12
 
 COMPUTE = "compute"
-#: Communication groups of a rank: tensor, context, gradient (data x context),
-#: expert and expert-gradient parallelism.
-GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad")
+#: Stream of the expert all-to-all inside an overlapped forward-backward pair.
+EP_STREAM = "ep"
+#: Communication groups of a rank: tensor, context, gradient (data x context), expert,
+#: expert-gradient (expert data parallelism), expert-tensor, expert x expert-tensor, and
+#: the EP members at the rank's position in every NVLink domain and in its own domain.
+GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad", "etp", "ep_etp", "ep_rail", "ep_local")
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 
@@ -113,12 +117,14 @@ class _RankBuilder:
         groups: its communication groups by name (tp, cp, grad, ep, expert_grad).
     """
 
-    def __init__(self, rank: int, groups: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, rank: int, groups: dict[str, tuple[int, ...]],
+                 key_counts: dict[str, int] | None = None) -> None:
         self.rank = rank
         self.groups = groups
         self.ops: list[Op] = []
         self.last_on: dict[str, int] = {}
-        self.key_counts: dict[str, int] = {}
+        #: collectives issued per name and group (shared by the builders of one rank)
+        self.key_counts: dict[str, int] = {} if key_counts is None else key_counts
         self._waits: set[int] = set()
 
     def add(self, op: Op) -> int:
@@ -139,6 +145,28 @@ class _RankBuilder:
     def last(self, stream: str = COMPUTE) -> int | None:
         return self.last_on.get(stream)
 
+    def pending_waits(self) -> tuple[int, ...]:
+        """Ops the next compute-stream op would wait for (:meth:`wait`)."""
+        return tuple(sorted(self._waits))
+
+
+def _is_expert_comm(op: Op) -> bool:
+    """Expert-parallel communication (dispatch, combine and the expert-TP gathers)."""
+    return isinstance(op, CollectiveOp) and op.axis == "ep"
+
+
+def _segments(ops: Sequence[Op]) -> list[list[tuple[int, Op]]]:
+    """``ops`` (with their indices) cut after each run of expert communication on the
+    compute stream: the pieces an overlapped pair interleaves."""
+    pieces: list[list[tuple[int, Op]]] = [[]]
+    for index, op in enumerate(ops):
+        pieces[-1].append((index, op))
+        following = ops[index + 1] if index + 1 < len(ops) else None
+        if (op.stream == COMPUTE and _is_expert_comm(op) and following is not None
+                and not (following.stream == COMPUTE and _is_expert_comm(following))):
+            pieces.append([])
+    return [piece for piece in pieces if piece]
+
 
 class StepLowerer:
     """Builds the Program of one training step (see module docstring).
@@ -146,16 +174,28 @@ class StepLowerer:
     Args:
         model: the model.
         plan: a validated plan.
+        domain_gpus: GPUs of one NVLink domain (the cluster's scale-up domain), for
+            dispatchers whose traffic depends on it (DeepEP); None: one domain.
     """
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan) -> None:
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, *,
+                 domain_gpus: int | None = None) -> None:
         self.model = model
         self.plan = plan
+        self.domain_gpus = domain_gpus
         self.layout = RankLayout(plan)
-        self.stage_layers = split_layers(model.num_layers, plan)
-        self.num_stages = plan.pp * plan.vpp
         self.schedule = get_schedule(plan.schedule)
         self.placement = self.schedule.placement(plan.pp, plan.vpp)
+        #: layers of each of the model's pp * vpp chunks, and of each virtual stage (a
+        #: stage runs one chunk; DualPipe's two routes run every chunk twice)
+        self.chunk_layers = split_layers(model.num_layers, plan)
+        self.stage_layers = tuple(self.chunk_layers[self.placement.chunk_of(s)]
+                                  for s in range(self.placement.num_stages))
+        self.num_stages = self.placement.num_stages
+        #: pipeline ranks holding a copy of each rank's chunks (DualPipe: its mirror)
+        self.chunk_copies = self.placement.num_stages // self.placement.num_chunks
+        #: overlapped forward-backward pairs in the steady state
+        self.overlap = bool(getattr(plan, "moe_a2a_overlap", False))
         self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
         self.tokens = plan.micro_batch * plan.seq_len // plan.cp
         self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
@@ -174,6 +214,35 @@ class StepLowerer:
         self.attention_impl = "" if plan.attention_impl == "auto" else plan.attention_impl
         #: modules selective recompute re-runs (Megatron's default: the attention core)
         self.recompute_modules = frozenset(plan.recompute_modules or ("core_attn",))
+        #: expert tensor parallelism, routing and the dispatcher's collectives per layer
+        self.etp = self.layout.expert_tp
+        self.routing = moe_dispatch.plan_routed_load(model, plan)
+        self.dispatch, self.combine, self.dispatch_backward = self._dispatcher()
+
+    def _dispatcher(self) -> tuple[tuple[moe_dispatch.Transfer, ...], ...]:
+        """The MoE dispatch, the combine, and the dispatch's direction in bf16 (the
+        combine's gradient going back to the experts); empty for a dense model."""
+        moe, plan = self.model.moe, self.plan
+        if moe is None:
+            return (), (), ()
+        tokens = self.tokens // plan.tp if plan.sequence_parallel else self.tokens
+        shape = self._ep_shape()
+        nodes = moe_dispatch.nodes_per_token(moe.num_experts, moe.top_k, shape.domains,
+                                             moe.router_groups, moe.router_group_topk)
+        common = dict(dispatcher=plan.moe_dispatcher, tokens=tokens, top_k=moe.top_k,
+                      hidden=self.model.hidden_size, ep=plan.ep, etp=self.etp,
+                      load=self.routing.rows_factor, shape=shape, nodes_per_token=nodes)
+        dispatch = moe_dispatch.dispatch_transfers(fp8=plan.moe_dispatch_fp8, **common)
+        return (dispatch, moe_dispatch.combine_transfers(dispatch, plan.moe_dispatch_fp8),
+                moe_dispatch.dispatch_transfers(fp8=False, **common))
+
+    def _ep_shape(self) -> moe_dispatch.EpShape:
+        """How the first rank's EP group sits on NVLink domains (all groups alike)."""
+        group = self.layout.ep_group(0)
+        if not self.domain_gpus:
+            return moe_dispatch.EpShape(1, len(group))
+        domains = {r // self.domain_gpus for r in group}
+        return moe_dispatch.EpShape(len(domains), len(group) // len(domains))
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         groups = self._group_cache.get(rank)
@@ -191,7 +260,8 @@ class StepLowerer:
             self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
             flash_attention=plan.flash_attention, dropout=self.model.dropout,
-            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise))
+            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise, etp=self.etp,
+            expert_load=self.routing.rows_factor))
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
@@ -205,8 +275,14 @@ class StepLowerer:
         if which == "embedding":
             return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
                                                  **common))
-        return tuple(costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
-                                        elementwise=plan.elementwise, **common))
+        head = costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
+                                  elementwise=plan.elementwise, **common)
+        # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
+        mtp = costs.mtp_kernels(self.model, ep=plan.ep, etp=self.etp,
+                                expert_load=self.routing.rows_factor,
+                                cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
+                                **common)
+        return tuple(head + mtp)
 
     # -------------------------------------------------------------- collectives
     @staticmethod
@@ -273,6 +349,9 @@ class StepLowerer:
                         self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
                     continue
             label = f"l{layer}.{block}.{tag}"
+            if block == "moe":
+                self._moe_forward(b, layer, members, tag, label)
+                continue
             column, row = self._tp_matmuls(block, members)
             if column is None:
                 self._tp_boundary(b, label, entering=True, backward=False)
@@ -286,14 +365,83 @@ class StepLowerer:
                     self._reduced_matmul(b, kernel, f"{tag}.l{layer}", label)
                 else:
                     self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
-                if block == "moe" and kernel.name.endswith("router"):
-                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                     f"l{layer}.dispatch.{tag}", COMPUTE)
-            if block == "moe":
-                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                 f"l{layer}.combine.{tag}", COMPUTE)
             if column is None:
                 self._tp_boundary(b, label, entering=False, backward=False)
+
+    # --------------------------------------------------------------------- MoE
+    def _shared_matmuls(self, members: Sequence[costs.Kernel]) -> tuple[int | None, int | None]:
+        """The shared experts' first and last GEMM (a dense TP MLP inside the MoE block,
+        Megatron-Core's SharedExpertMLP: column- and row-parallel); (None, None) without
+        shared experts or TP."""
+        matmuls = [i for i, k in enumerate(members)
+                   if k.name.startswith("moe.shared.") and k.kind == "matmul"]
+        if self.plan.tp == 1 or len(matmuls) < 2:
+            return None, None
+        return matmuls[0], matmuls[-1]
+
+    def _moe_forward(self, b: _RankBuilder, layer: int, members: Sequence[costs.Kernel],
+                     tag: str, label: str) -> None:
+        """An MoE block's forward as Megatron-Core's MoELayer runs it: the router on the
+        rank's sequence shard, the shared experts (TP-gathered input, reduce-scattered
+        output), permute, the dispatch (:mod:`strategies.moe_dispatch`), the experts, the
+        combine, unpermute."""
+        first, last = self._shared_matmuls(members)
+        where = f"{tag}.l{layer}"
+        for index, kernel in enumerate(members):
+            if kernel.name == "moe.unpermute":
+                self._expert_comm(b, self.combine, f"l{layer}.combine.{tag}")
+            if index == first:
+                self._gathered_matmul(b, kernel, where, f"{label}.shared", "F")
+            elif index == last:
+                self._reduced_matmul(b, kernel, where, f"{label}.shared")
+            else:
+                self._emit_kernel(b, kernel, where, "F")
+            if kernel.name == "moe.permute":
+                self._expert_comm(b, self.dispatch, f"l{layer}.dispatch.{tag}")
+
+    def _moe_backward(self, b: _RankBuilder, layer: int, members: Sequence[costs.Kernel],
+                      tag: str, phase: str, label: str) -> None:
+        """An MoE block's backward (B, I) or weight pass (W), in reverse: the gradients
+        take the combine's way back to the experts (in bf16) and the dispatch's way back
+        to the tokens; the weight pass communicates only for the shared experts."""
+        first, last = self._shared_matmuls(members)
+        where = f"{tag}.l{layer}"
+        for index in reversed(range(len(members))):
+            kernel = members[index]
+            if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
+                continue
+            if kernel.name == "moe.permute" and phase != "W":
+                self._expert_comm(b, self.combine, f"l{layer}.dispatch.{tag}")
+            if index == last:
+                self._row_backward(b, kernel, where, f"{label}.shared", phase)
+            elif index == first:
+                self._column_backward(b, kernel, where, f"{label}.shared", phase)
+            else:
+                self._emit_kernel(b, kernel, where, phase)
+            if kernel.name == "moe.unpermute" and phase != "W":
+                self._expert_comm(b, self.dispatch_backward, f"l{layer}.combine.{tag}")
+
+    def _expert_comm(self, b: _RankBuilder, transfers: Sequence[moe_dispatch.Transfer],
+                     label: str) -> None:
+        """Issue the dispatcher's collectives on the compute stream (the layer waits for
+        them); a transfer followed by one ``beside`` it runs on a side stream at the same
+        time, and the layer waits for both (DeepEP's network and NVLink halves)."""
+        side = None
+        for position, transfer in enumerate(transfers):
+            following = transfers[position + 1] if position + 1 < len(transfers) else None
+            stream = (f"{EP_STREAM}.{transfer.group}" if following is not None
+                      and following.beside else COMPUTE)
+            index = self._collective(b, "ep", transfer.kind, b.groups[transfer.group],
+                                     transfer.size_bytes,
+                                     f"{label}.{transfer.kind}.{transfer.group}", stream,
+                                     self._deps_after(b, b.last()) if stream != COMPUTE else ())
+            if stream != COMPUTE:
+                side = index
+            elif side is not None:
+                b.wait(side)
+                side = None
+        if side is not None:
+            b.wait(side)
 
     # ------------------------------------------------------------ TP and GEMMs
     def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]
@@ -302,11 +450,12 @@ class StepLowerer:
         ColumnParallelLinear / RowParallelLinear): the indices of the column-parallel
         GEMM (QKV, FC1: its input is all-gathered over TP under sequence parallelism)
         and the row-parallel one (out, FC2: its output reduce-scattered, or all-reduced
-        without sequence parallelism); (None, None) without TP and for MoE blocks, whose
-        TP communication wraps the whole block (the token dispatcher)."""
-        if self.plan.tp == 1 or block == "moe":
+        without sequence parallelism); (None, None) without TP."""
+        if self.plan.tp == 1:
             return None, None
-        matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"]
+        # MLA's down projections are replicated over TP: the up projections gather
+        matmuls = [i for i, k in enumerate(members) if k.kind == "matmul"
+                   and not k.name.endswith("_down")]
         if len(matmuls) < 2:
             return None, None
         return matmuls[0], matmuls[-1]
@@ -336,11 +485,12 @@ class StepLowerer:
         activations on the copy engines, no SMs taken from the GEMM); otherwise the
         all-gather blocks the compute stream first."""
         plan = self.plan
+        size = self._tp_input_bytes(kernel)
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
             return
         if plan.tp_comm_overlap != "userbuffers":
-            self._tp_collective(b, "all_gather", self.act_bytes, label)
+            self._tp_collective(b, "all_gather", size, label)
             self._emit_kernel(b, kernel, tag, phase)
             return
         chunk = self._scaled(kernel, 1.0 / plan.tp)
@@ -349,12 +499,21 @@ class StepLowerer:
         for step in range(plan.tp):
             if step < plan.tp - 1:  # the ring's next shard moves while this chunk computes
                 previous_exchange = self._tp_collective(
-                    b, "sendrecv", self.act_bytes / plan.tp, f"{label}.ring{step}", "tp",
+                    b, "sendrecv", size / plan.tp, f"{label}.ring{step}", "tp",
                     ready if step == 0 else ())
             else:
                 previous_exchange = None
             self._emit_kernel(b, chunk, f"{tag}.ring{step}", phase, self._deps_after(b, previous))
             previous = previous_exchange
+
+    def _tp_input_bytes(self, kernel: costs.Kernel) -> float:
+        """Bytes a column-parallel GEMM's TP all-gather moves (and its input gradient's
+        reduce-scatter): the hidden states, or for MLA's up projections the latents
+        (Megatron-Core gathers the down-projected latents, not the hidden states)."""
+        if self.model.mla is not None and kernel.name in ("attn.q_up", "attn.q"):
+            width = costs.mla_latent_width(self.model)
+            return self.tokens * width * ELEMENT_BYTES["bf16"]
+        return self.act_bytes
 
     def _reduced_matmul(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                         label: str) -> None:
@@ -397,11 +556,6 @@ class StepLowerer:
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
-    def _dispatch_bytes(self) -> float:
-        moe = self.model.moe
-        factor = moe.capacity_factor if moe and moe.capacity_factor > 0 else 1.0
-        return self.act_bytes * (moe.top_k if moe else 1) * factor
-
     def _ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                         phase: str) -> None:
         """Attention in cp pieces; piece i+1 needs the K/V block of ring step i."""
@@ -424,12 +578,12 @@ class StepLowerer:
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
         for block, members in reversed(_blocks(self.kernels(layer))):
             label = f"l{layer}.{block}.{tag}"
+            if block == "moe":
+                self._moe_backward(b, layer, members, tag, phase, label)
+                continue
             column, row = self._tp_matmuls(block, members)
             if phase != "W" and column is None:
                 self._tp_boundary(b, label, entering=False, backward=True)
-            if block == "moe" and phase != "W":
-                self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                 f"l{layer}.combine.{tag}", COMPUTE)
             for index in reversed(range(len(members))):
                 kernel = members[index]
                 if phase == "W" and kernel.bwd_weight_flops <= 0 and kernel.bwd_weight_bytes <= 0:
@@ -443,9 +597,6 @@ class StepLowerer:
                     self._column_backward(b, kernel, f"{tag}.l{layer}", label, phase)
                 else:
                     self._emit_kernel(b, kernel, f"{tag}.l{layer}", phase)
-                if block == "moe" and kernel.name.endswith("router") and phase != "W":
-                    self._collective(b, "ep", "alltoall", b.groups['ep'], self._dispatch_bytes(),
-                                     f"l{layer}.dispatch.{tag}", COMPUTE)
             if phase != "W" and column is None:
                 self._tp_boundary(b, label, entering=True, backward=True)
 
@@ -473,25 +624,26 @@ class StepLowerer:
         dgrad computes. With ``tp_comm_overlap = "none"`` (Megatron-LM 2021) each
         collective blocks the compute stream instead."""
         plan = self.plan
+        size = self._tp_input_bytes(kernel)
         reduce_kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
         if plan.tp_comm_overlap == "none":
             if phase != "I" and plan.sequence_parallel:
-                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+                self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, phase)
             if phase != "W":
-                self._tp_collective(b, reduce_kind, self.act_bytes, label)
+                self._tp_collective(b, reduce_kind, size, label)
             return
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
             if plan.sequence_parallel:
-                self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input")
+                self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, "W")
             return
         gathered = None
         if phase == "B" and plan.sequence_parallel:
-            gathered = self._tp_collective(b, "all_gather", self.act_bytes, f"{label}.input",
+            gathered = self._tp_collective(b, "all_gather", size, f"{label}.input",
                                            "tp", self._deps_after(b, b.last()))
         dgrad = self._emit_kernel(b, kernel, tag, "I")
-        reduced = self._tp_collective(b, reduce_kind, self.act_bytes, label, "tp", (dgrad,))
+        reduced = self._tp_collective(b, reduce_kind, size, label, "tp", (dgrad,))
         if phase == "B":
             self._emit_kernel(b, kernel, tag, "W", self._deps_after(b, gathered))
         b.wait(reduced)
@@ -508,8 +660,15 @@ class StepLowerer:
             return False
         if plan.zero == 3:
             return True
-        return (plan.zero in (1, 2) and plan.overlap_param_gather and comp == "F"
+        return (plan.zero in (1, 2) and self._gather_in_forward() and comp == "F"
                 and microbatch == 0)
+
+    def _gather_in_forward(self) -> bool:
+        """ZeRO-1/2 gathers the updated parameters in the next step's first forward
+        (``overlap_param_gather``), except for chunks held by several pipeline ranks
+        (DualPipe), whose copies reach their first forward at different times: they
+        gather right after the optimizer."""
+        return self.plan.overlap_param_gather and self.chunk_copies == 1
 
     def _param_gather(self, b: _RankBuilder, layers: Sequence[int], tag: str, comp: str,
                       microbatch: int) -> dict[int, int]:
@@ -616,7 +775,7 @@ class StepLowerer:
                 (:class:`strategies.ir.Mirrors`), for the flow fidelity.
         """
         plan = self.plan
-        all_actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
+        all_actions = self.actions()
         programs = {}
         for p, rank in enumerate(self.representatives):
             programs[rank] = self._lower_rank(p, rank, all_actions[p])
@@ -674,15 +833,46 @@ class StepLowerer:
         layout = self.layout
         if name == "ep":
             return layout.ep_group(rank)
+        if name in ("grad", "expert_grad") and self.chunk_copies > 1:
+            # a chunk held by several pipeline ranks (DualPipe) reduces its gradients,
+            # and shards its optimizer, over all of its holders
+            holders = self.chunk_holders(layout.coords(rank)["pp"])
+            return tuple(sorted(r for q in holders
+                                for r in self._group_of_one_copy(layout.stage_rank(q, rank),
+                                                                 name)))
+        return self._group_of_one_copy(rank, name)
+
+    def _group_of_one_copy(self, rank: int, name: str) -> tuple[int, ...]:
+        layout = self.layout
         if name == "expert_grad":
             return layout.expert_dp_group(rank)
+        if name == "etp":
+            return layout.expert_tp_group(rank)
+        if name == "ep_etp":
+            return tuple(sorted(r for member in layout.ep_group(rank)
+                                for r in layout.expert_tp_group(member)))
+        if name in ("ep_rail", "ep_local"):
+            return self._ep_domain_group(rank, name)
         return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",), "grad": ("dp", "cp")}[name])
+
+    def _ep_domain_group(self, rank: int, name: str) -> tuple[int, ...]:
+        """The members of ``rank``'s EP group in its NVLink domain (``ep_local``), or at
+        its position in every domain the group spans (``ep_rail``)."""
+        group = self.layout.ep_group(rank)
+        if not self.domain_gpus:
+            return group if name == "ep_local" else (rank,)
+        blocks: dict[int, list[int]] = {}
+        for member in group:
+            blocks.setdefault(member // self.domain_gpus, []).append(member)
+        own = blocks[rank // self.domain_gpus]
+        if name == "ep_local":
+            return tuple(own)
+        position = own.index(rank)
+        return tuple(block[position] for block in blocks.values() if position < len(block))
 
     def rank_ops(self, p: int) -> list[Op]:
         """Ops of pipeline rank ``p``'s representative, as :meth:`lower` builds them."""
-        plan = self.plan
-        actions = self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
-        return self._lower_rank(p, self.representatives[p], actions[p])
+        return self._lower_rank(p, self.representatives[p], self.actions()[p])
 
     def phase_ops(self, p: int, part: int | str, comp: str) -> list[Op]:
         """Ops of one layer (``part`` = its index) or of the ``"embedding"`` or
@@ -703,93 +893,217 @@ class StepLowerer:
             self._layer_backward(b, part, tag, comp)
         return b.ops
 
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        """The schedule's actions of every pipeline rank for this plan (with overlapped
+        forward-backward pairs when the plan asks for them)."""
+        plan = self.plan
+        return self.schedule.actions(plan.pp, plan.num_microbatches, plan.vpp, self.overlap)
+
+    def last_microbatch(self, stage: int) -> int:
+        """The last micro-batch that runs through ``stage`` (its route's last)."""
+        m, routes = self.plan.num_microbatches, self.placement.routes
+        route = stage // self.placement.num_chunks
+        return route + (m - 1 - route) // routes * routes
+
     def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
-        last_mb = plan.num_microbatches - 1
         pending: dict[int, dict[str, float]] = {}
         dp_ops: list[int] = []
         last_compute_stage: dict[int, int] = {}
-        for action in actions:
-            s, j = action.stage, action.microbatch
-            layers = self.stage_layers[s]
-            tag = f"{action.comp}{s}.mb{j}"
-            if action.comp == "F":
-                self._forward_action(b, s, j, layers, tag)
-            else:
-                weights_done = action.comp in ("B", "W") and j == last_mb
-                reduce_now = weights_done and plan.overlap_grad_reduce
-                grads = pending.setdefault(s, {})
-                if action.comp in ("B", "I"):
-                    self._backward_recv(b, s, j)
-                if s == self.num_stages - 1:
-                    head = self._edge_kernels("head")
-                    for kernel in reversed(head):
-                        self._emit_kernel(b, kernel, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
-                gathered = self._param_gather(b, layers[::-1], tag, action.comp, j)
-                for layer in reversed(layers):
-                    b.wait(gathered.get(layer, -1))
-                    if action.comp in ("B", "I"):
-                        self._recompute(b, layer, tag)
-                    self._layer_backward(b, layer, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
-                                                     b.last(), final=layer == layers[0] and s != 0)
-                if s == 0:
-                    embedding = self._edge_kernels("embedding")
-                    for kernel in reversed(embedding):
-                        self._emit_kernel(b, kernel, tag, action.comp)
-                    if reduce_now:
-                        dp_ops += self._grad_buckets(b, embedding, "embedding", grads, b.last(),
-                                                     True)
-                if action.comp in ("B", "I"):
-                    self._backward_send(b, s, j)
-                last_compute_stage[s] = b.last()
+        index = 0
+        while index < len(actions):
+            action = actions[index]
+            if action.overlap:
+                dp_ops += self._pair_action(b, action, actions[index + 1], pending)
+                for member in actions[index:index + 2]:
+                    last_compute_stage[member.stage] = b.last()
+                index += 2
+                continue
+            dp_ops += self._action(b, action, pending)
+            last_compute_stage[action.stage] = b.last()
+            index += 1
         if not plan.overlap_grad_reduce:
             for s in sorted(last_compute_stage):
                 kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]
-                if s == 0:
+                if self.placement.is_first(s):
                     kernels += self._edge_kernels("embedding")
-                if s == self.num_stages - 1:
+                if self.placement.is_last(s):
                     kernels += self._edge_kernels("head")
                 dp_ops += self._grad_buckets(b, kernels, f"stage{s}", {}, b.last(), True)
         self._optimizer(b, p, dp_ops)
         return b.ops
 
+    def _action(self, b: _RankBuilder, action: Action, pending: dict[int, dict[str, float]],
+                communicate: bool = True) -> list[int]:
+        """Emit one action; the indices of the gradient reductions it issued.
+        ``communicate`` False leaves out pipeline transfers and data-parallel
+        reductions (what :meth:`pair_ops` prices)."""
+        s, j = action.stage, action.microbatch
+        layers = self.stage_layers[s]
+        tag = f"{action.comp}{s}.mb{j}"
+        if action.comp == "F":
+            self._forward_action(b, s, j, layers, tag, communicate)
+            return []
+        return self._backward_action(b, action, layers, tag, pending, communicate)
+
+    def _backward_action(self, b: _RankBuilder, action: Action, layers: Sequence[int],
+                         tag: str, pending: dict[int, dict[str, float]],
+                         communicate: bool) -> list[int]:
+        """A backward (B, I) or weight (W) action of stage ``action.stage``: the head,
+        the layers in reverse (recomputing first what recompute dropped) and the
+        embedding, each bucket of the route's last micro-batch reduced as it fills."""
+        plan, placement = self.plan, self.placement
+        s, j = action.stage, action.microbatch
+        dp_ops: list[int] = []
+        weights_done = action.comp in ("B", "W") and j == self.last_microbatch(s)
+        reduce_now = weights_done and plan.overlap_grad_reduce and communicate
+        grads = pending.setdefault(s, {})
+        if action.comp in ("B", "I") and communicate:
+            self._backward_recv(b, s, j)
+        if placement.is_last(s):
+            head = self._edge_kernels("head")
+            for kernel in reversed(head):
+                self._emit_kernel(b, kernel, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, head, "head", grads, b.last(), False)
+        gathered = self._param_gather(b, layers[::-1], tag, action.comp, j) if communicate else {}
+        for layer in reversed(layers):
+            b.wait(gathered.get(layer, -1))
+            if action.comp in ("B", "I"):
+                self._recompute(b, layer, tag)
+            self._layer_backward(b, layer, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
+                                             b.last(),
+                                             final=layer == layers[0] and not placement.is_first(s))
+        if placement.is_first(s):
+            embedding = self._edge_kernels("embedding")
+            for kernel in reversed(embedding):
+                self._emit_kernel(b, kernel, tag, action.comp)
+            if reduce_now:
+                dp_ops += self._grad_buckets(b, embedding, "embedding", grads, b.last(), True)
+        if action.comp in ("B", "I") and communicate:
+            self._backward_send(b, s, j)
+        return dp_ops
+
+    def _pair_action(self, b: _RankBuilder, first: Action, second: Action,
+                     pending: dict[int, dict[str, float]]) -> list[int]:
+        """An overlapped forward-backward pair (:attr:`strategies.pipeline.Action.overlap`)
+        as DualPipe's ``_forward_backward_chunk`` runs it: both inputs received, the two
+        actions' kernels interleaved on the compute stream so that each one's expert
+        all-to-all runs on its own stream while the other computes
+        (:meth:`_merge_overlapped`), and both outputs sent after the pair."""
+        parts = []
+        for action in (first, second):
+            sub = _RankBuilder(b.rank, b.groups, key_counts=b.key_counts)
+            reductions = self._action(sub, action, pending)
+            parts.append((sub, reductions))
+        return self._merge_overlapped(b, parts)
+
+    def pair_ops(self, p: int, forward_stage: int, backward_stage: int, comp: str) -> list[Op]:
+        """Ops of an overlapped pair on pipeline rank ``p``'s representative: the
+        forward of ``forward_stage`` with the ``comp`` (B or I) of ``backward_stage``,
+        as :meth:`_pair_action` interleaves them, without pipeline transfers and
+        gradient reductions (the closed-form model prices it once)."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        parts = []
+        for action in (Action(forward_stage, "F", 0), Action(backward_stage, comp, 0)):
+            sub = _RankBuilder(rank, b.groups, key_counts=b.key_counts)
+            self._action(sub, action, {}, communicate=False)
+            parts.append((sub, []))
+        self._merge_overlapped(b, parts)
+        return b.ops
+
+    def _merge_overlapped(self, b: _RankBuilder, parts: list[tuple[_RankBuilder, list[int]]]
+                          ) -> list[int]:
+        """Append two actions' ops to ``b`` interleaved (DeepSeek-V3 report, Figure 4:
+        the forward's attention beside the backward's combine, its dispatch beside the
+        backward's experts, ...): each action's compute-stream ops are cut at its expert
+        communication (axis ``ep``) and the pieces alternate, the communication moving
+        to the ``ep`` stream after the piece that produced its input and before the
+        piece that reads its output. Sends wait for the whole pair. Returns the new
+        indices of the parts' gradient reductions."""
+        mapping: list[dict[int, int]] = [{}, {}]
+        # both inputs arrive before the pair computes (DualPipe's _forward_backward_chunk
+        # posts both receives and waits for them)
+        for k, (sub, _) in enumerate(parts):
+            for local, op in enumerate(sub.ops):
+                if isinstance(op, RecvOp):
+                    mapping[k][local] = b.add(op)
+                    b.wait(mapping[k][local])
+        segments = [[[(local, op) for local, op in piece if not isinstance(op, RecvOp)]
+                     for piece in _segments(sub.ops)] for sub, _ in parts]
+        sends: list[tuple[int, Op]] = []
+        comm_done: list[int | None] = [None, None]
+        last_compute: list[int | None] = [None, None]
+        for step in range(max(len(seg) for seg in segments)):
+            for k, seg in enumerate(segments):
+                if step >= len(seg):
+                    continue
+                for local, op in seg[step]:
+                    deps = {mapping[k][d] for d in op.deps}
+                    if isinstance(op, SendOp):
+                        sends.append((k, op))
+                        continue
+                    if op.stream == COMPUTE and _is_expert_comm(op):
+                        deps.update(d for d in (last_compute[k], comm_done[k]) if d is not None)
+                        op = replace(op, stream=EP_STREAM)
+                    elif op.stream == COMPUTE and comm_done[k] is not None:
+                        deps.add(comm_done[k])
+                        comm_done[k] = None
+                    index = b.add(replace(op, deps=tuple(sorted(deps))))
+                    mapping[k][local] = index
+                    if op.stream == EP_STREAM and _is_expert_comm(op):
+                        comm_done[k] = index
+                    elif op.stream == COMPUTE:
+                        last_compute[k] = index
+        for k, done in enumerate(comm_done):
+            if done is not None:
+                b.wait(done)
+        for k, (sub, _) in enumerate(parts):
+            for pending in sub.pending_waits():
+                b.wait(mapping[k][pending])
+        end = b.last()
+        for k, op in sends:
+            b.add(replace(op, deps=tuple(sorted({end, *(mapping[k][d] for d in op.deps
+                                                          if d in mapping[k])}))))
+        return [mapping[k][i] for k, (_, reductions) in enumerate(parts) for i in reductions]
+
     def _forward_action(self, b: _RankBuilder, s: int, j: int, layers: Sequence[int],
-                        tag: str) -> None:
+                        tag: str, communicate: bool = True) -> None:
+        placement = self.placement
         recv = None
-        if s > 0 and self._crosses(s - 1, s):
+        if communicate and not placement.is_first(s) and self._crosses(s - 1, s):
             recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(b, s - 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
                                 stream="pp.recv.fwd"))
             b.wait(recv)
-        if s == 0:
+        if placement.is_first(s):
             for kernel in self._edge_kernels("embedding"):
                 self._emit_kernel(b, kernel, tag, "F")
-        gathered = self._param_gather(b, layers, tag, "F", j)
+        gathered = self._param_gather(b, layers, tag, "F", j) if communicate else {}
         for layer in layers:
             b.wait(gathered.get(layer, -1))
             self._layer_forward(b, layer, tag)
-        if s == self.num_stages - 1:
+        if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")
-        elif self._crosses(s, s + 1):
+        elif communicate and self._crosses(s, s + 1):
             b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(b, s + 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
                          stream="pp.send.fwd", deps=(b.last(),)))
 
     def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s < self.num_stages - 1 and self._crosses(s, s + 1):
+        if not self.placement.is_last(s) and self._crosses(s, s + 1):
             recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(b, s + 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
                                 stream="pp.recv.bwd"))
             b.wait(recv)
 
     def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
-        if s > 0 and self._crosses(s - 1, s):
+        if not self.placement.is_first(s) and self._crosses(s - 1, s):
             b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(b, s - 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
                          stream="pp.send.bwd", deps=(b.last(),)))
@@ -808,12 +1122,21 @@ class StepLowerer:
         return [layer for s in self.placement.stages_of(p) for layer in self.stage_layers[s]]
 
     def holds_embedding(self, p: int) -> bool:
-        """Pipeline rank ``p`` holds the first stage (the input embedding)."""
-        return self.placement.rank_of(0) == p
+        """Pipeline rank ``p`` holds a route's first stage (the input embedding)."""
+        return any(self.placement.is_first(s) for s in self.placement.stages_of(p))
 
     def holds_head(self, p: int) -> bool:
-        """Pipeline rank ``p`` holds the last stage (final norm, output head, loss)."""
-        return self.placement.rank_of(self.num_stages - 1) == p
+        """Pipeline rank ``p`` holds a route's last stage (final norm, output head, loss)."""
+        return any(self.placement.is_last(s) for s in self.placement.stages_of(p))
+
+    def chunk_holders(self, p: int) -> tuple[int, ...]:
+        """Pipeline ranks holding the chunks pipeline rank ``p`` holds, ``p`` first
+        (DualPipe: ``p`` and its mirror ``pp - 1 - p``; otherwise ``(p,)``)."""
+        placement = self.placement
+        chunks = {placement.chunk_of(s) for s in placement.stages_of(p)}
+        others = sorted({placement.rank_of(s) for s in range(placement.num_stages)
+                         if placement.chunk_of(s) in chunks} - {p})
+        return (p, *others)
 
     def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
         """The optimizer step of pipeline rank ``p`` once its gradients are reduced:
@@ -827,10 +1150,12 @@ class StepLowerer:
         layers = self.rank_layers(p)
         params = costs.rank_params(self.model, layers=layers, tp=plan.tp,
                                    ep=plan.ep, has_embedding=self.holds_embedding(p),
-                                   has_head=self.holds_head(p))
+                                   has_head=self.holds_head(p), etp=self.etp)
         sharded = plan.zero >= 1
-        dense = params.dense_params / (plan.dp * plan.cp if sharded else 1)
-        expert = params.expert_params / ((plan.dp * plan.cp) // plan.ep if sharded else 1)
+        # a chunk held by several pipeline ranks is sharded over all of their ranks
+        copies = self.chunk_copies if sharded else 1
+        dense = params.dense_params / (plan.dp * plan.cp * copies if sharded else 1)
+        expert = params.expert_params / (self.layout.expert_dp * copies if sharded else 1)
         tensors = sum(1 for layer in layers for k in self.kernels(layer) if k.params) + 2
         kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
                                           grad_bytes=self.grad_bytes, tensors=tensors)
@@ -844,11 +1169,11 @@ class StepLowerer:
         recipe = costs.resolve_fp8_recipe(plan.fp8_recipe)
         if plan.dtype == "fp8" and recipe.weight_cache:
             weights = sum(count * sum(costs.layer_params(self.model, layer, tp=plan.tp,
-                                                         ep=plan.ep))
+                                                         ep=plan.ep, etp=self.etp))
                           for layer, count in costs.layer_types(self.model, layers).items())
             quant = costs.fp8_weight_quant_kernel(weights, recipe)
             b.add(compute_op(quant, quant.name, "F"))
-        if plan.zero in (1, 2) and not plan.overlap_param_gather:
+        if plan.zero in (1, 2) and not self._gather_in_forward():
             # (overlapped, the gather runs layer by layer in the next step's first
             # forward instead: gathers_params)
             done = b.last()
@@ -885,6 +1210,8 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      impl=attention_impl if kernel.kind == "attention" else "")
 
 
+#: MLA's up projections (what ``--recompute-modules mla_up_proj`` re-runs).
+_MLA_UP_PROJECTIONS = ("attn.q_up", "attn.kv_up", "attn.q")
 #: Recompute modules that re-run a whole block (with its communication: Megatron-Core
 #: checkpoints the MLP / MoE submodule, dispatcher included) and the block they re-run.
 _BLOCK_MODULES = {"mlp": "mlp", "moe": "moe"}
@@ -898,6 +1225,7 @@ def recomputed(block: str, members: Sequence[costs.Kernel], modules: frozenset[s
 
     ``core_attn``: the attention core (the kernels marked ``selective_recompute``);
     ``layernorm``: the block's norm; ``moe_act``: the routed experts' activation;
+    ``mla_up_proj``: MLA's up projections (their latent inputs are kept);
     ``mlp`` / ``moe``: the dense MLP / MoE block, its norm and residual left out unless
     ``layernorm`` asks for the norm."""
     whole = _BLOCK_MODULES.get(block) in modules
@@ -909,7 +1237,9 @@ def recomputed(block: str, members: Sequence[costs.Kernel], modules: frozenset[s
             keep = not kernel.name.endswith(".residual")
         else:
             keep = ((kernel.selective_recompute and "core_attn" in modules)
-                    or (kernel.name == "moe.experts.act" and "moe_act" in modules))
+                    or (kernel.name == "moe.experts.act" and "moe_act" in modules)
+                    or (kernel.name.split(".quant")[0] in _MLA_UP_PROJECTIONS
+                        and "mla_up_proj" in modules))
         if keep:
             chosen.append(kernel)
     return chosen, whole

@@ -12,7 +12,8 @@ unsharded. ZeRO stages shard them over the data-parallel group (Section 5):
 
 ``N_d`` is ``dp * cp`` for dense parameters (Megatron shards the distributed optimizer over
 the data-parallel group *with* context parallelism: CP ranks hold identical weights) and
-``dp * cp / ep`` for routed-expert parameters (expert data parallelism). Shards are exact
+``tp * dp * cp / (expert_tp * ep)`` for routed-expert parameters (expert data parallelism,
+Megatron-Core's expert rank generator). Shards are exact
 fractions (no padding to bucket boundaries).
 
 Choices (assumptions, stated once):
@@ -79,6 +80,7 @@ from typing import Callable, Protocol, Sequence
 from hardware.units import ELEMENT_BYTES, GIB
 from strategies import model_costs
 from strategies.model_spec import ModelSpec
+from strategies.moe_dispatch import plan_routed_load
 from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 
 __all__ = [
@@ -296,7 +298,13 @@ def _layer_kwargs(model: ModelSpec, plan: ParallelPlan, options: MemoryOptions) 
     return dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                 sequence_parallel=plan.sequence_parallel, dtype="bf16" if fp8 else plan.dtype,
                 flash_attention=plan.flash_attention, dropout=model.dropout,
-                fp8_linear_inputs=fp8 and options.fp8_linear_inputs)
+                fp8_linear_inputs=fp8 and options.fp8_linear_inputs, etp=_etp(plan),
+                expert_load=plan_routed_load(model, plan).rows_factor)
+
+
+def _etp(plan: ParallelPlan) -> int:
+    """Expert tensor-parallel size of the plan."""
+    return plan.expert_tp or plan.tp
 
 
 def _modes(plan: ParallelPlan, layers: Sequence[int],
@@ -332,7 +340,8 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Seq
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
     ``plan.recompute`` and ``options.recompute_modules``, in fp8 plans with FP8 linear
     inputs when ``options.fp8_linear_inputs``) plus the embedding's and the head's
-    (``options.cross_entropy``) when the stage holds them. The first
+    (``options.cross_entropy``) when the stage holds them, and on the head's stage the MTP
+    modules' (each a layer like the last one and the head again). The first
     ``options.activation_offload_layers`` layers hold nothing on the GPU (offloaded).
     The memory model weighs each in-flight (stage, micro-batch) by this.
 
@@ -353,9 +362,12 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Seq
         total += model_costs.embedding_activation_bytes(model, dropout=model.dropout,
                                                         **act_kwargs)
     if has_head:
-        total += model_costs.head_activation_bytes(model, dtype=kwargs["dtype"],
-                                                   cross_entropy=options.cross_entropy,
-                                                   **act_kwargs)
+        head = model_costs.head_activation_bytes(model, dtype=kwargs["dtype"],
+                                                 cross_entropy=options.cross_entropy,
+                                                 **act_kwargs)
+        # each MTP module keeps a layer's activations and runs the head and loss again
+        mtp_layer = _layer_bytes(model, model.num_layers - 1, plan.recompute, kwargs, options)
+        total += head + model.mtp_layers * (mtp_layer + head)
     return total
 
 
@@ -409,10 +421,11 @@ def _transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *,
     for layer in model_costs.layer_types(model, held):
         if model.is_moe_layer(layer):
             moe = model.moe
-            cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
-            f_local = moe.expert_ffn_hidden_size / plan.tp
-            candidates.append(e * width * f_local * (tokens * moe.top_k * cf
-                                                     + tokens * moe.shared_experts))
+            local = tokens / plan.tp if plan.sequence_parallel else tokens
+            pairs = kwargs["etp"] * local * moe.top_k * kwargs["expert_load"]
+            candidates.append(e * width * (pairs * moe.expert_ffn_hidden_size / kwargs["etp"]
+                                           + tokens * moe.shared_experts
+                                           * moe.expert_ffn_hidden_size / plan.tp))
         else:
             candidates.append(e * width * tokens * model.ffn_hidden_size / plan.tp)
     if has_head:
@@ -431,12 +444,13 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                 has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
                 held_activation_bytes: float | None = None,
                 reserve_bytes: float = WORKSPACE_BYTES,
-                recompute_of: Callable[[int], str] | None = None) -> MemoryBreakdown:
+                recompute_of: Callable[[int], str] | None = None,
+                chunk_copies: int = 1) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
     (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``), ``P_l`` the
-    parameters of its transformer layers, ``D = dp*cp``, ``D_e = dp*cp/ep``, ``z =
+    parameters of its transformer layers, ``D = dp*cp``, ``D_e = tp*dp*cp/(expert_tp*ep)``, ``z =
     plan.zero``, ``c`` the fp8 recipe's weight-copy bytes in fp8 plans (else 0),
     ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = 12`` (10 with
     ``plan.store_param_remainders``, ``z >= 1`` and 16-bit weights):
@@ -473,6 +487,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             allocator slack: ``GpuSpec.memory_reserve_bytes``), reported as workspace.
         recompute_of: each layer's recompute mode when it differs from the plan's
             (a partial full recompute, StepLowerer.recompute_of).
+        chunk_copies: pipeline ranks holding each of this rank's chunks (DualPipe: 2);
+            ZeRO shards their states over all of them (``D`` and ``D_e`` times this).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -491,9 +507,10 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     if held_activation_bytes is not None and not 0 <= held_activation_bytes < math.inf:
         raise ValueError(f"held_activation_bytes: {held_activation_bytes!r} must be finite and >= 0")
     layers = tuple(layers)
-    key = ("states", _plan_key(plan, "states"), layers, has_embedding, has_head)
+    key = ("states", _plan_key(plan, "states"), layers, has_embedding, has_head, chunk_copies)
     weights, grads, optimizer, comm = _cached(key, model, lambda: _model_states(
-        model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head))
+        model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
+        chunk_copies=chunk_copies))
 
     if held_activation_bytes is None:
         activations = inflight_microbatches * stage_activation_bytes(
@@ -518,7 +535,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
 
 
 def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
-                  has_embedding: bool, has_head: bool) -> tuple[float, float, float, float]:
+                  has_embedding: bool, has_head: bool, chunk_copies: int = 1) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, communication buffers) bytes of :func:`rank_memory`
     (its formulas), after checking the plan's fields they read."""
     if plan.zero not in ZERO_STAGES:
@@ -530,23 +547,28 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{field}: {value!r} must be a positive integer")
     dp_group = plan.dp * plan.cp
-    if dp_group % plan.ep:
+    etp = _etp(plan)
+    if (plan.tp * dp_group) % (etp * plan.ep):
         raise ValueError(
-            f"ep: {plan.ep} does not divide dp*cp = {dp_group} (dp {plan.dp}, cp {plan.cp}); "
-            "expert parallelism splits the data-parallel group"
+            f"ep: expert_tp {etp} x ep {plan.ep} does not divide tp*cp*dp = "
+            f"{plan.tp * dp_group}; the expert side splits a pipeline stage's ranks"
         )
-    expert_dp_group = dp_group // plan.ep
+    # expert data parallelism: tp*cp*dp / (expert_tp*ep) ranks hold the same expert shard
+    expert_dp_group = plan.tp * dp_group // (etp * plan.ep) * chunk_copies
+    shard_group = dp_group * chunk_copies
 
-    rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep,
+    rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep, etp=etp,
                                  has_embedding=has_embedding, has_head=has_head)
-    layer_params = sum(count * sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep))
+    layer_params = sum(count * sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep,
+                                                            etp=etp))
                        for layer, count in model_costs.layer_types(model, layers).items())
     options = memory_options(plan)
     fp8_cache = options.fp8_weight_cache_bytes_per_param if plan.dtype == "fp8" else 0.0
 
     def sharded(per_param: float, shard: bool) -> float:
         if shard:
-            return per_param * rp.dense_params / dp_group + per_param * rp.expert_params / expert_dp_group
+            return (per_param * rp.dense_params / shard_group
+                    + per_param * rp.expert_params / expert_dp_group)
         return per_param * rp.dense_params + per_param * rp.expert_params
 
     weights = sharded(WEIGHT_BYTES_PER_PARAM, plan.zero >= 3)
@@ -565,7 +587,8 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     if dp_group > 1:
         comm += 2.0 * plan.grad_bucket_bytes
         if plan.zero >= 3 and len(layers) > 0:
-            sizes = sorted((sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep))
+            sizes = sorted((sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep,
+                                                         etp=etp))
                             for layer, count in model_costs.layer_types(model, layers).items()
                             for _ in range(min(count, ZERO3_PREFETCH_LAYERS))), reverse=True)
             comm += (WEIGHT_BYTES_PER_PARAM + fp8_cache) * sum(sizes[:ZERO3_PREFETCH_LAYERS])
@@ -582,6 +605,8 @@ class PipelineLayout(Protocol):
     num_stages: int
     stage_layers: Sequence[Sequence[int]]
     schedule: object
+    placement: object
+    chunk_copies: int
 
     def rank_layers(self, p: int) -> list[int]: ...
     def holds_embedding(self, p: int) -> bool: ...
@@ -596,16 +621,19 @@ def pipeline_memory(model: ModelSpec, plan: ParallelPlan, layout: PipelineLayout
     (stage, micro-batch) weighed by that stage's :func:`stage_activation_bytes`
     (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`).
     ``{pipeline rank: breakdown}``."""
-    last = layout.num_stages - 1
-    stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
-                                          has_head=s == last, recompute_of=layout.recompute_of)
+    placement = layout.placement
+    stage_bytes = [stage_activation_bytes(model, plan, layers=layers,
+                                          has_embedding=placement.is_first(s),
+                                          has_head=placement.is_last(s),
+                                          recompute_of=layout.recompute_of)
                    for s, layers in enumerate(layout.stage_layers)]
     held = layout.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
                                                  stage_bytes)
     return {p: rank_memory(model, plan, layers=layout.rank_layers(p),
                            has_embedding=layout.holds_embedding(p),
                            has_head=layout.holds_head(p), held_activation_bytes=held[p],
-                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of)
+                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of,
+                           chunk_copies=layout.chunk_copies)
             for p in range(plan.pp)}
 
 

@@ -60,11 +60,15 @@ Assumptions (each is a choice, stated once here)
 * CP: each rank holds ``s/c`` queries of every sequence and attends to all ``s`` keys
   (ring attention, load-balanced so causal work is even), so attention FLOPs and all
   per-token work divide by ``c``.
-* MoE (balanced routing): a rank with ``E/ep`` experts processes ``n * top_k * cf``
-  token-expert pairs (``cf = capacity_factor``, 1 when 0 = dropless), as one grouped GEMM
-  per expert matmul; expert FFNs are also split over TP (expert-TP = TP). Shared experts are
-  a dense MLP of ``shared_experts * expert_ffn_hidden_size``. The router (``h x E``) is
-  replicated.
+* MoE as Megatron-Core's MoELayer runs it (``megatron/core/transformer/moe``): each TP
+  rank routes its own sequence shard (``n_sp`` tokens, ``n_sp * top_k`` token-expert
+  pairs); a rank with ``E/ep`` experts split ``etp`` ways (expert-TP, by default TP)
+  processes ``etp * n_sp * top_k * load`` pairs (the dispatcher all-gathers them over
+  expert-TP), as one grouped GEMM per expert matmul; ``load`` is 1 for a balanced router,
+  the capacity factor when padded to capacity, and the most loaded rank's share otherwise
+  (:mod:`strategies.expert_routing`). Shared experts are a dense TP MLP of
+  ``shared_experts * expert_ffn_hidden_size`` on the ``n`` gathered tokens. The router
+  (``h x E``) is replicated.
 * Vector kernels: FLOPs per element are small documented constants (they are memory bound);
   their backward reads the saved input and the upstream gradient and writes the input
   gradient.
@@ -109,9 +113,13 @@ __all__ = [
     "head_activation_bytes",
     "head_transient_bytes",
     "head_kernels",
+    "kv_cache_elements_per_token",
+    "mla_latent_width",
     "layer_kernels",
     "layer_params",
     "model_flops_per_token",
+    "mtp_kernels",
+    "mtp_params",
     "optimizer_kernels",
     "param_counts",
     "rank_params",
@@ -124,7 +132,7 @@ BLOCKS = ("embedding", "attention", "mlp", "moe", "head")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 #: Megatron-Core ``--recompute-modules`` :func:`activation_bytes_per_layer` models.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj")
 
 #: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
@@ -362,6 +370,8 @@ class ParamCounts:
         active_per_token: parameters one token touches: total minus, in each MoE layer, the
             routed experts it is not sent to (``(E - top_k)`` experts). Includes the
             embedding and the head (MoE papers' "activated parameters" convention).
+        mtp: parameters of the multi-token prediction modules (not in ``total``, as
+            DeepSeek-V3's 671B leaves its 14B MTP module out).
     """
 
     embedding: int
@@ -372,6 +382,7 @@ class ParamCounts:
     moe_layer: int
     total: int
     active_per_token: int
+    mtp: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,11 +433,28 @@ def _check_tp(model: ModelSpec, tp: int) -> None:
         raise ValueError(
             f"tp: {tp} does not divide ffn_hidden_size {model.ffn_hidden_size} of model {model.name!r}"
         )
-    if model.moe is not None and model.moe.expert_ffn_hidden_size % tp:
+    moe = model.moe
+    if moe is not None and moe.shared_experts and (moe.shared_experts * moe.expert_ffn_hidden_size) % tp:
         raise ValueError(
-            f"tp: {tp} does not divide moe.expert_ffn_hidden_size {model.moe.expert_ffn_hidden_size} "
-            f"of model {model.name!r}"
+            f"tp: {tp} does not divide the shared experts' FFN size "
+            f"{moe.shared_experts * moe.expert_ffn_hidden_size} of model {model.name!r}"
         )
+
+
+def _check_etp(model: ModelSpec, etp: int) -> None:
+    _pos_int(etp, "expert_tp")
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % etp:
+        raise ValueError(
+            f"expert_tp: {etp} does not divide moe.expert_ffn_hidden_size "
+            f"{model.moe.expert_ffn_hidden_size} of model {model.name!r}; valid: a divisor of it"
+        )
+
+
+def _default_load(model: ModelSpec) -> float:
+    """Rows of a routed expert relative to a balanced load when nothing else is said: the
+    model's capacity factor, padded (1 when dropless)."""
+    cf = model.moe.capacity_factor if model.moe is not None else 0.0
+    return cf if cf > 0 else 1.0
 
 
 def _check_ep(model: ModelSpec, ep: int) -> None:
@@ -660,7 +688,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                   cp: int = 1, ep: int = 1, sequence_parallel: bool = True, dtype: str = "bf16",
                   dropout: bool = True, flash_attention: bool = True,
                   fp8_recipe: str | Fp8Recipe | None = None,
-                  elementwise: str = "fused") -> list[Kernel]:
+                  elementwise: str = "fused", etp: int | None = None,
+                  expert_load: float | None = None) -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -668,10 +697,14 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     backward 2.5x, selective-recompute), ``attn.out``, ``attn.residual``. Dense MLP block:
     ``mlp.norm``, ``mlp.fc1``/``mlp.act``/``mlp.fc2`` (GELU) or
     ``mlp.gate_up``/``mlp.act``/``mlp.down`` (SwiGLU, gate and up fused), ``mlp.residual``.
-    MoE block: ``moe.norm``, ``moe.router`` (``n_sp x h x E`` GEMM), ``moe.route``
-    (softmax/top-k), shared experts ``moe.shared.*`` (if any), ``moe.permute``,
-    ``moe.experts.*`` (grouped GEMMs over ``E/ep`` local experts and ``n*top_k*cf``
-    token-expert pairs), ``moe.unpermute``, ``moe.residual``.
+    MoE block (Megatron-Core's MoELayer with the all-to-all dispatcher): ``moe.norm``,
+    ``moe.router`` (``n_sp x h x E`` GEMM on the rank's sequence shard), ``moe.route``
+    (softmax/top-k), shared experts ``moe.shared.*`` (if any; a dense TP MLP on the ``n``
+    gathered tokens), ``moe.permute`` (the rank's ``n_sp*k`` token-expert pairs),
+    ``moe.experts.*`` (grouped GEMMs over ``E/ep`` local experts, ``f_e/etp`` wide, on the
+    ``etp*n_sp*k*load`` pairs the rank receives and gathers over expert-TP; ``load`` 1 for a
+    balanced router, else :func:`strategies.expert_routing.routed_load`'s rows factor),
+    ``moe.unpermute``, ``moe.residual``.
 
     Matmuls process ``n = b*s/c`` tokens; norms and residuals ``n_sp`` (module docstring).
     A matmul ``[m,k]@[k,n]`` costs ``2mnk`` FLOPs forward and the same for each of its input
@@ -683,6 +716,9 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         micro_batch: sequences per micro-batch ``b``.
         seq_len: tokens per sequence ``s``.
         tp, cp, ep: tensor-, context- and expert-parallel sizes.
+        etp: expert tensor-parallel size (None: tp).
+        expert_load: routed rows relative to a balanced load (None: the model's
+            capacity factor, padded; 1 when dropless).
         sequence_parallel: shard norms/residuals over TP (Korthikanti et al. 2022).
         dtype: matmul dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``, ...).
         dropout: count dropout masks in the residual kernels.
@@ -724,22 +760,10 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         return [_fp8_quant(f"{kernel.name}.quant", kernel.block, m=n, k=k, n=cols,
                            recipe=recipe, input_from_norm=from_norm, act=act)]
 
-    attn_flops = CAUSAL_FLOP_FRACTION * 4.0 * micro_batch * s_q * s_k * a_l * d
-    q_elems = micro_batch * s_q * a_l * d
-    kv_elems = micro_batch * s_k * g_l * d
-    lse_bytes = FP32_BYTES * micro_batch * a_l * s_q
-    core = Kernel(
-        name="attn.core", block="attention", kind="attention",
-        shape=(micro_batch, a_l, g_l, s_q, s_k, d), dtype=act,
-        fwd_flops=attn_flops,
-        # read q, k, v; write o and the fp32 log-sum-exp
-        fwd_bytes=ea * (2 * q_elems + 2 * kv_elems) + lse_bytes,
-        bwd_input_flops=FLASH_BWD_FLOP_FACTOR * attn_flops,
-        # read q, k, v, o, do, lse; write dq, dk, dv
-        bwd_input_bytes=ea * (4 * q_elems + 4 * kv_elems) + lse_bytes,
-        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
-        selective_recompute=True,
-    )
+    if model.mla is not None:
+        g_l = a_l  # MLA expands keys and values to every head
+    core = _flash_core(micro_batch=micro_batch, heads=a_l, kv_heads=g_l, s_q=s_q, s_k=s_k,
+                       d_qk=model.qk_head_dim, d_v=model.v_head_dim, act=act, ea=ea)
     cores = [core] if flash_attention else unfused_attention_kernels(
         micro_batch=micro_batch, heads=a_l, s_q=s_q, s_k=s_k, head_dim=d, dtype=act,
         dropout=dropout)
@@ -754,17 +778,22 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     if getattr(model, "position_embedding", "") == "rope":
         rope = [_rotary("attn.rope", "attention", tokens=n, q_heads=a_l, kv_heads=g_l,
                         head_dim=d, act=act, elementwise=elementwise)]
-    kernels = [
-        _norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
-              elementwise=elementwise),
-        *quant(qkv, h, (a_l + 2 * g_l) * d, True),
-        qkv,
-        *rope,
-        *cores,
-        *quant(out, a_l * d, h, False),
-        out,
-        _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
-    ]
+    if model.mla is not None:
+        kernels = _mla_attention(model, n=n, n_sp=n_sp, tp=tp, mm=mm, em=em, act=act, ea=ea,
+                                 core=core, recipe=recipe, norm_out=norm_out, dropout=dropout,
+                                 elementwise=elementwise)
+    else:
+        kernels = [
+            _norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
+                  elementwise=elementwise),
+            *quant(qkv, h, (a_l + 2 * g_l) * d, True),
+            qkv,
+            *rope,
+            *cores,
+            *quant(out, a_l * d, h, False),
+            out,
+            _residual("attn.residual", "attention", n_sp, h, act, ea, dropout),
+        ]
     if not model.is_moe_layer(layer):
         kernels.append(_norm("mlp.norm", "mlp", model, n_sp, act, ea, out_bytes=norm_out,
                              elementwise=elementwise))
@@ -775,10 +804,13 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         return kernels
 
     moe = model.moe  # not None: is_moe_layer(layer) is True
+    etp = tp if etp is None else etp
+    _check_etp(model, etp)
     E, k = moe.num_experts, moe.top_k
-    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
-    pairs = n * k * cf
-    fe_l = moe.expert_ffn_hidden_size // tp
+    load = _default_load(model) if expert_load is None else expert_load
+    local_pairs = n_sp * k          # this rank's token-expert pairs, before dispatch
+    pairs = etp * local_pairs * load  # what its experts process, gathered over expert-TP
+    fe_l = moe.expert_ffn_hidden_size // etp
     kernels.append(_norm("moe.norm", "moe", model, n_sp, act, ea, elementwise=elementwise))
     kernels.append(_matmul("moe.router", "moe", m=n_sp, n=E, k=h, dtype=act, in_bytes=ea,
                            out_bytes=ea, params=h * E))
@@ -797,26 +829,119 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                         groups=1, mm=mm, em=em, act=act, ea=ea, recipe=recipe,
                         elementwise=elementwise)
     kernels.append(Kernel(
-        name="moe.permute", block="moe", kind="memcpy", shape=(int(round(pairs)), h), dtype=act,
+        name="moe.permute", block="moe", kind="memcpy", shape=(int(local_pairs), h), dtype=act,
         fwd_flops=0.0,
-        fwd_bytes=2 * ea * pairs * h,
-        bwd_input_flops=1.0 * pairs * h,  # sum of the top_k gradient copies
-        bwd_input_bytes=2 * ea * pairs * h,
+        fwd_bytes=2 * ea * local_pairs * h,
+        bwd_input_flops=1.0 * local_pairs * h,  # sum of the top_k gradient copies
+        bwd_input_bytes=2 * ea * local_pairs * h,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
     kernels += [replace(k, expert=True) for k in _mlp(
         "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
         mm=mm, em=em, act=act, ea=ea, recipe=recipe, elementwise=elementwise)]
     kernels.append(Kernel(
-        name="moe.unpermute", block="moe", kind="elementwise", shape=(n, h), dtype=act,
-        fwd_flops=2.0 * pairs * h,  # scale by the router probability and sum
-        fwd_bytes=ea * (pairs * h + n * h) + FP32_BYTES * pairs,
-        bwd_input_flops=3.0 * pairs * h,  # d(expert out) and d(prob)
-        bwd_input_bytes=ea * (n * h + 2 * pairs * h) + FP32_BYTES * 2 * pairs,
+        name="moe.unpermute", block="moe", kind="elementwise", shape=(n_sp, h), dtype=act,
+        fwd_flops=2.0 * local_pairs * h,  # scale by the router probability and sum
+        fwd_bytes=ea * (local_pairs * h + n_sp * h) + FP32_BYTES * local_pairs,
+        bwd_input_flops=3.0 * local_pairs * h,  # d(expert out) and d(prob)
+        bwd_input_bytes=ea * (n_sp * h + 2 * local_pairs * h) + FP32_BYTES * 2 * local_pairs,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
     kernels.append(_residual("moe.residual", "moe", n_sp, h, act, ea, dropout))
     return kernels
+
+
+def _flash_core(*, micro_batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, d_qk: int,
+                d_v: int, act: str, ea: float) -> Kernel:
+    """The fused causal attention kernel over local ``heads`` (``kv_heads`` key/value
+    heads): scores ``QK^T`` over ``d_qk`` and ``PV`` over ``d_v`` dims
+    (``CAUSAL * 2*b*s_q*s_k*a*(d_qk + d_v)`` FLOPs: ``4*b*s_q*s_k*a*d`` when both are ``d``);
+    it reads q, k, v and writes o and the fp32 log-sum-exp; its backward (2.5x) reads q, k,
+    v, o, do and the log-sum-exp and writes dq, dk, dv."""
+    flops = CAUSAL_FLOP_FRACTION * 2.0 * micro_batch * s_q * s_k * heads * (d_qk + d_v)
+    q, o = micro_batch * s_q * heads * d_qk, micro_batch * s_q * heads * d_v
+    k, v = micro_batch * s_k * kv_heads * d_qk, micro_batch * s_k * kv_heads * d_v
+    lse_bytes = FP32_BYTES * micro_batch * heads * s_q
+    return Kernel(
+        name="attn.core", block="attention", kind="attention",
+        shape=(micro_batch, heads, kv_heads, s_q, s_k, d_qk), dtype=act,
+        fwd_flops=flops,
+        fwd_bytes=ea * (q + o + k + v) + lse_bytes,
+        bwd_input_flops=FLASH_BWD_FLOP_FACTOR * flops,
+        bwd_input_bytes=ea * 2 * (q + o + k + v) + lse_bytes,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        selective_recompute=True,
+    )
+
+
+def _mla_attention(model: ModelSpec, *, n: int, n_sp: int, tp: int, mm: str, em: float,
+                   act: str, ea: float, core: Kernel, recipe: Fp8Recipe | None,
+                   norm_out: float | None, dropout: bool, elementwise: str) -> list[Kernel]:
+    """Multi-head latent attention as Megatron-Core's ``MLASelfAttention`` runs it
+    (``megatron/core/transformer/multi_latent_attention.py``; DeepSeek-V3 report Section
+    2.1.1): ``attn.norm``; the down projections on the rank's sequence shard with their
+    weights replicated over TP (``attn.q_down`` ``h x q_lora`` and its norm
+    ``attn.q_norm``, ``attn.kv_down`` ``h x (kv_lora + rope)`` and ``attn.kv_norm``);
+    the latents are then gathered over TP (the lowering's all-gather, latent-wide) for
+    the column-parallel up projections ``attn.q_up`` (``q_lora x a*(nope + rope)``) and
+    ``attn.kv_up`` (``kv_lora x a*(nope + v)``); the core over ``nope + rope`` query/key
+    and ``v`` value dims; ``attn.out`` (``a*v x h``, row-parallel); ``attn.residual``.
+    Without a query latent (``q_lora_rank`` 0) queries come from the gathered hidden state
+    (``attn.q``, column-parallel)."""
+    mla, h = model.mla, model.hidden_size
+    a_l = model.num_heads // tp
+    d_qk, d_v = model.qk_head_dim, model.v_head_dim
+    kv_width = mla.kv_lora_rank + mla.qk_rope_head_dim
+
+    def gemm(name: str, rows: int, cols: int, inner: int) -> list[Kernel]:
+        kernel = _matmul(name, "attention", m=rows, n=cols, k=inner, dtype=mm, in_bytes=em,
+                         out_bytes=ea, params=inner * cols)
+        if recipe is None:
+            return [kernel]
+        quant = _fp8_quant(f"{name}.quant", "attention", m=rows, k=inner, n=cols, recipe=recipe,
+                           input_from_norm=inner == h, act=act)
+        return [quant, kernel]
+
+    def latent_norm(name: str, rows: int, width: int) -> Kernel:
+        # an RMSNorm over the latent (the norm kernel of a width-``width`` model)
+        narrow = replace(model, hidden_size=width, norm="rmsnorm")
+        return _norm(name, "attention", narrow, rows, act, ea, elementwise=elementwise)
+
+    kernels = [_norm("attn.norm", "attention", model, n_sp, act, ea, out_bytes=norm_out,
+                     elementwise=elementwise)]
+    if mla.q_lora_rank:
+        kernels += gemm("attn.q_down", n_sp, mla.q_lora_rank, h)
+        kernels.append(latent_norm("attn.q_norm", n_sp, mla.q_lora_rank))
+    kernels += gemm("attn.kv_down", n_sp, kv_width, h)
+    kernels.append(latent_norm("attn.kv_norm", n_sp, mla.kv_lora_rank))
+    if mla.q_lora_rank:
+        kernels += gemm("attn.q_up", n, a_l * d_qk, mla.q_lora_rank)
+    else:
+        kernels += gemm("attn.q", n, a_l * d_qk, h)
+    kernels += gemm("attn.kv_up", n, a_l * (mla.qk_nope_head_dim + d_v), mla.kv_lora_rank)
+    kernels.append(core)
+    kernels += gemm("attn.out", n, h, a_l * d_v)
+    kernels.append(_residual("attn.residual", "attention", n_sp, h, act, ea, dropout))
+    return kernels
+
+
+def mla_latent_width(model: ModelSpec) -> int:
+    """Elements per token the MLA latents carry into the up projections (the tensor its
+    TP all-gather moves): query latent + key/value latent + the shared rotary key (the
+    hidden size instead of the query latent without one)."""
+    mla = model.mla
+    query = mla.q_lora_rank or model.hidden_size
+    return query + mla.kv_lora_rank + mla.qk_rope_head_dim
+
+
+def kv_cache_elements_per_token(model: ModelSpec) -> int:
+    """Key/value cache elements one token leaves per model (all layers): MLA caches its
+    key/value latent and the shared rotary key, ``(kv_lora + rope) * L`` (DeepSeek-V2
+    report Table 1: ``(d_c + d_h^R) l``); multi-head/grouped-query attention its keys
+    and values, ``2 * g * d * L``."""
+    if model.mla is not None:
+        return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * model.num_layers
+    return 2 * model.num_kv_heads * model.head_dim * model.num_layers
 
 
 def unfused_attention_kernels(*, micro_batch: int, heads: int, s_q: int, s_k: int,
@@ -1032,18 +1157,29 @@ def fp8_weight_quant_kernel(params: float, recipe: str | Fp8Recipe | None = None
 
 
 def _attention_params(model: ModelSpec, tp: int = 1) -> int:
+    """Attention block parameters on one TP rank (with its norm). MLA: the replicated down
+    projections and latent norms, the split up and output projections."""
     h, d = model.hidden_size, model.head_dim
     a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
-    return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
+    mla = model.mla
+    if mla is None:
+        return h * (a_l + 2 * g_l) * d + a_l * d * h + _norm_params(model)
+    query = (h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * a_l * model.qk_head_dim
+             if mla.q_lora_rank else h * a_l * model.qk_head_dim)
+    kv = (h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+          + mla.kv_lora_rank * a_l * (mla.qk_nope_head_dim + mla.v_head_dim))
+    return query + kv + a_l * mla.v_head_dim * h + _norm_params(model)
 
 
-def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1,
+                 etp: int | None = None) -> tuple[int, int]:
     """``(dense, expert)`` parameters of layer ``layer`` on one rank (elements).
 
     Dense: attention ``h*(a + 2g)*d/t + a*d*h/t`` (KV replicated when ``t > g``), two norms
     (replicated), and either the MLP ``m*h*f/t`` (``m`` = 2 GELU, 3 SwiGLU) or, in an MoE
     layer, the router ``h*E`` plus shared experts ``m*h*S*f_e/t``. Expert: routed experts
-    ``(E/ep)*m*h*f_e/t``. With ``tp = ep = 1`` these are the unsharded counts.
+    ``(E/ep)*m*h*f_e/etp`` (``etp``: expert-TP, default ``t``). With ``tp = ep = 1`` these
+    are the unsharded counts.
     """
     _check_layer(model, layer)
     _check_tp(model, tp)
@@ -1053,9 +1189,10 @@ def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1) -> t
     if not model.is_moe_layer(layer):
         return dense + m * h * (model.ffn_hidden_size // tp), 0
     moe = model.moe  # not None: is_moe_layer(layer) is True
-    fe_l = moe.expert_ffn_hidden_size // tp
-    dense += h * moe.num_experts + moe.shared_experts * m * h * fe_l
-    return dense, (moe.num_experts // ep) * m * h * fe_l
+    etp = tp if etp is None else etp
+    _check_etp(model, etp)
+    dense += h * moe.num_experts + m * h * (moe.shared_experts * moe.expert_ffn_hidden_size // tp)
+    return dense, (moe.num_experts // ep) * m * h * (moe.expert_ffn_hidden_size // etp)
 
 
 def param_counts(model: ModelSpec) -> ParamCounts:
@@ -1085,8 +1222,63 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     return ParamCounts(
         embedding=embedding, head=head, final_norm=final_norm, layers=layers,
         dense_layer=dense_layer, moe_layer=moe_layer, total=total,
-        active_per_token=total - inactive,
+        active_per_token=total - inactive, mtp=sum(mtp_params(model)),
     )
+
+
+def _mtp_layer(model: ModelSpec) -> int:
+    """The layer an MTP module's transformer block is like: the model's last."""
+    return model.num_layers - 1
+
+
+def mtp_params(model: ModelSpec, *, tp: int = 1, ep: int = 1, etp: int | None = None
+               ) -> tuple[int, int]:
+    """``(dense, expert)`` parameters of the model's MTP modules on one rank: per module a
+    layer like the last one, the ``2h x h`` projection (column-parallel) and two norms
+    (DeepSeek-V3 report Section 2.2: RMSNorms of the hidden state and the embedding, the
+    projection ``M_k``, a transformer block; Megatron-Core ``MultiTokenPredictionLayer``).
+    The embedding and the output head are shared with the model. (0, 0) without MTP."""
+    if not model.mtp_layers:
+        return 0, 0
+    dense, expert = layer_params(model, _mtp_layer(model), tp=tp, ep=ep, etp=etp)
+    h = model.hidden_size
+    dense += 2 * h * h // tp + 2 * _norm_params(model)
+    return model.mtp_layers * dense, model.mtp_layers * expert
+
+
+def mtp_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1,
+                ep: int = 1, etp: int | None = None, sequence_parallel: bool = True,
+                dtype: str = "bf16", expert_load: float | None = None,
+                cross_entropy: str = "megatron", elementwise: str = "fused") -> list[Kernel]:
+    """Forward kernels of the MTP modules on the stage holding the head, each module its
+    two norms, the ``2h -> h`` projection, a layer like the last one (its kernels, named
+    ``mtp.<k>.``) and the shared head and loss again. Compute only: the module's TP and
+    expert communication is not lowered (a documented simplification). [] without MTP."""
+    if not model.mtp_layers:
+        return []
+    n = _tokens(micro_batch, seq_len, cp)
+    n_sp = _sp_tokens(n, tp, sequence_parallel)
+    mm, em, act, ea = _dtypes(dtype)
+    h = model.hidden_size
+    out: list[Kernel] = []
+    for k in range(model.mtp_layers):
+        prefix = f"mtp.{k}."
+        module = [_norm("mtp.hnorm", "head", model, n_sp, act, ea, elementwise=elementwise),
+                  _norm("mtp.enorm", "head", model, n_sp, act, ea, elementwise=elementwise),
+                  _matmul("mtp.proj", "head", m=n, n=h // tp, k=2 * h, dtype=mm, in_bytes=em,
+                          out_bytes=ea, params=2 * h * h // tp)]
+        module += layer_kernels(model, _mtp_layer(model), micro_batch=micro_batch,
+                                seq_len=seq_len, tp=tp, cp=cp, ep=ep, etp=etp,
+                                sequence_parallel=sequence_parallel, dtype=dtype,
+                                dropout=model.dropout, expert_load=expert_load,
+                                elementwise=elementwise)
+        module += [replace(kernel, params=0) if kernel.name == "head.logits" else kernel
+                   for kernel in head_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
+                                              tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+                                              dtype=dtype, cross_entropy=cross_entropy,
+                                              elementwise=elementwise)]
+        out += [replace(kernel, name=prefix + kernel.name) for kernel in module]
+    return out
 
 
 def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
@@ -1106,12 +1298,14 @@ def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
 
 
 def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int = 1,
-                has_embedding: bool = False, has_head: bool = False) -> RankParams:
+                has_embedding: bool = False, has_head: bool = False,
+                etp: int | None = None) -> RankParams:
     """Parameters one rank holds: its layers (see :func:`layer_params`), the embedding shard
     ``ceil(V/t)*h`` if ``has_embedding``, and the final norm plus the head shard
     ``ceil(V/t)*h`` if ``has_head`` (for tied embeddings the head shard is counted only when
     the rank does not also hold the embedding: a last pipeline stage keeps its own copy, as
-    Megatron does). Elements, not bytes.
+    Megatron does); routed experts split over ``ep`` and ``etp`` (expert-TP, default ``t``).
+    Elements, not bytes.
 
     Raises:
         ValueError: a layer out of range or listed twice; tp/ep not dividing the model.
@@ -1123,7 +1317,7 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
         raise ValueError(f"layers: layer {twice} listed twice; give each held layer once")
     dense = expert = 0
     for layer, count in layer_types(model, layers).items():
-        de, ex = layer_params(model, layer, tp=tp, ep=ep)
+        de, ex = layer_params(model, layer, tp=tp, ep=ep, etp=etp)
         dense, expert = dense + count * de, expert + count * ex
     shard = math.ceil(model.vocab_size / tp) * model.hidden_size
     if has_embedding:
@@ -1132,6 +1326,8 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
         dense += _norm_params(model)
         if not model.tied_embeddings or not has_embedding:
             dense += shard
+        mtp_dense, mtp_expert = mtp_params(model, tp=tp, ep=ep, etp=etp)
+        dense, expert = dense + mtp_dense, expert + mtp_expert
     return RankParams(dense_params=dense, expert_params=expert)
 
 
@@ -1145,13 +1341,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     ``N`` is :attr:`ParamCounts.active_per_token` without the embedding lookup (it does no
     matmul) but with the LM head (``V*h``, also when tied), and the attention term counts the
     full (non-causal) ``s^2`` score and value matmuls, as Megatron (Narayanan et al. 2021) and
-    PaLM do. Norm weights are included in ``N`` (negligible). FLOPs per token.
+    PaLM do; with MLA's unequal query/key and value widths the term is
+    ``6*L*a*s*(d_qk + d_v)`` (``12*L*a*d*s`` when both are ``d``). Norm weights are included
+    in ``N`` (negligible). MTP modules are not counted. FLOPs per token.
     """
     _pos_int(seq_len, "seq_len")
     pc = param_counts(model)
     head_matmul = model.vocab_size * model.hidden_size
     n = pc.active_per_token - pc.embedding + (head_matmul if model.tied_embeddings else 0)
-    return 6.0 * n + 12.0 * model.num_layers * model.num_heads * model.head_dim * seq_len
+    return 6.0 * n + 6.0 * model.num_layers * model.num_heads * seq_len * (
+        model.qk_head_dim + model.v_head_dim)
 
 
 # --------------------------------------------------------------------------- activations
@@ -1162,7 +1361,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
                                recompute: str = "none", dtype: str = "bf16",
                                dropout: bool = True, flash_attention: bool = True,
                                fp8_linear_inputs: bool = False,
-                               recompute_modules: Sequence[str] = ()) -> float:
+                               recompute_modules: Sequence[str] = (), etp: int | None = None,
+                               expert_load: float | None = None) -> float:
     """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
@@ -1186,10 +1386,13 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     * SwiGLU: the GELU input/output terms become gate and up outputs (``2f``) and the
       activation output (``f``): 3 tensors of ``n*f/t``;
     * MoE layers: the MLP input, norm input and mask stay per token; the router keeps fp32
-      probabilities ``4*n_sp*E``; per token-expert pair (``n*top_k*cf``): the permuted input
-      ``h``, the FFN intermediates (1 + 1 tensors of ``f_e/t`` for GELU, 2 + 1 for SwiGLU)
-      and the expert output ``h`` (for the probability gradient) plus its fp32 probability;
-      shared experts keep their intermediates of ``S*f_e/t`` per token.
+      probabilities ``4*n_sp*E``; per token-expert pair the experts process
+      (``etp*n_sp*top_k*load``, :func:`layer_kernels`): the permuted input ``h`` and the FFN
+      intermediates (1 + 1 tensors of ``f_e/etp`` for GELU, 2 + 1 for SwiGLU); per pair of
+      the rank's own tokens (``n_sp*top_k``) its fp32 probability (Megatron-Core applies
+      the probability in the experts' weighted activation, ``megatron/core/transformer/
+      moe/experts.py``, so its gradient needs no saved expert output); shared experts keep
+      their intermediates of ``S*f_e/t`` per token.
 
     Recompute: ``none`` and ``selective`` are equal under flash attention (selective recompute
     re-runs only the attention core, which flash attention never stores); ``full`` keeps only
@@ -1208,7 +1411,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     norm outputs (the QKV and fc1 inputs, recomputed from the norm inputs); ``mlp`` keeps only
     a dense MLP's input; ``moe`` keeps only an MoE block's input (router, dispatch and experts
     recomputed); ``moe_act`` drops the experts' activation outputs (fc2 inputs);
-    ``core_attn`` is the flash-attention no-op. Others are rejected.
+    ``mla_up_proj`` drops MLA's per-head queries, keys and values (the up projections are
+    re-run); ``core_attn`` is the flash-attention no-op. Others are rejected.
 
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
@@ -1240,10 +1444,15 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     e_in = 1.0 if fp8_linear_inputs else e
     norm_out = 0.0 if "layernorm" in modules else 1.0
     # attention block: norm input, QKV input, Q, K, V, attention output (out-proj input), mask
-    total = (e * n_sp * h + norm_out * e_in * n_sp * h + e * n * (2 * a_l + 2 * g_l) * d
-             + mask * n_sp * h)
+    if model.mla is None:
+        total = (e * n_sp * h + norm_out * e_in * n_sp * h + e * n * (2 * a_l + 2 * g_l) * d
+                 + mask * n_sp * h)
+    else:
+        total = _mla_activation_bytes(model, n=n, n_sp=n_sp, tp=tp, e=e, e_in=e_in,
+                                      norm_out=norm_out, modules=modules) + mask * n_sp * h
     if fp8_linear_inputs:
-        total += 1.0 * n * a_l * d  # the out-projection's FP8 copy of the attention output
+        # the out-projection's FP8 copy of the attention output
+        total += 1.0 * n * a_l * model.v_head_dim
     if not flash_attention and recompute == "none":
         # unfused attention stores softmax output, dropout mask and output: 5as/h * sbh
         total += (2 * e + DROPOUT_MASK_BYTES if dropout else e) * n * a_l * seq_len
@@ -1262,15 +1471,37 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
         return total + e * n_sp * h
     total += e * n_sp * h + norm_out * e_in * n_sp * h + mask * n_sp * h
     moe = model.moe  # not None: is_moe_layer(layer) is True
-    cf = moe.capacity_factor if moe.capacity_factor > 0 else 1.0
-    pairs = n * moe.top_k * cf
-    fe_l = moe.expert_ffn_hidden_size // tp
+    etp = tp if etp is None else etp
+    load = _default_load(model) if expert_load is None else expert_load
+    local_pairs = n_sp * moe.top_k
+    pairs = etp * local_pairs * load
+    fe_l = moe.expert_ffn_hidden_size // etp
     total += FP32_BYTES * n_sp * moe.num_experts
     expert = ffn(fe_l) - (e_in * fe_l if "moe_act" in modules else 0.0)
-    # per token-expert pair: permuted input (fc1 input), expert FFN, expert output, probability
-    total += pairs * (e_in * h + expert + e * h + FP32_BYTES)
-    total += n * ffn(moe.shared_experts * fe_l)
+    # per processed pair: permuted input (fc1 input), expert FFN; per own pair its fp32
+    # probability (Megatron-Core applies it in the experts' weighted activation, whose
+    # saved input serves its gradient: no expert output is kept)
+    total += pairs * (e_in * h + expert) + local_pairs * FP32_BYTES
+    total += n * ffn(moe.shared_experts * moe.expert_ffn_hidden_size // tp)
     return total
+
+
+def _mla_activation_bytes(model: ModelSpec, *, n: int, n_sp: int, tp: int, e: float,
+                          e_in: float, norm_out: float, modules: set[str]) -> float:
+    """What MLA's attention block keeps (:func:`_mla_attention`): the norm input and output
+    (the down projections' input), the latents before their norms and the gathered latents
+    the up projections read, the per-head queries, keys and values flash attention saves
+    (unless ``mla_up_proj`` recompute re-runs the up projections: Megatron-Core
+    ``--recompute-modules mla_up_proj``) and the attention output. Bytes."""
+    mla, h = model.mla, model.hidden_size
+    a_l = model.num_heads // tp
+    kv_width = mla.kv_lora_rank + mla.qk_rope_head_dim
+    total = e * n_sp * h + norm_out * e_in * n_sp * h
+    total += e * n_sp * (mla.q_lora_rank + kv_width)                   # latents (norm inputs)
+    total += e_in * n * (mla.q_lora_rank + mla.kv_lora_rank)          # up-projection inputs
+    if "mla_up_proj" not in modules:
+        total += e * n * a_l * (2 * model.qk_head_dim + model.v_head_dim)  # Q, K, V
+    return total + e * n * a_l * model.v_head_dim                     # attention output
 
 
 def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,

@@ -29,6 +29,12 @@ class MoESpec:
         first_dense_layers: leading layers that stay dense (DeepSeek-V3: 3).
         layer_frequency: every ``layer_frequency``-th layer after those is MoE
             (1 = all of them).
+        router_groups: the experts split in this many groups for group-limited
+            routing (DeepSeek-V3 ``n_group`` 8; Megatron ``--moe-router-num-groups``);
+            0 = no limit.
+        router_group_topk: groups a token's experts may come from (DeepSeek-V3
+            ``topk_group`` 4, its node-limited routing; Megatron
+            ``--moe-router-group-topk``); 0 = no limit.
     """
 
     num_experts: int
@@ -38,6 +44,34 @@ class MoESpec:
     capacity_factor: float = 1.0
     first_dense_layers: int = 0
     layer_frequency: int = 1
+    router_groups: int = 0
+    router_group_topk: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Section 2.1; DeepSeek-V3,
+    arXiv 2412.19437, Section 2.1.1; Megatron-Core ``MLASelfAttention``).
+
+    Queries are projected down to ``q_lora_rank`` and up to every head's ``nope + rope``
+    dims; keys and values share one ``kv_lora_rank`` latent (plus one ``qk_rope_head_dim``
+    rotary key shared by the heads) expanded to ``nope`` key and ``v_head_dim`` value dims
+    per head. Only the latent and the rotary key are cached at inference.
+
+    Attributes:
+        q_lora_rank: the query latent (0: queries projected from the hidden state directly,
+            DeepSeek-V2-Lite).
+        kv_lora_rank: the shared key/value latent.
+        qk_nope_head_dim: per-head query/key dims without position.
+        qk_rope_head_dim: per-head query/key dims with rotary position.
+        v_head_dim: per-head value dims.
+    """
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +94,11 @@ class ModelSpec:
             GPT: 0.1); Llama, Mixtral and DeepSeek train without (their masks cost
             memory and HBM traffic only when this is True).
         moe: mixture-of-experts layers, or None for a dense model.
+        mla: multi-head latent attention, or None for multi-head/grouped-query attention
+            (then ``num_kv_heads`` and ``head_dim`` describe it).
+        mtp_layers: multi-token prediction modules trained beside the model (DeepSeek-V3
+            report Section 2.2: one; each a transformer layer, a ``2h x h`` projection and
+            two norms, sharing the embedding and the output head); not in the total.
         source: where the numbers come from (paper, config file).
     """
 
@@ -76,7 +115,19 @@ class ModelSpec:
     tied_embeddings: bool = False
     dropout: bool = False
     moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    mtp_layers: int = 0
     source: str = ""
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head query/key width: ``head_dim``, or MLA's ``nope + rope``."""
+        return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        """Per-head value width: ``head_dim``, or MLA's ``v_head_dim``."""
+        return self.mla.v_head_dim if self.mla else self.head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) is a mixture-of-experts layer."""

@@ -13,18 +13,34 @@ Notation (PyTorch ``torch.distributed.pipelining`` ``_Action``): an action is
   schedules split B into I and W;
 * ``2W1``: backward for the *weights* only.
 
-Stages are GLOBAL virtual stage indices ``0 .. S-1`` of the model cut in ``S``
-pieces; stage ``s`` sends activations to ``s+1`` and gradients to ``s-1``. A
-:class:`StagePlacement` says which pipeline rank holds each stage: Megatron's
-interleaved layout puts stage ``s`` on rank ``s % pp``; V-shaped schedules put
-stages ``r`` and ``2 pp - 1 - r`` on rank ``r``. Micro-batches are ``0 .. m-1``.
+Stages are GLOBAL virtual stage indices ``0 .. S-1``; stage ``s`` sends
+activations to ``s+1`` and gradients to ``s-1``. A :class:`StagePlacement` says
+which pipeline rank holds each stage: Megatron's interleaved layout puts stage
+``s`` on rank ``s % pp``; V-shaped schedules put stages ``r`` and ``2 pp - 1 - r``
+on rank ``r``. Micro-batches are ``0 .. m-1``.
+
+Routes (bidirectional pipelines): a placement may cut its stages into ``routes``
+consecutive blocks, each a whole pass over the model's chunks; micro-batch ``j``
+runs through route ``j % routes`` only. DualPipe (DeepSeek-V3 report, arXiv
+2412.19437, Section 3.2.1) has two: micro-batches fed from the first rank run
+stages ``0 .. pp-1`` (rank ``r`` holds stage ``r``), those fed from the last rank
+run stages ``pp .. 2pp-1`` (rank ``r`` holds stage ``2pp-1-r``); stage ``s`` runs
+model chunk ``s % (S / routes)``, so every rank holds two copies' worth of chunks.
+
+Overlapped pairs: an action with ``overlap=True`` runs together with the next
+action of its rank's list, a forward and a backward of two different
+micro-batches interleaved so that the communication of each hides behind the
+computation of the other (DualPipe's "F&B" chunks; Megatron-Core's
+``--overlap-moe-expert-parallel-comm``). The pair starts when both members'
+dependencies are met and both end together (PyTorch pipelining's
+``OVERLAP_F_B`` action with sub-actions; written ``(0F1;3B0)`` here).
 
 Dependencies between actions (used by :func:`check_schedule` and
 :func:`simulate_unit_times`):
 
-* ``F(s, j)`` needs ``F(s-1, j)`` (for ``s > 0``);
-* ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, for ``s < S-1``, the
-  backward-input of stage ``s+1`` on ``j`` (its B or its I);
+* ``F(s, j)`` needs ``F(s-1, j)`` (unless ``s`` is the first stage of ``j``'s route);
+* ``B(s, j)`` / ``I(s, j)`` need ``F(s, j)`` and, unless ``s`` is the last stage of
+  ``j``'s route, the backward-input of stage ``s+1`` on ``j`` (its B or its I);
 * ``W(s, j)`` needs ``I(s, j)``;
 * actions of one rank run one at a time, in list order.
 
@@ -43,17 +59,19 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational, Real
-from typing import NamedTuple, Sequence, Union
+from typing import Mapping, NamedTuple, Sequence, Union
 
 __all__ = [
     "COMPUTATIONS",
     "Action",
     "parse_action",
     "parse_actions",
+    "pair_forwards_with_backwards",
     "format_schedule",
     "StagePlacement",
     "interleaved_placement",
     "v_placement",
+    "dual_placement",
     "PeerStages",
     "peer_stages",
     "send_target",
@@ -62,7 +80,7 @@ __all__ = [
     "peak_held",
     "ScheduleTiming",
     "simulate_unit_times",
-    "replay_ends",
+    "replay_timing",
 ]
 
 #: Compute actions: Forward, full Backward, backward-Input, backward-Weight.
@@ -84,6 +102,8 @@ class Action:
         comp: ``"F"`` forward, ``"B"`` full backward, ``"I"`` backward for
             the input only, ``"W"`` backward for the weights only.
         microbatch: micro-batch index (``0 .. m-1``).
+        overlap: runs overlapped with the next action of the rank's list (an
+            F&B pair, module docstring).
 
     ``str(Action(0, "F", 1)) == "0F1"`` (PyTorch pipelining notation).
     """
@@ -91,6 +111,7 @@ class Action:
     stage: int
     comp: str
     microbatch: int
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.stage) or self.stage < 0:
@@ -99,6 +120,8 @@ class Action:
             raise ValueError(f"Action.comp={self.comp!r} is invalid; valid: one of {COMPUTATIONS}")
         if not _is_int(self.microbatch) or self.microbatch < 0:
             raise ValueError(f"Action.microbatch={self.microbatch!r} is invalid; valid: an int >= 0")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"Action.overlap={self.overlap!r} is invalid; valid: True or False")
 
     def __str__(self) -> str:
         return f"{self.stage}{self.comp}{self.microbatch}"
@@ -121,22 +144,106 @@ def parse_action(text: str) -> Action:
 
 def parse_actions(rows: Sequence[Sequence[str] | str]) -> list[list[Action]]:
     """Parse per-rank action lists; a row may be a list of strings or one
-    whitespace-separated string (``"0F0 0F1 0B0"``)."""
+    whitespace-separated string (``"0F0 0F1 0B0"``); an overlapped pair is written
+    ``"(0F1;3B0)"`` (its first action gets ``overlap=True``).
+
+    Raises:
+        ValueError: for an item that is neither an action nor a pair of two.
+    """
     out = []
     for row in rows:
         items = row.split() if isinstance(row, str) else row
-        out.append([parse_action(item) for item in items])
+        parsed: list[Action] = []
+        for item in items:
+            if isinstance(item, str) and item.startswith("(") and item.endswith(")"):
+                parts = item[1:-1].split(";")
+                if len(parts) != 2:
+                    raise ValueError(f"action text={item!r} is invalid; valid: a pair "
+                                     "'(<action>;<action>)', e.g. '(0F1;3B0)'")
+                first, second = (parse_action(part) for part in parts)
+                parsed += [Action(first.stage, first.comp, first.microbatch, True), second]
+            else:
+                parsed.append(parse_action(item))
+        out.append(parsed)
     return out
 
 
+def _row_text(row: Sequence[Action]) -> str:
+    """A rank's actions as text, overlapped pairs as ``(a;b)``."""
+    words, pending = [], None
+    for action in row:
+        if pending is not None:
+            words.append(f"({pending};{action})")
+            pending = None
+        elif action.overlap:
+            pending = action
+        else:
+            words.append(str(action))
+    if pending is not None:
+        words.append(str(pending))
+    return " ".join(words)
+
+
 def format_schedule(actions: Sequence[Sequence[Action]]) -> str:
-    """One line per rank: ``"rank 0: 0F0 0F1 0B0 ..."``."""
-    return "\n".join(
-        f"rank {rank}: " + " ".join(str(a) for a in row) for rank, row in enumerate(actions)
-    )
+    """One line per rank: ``"rank 0: 0F0 0F1 0B0 ..."`` (pairs as ``(0F1;3B0)``)."""
+    return "\n".join(f"rank {rank}: " + _row_text(row) for rank, row in enumerate(actions))
 
 
 # --------------------------------------------------------------------------- placement
+
+
+def pair_forwards_with_backwards(actions: Sequence[Sequence[Action]],
+                                 placement: StagePlacement) -> list[list[Action]]:
+    """The ranks' lists with every forward that directly precedes a backward (B or I)
+    of another micro-batch or stage made an overlapped pair (:attr:`Action.overlap`):
+    the steady state of a 1F1B-family schedule as Megatron-Core runs it with
+    ``--overlap-moe-expert-parallel-comm`` (one micro-batch's forward merged with
+    another's backward, ``megatron/core/pipeline_parallel/combined_1f1b.py``). A pair
+    whose backward waits, through the next ranks, for its own forward (a warm-up cut
+    short by few micro-batches) would deadlock: it stays two actions.
+
+    A single rank with one stage (no pipeline) runs ``F0 (F1;B0) (F2;B1) ... B(m-1)``:
+    each backward waits for the next forward to pair with, as Megatron-Core's combined
+    1F1B does without pipeline parallelism.
+
+    Raises:
+        ValueError: when the lists deadlock without any pair.
+    """
+    if placement.pp == 1 and placement.num_stages == 1 and len(actions[0]) > 2:
+        row = list(actions[0])
+        forwards = [a for a in row if a.comp == "F"]
+        backwards = [a for a in row if a.comp != "F"]
+        if len(backwards) == len(forwards):  # F then B per micro-batch
+            out = [forwards[0]]
+            for forward, backward in zip(forwards[1:], backwards):
+                out += [Action(forward.stage, "F", forward.microbatch, True), backward]
+            return [out + [backwards[-1]]]
+    rows = []
+    for row in actions:
+        out = list(row)
+        index = 0
+        while index + 1 < len(out):
+            first, second = out[index], out[index + 1]
+            if (first.comp == "F" and second.comp in ("B", "I") and not first.overlap
+                    and not second.overlap
+                    and (first.stage, first.microbatch) != (second.stage, second.microbatch)):
+                out[index] = Action(first.stage, "F", first.microbatch, True)
+                index += 2
+            else:
+                index += 1
+        rows.append(out)
+    while True:
+        try:
+            _run(rows, placement, lambda a: 0, 0)
+            return rows
+        except _Deadlock as stuck:
+            paired = [(rank, index) for rank, index in stuck.waiting
+                      if rows[rank][index].overlap]
+            if not paired:
+                raise
+            rank, index = paired[0]
+            action = rows[rank][index]
+            rows[rank][index] = Action(action.stage, "F", action.microbatch)
 
 
 def _check_pos_int(name: str, value: object) -> None:
@@ -146,20 +253,26 @@ def _check_pos_int(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class StagePlacement:
-    """Which pipeline rank holds each global virtual stage.
+    """Which pipeline rank holds each global virtual stage, and the routes
+    micro-batches take through them (module docstring).
 
     Attributes:
         pp: pipeline ranks.
         rank_of_stage: the rank of stage ``s`` at index ``s`` (every rank holds
             the same number of stages).
+        routes: disjoint passes over the model (1; DualPipe: 2). The stages split
+            in ``routes`` consecutive blocks of ``S / routes``; micro-batch ``j``
+            runs through block ``j % routes``, and stage ``s`` runs model chunk
+            ``s % (S / routes)``.
 
     Raises:
-        ValueError: when a rank is out of range or ranks hold unequal numbers
-            of stages.
+        ValueError: when a rank is out of range, ranks hold unequal numbers of
+            stages, or ``routes`` does not divide the stages.
     """
 
     pp: int
     rank_of_stage: tuple[int, ...]
+    routes: int = 1
 
     def __post_init__(self) -> None:
         _check_pos_int("pp", self.pp)
@@ -172,6 +285,10 @@ class StagePlacement:
         if len(set(counts)) != 1 or counts[0] == 0:
             raise ValueError(f"rank_of_stage={self.rank_of_stage!r} is invalid; valid: every "
                              f"one of the {self.pp} ranks holds the same number of stages")
+        _check_pos_int("routes", self.routes)
+        if len(self.rank_of_stage) % self.routes:
+            raise ValueError(f"routes={self.routes} is invalid; valid: a divisor of the "
+                             f"{len(self.rank_of_stage)} stages")
 
     @property
     def num_stages(self) -> int:
@@ -182,6 +299,36 @@ class StagePlacement:
     def stages_per_rank(self) -> int:
         """Virtual stages (model chunks) each rank holds."""
         return self.num_stages // self.pp
+
+    @property
+    def num_chunks(self) -> int:
+        """Distinct model chunks: the stages of one route (``S / routes``)."""
+        return self.num_stages // self.routes
+
+    def chunk_of(self, stage: int) -> int:
+        """The model chunk stage ``stage`` runs (``stage % num_chunks``).
+
+        Raises:
+            ValueError: for a stage outside ``0 .. S-1``.
+        """
+        self.rank_of(stage)  # validates the stage
+        return stage % self.num_chunks
+
+    def is_first(self, stage: int) -> bool:
+        """``stage`` is the first of its route (it embeds the input tokens)."""
+        return self.chunk_of(stage) == 0
+
+    def is_last(self, stage: int) -> bool:
+        """``stage`` is the last of its route (it holds the head and the loss)."""
+        return self.chunk_of(stage) == self.num_chunks - 1
+
+    def on_route(self, stage: int, microbatch: int) -> bool:
+        """Micro-batch ``microbatch`` runs through ``stage``."""
+        return stage // self.num_chunks == microbatch % self.routes
+
+    def microbatches_through(self, stage: int, microbatches: int) -> int:
+        """How many of ``microbatches`` micro-batches run through ``stage``."""
+        return len(range(stage // self.num_chunks, microbatches, self.routes))
 
     def rank_of(self, stage: int) -> int:
         """The pipeline rank that holds ``stage``.
@@ -204,10 +351,12 @@ class StagePlacement:
         return tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank)
 
     def edges(self) -> tuple[tuple[int, int], ...]:
-        """``(rank, next rank)`` of every stage boundary that crosses ranks, in stage
-        order without repeats: the pipeline's point-to-point links."""
+        """``(rank, next rank)`` of every stage boundary inside a route that crosses
+        ranks, in stage order without repeats: the pipeline's point-to-point links."""
         seen: list[tuple[int, int]] = []
         for stage in range(self.num_stages - 1):
+            if self.is_last(stage):
+                continue
             pair = (self.rank_of_stage[stage], self.rank_of_stage[stage + 1])
             if pair[0] != pair[1] and pair not in seen:
                 seen.append(pair)
@@ -236,6 +385,20 @@ def v_placement(pp: int) -> StagePlacement:
     """
     _check_pos_int("pp", pp)
     return StagePlacement(pp, tuple(range(pp)) + tuple(reversed(range(pp))))
+
+
+def dual_placement(pp: int) -> StagePlacement:
+    """DualPipe's two-way layout (DeepSeek-V3 report, arXiv 2412.19437, Section 3.2.1):
+    ``2 pp`` stages on the V's ranks (stage ``s`` and ``2 pp - 1 - s`` on rank
+    ``min(s, 2 pp - 1 - s)``) but two routes: even micro-batches run chunks
+    ``0 .. pp-1`` on ranks ``0 .. pp-1``, odd ones the same chunks on ranks
+    ``pp-1 .. 0``. Rank ``r`` holds chunks ``r`` and ``pp - 1 - r``.
+
+    Raises:
+        ValueError: if ``pp`` is not an int >= 1.
+    """
+    _check_pos_int("pp", pp)
+    return StagePlacement(pp, v_placement(pp).rank_of_stage, routes=2)
 
 
 class PeerStages(NamedTuple):
@@ -269,16 +432,16 @@ def peer_stages(stage: int, num_stages: int) -> PeerStages:
 
 def send_target(action: Action, placement: StagePlacement) -> tuple[int, int] | None:
     """``(stage, rank)`` the output of ``action`` goes to, or None (W actions, the
-    last stage's F, the first stage's B/I). It is a point-to-point transfer only
-    when the target rank differs from the action's own rank."""
-    peers = peer_stages(action.stage, placement.num_stages)
-    if action.comp == "F":
-        target = peers.activations_to
-    elif action.comp in ("B", "I"):
-        target = peers.gradients_to
+    last stage's F and the first stage's B/I of a route). It is a point-to-point
+    transfer only when the target rank differs from the action's own rank."""
+    stage = action.stage
+    if action.comp == "F" and not placement.is_last(stage):
+        target = stage + 1
+    elif action.comp in ("B", "I") and not placement.is_first(stage):
+        target = stage - 1
     else:
-        target = None
-    return None if target is None else (target, placement.rank_of(target))
+        return None
+    return target, placement.rank_of(target)
 
 
 # --------------------------------------------------------------------------- checking & timing
@@ -326,6 +489,7 @@ def _structure(
                 raise ValueError(f"action {action} appears twice on rank {rank}; valid: once")
             seen[key] = rank
             mbs.add(action.microbatch)
+            _check_pair(row, index, rank)
     if microbatches is None:
         microbatches = max(mbs) + 1 if mbs else 0
         if microbatches == 0:
@@ -342,6 +506,12 @@ def _structure(
         for j in range(microbatches):
             has = {c: (stage, c, j) in seen for c in COMPUTATIONS}
             where = f"stage {stage} (rank {rank_of[stage]}), micro-batch {j}"
+            if not placement.on_route(stage, j):
+                if any(has.values()):
+                    raise ValueError(f"{where}: micro-batch {j} takes route "
+                                     f"{j % placement.routes}, which does not pass stage "
+                                     f"{stage}; valid: no action there")
+                continue
             if not has["F"]:
                 raise ValueError(f"{where} has no forward {stage}F{j}; valid: exactly one F")
             if has["B"] and (has["I"] or has["W"]):
@@ -356,7 +526,23 @@ def _structure(
     return microbatches
 
 
-def _dependencies(action: Action, num_stages: int, has_split: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
+def _check_pair(row: Sequence[Action], index: int, rank: int) -> None:
+    """An action flagged ``overlap`` pairs with the next one: a forward and a backward
+    (B or I) of one rank, the second not flagged itself."""
+    action = row[index]
+    if not action.overlap:
+        return
+    partner = row[index + 1] if index + 1 < len(row) else None
+    comps = {action.comp, partner.comp} if isinstance(partner, Action) else set()
+    if (partner is None or not isinstance(partner, Action) or partner.overlap
+            or "F" not in comps or not comps & {"B", "I"}):
+        raise ValueError(f"action {action} on rank {rank} overlaps the next action "
+                         f"({partner}); valid: a forward paired with a B or I that is not "
+                         "paired itself")
+
+
+def _dependencies(action: Action, placement: StagePlacement,
+                  has_split: set[tuple[int, int]]) -> list[tuple[int, str, int]]:
     """Keys (stage, comp, mb) of the actions ``action`` waits for ("B" in a
     key means "the stage's backward-input": B or I, resolved via has_split)."""
     s, c, j = action.stage, action.comp, action.microbatch
@@ -365,10 +551,10 @@ def _dependencies(action: Action, num_stages: int, has_split: set[tuple[int, int
         return (stage, "I" if (stage, j) in has_split else "B", j)
 
     if c == "F":
-        return [(s - 1, "F", j)] if s > 0 else []
+        return [] if placement.is_first(s) else [(s - 1, "F", j)]
     if c in ("B", "I"):
         deps = [(s, "F", j)]
-        if s + 1 < num_stages:
+        if not placement.is_last(s):
             deps.append(bwd_key(s + 1))
         return deps
     return [(s, "I", j)]  # W
@@ -390,27 +576,43 @@ def _as_stage_durations(name: str, value: Durations, num_stages: int) -> list[Nu
     return values
 
 
+class _Deadlock(ValueError):
+    """Action lists that cannot finish; ``waiting``: (rank, position) of every rank's
+    stuck action, lowest rank first."""
+
+    def __init__(self, message: str, waiting: list[tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.waiting = waiting
+
+
 def _run(
     actions: Sequence[Sequence[Action]],
     placement: StagePlacement,
     duration,
     t_comm: Number,
+    pair_duration=None,
 ):
-    """Execute the action lists in dependency order.
+    """Execute the action lists in dependency order; an overlapped pair
+    (:attr:`Action.overlap`) starts when both its actions may and lasts
+    ``pair_duration(first, second)`` (default: the sum of their durations).
 
     Returns per rank a list of (action, start, end); raises ValueError naming
     the first stuck action (lowest rank) if the lists deadlock.
     """
-    pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
+    pp, rank_of = placement.pp, placement.rank_of_stage
     has_split = {
         (a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"
     }
+    if pair_duration is None:
+        def pair_duration(first: Action, second: Action) -> Number:
+            return duration(first) + duration(second)
     finish: dict[tuple[int, str, int], object] = {}
     pos = [0] * pp
     free_at: list[Number] = [0] * pp
     spans: list[list[tuple[Action, Number, Number]]] = [[] for _ in range(pp)]
+    comm_wait: list[Number] = [0] * pp
     remaining = sum(len(row) for row in actions)
-    # dependencies of the action each rank waits on, computed once per action
+    # dependencies of the action (or pair) each rank waits on, computed once
     waiting: list[list | None] = [None] * pp
     while remaining:
         progressed = False
@@ -418,40 +620,50 @@ def _run(
             row = actions[rank]
             while pos[rank] < len(row):
                 action = row[pos[rank]]
+                members = (action, row[pos[rank] + 1]) if action.overlap else (action,)
                 deps = waiting[rank]
                 if deps is None:
-                    deps = waiting[rank] = _dependencies(action, num_stages, has_split)
+                    deps = waiting[rank] = [d for member in members
+                                            for d in _dependencies(member, placement, has_split)]
                 if any(d not in finish for d in deps):
                     break
                 waiting[rank] = None
-                start = free_at[rank]
+                start = produced = free_at[rank]
                 for d in deps:
                     ready = finish[d]
+                    if ready > produced:
+                        produced = ready
                     if rank_of[d[0]] != rank:
                         ready = ready + t_comm
                     if ready > start:
                         start = ready
-                end = start + duration(action)
-                finish[(action.stage, action.comp, action.microbatch)] = end
-                spans[rank].append((action, start, end))
+                # the rank idles for the transfer itself only past the data's production
+                comm_wait[rank] = comm_wait[rank] + (start - produced if start > produced else 0)
+                end = start + (pair_duration(*members) if action.overlap else duration(action))
+                for member in members:
+                    finish[(member.stage, member.comp, member.microbatch)] = end
+                    spans[rank].append((member, start, end))
                 free_at[rank] = end
-                pos[rank] += 1
-                remaining -= 1
+                pos[rank] += len(members)
+                remaining -= len(members)
                 progressed = True
         if not progressed:
             for rank in range(pp):
                 if pos[rank] < len(actions[rank]):
                     action = actions[rank][pos[rank]]
+                    members = ((action, actions[rank][pos[rank] + 1]) if action.overlap
+                               else (action,))
                     missing = [
                         f"{d[0]}{d[1]}{d[2]}"
-                        for d in _dependencies(action, num_stages, has_split)
+                        for member in members
+                        for d in _dependencies(member, placement, has_split)
                         if d not in finish
                     ]
-                    raise ValueError(
+                    raise _Deadlock(
                         f"schedule deadlocks: action {action} (rank {rank}, position "
-                        f"{pos[rank]}) waits for {', '.join(missing)}, which can never run first"
-                    )
-    return spans
+                        f"{pos[rank]}) waits for {', '.join(missing)}, which can never run first",
+                        [(r, pos[r]) for r in range(pp) if pos[r] < len(actions[r])])
+    return spans, comm_wait
 
 
 def check_schedule(
@@ -568,6 +780,9 @@ class ScheduleTiming:
         max_inflight_until_w: per rank, peak held between F and B/W
             (``release="weight"``).
         spans: per rank, ``(action, start, end)`` in execution order.
+        comm_wait: per rank, time it idles for point-to-point transfers: an action
+            that waits for an input from another rank waits ``t_comm`` at most beyond
+            the input's production (the exposed transfer).
     """
 
     makespan: Number
@@ -576,11 +791,22 @@ class ScheduleTiming:
     max_inflight: tuple[int, ...]
     max_inflight_until_w: tuple[int, ...]
     spans: tuple[tuple[tuple[Action, Number, Number], ...], ...]
+    comm_wait: tuple[Number, ...] = ()
 
     @property
     def mean_bubble_fraction(self) -> Number:
         """Bubble fraction averaged over ranks (= 1 - sum(busy) / (pp * makespan))."""
         return sum(self.bubble_fraction) / len(self.bubble_fraction)
+
+
+def _busy(row: Sequence[tuple[Action, Number, Number]]) -> Number:
+    """Time a rank computes: its spans, an overlapped pair's (shared) span once."""
+    total, paired = 0, False
+    for action, start, end in row:
+        if not paired:
+            total = total + (end - start)
+        paired = action.overlap
+    return total
 
 
 def simulate_unit_times(
@@ -592,6 +818,8 @@ def simulate_unit_times(
     t_w: Durations | None = None,
     t_comm: Number = 0,
     check: bool = True,
+    t_fb: Number | Mapping[tuple[int, int], Number] | None = None,
+    t_i: Durations | None = None,
 ) -> ScheduleTiming:
     """Exact event simulation of per-rank action lists with fixed durations.
 
@@ -617,9 +845,16 @@ def simulate_unit_times(
         t_comm: point-to-point latency between ranks (>= 0).
         check: validate the lists' structure first (:func:`check_schedule`); lists
             from :func:`schedule_actions` may skip it.
+        t_i: input-gradient part of the backward when it is not ``t_b - t_w`` (a
+            full backward overlaps its two parts' communication better than the two
+            split actions do): I takes ``t_i``.
+        t_fb: duration of an overlapped forward-backward pair (DualPipe's ``F&B``):
+            a number for every pair, or ``{(forward stage, backward stage):
+            duration}``; None (or a pair missing from the mapping) takes the sum of
+            the two actions' durations.
 
     Returns:
-        :class:`ScheduleTiming`.
+        :class:`ScheduleTiming` (a pair counts once in ``busy``).
 
     Raises:
         ValueError: on incomplete or deadlocking lists, negative durations,
@@ -647,6 +882,8 @@ def simulate_unit_times(
                 )
     else:
         tw = [0] * num_stages
+    ti = ([b - w for b, w in zip(tb, tw)] if t_i is None
+          else _as_stage_durations("t_i", t_i, num_stages))
     if isinstance(t_comm, bool) or not isinstance(t_comm, Real) or not t_comm >= 0:
         raise ValueError(f"t_comm={t_comm!r} is invalid; valid: a duration >= 0")
 
@@ -657,15 +894,32 @@ def simulate_unit_times(
         if action.comp == "B":
             return tb[s]
         if action.comp == "I":
-            return tb[s] - tw[s]
+            return ti[s]
         return tw[s]
 
-    spans = _run(actions, placement, duration, t_comm)
+    pair_values: list[Number] = []
+
+    def pair_duration(first: Action, second: Action) -> Number:
+        forward, backward = (first, second) if first.comp == "F" else (second, first)
+        if t_fb is None:
+            found = None
+        elif isinstance(t_fb, Mapping):
+            found = t_fb.get((forward.stage, backward.stage))
+        else:
+            found = t_fb
+        if found is None:
+            return duration(first) + duration(second)
+        if isinstance(found, bool) or not isinstance(found, Real) or not found >= 0:
+            raise ValueError(f"t_fb={found!r} is invalid; valid: durations >= 0")
+        pair_values.append(found)
+        return found
+
+    spans, comm_wait = _run(actions, placement, duration, t_comm, pair_duration)
     ends = [row[-1][2] for row in spans if row]
     makespan = max(ends) if ends else 0
-    busy = tuple(sum((end - start for _, start, end in row), 0) for row in spans)
+    busy = tuple(_busy(row) for row in spans)
     exact = all(
-        isinstance(v, Rational) for v in [*tf, *tb, *tw, t_comm]
+        isinstance(v, Rational) for v in [*tf, *tb, *tw, *ti, t_comm, *pair_values]
     )
     if makespan == 0:
         bubble = tuple(0 for _ in busy)
@@ -680,6 +934,7 @@ def simulate_unit_times(
         max_inflight=tuple(max_inflight_microbatches(actions, release="input")),
         max_inflight_until_w=tuple(max_inflight_microbatches(actions, release="weight")),
         spans=tuple(tuple(row) for row in spans),
+        comm_wait=tuple(comm_wait),
     )
 
 
@@ -741,11 +996,15 @@ def _held_walk(actions) -> _HeldWalk | None:
 
 
 class _Replay(NamedTuple):
-    """An action list compiled for :func:`replay_ends`: per action in a dependency
-    order, (rank, duration index, first dependency, its transfer flag, second
-    dependency, its flag), -1 for none; and the position of each rank's last action."""
+    """An action list compiled for :func:`replay_timing`: per unit (an action, or an
+    overlapped pair) in the order :func:`_run` executes them, ``(rank, duration index,
+    pair, dependencies)`` with the dependencies as ``(unit position, crosses ranks)``;
+    the duration index is ``comp * stages + stage`` of a single action (F, B, I, W) or
+    of a pair's forward (``pair`` then holds the backward's (stage, comp) and the
+    forward's stage); and each rank's first and last unit (-1: none)."""
 
-    steps: tuple[tuple[int, int, int, bool, int, bool], ...]
+    units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, bool], ...]], ...]
+    first: tuple[int, ...]
     last: tuple[int, ...]
     pp: int
     split: bool
@@ -753,105 +1012,142 @@ class _Replay(NamedTuple):
 
 
 _REPLAYS: OrderedDict = OrderedDict()
+_COMP_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
 def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
-    """Order the actions as :func:`_run` executes them (a dependency order) and resolve
+    """Order the units as :func:`_run` executes them (a dependency order) and resolve
     their dependencies to positions; None when the lists deadlock (the caller then
     runs :func:`_run`, which names the stuck action)."""
     pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
     has_split = {(a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"}
     position: dict[tuple[int, str, int], int] = {}
-    steps = []
+    units = []
     pos = [0] * pp
     remaining = sum(len(row) for row in actions)
-    index_of = {"F": 0, "B": 1, "I": 2, "W": 3}
     while remaining:
         progressed = False
         for rank in range(pp):
             row = actions[rank]
             while pos[rank] < len(row):
                 action = row[pos[rank]]
-                deps = _dependencies(action, num_stages, has_split)
+                members = (action, row[pos[rank] + 1]) if action.overlap else (action,)
+                deps = [d for member in members
+                        for d in _dependencies(member, placement, has_split)]
                 if any(d not in position for d in deps):
                     break
-                refs = [(position[d], rank_of[d[0]] != rank) for d in deps] + [(-1, False)] * 2
-                steps.append((rank, index_of[action.comp] * num_stages + action.stage,
-                              *refs[0], *refs[1]))
-                position[(action.stage, action.comp, action.microbatch)] = len(steps) - 1
-                pos[rank] += 1
-                remaining -= 1
+                refs = tuple((position[d], rank_of[d[0]] != rank) for d in deps)
+                if action.overlap:
+                    forward, backward = members if members[0].comp == "F" else members[::-1]
+                    units.append((rank, forward.stage, (backward.stage,
+                                                        _COMP_INDEX[backward.comp]), refs))
+                else:
+                    units.append((rank, _COMP_INDEX[action.comp] * num_stages + action.stage,
+                                  None, refs))
+                for member in members:
+                    position[(member.stage, member.comp, member.microbatch)] = len(units) - 1
+                pos[rank] += len(members)
+                remaining -= len(members)
                 progressed = True
         if not progressed:
             return None
-    last = [-1] * pp
-    for k, step in enumerate(steps):
-        last[step[0]] = k
-    return _Replay(tuple(steps), tuple(last), pp, bool(has_split), OrderedDict())
+    first, last = [-1] * pp, [-1] * pp
+    for k, unit in enumerate(units):
+        if first[unit[0]] < 0:
+            first[unit[0]] = k
+        last[unit[0]] = k
+    return _Replay(tuple(units), tuple(first), tuple(last), pp, bool(has_split), OrderedDict())
 
 
-def replay_ends(actions: Sequence[Sequence[Action]], placement: StagePlacement,
-                t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
-                t_comm: int) -> tuple[int, tuple[int, ...]]:
-    """``(makespan, each rank's last end)`` of :func:`simulate_unit_times` on
-    already-checked lists (``check=False``), with integer durations per stage; 0 for a
-    rank without actions.
+def _compiled(actions, placement: StagePlacement) -> _Replay | None:
+    """The compiled replay of immutable ``actions`` (None for mutable or deadlocking
+    lists), kept in a small LRU table keyed by the lists' identity."""
+    if not isinstance(actions, tuple) or not all(isinstance(row, tuple) for row in actions):
+        return None
+    key = (id(actions), placement)
+    entry = _REPLAYS.get(key)
+    if entry is not None and entry[0] is actions:
+        _REPLAYS.move_to_end(key)
+        return entry[1]
+    compiled = _compile_replay(actions, placement)
+    if compiled is not None:
+        _REPLAYS[key] = (actions, compiled)
+        if len(_REPLAYS) > _COMPILED_MAX:
+            _REPLAYS.popitem(last=False)
+    return compiled
 
-    The same earliest-start recurrence as :func:`_run` (an action starts at the later
-    of its rank's previous end and each dependency's end, plus ``t_comm`` across
-    ranks), evaluated over a dependency order compiled once per immutable action list
-    and memoised per duration vector, so the same sums and maxima give the same
-    integers. Mutable lists are replayed by :func:`simulate_unit_times` itself.
+
+def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement,
+                  t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
+                  t_comm: int, t_fb: Mapping[tuple[int, int], int] | None = None,
+                  t_i: Sequence[int] | None = None
+                  ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``(makespan, each rank's last end, each rank's first start, each rank's wait for
+    transfers)`` of :func:`simulate_unit_times` on already-checked lists
+    (``check=False``) with integer durations per stage (0 for a rank without actions).
+
+    The same earliest-start recurrence as :func:`_run` (a unit starts at the later of
+    its rank's previous end and each dependency's end, plus ``t_comm`` across ranks;
+    the rank's wait for a transfer is the start past the latest production), over a
+    dependency order compiled once per immutable action list and memoised per
+    duration vector, so the same sums and maxima give the same integers. Mutable
+    lists, and durations that are not integers, are replayed by
+    :func:`simulate_unit_times` itself (which also raises its errors).
 
     Raises:
         ValueError: as :func:`simulate_unit_times` (deadlocks, bad durations).
     """
-    compiled = None
-    if isinstance(actions, tuple) and all(isinstance(row, tuple) for row in actions):
-        key = (id(actions), placement)
-        entry = _REPLAYS.get(key)
-        if entry is not None and entry[0] is actions:
-            _REPLAYS.move_to_end(key)
-            compiled = entry[1]
-        else:
-            compiled = _compile_replay(actions, placement)
-            if compiled is not None:
-                _REPLAYS[key] = (actions, compiled)
-                if len(_REPLAYS) > _COMPILED_MAX:
-                    _REPLAYS.popitem(last=False)
-    exact = all(_is_int(v) for v in (*t_f, *t_b, *(t_w or ()), t_comm))
-    if (compiled is None or not exact or any(v < 0 for v in (*t_f, *t_b, *(t_w or ())))
-            or t_comm < 0 or len(t_f) != placement.num_stages
-            or len(t_b) != placement.num_stages or (compiled.split and t_w is None)
-            or (t_w is not None and len(t_w) != placement.num_stages)):
+    compiled = _compiled(actions, placement)
+    num_stages = placement.num_stages
+    tw = list(t_w) if t_w is not None else [0] * len(t_f)
+    ti = list(t_i) if t_i is not None else [b - w for b, w in zip(t_b, tw)]
+    pairs = dict(t_fb) if isinstance(t_fb, Mapping) else {}
+    values = (*t_f, *t_b, *tw, *ti, *pairs.values())
+    if (compiled is None or (t_fb is not None and not isinstance(t_fb, Mapping)) or not all(_is_int(v) and v >= 0 for v in values)
+            or not _is_int(t_comm) or t_comm < 0
+            or any(len(v) != num_stages for v in (t_f, t_b, tw, ti))
+            or (compiled.split and t_w is None) or any(w > b for w, b in zip(tw, t_b))):
         timing = simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
                                      list(t_b), None if t_w is None else list(t_w), t_comm,
-                                     check=False)
-        return timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans)
-    weights = list(t_w) if t_w is not None else [0] * len(t_f)
-    if any(w > b for w, b in zip(weights, t_b)):
-        simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
-                            list(t_b), weights, t_comm, check=False)  # raises its error
-    durations = (*t_f, *t_b, *(b - w for b, w in zip(t_b, weights)), *weights)
-    memo_key = (durations, t_comm)
+                                     check=False, t_fb=t_fb,
+                                     t_i=None if t_i is None else list(t_i))
+        return (timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans),
+                tuple(row[0][1] if row else 0 for row in timing.spans),
+                tuple(timing.comm_wait))
+    durations = (*t_f, *t_b, *ti, *tw)
+    memo_key = (durations, t_comm, tuple(sorted(pairs.items())))
     found = compiled.results.get(memo_key)
     if found is not None:
+        compiled.results.move_to_end(memo_key)
         return found
-    end = [0] * len(compiled.steps)
+    end = [0] * len(compiled.units)
+    start_of = [0] * len(compiled.units)
     free = [0] * compiled.pp
-    for k, (rank, which, a, a_far, b, b_far) in enumerate(compiled.steps):
-        start = free[rank]
-        if a >= 0:
-            ready = end[a] + t_comm if a_far else end[a]
+    wait = [0] * compiled.pp
+    for k, (rank, which, pair, deps) in enumerate(compiled.units):
+        start = produced = free[rank]
+        for dep, far in deps:
+            ready = end[dep]
+            if ready > produced:
+                produced = ready
+            if far:
+                ready += t_comm
             if ready > start:
                 start = ready
-            if b >= 0:
-                ready = end[b] + t_comm if b_far else end[b]
-                if ready > start:
-                    start = ready
-        free[rank] = end[k] = start + durations[which]
-    ends = tuple(end[k] if k >= 0 else 0 for k in compiled.last)
-    found = (max((end[k] for k in compiled.last if k >= 0), default=0), ends)
+        if start > produced:
+            wait[rank] += start - produced
+        if pair is None:
+            duration = durations[which]
+        else:  # which: the forward's stage; pair: the backward's stage and comp index
+            duration = pairs.get((which, pair[0]))
+            if duration is None:
+                duration = durations[which] + durations[pair[1] * num_stages + pair[0]]
+        start_of[k] = start
+        free[rank] = end[k] = start + duration
+    found = (max((end[k] for k in compiled.last if k >= 0), default=0),
+             tuple(end[k] if k >= 0 else 0 for k in compiled.last),
+             tuple(start_of[k] if k >= 0 else 0 for k in compiled.first),
+             tuple(wait))
     compiled.results[memo_key] = found
     if len(compiled.results) > _RESULTS_MAX:
         compiled.results.popitem(last=False)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from hardware.spec import ATTENTION_IMPLS
 from strategies import model_costs
+from strategies.expert_routing import check_expert_load_spec
 from strategies.schedules import SCHEDULES, get_schedule
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -36,6 +37,12 @@ PS_PLACEMENTS = ("dedicated", "colocated")
 #: Fused attention implementations a plan can name; ``auto`` is Transformer Engine's own
 #: choice for the GPU (hardware.compute.DEFAULT_ATTENTION_IMPL).
 ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
+#: Token dispatchers of Megatron-Core's MoE layer (``--moe-token-dispatcher-type``):
+#: ``alltoall`` (MoEAlltoAllTokenDispatcher: NCCL all-to-all over EP, then all-gather over
+#: expert-TP), ``allgather`` (MoEAllGatherTokenDispatcher: every token gathered over
+#: EP x expert-TP) and ``deepep`` (the flex dispatcher on DeepEP: a token crosses the
+#: network once per destination node, then NVLink; FP8 dispatch optional).
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
 #: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
 SEARCH_KINDS = ("list", "fixed", "derived")
@@ -73,8 +80,27 @@ class ParallelPlan:
 
     Attributes:
         dp, tp, pp, cp: data, tensor, pipeline and context parallel sizes.
-        ep: expert-parallel size for MoE layers (divides dp * cp in Megatron;
-            here it must divide dp).
+        ep: expert-parallel size for MoE layers: the expert side splits each pipeline
+            stage's ``tp * cp * dp`` ranks as ``expert_tp * ep * expert-dp`` (Megatron-Core
+            ``parallel_state``), so EP spans DP x CP (x TP when ``expert_tp < tp``) and may
+            exceed dp.
+        expert_tp: expert tensor-parallel size (Megatron ``--expert-tensor-parallel-size``);
+            0 = tp.
+        moe_dispatcher: the token dispatcher (:data:`MOE_DISPATCHERS`).
+        moe_dispatch_fp8: dispatch tokens in FP8 (1 byte per element and a fp32 scale per
+            128: DeepSeek-V3's dispatch, DeepEP's FP8 dispatch); the combine stays bf16.
+        moe_a2a_overlap: overlap one micro-batch's forward with another's backward so each
+            one's expert communication hides behind the other's compute (Megatron
+            ``--overlap-moe-expert-parallel-comm``, its combined 1F1B; needs vpp >= 2 with
+            pipeline parallelism). DualPipe schedules always do.
+        moe_expert_load: how the router loads the experts
+            (:mod:`strategies.expert_routing`): ``uniform``, ``zipf:<s>`` or a file of
+            token counts per expert.
+        moe_capacity_factor: ``""`` the model's (MoESpec.capacity_factor), ``dropless``,
+            or a number: the per-expert capacity relative to a balanced load (Megatron
+            ``--moe-expert-capacity-factor``), tokens above it dropped.
+        moe_pad_to_capacity: every expert processes its full capacity (Megatron
+            ``--moe-pad-expert-input-to-capacity``).
         vpp: virtual pipeline stages (model chunks) per pipeline rank.
         micro_batch: sequences per micro-batch.
         global_batch: sequences per step (over all data-parallel replicas).
@@ -159,8 +185,27 @@ class ParallelPlan:
                      aliases=("--pipeline-model-parallel-size",), search="list", minimum=1)
     cp: int = _field(1, "Context-parallel size.", aliases=("--context-parallel-size",),
                      search="list", minimum=1)
-    ep: int = _field(1, "Expert-parallel size (MoE; divides dp).",
+    ep: int = _field(1, "Expert-parallel size (MoE; expert_tp*ep divides tp*cp*dp).",
                      aliases=("--expert-model-parallel-size",), search="list", minimum=1)
+    expert_tp: int = _field(0, "Expert tensor-parallel size (MoE; 0: the same as tp).",
+                            aliases=("--expert-tensor-parallel-size",), minimum=0)
+    moe_dispatcher: str = _field("alltoall", "MoE token dispatcher: alltoall, allgather or "
+                                             "deepep.",
+                                 aliases=("--moe-token-dispatcher-type",),
+                                 choices=lambda: MOE_DISPATCHERS)
+    moe_dispatch_fp8: bool = _field(False, "Dispatch MoE tokens in FP8 (the combine stays "
+                                           "bf16).")
+    moe_a2a_overlap: bool = _field(False, "Overlap one micro-batch's forward with another's "
+                                          "backward, hiding each one's expert all-to-all "
+                                          "(Megatron --overlap-moe-expert-parallel-comm).",
+                                   aliases=("--overlap-moe-expert-parallel-comm",))
+    moe_expert_load: str = _field("uniform", "Router load over the experts: uniform, "
+                                             "zipf:<s>, or a file of token counts per expert.")
+    moe_capacity_factor: str = _field("", "Expert capacity factor: a number, dropless, or "
+                                          "empty for the model's.",
+                                      aliases=("--moe-expert-capacity-factor",))
+    moe_pad_to_capacity: bool = _field(False, "Pad every expert's input to its capacity.",
+                                       aliases=("--moe-pad-expert-input-to-capacity",))
     vpp: int = _field(1, "Virtual pipeline stages per rank; > 1 implies the interleaved "
                          "schedule unless one is given.",
                       aliases=("--virtual-pipeline-model-parallel-size",), search="list",
@@ -306,12 +351,49 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.recompute_layers and plan.recompute != "full":
         raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
                          f"not {plan.recompute!r}; give recompute_layers 0")
+    _check_moe_fields(plan)
     _validate_dp_mode(plan)
+
+
+def capacity_factor(plan: ParallelPlan, model_capacity_factor: float) -> float | None:
+    """The expert capacity factor the plan runs with (None: dropless): the plan's
+    ``moe_capacity_factor`` when given, else the model's (0 there means dropless)."""
+    text = plan.moe_capacity_factor
+    if text == "dropless" or (not text and model_capacity_factor <= 0):
+        return None
+    return float(text) if text else float(model_capacity_factor)
+
+
+def _check_moe_fields(plan: ParallelPlan) -> None:
+    """The MoE fields together (model-independent; one line per problem)."""
+    text = plan.moe_capacity_factor
+    if text not in ("", "dropless"):
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise ValueError(f"moe_capacity_factor: {text!r} is not valid; give a number > 0, "
+                             "dropless, or nothing (the model's)")
+    if plan.moe_pad_to_capacity and text == "dropless":
+        raise ValueError("moe_pad_to_capacity: padding needs a capacity; give "
+                         "moe_capacity_factor a number, or moe_pad_to_capacity false")
+    check_expert_load_spec(plan.moe_expert_load)
+    etp = plan.expert_tp or plan.tp
+    stage_ranks = plan.tp * plan.cp * plan.dp
+    if stage_ranks % (etp * plan.ep):
+        raise ValueError(f"ep: expert_tp {etp} x ep {plan.ep} = {etp * plan.ep} does not divide "
+                         f"the {stage_ranks} ranks of a pipeline stage (tp {plan.tp} x cp "
+                         f"{plan.cp} x dp {plan.dp}); valid: expert_tp*ep dividing tp*cp*dp")
+    if plan.moe_a2a_overlap and plan.pp > 1 and plan.vpp < 2:
+        raise ValueError(f"moe_a2a_overlap: needs virtual pipeline stages with pipeline "
+                         f"parallelism (pp {plan.pp}, vpp {plan.vpp}), as Megatron-Core's "
+                         "combined 1F1B; give vpp >= 2 or moe_a2a_overlap false")
 
 
 def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv_heads: int,
                   num_experts: int = 0, gpus: int | None = None,
-                  cluster_gpus: int | None = None) -> None:
+                  cluster_gpus: int | None = None, expert_ffn_hidden_size: int = 0) -> None:
     """Reject a plan that cannot run this model on this job, with one line naming the
     field, the value and what would be valid (torchtitan's ParallelDims style: print every
     factor). The plan already checked its own fields when it was built.
@@ -320,6 +402,7 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         plan: the plan.
         num_layers, num_heads, num_kv_heads: of the model.
         num_experts: routed experts of the model (0 for dense).
+        expert_ffn_hidden_size: of one routed expert (0: not checked).
         gpus: GPUs the user asked for (must equal dp*tp*pp*cp).
         cluster_gpus: GPUs the cluster has.
 
@@ -358,8 +441,9 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         raise ValueError(f"global_batch: {plan.global_batch} is not divisible by dp {plan.dp} x "
                          f"micro_batch {plan.micro_batch} = {plan.dp * plan.micro_batch}")
     # the schedule object says which shapes it runs (strategies.schedules)
+    schedule = get_schedule(plan.schedule)
     try:
-        get_schedule(plan.schedule).check(plan.pp, plan.num_microbatches, plan.vpp)
+        schedule.check(plan.pp, plan.num_microbatches, plan.vpp)
     except ValueError as problem:
         field_name = str(problem).split("=", 1)[0]
         if field_name == "microbatches":
@@ -367,15 +451,31 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
                              f"pipeline, which schedule {plan.schedule!r} rejects: {problem}"
                              ) from None
         raise ValueError(f"{field_name}: {problem}") from None
-    if plan.ep > 1:
-        if num_experts == 0:
-            raise ValueError(f"ep: {plan.ep} needs a mixture-of-experts model; give ep 1")
-        if num_experts % plan.ep:
-            raise ValueError(f"ep: {plan.ep} does not divide the model's {num_experts} experts; "
-                             f"valid: a divisor of {num_experts}")
-        if plan.dp % plan.ep:
-            raise ValueError(f"ep: {plan.ep} does not divide dp {plan.dp}; expert parallelism "
-                             "splits the data-parallel ranks")
+    if plan.zero == 3 and schedule.placement(plan.pp, plan.vpp).routes > 1:
+        raise ValueError(f"zero: 3 is not valid with schedule {plan.schedule!r}, whose two "
+                         "copies of every chunk would gather their parameters at different "
+                         "times; give zero 0, 1 or 2")
+    if num_experts == 0:
+        for name, default in (("ep", 1), ("expert_tp", 0), ("moe_a2a_overlap", False),
+                              ("moe_dispatcher", "alltoall"), ("moe_dispatch_fp8", False),
+                              ("moe_expert_load", "uniform"), ("moe_capacity_factor", ""),
+                              ("moe_pad_to_capacity", False)):
+            if getattr(plan, name) != default:
+                raise ValueError(f"{name}: {getattr(plan, name)!r} needs a mixture-of-experts "
+                                 f"model; give {name} {default!r}")
+        return
+    if num_experts % plan.ep:
+        raise ValueError(f"ep: {plan.ep} does not divide the model's {num_experts} experts; "
+                         f"valid: a divisor of {num_experts}")
+    etp = plan.expert_tp or plan.tp
+    if expert_ffn_hidden_size and expert_ffn_hidden_size % etp:
+        raise ValueError(f"expert_tp: {etp} does not divide the experts' FFN size "
+                         f"{expert_ffn_hidden_size}; valid: a divisor of it")
+    if max(plan.tp, etp) > 1 and not plan.sequence_parallel:
+        raise ValueError("sequence_parallel: false is not valid for a mixture-of-experts model "
+                         f"with tp {plan.tp} / expert_tp {etp}: Megatron-Core routes each TP "
+                         "rank's sequence shard (megatron/training/arguments.py requires it); "
+                         "give sequence_parallel true")
 
 
 def _validate_dp_mode(plan: ParallelPlan) -> None:
@@ -452,21 +552,67 @@ class RankLayout:
             ranks = [r + i * stride for i in range(size) for r in ranks]
         return tuple(sorted(ranks))
 
+    # ------------------------------------------------------------ expert side
+    # Megatron-Core builds the MoE layers' groups from a second rank generator over the
+    # same pipeline stages (megatron/core/parallel_state.py, initialize_model_parallel:
+    # expert_tensor_parallel_size x expert_model_parallel_size x expert data parallel,
+    # order tp-ep-dp, pp outermost): inside a stage, the ranks in the dense order (tp
+    # fastest, then cp, then dp) are renumbered local = etp_i + etp*(ep_i + ep*edp_i).
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size (the plan's, or tp)."""
+        return self.plan.expert_tp or self.plan.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size, ``tp * cp * dp / (expert_tp * ep)``."""
+        return self.plan.tp * self.plan.cp * self.plan.dp // (self.expert_tp * self.plan.ep)
+
+    def _local_axes(self) -> list[str]:
+        return [a for a in self.plan.order if a != "pp"]
+
+    def _stage_local(self, rank: int) -> int:
+        """Position of ``rank`` among its pipeline stage's ranks, in the dense order."""
+        coords, local, stride = self.coords(rank), 0, 1
+        for axis in self._local_axes():
+            local += coords[axis] * stride
+            stride *= self.sizes[axis]
+        return local
+
+    def _from_stage_local(self, local: int, like: int) -> int:
+        """The rank at stage position ``local`` in ``like``'s pipeline stage."""
+        coords = {"pp": self.coords(like)["pp"]}
+        for axis in self._local_axes():
+            coords[axis] = local % self.sizes[axis]
+            local //= self.sizes[axis]
+        return self.rank(**coords)
+
+    def _expert_group(self, rank: int, varying: str) -> tuple[int, ...]:
+        etp, ep, edp = self.expert_tp, self.plan.ep, self.expert_dp
+        local = self._stage_local(rank)
+        index = {"etp": local % etp, "ep": local // etp % ep, "edp": local // (etp * ep)}
+        size = {"etp": etp, "ep": ep, "edp": edp}[varying]
+        members = []
+        for i in range(size):
+            index[varying] = i
+            members.append(self._from_stage_local(
+                index["etp"] + etp * (index["ep"] + ep * index["edp"]), rank))
+        return tuple(members)
+
     def ep_group(self, rank: int) -> tuple[int, ...]:
-        """Expert-parallel group: ``ep`` consecutive data-parallel ranks."""
-        ep = self.plan.ep
-        dp_index = self.coords(rank)["dp"]
-        first = dp_index // ep * ep
-        base = rank - dp_index * self.strides["dp"]
-        return tuple(base + (first + i) * self.strides["dp"] for i in range(ep))
+        """Expert-parallel group: the ``ep`` ranks that exchange tokens (all-to-all)."""
+        return self._expert_group(rank, "ep")
+
+    def expert_tp_group(self, rank: int) -> tuple[int, ...]:
+        """Expert tensor-parallel group: the ``expert_tp`` ranks sharing each expert's
+        weights (the dispatcher's all-gather and reduce-scatter around the experts)."""
+        return self._expert_group(rank, "etp")
 
     def expert_dp_group(self, rank: int) -> tuple[int, ...]:
-        """Ranks holding the same experts (reduce expert gradients): dp / ep of them."""
-        ep = self.plan.ep
-        dp_index = self.coords(rank)["dp"]
-        stride = self.strides["dp"]
-        first = rank - dp_index * stride + dp_index % ep * stride
-        return tuple(range(first, first + self.plan.dp // ep * ep * stride, ep * stride))
+        """Expert data-parallel group: ranks holding the same expert shards (their
+        gradients reduce over it), ``tp * cp * dp / (expert_tp * ep)`` of them."""
+        return self._expert_group(rank, "edp")
 
     def stage_rank(self, pp_index: int, like: int) -> int:
         """The rank at pipeline position ``pp_index`` with ``like``'s other coordinates."""

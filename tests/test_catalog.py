@@ -33,6 +33,7 @@ PRESETS = [
     "dgx-b200",
     "dgx-h100",
     "dgx-h100-roce",
+    "dgx-h800",
     "gb200-nvl72",
     "gcp-a3-mega",
     "grand-teton-h100-96gb",

@@ -211,7 +211,8 @@ def test_bad_inputs_raise_one_line_errors():
     with pytest.raises(ValueError, match="inflight_microbatches") as info:
         rank_memory(MHA, _plan(), inflight_microbatches=-1, **ALL)
     assert "\n" not in str(info.value)
-    with pytest.raises(ValueError, match=r"ep: 3 does not divide dp\*cp = 4"):
+    # the expert side splits a stage's tp*cp*dp ranks as expert_tp x ep x expert-dp
+    with pytest.raises(ValueError, match=r"ep: expert_tp 1 x ep 3 = 3 does not divide the 4 "):
         rank_memory(MOE, _plan(ep=3), inflight_microbatches=1, **ALL)
     with pytest.raises(ValueError, match="zero"):
         rank_memory(MHA, _plan(zero=4), inflight_microbatches=1, **ALL)

@@ -72,25 +72,54 @@ def test_param_counts_match_published_sizes(name, total, active, tol):
     assert pc.active_per_token == pytest.approx(total if active is None else active, rel=tol)
 
 
-def test_deepseek_v3_params_with_the_documented_mla_approximation():
-    """DeepSeek-V3 (arXiv 2412.19437): 671B total, 37B activated. MLA is modelled as MHA
-    (deepseek-v3.toml header): the excess is exactly the MHA-minus-MLA weights per layer."""
+def test_deepseek_v3_params_with_multi_head_latent_attention():
+    """DeepSeek-V3 (arXiv 2412.19437, Section 4.2): 671B total and 37B activated parameters,
+    without the MTP module. MLA's weights per layer, exactly: q down, q norm, q up, kv down
+    (latent + rotary key), kv norm, kv up, output, and the block's norm."""
     m = load_model("deepseek-v3")
     pc = param_counts(m)
     h = 7168
-    mla = h * 1536 + 1536 + 1536 * 128 * 192 + h * (512 + 64) + 512 + 512 * 128 * 256 + 128 * 128 * h
-    mha = 4 * h * 128 * 128
-    excess = 61 * (mha - mla)
-    assert excess == pytest.approx(17.2e9, rel=0.01)
-    # Approximated model: within 3 % of 671B total; the active count is ~46 % high, as the
-    # file documents (this pins the documented error).
-    assert pc.total == pytest.approx(671e9, rel=0.03)
-    assert 1.40 < pc.active_per_token / 37e9 < 1.50
-    # Corrected for the documented excess: 0.5 % on total, 2 % on active.
-    assert pc.total - excess == pytest.approx(671e9, rel=0.005)
-    assert pc.active_per_token - excess == pytest.approx(37e9, rel=0.02)
+    mla = (h * 1536 + 1536 + 1536 * 128 * 192 + h * (512 + 64) + 512 + 512 * 128 * 256
+           + 128 * 128 * h)
+    assert mla == pytest.approx(187.1e6, rel=1e-3)
+    assert pc.layers[0] == mla + h + 3 * h * 18432 + h
+    assert pc.total == pytest.approx(671e9, rel=0.001)
+    # the published 37B has two significant digits: the activated parameters without the
+    # embedding lookup (it does no matmul) are 36.63e9, -1.0 %; with it 37.55e9
+    active = pc.active_per_token - pc.embedding
+    assert 36.5e9 <= active < 37.5e9
+    assert active / 37e9 - 1 == pytest.approx(-0.0101, abs=0.001)
+    # the MTP module: a MoE layer, the 2h x h projection, two norms (the 14B of the
+    # released checkpoint also holds its own embedding and head copies, 2 x 0.93e9)
+    assert pc.mtp + 2 * pc.embedding == pytest.approx(13.5e9, rel=0.01)
     assert pc.dense_layer > 0 and pc.moe_layer > pc.dense_layer
     assert pc.layers[:3] == (pc.dense_layer,) * 3 and pc.layers[3:] == (pc.moe_layer,) * 58
+
+
+def test_mla_kernels_flops_and_kv_cache():
+    """MLA's attention block: the down projections on the sequence shard, the up
+    projections on every token, the core over 192 query/key and 128 value dims; the
+    cache holds the 512-dim latent and the 64-dim rotary key per layer (DeepSeek-V2
+    report Table 1)."""
+    from strategies.model_costs import kv_cache_elements_per_token, model_flops_per_token
+
+    m = load_model("deepseek-v3")
+    b, s, t = 1, 4096, 2
+    k = {x.name: x for x in layer_kernels(m, 0, micro_batch=b, seq_len=s, tp=t)}
+    n, n_sp = b * s, b * s // t
+    assert k["attn.q_down"].fwd_flops == 2 * n_sp * 7168 * 1536
+    assert k["attn.kv_down"].fwd_flops == 2 * n_sp * 7168 * 576
+    assert k["attn.q_up"].fwd_flops == 2 * n * 1536 * 64 * 192
+    assert k["attn.kv_up"].fwd_flops == 2 * n * 512 * 64 * 256
+    assert k["attn.out"].fwd_flops == 2 * n * 64 * 128 * 7168
+    assert k["attn.core"].fwd_flops == 0.5 * 2 * b * s * s * 64 * (192 + 128)
+    assert k["attn.core"].shape[5] == 192
+    assert kv_cache_elements_per_token(m) == (512 + 64) * 61
+    mha = replace(m, mla=None, head_dim=128)
+    assert kv_cache_elements_per_token(mha) == 2 * 128 * 128 * 61
+    attention = 6 * 61 * 128 * s * (192 + 128)
+    pc = param_counts(m)
+    assert model_flops_per_token(m, s) == 6 * (pc.active_per_token - pc.embedding) + attention
 
 
 # ---------------------------------------------------------------------------- closed forms
@@ -362,12 +391,14 @@ def test_activation_bytes_swiglu_gqa_exactly():
 def test_activation_bytes_moe_exactly():
     s, b, t = 32, 2, 2
     n, n_sp = b * s, b * s // t
-    pairs = n * TOPK
+    pairs = n * TOPK        # processed by the rank's experts: etp * n_sp * k, etp = t
+    own = n_sp * TOPK       # the rank's own token-expert pairs
     attention_and_io = (2 * 2 * n_sp * H + 2 * n * (2 * (A // t) + 2 * (G // t)) * D + n_sp * H
                         + 2 * 2 * n_sp * H + n_sp * H)
     expected = (attention_and_io
                 + 4 * n_sp * E                                  # fp32 router probabilities
-                + pairs * (2 * (2 * H + 3 * FE // t) + 4)        # permuted in/out, 3 ffn tensors, prob
+                + pairs * 2 * (H + 3 * FE // t)                 # permuted input, 3 ffn tensors
+                + own * 4                                       # fp32 probability
                 + 2 * 3 * n * S * FE // t)                      # shared expert intermediates
     assert activation_bytes_per_layer(MOE, 1, micro_batch=b, seq_len=s, tp=t) == expected
 

@@ -14,7 +14,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
+from strategies.model_spec import MLASpec, MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
 from strategies.models import MODELS_DIR, list_models, load_model, model_sources, validate_model
 
 PRESETS = [
@@ -60,8 +60,9 @@ def test_every_number_in_a_preset_has_a_source(name):
     path = MODELS_DIR / f"{name}.toml"
     data = tomllib.loads(path.read_text())
     sources = model_sources(name)
-    leaves = {**{k: v for k, v in data.items() if k != "moe"},
-              **{f"moe.{k}": v for k, v in data.get("moe", {}).items()}}
+    leaves = {**{k: v for k, v in data.items() if k not in ("moe", "mla")},
+              **{f"moe.{k}": v for k, v in data.get("moe", {}).items()},
+              **{f"mla.{k}": v for k, v in data.get("mla", {}).items()}}
     for key, value in leaves.items():
         if key in ("name", "source"):
             continue
@@ -81,11 +82,14 @@ def test_preset_values_match_the_papers():
     assert (x.num_layers, x.hidden_size, x.num_kv_heads, x.ffn_hidden_size) == (32, 4096, 8, 14336)
     d = load_model("deepseek-v3")
     assert d.moe == MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
-                            capacity_factor=0.0, first_dense_layers=3, layer_frequency=1)
+                            capacity_factor=0.0, first_dense_layers=3, layer_frequency=1,
+                            router_groups=8, router_group_topk=4)
     assert (d.num_layers, d.hidden_size, d.num_heads, d.head_dim, d.ffn_hidden_size, d.vocab_size) == \
-        (61, 7168, 128, 128, 18432, 129280)
+        (61, 7168, 128, 192, 18432, 129280)
+    assert d.mla == MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                            qk_rope_head_dim=64, v_head_dim=128)
+    assert (d.qk_head_dim, d.v_head_dim, d.mtp_layers) == (192, 128, 1)
     assert [d.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
-    assert "MLA" in (MODELS_DIR / "deepseek-v3.toml").read_text()
     l2 = load_model("llama2-70b")
     assert (l2.num_heads, l2.num_kv_heads) == (64, 8)
 
@@ -230,11 +234,13 @@ def test_hf_deepseek_config_matches_the_preset(tmp_path):
            "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
            "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
            "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-06,
-           "tie_word_embeddings": False, "vocab_size": 129280}
+           "tie_word_embeddings": False, "vocab_size": 129280, "n_group": 8, "topk_group": 4,
+           "num_nextn_predict_layers": 1}
     spec = load_model(_write(tmp_path / "DeepSeek-V3" / "config.json", json.dumps(cfg)))
     preset = load_model("deepseek-v3")
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                  "ffn_hidden_size", "vocab_size", "mlp", "norm", "tied_embeddings", "moe"):
+                  "ffn_hidden_size", "vocab_size", "mlp", "norm", "tied_embeddings", "moe",
+                  "mla", "mtp_layers"):
         assert getattr(spec, field) == getattr(preset, field), field
 
 

@@ -225,7 +225,7 @@ def test_schedule_validation(args, field):
 
 def test_unknown_schedule_lists_valid_names():
     with pytest.raises(ValueError) as info:
-        schedule_actions("zb-v", 4, 8)
+        schedule_actions("pipedream-2bw", 4, 8)
     for name in PIPELINE_SCHEDULES:
         assert name in str(info.value)
 

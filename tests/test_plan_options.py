@@ -113,7 +113,7 @@ def test_vpp_above_one_implies_the_interleaved_schedule(capsys):
     (["--pp", "0"], "error: pp: 0 is not valid; give a whole number >= 1"),
     (["--vpp", "-0"], "error: vpp: 0 is not valid; give a whole number >= 1"),
     (["--gpus", "-8"], "error: gpus: -8 is not valid; give a whole number >= 1"),
-    (["--schedule", "dualpipe"], "error: schedule: 'dualpipe' is not valid; valid: "),
+    (["--schedule", "pipedream"], "error: schedule: 'pipedream' is not valid; valid: "),
     (["--order", "tp,dp"], "error: order: ('tp', 'dp') is not valid; give a permutation"),
     (["--layers-per-stage", "7,x"], "error: layers_per_stage: '7,x' is not valid; give whole"),
 ])

@@ -25,7 +25,7 @@ from validate.published_report import README_BEGIN, README_END, build_report, ma
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: GPU generation of each published GPU name.
 GENERATIONS = {"A100-80GB": "Ampere", "A100-40GB": "Ampere", "H100-SXM": "Hopper",
-               "H200": "Hopper", "B200": "Blackwell", "GB200": "Blackwell"}
+               "H800": "Hopper", "H200": "Hopper", "B200": "Blackwell", "GB200": "Blackwell"}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,26 @@ def test_each_preset_reproduces_its_calibration_rows():
 
 @pytest.mark.parametrize("preset,like", [("hgx-h200", "dgx-h100"), ("gcp-a3-mega", "dgx-h100"),
                                          ("grand-teton-h100-96gb", "dgx-h100"),
+                                         ("dgx-h800", "dgx-h100"),
                                          ("dgx-a100-40gb", "dgx-a100")])
 def test_presets_with_the_same_gpu_share_its_calibration(preset, like):
     assert (load_cluster(preset).gpu.sustained_fraction
             == load_cluster(like).gpu.sustained_fraction)
+
+
+#: Published rows replayed at event fidelity too: a Megatron-LM 2021 pipeline (TP 8, PP 4),
+#: an FSDP run (llm-foundry), a NeMo FP8 long-sequence run with TE userbuffers TP overlap.
+EVENT_SPOT_CHECKS = ("megatron2021_05", "mosaic_025", "nemo_longseq_03")
+
+
+@pytest.mark.parametrize("row_id", EVENT_SPOT_CHECKS)
+def test_event_replay_agrees_with_the_closed_form_on_published_rows(row_id):
+    from validate.published import load_nemo_recipes, load_runs, scenario_for
+    from sim.step import simulate_step
+
+    run = next(r for r in load_runs() if r.row_id == row_id)
+    scenario = scenario_for(run, load_models(), load_nemo_recipes())
+    times = {fidelity: simulate_step(scenario.model, scenario.cluster, scenario.plan,
+                                     fidelity=fidelity, check_memory=False).step_time_s
+             for fidelity in ("analytic", "event")}
+    assert times["analytic"] == pytest.approx(times["event"], rel=0.02), times

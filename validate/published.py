@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -42,9 +42,9 @@ from sim.analytic_step import PricingCache
 from sim.step import simulate_step
 from strategies import model_costs
 from strategies.memory import OutOfMemoryError
-from strategies.model_spec import ModelSpec, MoESpec
+from strategies.model_spec import MLASpec, ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
-from validate.published_stacks import framework_defaults, stack_settings
+from validate.published_stacks import framework_defaults, framework_kind, stack_settings
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
@@ -54,6 +54,7 @@ GPU_PRESETS: Mapping[str, str] = {
     "A100-80GB": "dgx-a100",
     "A100-40GB": "dgx-a100-40gb",
     "H100-SXM": "dgx-h100",
+    "H800": "dgx-h800",
     "H200": "hgx-h200",
     "B200": "dgx-b200",
     "GB200": "gb200-nvl72",
@@ -148,16 +149,31 @@ def load_models(directory: Path = DATA_DIR) -> dict[str, ModelSpec | str]:
     return models
 
 
+#: Group-limited routing of models.csv's MoE models that use it (its columns do not print
+#: it): ``{model: (groups, groups per token)}``.
+ROUTER_GROUPS = {
+    # deepseek-ai/DeepSeek-V3 config.json n_group 8, topk_group 4 (arXiv 2412.19437
+    # Section 2.1.2: each token goes to at most 4 nodes)
+    "deepseek-v3": (8, 4),
+}
+
+
 def model_from_row(row: Mapping[str, str]) -> ModelSpec:
-    """A ModelSpec from one row of ``models.csv``.
+    """A ModelSpec from one row of ``models.csv`` (multi-head latent attention from its
+    ``mla_*`` columns; group-limited routing from :data:`ROUTER_GROUPS`).
 
     Raises:
-        NotExpressible: for an attention kind the cost model does not price yet (MLA).
+        NotExpressible: for attention the cost model does not price yet (sliding window).
         ValueError: for an unknown activation.
     """
     key = row["model"]
+    mla = None
     if row.get("attention") == "mla":
-        raise NotExpressible("multi-head latent attention (MLA) is not modelled yet")
+        mla = MLASpec(q_lora_rank=int(row.get("mla_q_lora_rank") or 0),
+                      kv_lora_rank=int(row["mla_kv_lora_rank"]),
+                      qk_nope_head_dim=int(row["mla_qk_nope_dim"]),
+                      qk_rope_head_dim=int(row["mla_qk_rope_dim"]),
+                      v_head_dim=int(row["mla_v_dim"]))
     if "sliding-window" in row.get("notes", ""):
         raise NotExpressible("sliding-window attention layers are not modelled")
     activation = row["activation"]
@@ -171,10 +187,12 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
         layout = row.get("moe_layer_freq_or_first_dense_layers", "") or "1"
         first_dense = int(layout.split("=", 1)[1]) if layout.startswith("first_dense=") else 0
         frequency = 1 if layout.startswith("first_dense=") else int(layout)
+        groups, group_topk = ROUTER_GROUPS.get(key, (0, 0))
         moe = MoESpec(num_experts=int(row["num_experts"]), top_k=int(row["top_k"]),
                       expert_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
                       shared_experts=int(row.get("shared_experts") or 0), capacity_factor=0.0,
-                      first_dense_layers=first_dense, layer_frequency=frequency)
+                      first_dense_layers=first_dense, layer_frequency=frequency,
+                      router_groups=groups, router_group_topk=group_topk)
     return ModelSpec(name=key, num_layers=int(row["num_layers"]), hidden_size=hidden,
                      num_heads=heads, num_kv_heads=int(row["num_kv_heads"]),
                      head_dim=head_dim,
@@ -182,7 +200,7 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
                      vocab_size=int(row["vocab_size"]), mlp=MLP_OF_ACTIVATION[activation],
                      norm="layernorm" if key.startswith(LAYERNORM_PREFIXES) else "rmsnorm",
                      tied_embeddings=row.get("tied_embeddings") == "yes",
-                     dropout=key.startswith(DROPOUT_PREFIXES), moe=moe,
+                     dropout=key.startswith(DROPOUT_PREFIXES), moe=moe, mla=mla,
                      source=row.get("citation", ""))
 
 
@@ -254,7 +272,7 @@ NEMO_RECIPE_MODELS = {
     "llama3.1-405b": ("llama31", "405b"), "nemotron4-15b": ("nemotron4", "15b"),
     "nemotron4-340b": ("nemotron4", "340b"), "nemotron3-8b": ("nemotron3", "8b"),
     "nemotron3-22b": ("nemotron3", "22b"), "qwen3-30b-a3b": ("qwen3", "30b_a3b"),
-    "qwen3-235b-a22b": ("qwen3", "235b_a22b"),
+    "qwen3-235b-a22b": ("qwen3", "235b_a22b"), "deepseek-v3": ("deepseek", "v3"),
 }
 #: Systems of the recipe files by GPU of the published rows.
 NEMO_RECIPE_SYSTEMS = {"H100-SXM": "h100", "B200": "b200", "GB200": "gb200"}
@@ -317,13 +335,8 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     assumptions: list[str] = []
     tp, pp = run.integer("tp", 1), run.integer("pp", 1)
     cp, ep = run.integer("cp", 1), run.integer("ep", 1)
-    expert_tp = run.integer("expert_tp")
-    if expert_tp is not None and expert_tp != tp and model.moe is not None:
-        raise NotExpressible(f"expert TP {expert_tp} differs from TP {tp}")
     gpus = run.integer("num_gpus")
     dp = gpus // (tp * pp * cp)
-    if ep > 1 and dp % ep:
-        raise NotExpressible(f"EP {ep} does not divide DP {dp} (EP across DP x CP)")
     if model.moe is None:
         ep = 1
     micro = run.integer("micro_batch")
@@ -338,6 +351,9 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         micro = 1
         assumptions.append("micro-batch 1 (not printed)")
     vpp = run.integer("vpp", 1) or 1
+    if model.num_layers < pp * vpp:
+        raise NotExpressible(f"{model.num_layers} layers over pp {pp} x vpp {vpp} = {pp * vpp} "
+                             "virtual stages: a pipeline layout with empty stages")
     defaults = framework_defaults(run.get("framework"), run.get("framework_version"))
     fsdp = run.integer("fsdp", 0) or 0
     if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP
@@ -366,11 +382,85 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                   schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
                   sequence_parallel=tp > 1, **defaults)
     stack = stack_settings(run.fields, fields, recipe, num_layers=model.num_layers)
-    if "recompute" in stack.fields:  # the framework's own recompute replaces "none"
+    fields.update(stack.fields)
+    model, moe_notes = _moe_settings(run, model, fields, recipe, recipes)
+    if fields["recompute"] != "none":  # the framework's (or recipe's) recompute replaces "none"
         assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
-    plan = ParallelPlan(**{**fields, **stack.fields})
+    plan = ParallelPlan(**fields)
     return Scenario(model, cluster, plan, assumptions,
-                    stack.notes + [f"unprinted: {u}" for u in stack.unprinted])
+                    stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])
+
+
+def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object],
+                  recipe: Mapping[str, str] | None, recipes: Sequence[Mapping[str, str]] = ()
+                  ) -> tuple[ModelSpec, list[str]]:
+    """The MoE and MLA settings a row runs with, set in ``fields``: its expert-TP (printed,
+    else its NeMo recipe's, else TP as Megatron-Core defaults), the token dispatcher its
+    framework names, the forward-backward all-to-all overlap its notes print, DualPipe and
+    DeepSeek's FP8 dispatch, fine-grained FP8 scaling and recompute for DeepSeek's own run,
+    and the MTP module where the row says it trained with one. Returns the model (with its
+    MTP modules) and the notes.
+
+    Raises:
+        NotExpressible: a printed EP larger than a pipeline stage's ranks."""
+    notes: list[str] = []
+    if model.moe is None:
+        return model, notes
+    framework, text = run.get("framework").lower(), run.get("notes").lower()
+    expert_tp = run.integer("expert_tp")
+    if expert_tp is None and recipe is not None and recipe.get("etp_size"):
+        expert_tp = int(float(recipe["etp_size"]))
+        notes.append(f"expert-TP {expert_tp} (NeMo recipe etp_size)")
+    # the model's NeMo recipe on the same system (in another dtype or size when the row
+    # has none of its own): its expert-TP and recompute modules
+    same = [r for r in recipes if (r["model"], r["size"]) == NEMO_RECIPE_MODELS.get(
+            run.get("model")) and r["system"] == NEMO_RECIPE_SYSTEMS.get(run.get("gpu"))]
+    family = recipe or (same[0] if same and "megatron-bridge" in framework else None)
+    if expert_tp is None and recipe is None and family is not None and family.get("etp_size"):
+        expert_tp = int(float(family["etp_size"]))
+        notes.append(f"expert-TP {expert_tp} (the model's NeMo recipe on {family['system']}, "
+                     f"{family['dtype']})")
+    modules = tuple(m for m in (family or {}).get("recompute_modules", "").split("/") if m)
+    megatron = framework_kind(run.get("framework"), run.get("framework_version")) == "megatron-core"
+    if modules and megatron and not run.get("recompute") and fields.get("recompute") == "none":
+        fields.update(recompute="selective", recompute_modules=modules)
+        notes.append(f"unprinted: recompute modules {' '.join(modules)} (the model's NeMo "
+                     f"recipe on {family['system']})")
+    stage = fields["tp"] * fields["cp"] * fields["dp"]
+    if stage % fields["ep"]:
+        raise NotExpressible(f"EP {fields['ep']} exceeds the {stage} ranks of a pipeline stage: "
+                             "the printed layout cannot run")
+    if expert_tp is None and stage % (fields["tp"] * fields["ep"]):
+        # Megatron-Core refuses expert-TP x EP not dividing a stage's ranks, so the run
+        # used a smaller expert-TP: 1, the recipes' choice for fine-grained MoE
+        expert_tp = 1
+        notes.append(f"expert-TP 1 (expert-TP = TP {fields['tp']} would not fit EP "
+                     f"{fields['ep']} in {stage} ranks)")
+    if expert_tp is not None and expert_tp != fields["tp"]:
+        fields["expert_tp"] = expert_tp
+    if "deepep" in framework or "hybridep" in framework or "dualpipe" in framework:
+        # DeepEP (and NVIDIA's HybridEP on NVL72): deduplicated network dispatch; DeepSeek's
+        # own run dispatches in FP8 (arXiv 2412.19437 Section 3.3.2)
+        fields["moe_dispatcher"] = "deepep"
+        notes.append("DeepEP dispatcher (printed framework)")
+    if "1f1b overlap" in text:
+        fields["moe_a2a_overlap"] = True
+        notes.append("EP all-to-all overlapped with the other micro-batch (printed '1f1b overlap')")
+    if "dualpipe" in framework:
+        fields.update(schedule="dualpipe", vpp=1, moe_dispatch_fp8=True,
+                      fp8_recipe="te-blockwise")
+        if "mla up-projection" in run.get("recompute_detail").lower():
+            # RMSNorm and MLA up-projections (Section 3.2.3); the MoE SwiGLU's output,
+            # its input cached instead (Section 3.3.2)
+            fields["recompute_modules"] = ("layernorm", "mla_up_proj", "moe_act")
+        notes.append("DualPipe, FP8 dispatch, 1x128/128x128 FP8 scaling, RMSNorm, MLA "
+                     "up-projection and SwiGLU recompute (arXiv 2412.19437 Sections 3.2.1, "
+                     "3.3, 3.2.3, 3.3.2)")
+    mtp = 1 if "w/ mtp" in text or "mtp module" in text else 0
+    if mtp:
+        model = replace(model, mtp_layers=mtp)
+        notes.append("one MTP module (printed)")
+    return model, notes
 
 
 # --------------------------------------------------------------------------- evaluation

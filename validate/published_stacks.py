@@ -39,7 +39,8 @@ MEGATRON_BRIDGE_OFFLOAD = {
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
 _MODULE_SPELLINGS = {"core_attn": "core_attn", "layernorm": "layernorm", "norm": "layernorm",
                      "mlp": "mlp", "moe": "moe", "moe_act": "moe_act", "act": "moe_act",
-                     "up_proj": None, "mla_up_proj": None, "shared_experts": None}
+                     "up_proj": "mla_up_proj", "mla_up_proj": "mla_up_proj",
+                     "shared_experts": None}
 
 
 @dataclass(frozen=True)

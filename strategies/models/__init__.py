@@ -16,6 +16,7 @@ A preset is a TOML file in this folder (``llama3-8b.toml`` is the preset
     mlp = "swiglu"                 # optional: gelu | swiglu (default swiglu)
     norm = "rmsnorm"               # optional: layernorm | rmsnorm (default rmsnorm)
     tied_embeddings = false        # optional, default false
+    mtp_layers = 0                 # optional: multi-token prediction modules (DeepSeek-V3: 1)
 
     [moe]                          # optional: mixture-of-experts layers
     num_experts = 8                # required in [moe], > 0
@@ -25,6 +26,15 @@ A preset is a TOML file in this folder (``llama3-8b.toml`` is the preset
     capacity_factor = 0.0          # optional, >= 0 (0 = dropless)
     first_dense_layers = 0         # optional, 0 <= x <= num_layers
     layer_frequency = 1            # optional, >= 1
+    router_groups = 0              # optional: group-limited routing (0: none)
+    router_group_topk = 0          # optional: groups a token may use
+
+    [mla]                          # optional: multi-head latent attention (DeepSeek)
+    q_lora_rank = 1536             # required in [mla], >= 0 (0: no query latent)
+    kv_lora_rank = 512             # required in [mla], > 0
+    qk_nope_head_dim = 128         # required in [mla], > 0
+    qk_rope_head_dim = 64          # required in [mla], > 0
+    v_head_dim = 128               # required in [mla], > 0
 
 A native model file is the same schema at any path. A Hugging Face
 ``config.json`` already on disk (never downloaded) is accepted too:
@@ -41,9 +51,9 @@ A native model file is the same schema at any path. A Hugging Face
   of ``intermediate_size``);
 * DeepSeek MoE keys ``n_routed_experts``, ``num_experts_per_tok``,
   ``moe_intermediate_size``, ``n_shared_experts``, ``first_k_dense_replace``,
-  ``moe_layer_freq``. Multi-head latent attention (``kv_lora_rank``) is
-  approximated as multi-head attention with ``v_head_dim`` per head, as in
-  ``deepseek-v3.toml`` (see its header for the error).
+  ``moe_layer_freq``, ``n_group``, ``topk_group``, and multi-head latent attention
+  (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+  ``v_head_dim``) and ``num_nextn_predict_layers`` (MTP modules).
 
 Hugging Face MoE implementations never drop tokens, so configs load with
 ``capacity_factor = 0`` (dropless).
@@ -68,7 +78,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from hardware.toml_sources import source_comments
-from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
+from strategies.model_spec import MLP_KINDS, NORM_KINDS, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
 
@@ -89,6 +99,14 @@ _TOP: dict[str, tuple[type, Any, bool]] = {
     "norm": (str, NORM_KINDS, False),
     "tied_embeddings": (bool, "", False),
     "dropout": (bool, "", False),
+    "mtp_layers": (int, "nonnegative", False),
+}
+_MLA: dict[str, tuple[type, Any, bool]] = {
+    "q_lora_rank": (int, "nonnegative", True),
+    "kv_lora_rank": (int, "positive", True),
+    "qk_nope_head_dim": (int, "positive", True),
+    "qk_rope_head_dim": (int, "positive", True),
+    "v_head_dim": (int, "positive", True),
 }
 _MOE: dict[str, tuple[type, Any, bool]] = {
     "num_experts": (int, "positive", True),
@@ -98,6 +116,8 @@ _MOE: dict[str, tuple[type, Any, bool]] = {
     "capacity_factor": (float, "nonnegative", False),
     "first_dense_layers": (int, "nonnegative", False),
     "layer_frequency": (int, "positive", False),
+    "router_groups": (int, "nonnegative", False),
+    "router_group_topk": (int, "nonnegative", False),
 }
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -190,6 +210,17 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
         raise ValueError(f"mlp: {spec.mlp!r} is not an MLP kind{at}; valid: {', '.join(MLP_KINDS)}")
     if spec.norm not in NORM_KINDS:
         raise ValueError(f"norm: {spec.norm!r} is not a norm kind{at}; valid: {', '.join(NORM_KINDS)}")
+    if not isinstance(spec.mtp_layers, int) or isinstance(spec.mtp_layers, bool) \
+            or spec.mtp_layers < 0:
+        raise ValueError(f"mtp_layers: {spec.mtp_layers!r} must be an integer >= 0{at}")
+    if spec.mla is not None:
+        for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = getattr(spec.mla, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"mla.{field}: {value!r} must be a positive integer{at}")
+        if not isinstance(spec.mla.q_lora_rank, int) or spec.mla.q_lora_rank < 0:
+            raise ValueError(f"mla.q_lora_rank: {spec.mla.q_lora_rank!r} must be an integer "
+                             f">= 0{at} (0: no query compression)")
     moe = spec.moe
     if moe is not None:
         for field in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_frequency"):
@@ -204,6 +235,12 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
             raise ValueError(f"moe.top_k: {moe.top_k} exceeds moe.num_experts {moe.num_experts}{at}; valid: 1..{moe.num_experts}")
         if not moe.capacity_factor >= 0:
             raise ValueError(f"moe.capacity_factor: {moe.capacity_factor!r} must be >= 0{at} (0 = dropless)")
+        if moe.router_group_topk > moe.router_groups or (
+                moe.router_groups and moe.num_experts % moe.router_groups):
+            raise ValueError(
+                f"moe.router_group_topk: {moe.router_group_topk} of {moe.router_groups} router "
+                f"groups is not valid{at}; valid: groups dividing the {moe.num_experts} experts "
+                "and at most that many picked (0 and 0: no group limit)")
         if moe.first_dense_layers > spec.num_layers:
             raise ValueError(
                 f"moe.first_dense_layers: {moe.first_dense_layers} exceeds num_layers {spec.num_layers}{at}; "
@@ -241,8 +278,9 @@ def _load_toml(path: Path) -> ModelSpec:
         raise ValueError(f"model: {path} is not valid TOML: {str(err).splitlines()[0]}") from None
     where = f"in {path}"
     for key in data:
-        if key != "moe" and key not in _TOP:
-            raise ValueError(f"{key}: unknown key {where}; valid keys: {', '.join([*_TOP, 'moe'])}")
+        if key not in ("moe", "mla") and key not in _TOP:
+            raise ValueError(f"{key}: unknown key {where}; valid keys: "
+                             f"{', '.join([*_TOP, 'moe', 'mla'])}")
     top = {key: _coerce(data[key], spec, key, where) for key, spec in _TOP.items() if key in data}
     for key, (_, _, required) in _TOP.items():
         if required and key not in top:
@@ -262,6 +300,22 @@ def _load_toml(path: Path) -> ModelSpec:
                 raise ValueError(f"moe.{key}: missing required key {where}; add it to [moe]")
         moe = MoESpec(**values)
 
+    mla = None
+    if "mla" in data:
+        table = data["mla"]
+        if not isinstance(table, Mapping):
+            raise ValueError(f"mla: {table!r} must be a table [mla] {where}")
+        for key in table:
+            if key not in _MLA:
+                raise ValueError(f"mla.{key}: unknown key {where}; valid keys of [mla]: "
+                                 f"{', '.join(_MLA)}")
+        values = {key: _coerce(table[key], spec, f"mla.{key}", where)
+                  for key, spec in _MLA.items() if key in table}
+        for key in _MLA:
+            if key not in values:
+                raise ValueError(f"mla.{key}: missing required key {where}; add it to [mla]")
+        mla = MLASpec(**values)
+
     heads = top["num_heads"]
     head_dim = top.get("head_dim") or _head_dim(top["hidden_size"], heads, "num_heads", where)
     spec = ModelSpec(
@@ -278,6 +332,8 @@ def _load_toml(path: Path) -> ModelSpec:
         tied_embeddings=top.get("tied_embeddings", False),
         dropout=top.get("dropout", False),
         moe=moe,
+        mla=mla,
+        mtp_layers=top.get("mtp_layers", 0),
         source=top.get("source", f"model file {path}"),
     )
     return validate_model(spec, where=str(path))
@@ -356,10 +412,17 @@ def _load_hf(path: Path) -> ModelSpec:
     hidden = _hf_int(cfg, "hidden_size", where)
     heads = _hf_int(cfg, "num_attention_heads", where)
     kv_heads = heads if cfg.get("num_key_value_heads") is None else _hf_int(cfg, "num_key_value_heads", where)
-    if cfg.get("head_dim") is not None:
+    mla = None
+    if cfg.get("kv_lora_rank") is not None:  # DeepSeek-V2/V3, Kimi K2: latent attention
+        mla = MLASpec(q_lora_rank=_hf_int(cfg, "q_lora_rank", where, default=0, minimum=0),
+                      kv_lora_rank=_hf_int(cfg, "kv_lora_rank", where),
+                      qk_nope_head_dim=_hf_int(cfg, "qk_nope_head_dim", where),
+                      qk_rope_head_dim=_hf_int(cfg, "qk_rope_head_dim", where),
+                      v_head_dim=_hf_int(cfg, "v_head_dim", where))
+    if mla is not None:
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    elif cfg.get("head_dim") is not None:
         head_dim = _hf_int(cfg, "head_dim", where)
-    elif cfg.get("kv_lora_rank") is not None and cfg.get("v_head_dim") is not None:
-        head_dim = _hf_int(cfg, "v_head_dim", where)  # MLA approximated as MHA (deepseek-v3.toml)
     else:
         head_dim = _head_dim(hidden, heads, "num_attention_heads", where)
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
@@ -392,6 +455,8 @@ def _load_hf(path: Path) -> ModelSpec:
             capacity_factor=0.0,
             first_dense_layers=_hf_int(cfg, "first_k_dense_replace", where, default=0, minimum=0),
             layer_frequency=_hf_int(cfg, "moe_layer_freq", where, default=1),
+            router_groups=_hf_int(cfg, "n_group", where, default=0, minimum=0),
+            router_group_topk=_hf_int(cfg, "topk_group", where, default=0, minimum=0),
         )
     spec = ModelSpec(
         name=name,
@@ -407,6 +472,8 @@ def _load_hf(path: Path) -> ModelSpec:
         tied_embeddings=tied,
         dropout=float(cfg.get("hidden_dropout", cfg.get("attention_dropout", 0.0)) or 0) > 0,
         moe=moe,
+        mla=mla,
+        mtp_layers=_hf_int(cfg, "num_nextn_predict_layers", where, default=0, minimum=0),
         source=source,
     )
     return validate_model(spec, where=str(path))

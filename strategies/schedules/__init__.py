@@ -22,7 +22,9 @@ from strategies.schedules.base import PipelineSchedule, PipelineTiming
 from strategies.schedules.gpipe import GPipe
 from strategies.schedules.interleaved import Interleaved
 from strategies.schedules.one_f_one_b import OneFOneB
-from strategies.schedules.zero_bubble import ZeroBubbleH1
+from strategies.schedules.dualpipe import DualPipe, DualPipeV
+from strategies.schedules.zero_bubble import ZeroBubbleH1, ZeroBubbleH2
+from strategies.schedules.zero_bubble_v import ZeroBubbleV
 
 __all__ = ["PipelineSchedule", "PipelineTiming", "SCHEDULES", "get_schedule", "register",
            "schedule_actions", "schedule_names"]
@@ -64,15 +66,16 @@ def get_schedule(name: str) -> PipelineSchedule:
     return found
 
 
-def schedule_actions(name: str, pp: int, microbatches: int, vpp: int = 1
-                     ) -> list[list[Action]]:
-    """The ordered actions of every pipeline rank under schedule ``name``.
+def schedule_actions(name: str, pp: int, microbatches: int, vpp: int = 1,
+                     overlap: bool = False) -> list[list[Action]]:
+    """The ordered actions of every pipeline rank under schedule ``name`` (``overlap``:
+    with overlapped forward-backward pairs, :meth:`PipelineSchedule.actions`).
 
     Raises:
         ValueError: an unknown schedule or a shape it rejects (one line naming
             the field, its value and what is valid).
     """
-    return [list(row) for row in get_schedule(name).actions(pp, microbatches, vpp)]
+    return [list(row) for row in get_schedule(name).actions(pp, microbatches, vpp, overlap)]
 
 
 class _ScheduleNames(Sequence):
@@ -95,6 +98,7 @@ class _ScheduleNames(Sequence):
 #: Live view of the registered schedule names.
 SCHEDULES = _ScheduleNames()
 
-_BUILT_IN = (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleH1())
+_BUILT_IN = (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), ZeroBubbleV(),
+             DualPipe(), DualPipeV())
 for _schedule in _BUILT_IN:
     register(_schedule)

@@ -23,14 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from strategies.pipeline import (
     Action,
     StagePlacement,
     interleaved_placement,
+    pair_forwards_with_backwards,
     peak_held,
-    replay_ends,
+    replay_timing,
 )
 
 
@@ -41,10 +42,15 @@ class PipelineTiming:
     Attributes:
         makespan: end of the last action of any rank (every rank starts at 0).
         rank_end: per pipeline rank, the end of its last action.
+        rank_start: per pipeline rank, the start of its first action (empty: not known).
+        rank_comm_wait: per pipeline rank, time it idles for point-to-point transfers
+            (empty: not known).
     """
 
     makespan: int
     rank_end: tuple[int, ...]
+    rank_start: tuple[int, ...] = ()
+    rank_comm_wait: tuple[int, ...] = ()
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -100,28 +106,42 @@ class PipelineSchedule:
         """The ordered actions of pipeline rank ``rank`` (shape already checked)."""
         raise NotImplementedError(f"schedule {self.name!r} defines no actions")
 
-    def actions(self, pp: int, microbatches: int, vpp: int = 1) -> tuple[tuple[Action, ...], ...]:
+    def actions(self, pp: int, microbatches: int, vpp: int = 1, overlap: bool = False
+                ) -> tuple[tuple[Action, ...], ...]:
         """The ordered actions of every pipeline rank (index = rank), memoised.
+
+        ``overlap``: merge each forward that directly precedes a backward of another
+        micro-batch into an overlapped pair (Megatron-Core's
+        ``--overlap-moe-expert-parallel-comm``;
+        :func:`strategies.pipeline.pair_forwards_with_backwards`). Schedules whose own
+        lists already pair them (DualPipe) are returned as they are.
 
         Raises:
             ValueError: for a shape :meth:`check` rejects.
         """
         self.check(pp, microbatches, vpp)  # before the cache: True == 1 there
-        return _actions(self, pp, microbatches, vpp)
+        return _actions(self, pp, microbatches, vpp, bool(overlap))
 
     # ----------------------------------------------------------------- timing
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
-               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
+               t_fb: Mapping[tuple[int, int], int] | None = None,
+               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
         """Makespan and each rank's last end with per-stage durations.
 
         Args:
             t_f, t_b: forward and full backward of each stage for one micro-batch.
             t_w: weight-gradient part of each stage's backward (split schedules).
             t_comm: a point-to-point transfer between ranks.
+            t_fb: an overlapped pair's duration by (forward stage, backward stage)
+                (:func:`strategies.pipeline.simulate_unit_times`).
+            overlap: the action lists with overlapped pairs (:meth:`actions`).
+            t_i: input-gradient part of each stage's backward when it is not
+                ``t_b - t_w`` (split schedules).
 
         The default replays the action lists exactly
         (:func:`strategies.pipeline.simulate_unit_times`, through its compiled
-        :func:`strategies.pipeline.replay_ends`). Past the warm-up the
+        :func:`strategies.pipeline.replay_timing`). Past the warm-up the
         steady state repeats, so a long schedule is extrapolated from three
         replays that show a constant period (checked for the makespan and every
         rank's end); otherwise the whole schedule is replayed.
@@ -131,25 +151,32 @@ class PipelineSchedule:
         weights = None if not self.split_backward else list(t_w or [0] * len(t_f))
 
         def replay(m: int) -> PipelineTiming:
-            # replay_ends: simulate_unit_times' makespan and last ends, compiled once per
-            # action list and memoised per duration vector (a sweep repeats both)
-            makespan, ends = replay_ends(self.actions(pp, m, vpp), placement, t_f, t_b,
-                                         weights, t_comm)
-            return PipelineTiming(int(makespan), tuple(int(e) for e in ends))
+            # replay_timing: simulate_unit_times' makespan, ends, starts and transfer
+            # waits, compiled once per action list and memoised per duration vector
+            makespan, ends, starts, waits = replay_timing(
+                self.actions(pp, m, vpp, overlap), placement, t_f, t_b, weights, t_comm,
+                t_fb=t_fb, t_i=t_i)
+            return PipelineTiming(int(makespan), tuple(int(e) for e in ends),
+                                  tuple(int(x) for x in starts), tuple(int(w) for w in waits))
 
         short = -(-3 * pp // step) * step
         if microbatches <= short + 2 * step:
             return replay(microbatches)
         base = short + (microbatches - short) % step
         runs = [replay(base + k * step) for k in range(3)]
-        periods = {(b.makespan - a.makespan, *(y - x for x, y in zip(a.rank_end, b.rank_end)))
+        periods = {(b.makespan - a.makespan, *(y - x for x, y in zip(a.rank_end, b.rank_end)),
+                    *(y - x for x, y in zip(a.rank_comm_wait, b.rank_comm_wait)))
                    for a, b in zip(runs, runs[1:])}
         if len(periods) != 1:
             return replay(microbatches)
         period = periods.pop()
         repeats = (microbatches - base) // step
+        grow = period[1:1 + pp], period[1 + pp:]
         return PipelineTiming(runs[0].makespan + repeats * period[0],
-                              tuple(e + repeats * d for e, d in zip(runs[0].rank_end, period[1:])))
+                              tuple(e + repeats * d for e, d in zip(runs[0].rank_end, grow[0])),
+                              runs[0].rank_start,
+                              tuple(w + repeats * d
+                                    for w, d in zip(runs[0].rank_comm_wait, grow[1])))
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:
@@ -194,9 +221,12 @@ class PipelineSchedule:
 
 
 @lru_cache(maxsize=512)
-def _actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int
+def _actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int, overlap: bool
              ) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(schedule.rank_actions(rank, pp, microbatches, vpp)) for rank in range(pp))
+    rows = [schedule.rank_actions(rank, pp, microbatches, vpp) for rank in range(pp)]
+    if overlap and not any(a.overlap for row in rows for a in row):
+        rows = pair_forwards_with_backwards(rows, schedule.placement(pp, vpp))
+    return tuple(tuple(row) for row in rows)
 
 
 def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequence[int],
@@ -224,4 +254,8 @@ def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequen
     for rank in range(pp):
         ends.append(makespan - drained)
         drained += sum(t_b[s] for s in placement.stages_of(rank)) + t_comm
-    return PipelineTiming(makespan, tuple(ends))
+    # micro-batch 0 fills the pipeline: rank r starts once stages 0 .. r-1 forwarded it;
+    # the first rank waits for the fill's and the drain's transfers
+    starts = tuple(sum(t_f[:r]) + r * t_comm for r in range(pp))
+    waits = (2 * (pp - 1) * t_comm,) + (0,) * (pp - 1)
+    return PipelineTiming(makespan, tuple(ends), starts, waits)

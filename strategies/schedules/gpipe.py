@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from strategies.pipeline import Action
 from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
@@ -23,7 +23,12 @@ class GPipe(PipelineSchedule):
                 + [Action(rank, "B", j) for j in range(microbatches)])
 
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
-               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int) -> PipelineTiming:
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
+               t_fb: Mapping[tuple[int, int], int] | None = None,
+               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
+        if overlap:  # overlapped pairs: no closed form, replay the lists
+            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
+                                  t_i)
         return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
