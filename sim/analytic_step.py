@@ -251,7 +251,8 @@ def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
     return part if isinstance(part, str) else lowerer.model.is_moe_layer(part)
 
 
-#: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on.
+#: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on (a dense
+#: model's only the first three).
 _PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
 _COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
 
@@ -357,7 +358,8 @@ class AnalyticStepModel:
         found = self._keys.get(key)
         if found is None:
             groups = self.lowerer._groups(self.lowerer.representatives[p])
-            found = tuple(groups[name] for name in _PART_GROUPS)
+            names = _PART_GROUPS if self.lowerer.model.moe is not None else ("tp", "cp", "ep")
+            found = tuple(groups[name] for name in names)
             self._keys[key] = found
         return found
 
