@@ -359,6 +359,9 @@ class StepLowerer:
                        modules: frozenset[str] | None = None) -> None:
         """The forward of ``layer``; with ``modules``, only what selective recompute of
         those modules re-runs (:func:`recomputed`)."""
+        if modules is not None and "op_sac" in modules:
+            self._op_sac_recompute(b, layer, tag)
+            return
         for block, members in _blocks(self.kernels(layer)):
             if modules is not None:
                 members, whole = recomputed(block, members, modules)
@@ -460,6 +463,15 @@ class StepLowerer:
                 side = None
         if side is not None:
             b.wait(side)
+
+    def _op_sac_recompute(self, b: _RankBuilder, layer: int, tag: str) -> None:
+        """What torchtitan's per-op selective checkpointing re-runs of ``layer``: each
+        kernel's share from :func:`strategies.model_costs.op_sac_recompute_fractions`."""
+        kernels = self.kernels(layer)
+        for kernel, share in zip(kernels, costs.op_sac_recompute_fractions(kernels, self.model)):
+            if share > 0:
+                piece = kernel if share == 1 else self._scaled(kernel, share)
+                self._emit_kernel(b, piece, f"{tag}.l{layer}", "F")
 
     # ------------------------------------------------------------ TP and GEMMs
     def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]

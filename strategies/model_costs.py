@@ -121,6 +121,7 @@ __all__ = [
     "mtp_kernels",
     "mtp_params",
     "optimizer_kernels",
+    "op_sac_recompute_fractions",
     "param_counts",
     "rank_params",
 ]
@@ -131,8 +132,13 @@ BLOCKS = ("embedding", "attention", "mlp", "moe", "head")
 #: Recompute modes accepted by :func:`activation_bytes_per_layer` (as ParallelPlan.recompute).
 RECOMPUTE_MODES = ("none", "selective", "full")
 
-#: Megatron-Core ``--recompute-modules`` :func:`activation_bytes_per_layer` models.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj")
+#: Megatron-Core ``--recompute-modules`` :func:`activation_bytes_per_layer` models, and
+#: ``op_sac``: torchtitan's per-op selective activation checkpointing
+#: (``activation_checkpoint.selective_ac_option = "op"``, the Llama 3 presets' choice,
+#: ``torchtitan/distributed/activation_checkpoint.py``): each transformer block keeps the
+#: outputs of the ops in its save list (matmuls, SDPA, reduce-scatter, amax) except every
+#: second matmul, and the backward re-runs the rest (:func:`op_sac_recompute_fractions`).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj", "op_sac")
 
 #: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
@@ -1412,7 +1418,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     a dense MLP's input; ``moe`` keeps only an MoE block's input (router, dispatch and experts
     recomputed); ``moe_act`` drops the experts' activation outputs (fc2 inputs);
     ``mla_up_proj`` drops MLA's per-head queries, keys and values (the up projections are
-    re-run); ``core_attn`` is the flash-attention no-op. Others are rejected.
+    re-run); ``core_attn`` is the flash-attention no-op; ``op_sac`` keeps what torchtitan's
+    per-op policy saves (:func:`_op_sac_activation_bytes`). Others are rejected.
 
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
@@ -1439,6 +1446,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
                          f"{', '.join(RECOMPUTE_MODULES)}")
     if recompute == "full":
         return e * n_sp * h
+    if "op_sac" in modules:
+        return _op_sac_activation_bytes(model, layer, n, n_sp, tp, e)
 
     # element bytes of a saved linear-layer input (TE keeps only its FP8 copy)
     e_in = 1.0 if fp8_linear_inputs else e
@@ -1502,6 +1511,73 @@ def _mla_activation_bytes(model: ModelSpec, *, n: int, n_sp: int, tp: int, e: fl
     if "mla_up_proj" not in modules:
         total += e * n * a_l * (2 * model.qk_head_dim + model.v_head_dim)  # Q, K, V
     return total + e * n * a_l * model.v_head_dim                     # attention output
+
+
+def _op_sac_activation_bytes(model: ModelSpec, layer: int, n: float, n_sp: float, tp: int,
+                             e: float) -> float:
+    """Bytes a dense block keeps under torchtitan's per-op selective checkpointing
+    (:data:`RECOMPUTE_MODULES`): the block input (the checkpoint's argument) and the saved
+    op outputs, in Llama's matmul order wq, wk, wv, wo, w1, w3, w2 with the even-numbered
+    matmuls re-run: Q and V (K recomputed), the SDPA output, w1's output and w2's output
+    (GELU MLPs: fc1's output; fc2 is the sixth matmul and re-runs). Norm outputs, the
+    activation's output and the residual sum are recomputed, never kept.
+
+    Raises:
+        ValueError: ``layer`` is an MoE layer (the policy is modelled for dense blocks).
+    """
+    if model.is_moe_layer(layer):
+        raise ValueError("recompute_modules: op_sac is modelled for dense layers; "
+                         f"layer {layer} is an MoE layer")
+    h, d = model.hidden_size, model.head_dim
+    a_l, g_l = model.num_heads // tp, _kv_local(model, tp)
+    f_l = model.ffn_hidden_size // tp
+    kept = n * (a_l * d + g_l * d + a_l * d) + n * f_l
+    if model.mlp == "swiglu":
+        kept += n * h  # w2's output (the seventh matmul, odd: saved)
+    return e * (n_sp * h + kept)
+
+
+def op_sac_recompute_fractions(kernels: Sequence[Kernel], model: ModelSpec) -> list[float]:
+    """The share of each of a dense layer's forward ``kernels`` that torchtitan's per-op
+    selective checkpointing re-runs in the backward (:data:`RECOMPUTE_MODULES`).
+
+    The policy counts the block's ``aten.mm`` calls in order and saves every odd-numbered
+    one; in Llama's order (wq, wk, wv, wo, w1, w3, w2) the backward re-runs wk, wo and w3.
+    Fused kernels here stand for several of those calls: ``attn.qkv`` for wq, wk, wv
+    (widths ``a*d``, ``g*d``, ``g*d``), ``mlp.gate_up`` for w1 and w3 (equal halves).
+    A ``<gemm>.quant`` cast re-runs with its GEMM's share; SDPA (kind ``attention``) is
+    saved; every other kernel (norms, activation, RoPE, residual adds) re-runs whole.
+    TP communication around the re-run matmuls is not modelled (torchtitan runs these
+    presets without TP).
+
+    Returns:
+        One fraction in [0, 1] per kernel, in order.
+    """
+    pieces = {"attn.qkv": (model.num_heads, model.num_kv_heads, model.num_kv_heads),
+              "mlp.gate_up": (1, 1)}
+    count = 0
+    matmul_share: dict[str, float] = {}
+    for kernel in kernels:
+        if kernel.kind != "matmul":
+            continue
+        widths = pieces.get(kernel.name, (1,))
+        rerun = 0.0
+        for width in widths:
+            count += 1
+            if count % 2 == 0:
+                rerun += width
+        matmul_share[kernel.name] = rerun / sum(widths)
+    fractions = []
+    for kernel in kernels:
+        if kernel.kind == "matmul":
+            fractions.append(matmul_share[kernel.name])
+        elif kernel.name.endswith(".quant"):
+            fractions.append(matmul_share.get(kernel.name[: -len(".quant")], 1.0))
+        elif kernel.kind == "attention":
+            fractions.append(0.0)
+        else:
+            fractions.append(1.0)
+    return fractions
 
 
 def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,

@@ -234,16 +234,68 @@ def test_mixture_of_experts_settings():
         (8, 2, 512, 2)
     assert (moe.first_dense_layers, moe.layer_frequency, moe.capacity_factor) == (2, 1, 0.0)
     assert j.plan["ep"] == 4
-    assert job("--num-experts", "8", "--moe-expert-capacity-factor", "1.25",
-               "--moe-pad-expert-input-to-capacity").model.moe.capacity_factor == 1.25
-    expect_one_line_error(lambda: job("--num-experts", "8", "--expert-model-parallel-size",
-                                      "4"), "--moe-token-dispatcher-type", "allgather")
-    expect_one_line_error(lambda: job("--num-experts", "8", "--tensor-model-parallel-size",
-                                      "2", "--expert-tensor-parallel-size", "1"),
-                          "--expert-tensor-parallel-size", "refused")
+    assert j.plan["moe_dispatcher"] == "alltoall" and "expert_tp" not in j.plan
+    # the capacity is the plan's: tokens over it dropped, padded up to it on request
+    p = job("--num-experts", "8", "--moe-expert-capacity-factor", "1.25",
+            "--moe-pad-expert-input-to-capacity").plan
+    assert (p["moe_capacity_factor"], p["moe_pad_to_capacity"]) == ("1.25", True)
+    assert job("--num-experts", "8", "--moe-expert-capacity-factor", "1.0").plan[
+        "moe_pad_to_capacity"] is False
+    expect_one_line_error(lambda: job("--num-experts", "8",
+                                      "--moe-pad-expert-input-to-capacity"),
+                          "--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor")
     expect_one_line_error(lambda: job("--num-experts", "8", "--moe-ffn-hidden-size", "512",
                                       "--moe-shared-expert-intermediate-size", "700"),
                           "--moe-shared-expert-intermediate-size")
+
+
+def test_expert_layouts_and_dispatchers_map_to_the_plan():
+    # expert-TP independent of TP (the ModelZoo's Qwen3 runs: expert-TP 1 with TP 4)
+    p = job("--num-experts", "8", "--tensor-model-parallel-size", "2",
+            "--expert-tensor-parallel-size", "1", "--moe-token-dispatcher-type",
+            "alltoall").plan
+    assert (p["tp"], p["expert_tp"]) == (2, 1)
+    assert "expert_tp" not in job("--num-experts", "8", "--tensor-model-parallel-size", "2",
+                                  "--expert-tensor-parallel-size", "2").plan
+    # Megatron-Core's default dispatcher is allgather, with or without EP
+    assert job("--num-experts", "8", "--expert-model-parallel-size", "4").plan[
+        "moe_dispatcher"] == "allgather"
+    # flex on DeepEP or HybridEP, and the flag before --moe-flex-dispatcher-backend
+    for extra in (("--moe-token-dispatcher-type", "flex"),
+                  ("--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend",
+                   "hybridep"),
+                  ("--moe-token-dispatcher-type", "flex", "--moe-enable-deepep")):
+        assert job("--num-experts", "8", *extra).plan["moe_dispatcher"] == "deepep", extra
+    expect_one_line_error(lambda: job("--num-experts", "8", "--moe-token-dispatcher-type",
+                                      "flex", "--moe-flex-dispatcher-backend", "nccl"),
+                          "--moe-flex-dispatcher-backend")
+    # the all-to-all overlapped with the other micro-batch (combined 1F1B), forced balance
+    p = job("--num-experts", "8", "--overlap-moe-expert-parallel-comm",
+            "--moe-router-force-load-balancing").plan
+    assert (p["moe_a2a_overlap"], p["moe_expert_load"]) == (True, "uniform")
+    # group-limited routing: both settings or neither
+    moe = job("--num-experts", "256", "--moe-router-topk", "8", "--moe-router-num-groups", "8",
+              "--moe-router-group-topk", "4").model.moe
+    assert (moe.router_groups, moe.router_group_topk) == (8, 4)
+    expect_one_line_error(lambda: job("--num-experts", "8", "--moe-router-num-groups", "4"),
+                          "--moe-router-num-groups", "--moe-router-group-topk")
+
+
+def test_multi_latent_attention_and_mtp_map_to_the_model():
+    """DeepSeek-V3's attention from its Megatron arguments: the deepseek-v3 preset's MLA."""
+    from strategies.models import load_model
+    m = job("--num-layers", "4", "--hidden-size", "7168", "--num-attention-heads", "128",
+            "--multi-latent-attention", "--q-lora-rank", "1536", "--kv-lora-rank", "512",
+            "--qk-head-dim", "128", "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128",
+            "--mtp-num-layers", "1").model
+    preset = load_model("deepseek-v3")
+    assert m.mla == preset.mla and (m.head_dim, m.num_kv_heads) == (192, 128)
+    assert m.mtp_layers == 1
+    # no query latent: queries projected from the hidden state (DeepSeek-V2-Lite)
+    assert job("--multi-latent-attention", "--kv-lora-rank", "512", "--qk-head-dim", "128",
+               "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128").model.mla.q_lora_rank == 0
+    expect_one_line_error(lambda: job("--multi-latent-attention", "--qk-head-dim", "128"),
+                          "--kv-lora-rank", "--multi-latent-attention")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -323,6 +375,11 @@ NEEDS_ANOTHER = {
     "--moe-expert-capacity-factor", "--moe-ffn-hidden-size", "--moe-grouped-gemm",
     "--moe-layer-freq", "--moe-pad-expert-input-to-capacity", "--moe-router-topk",
     "--moe-shared-expert-intermediate-size", "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend", "--moe-enable-deepep", "--moe-router-num-groups",
+    "--moe-router-group-topk", "--moe-router-force-load-balancing",
+    "--overlap-moe-expert-parallel-comm",
+    # MLA sizes without --multi-latent-attention
+    "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
     # interleaved-schedule settings without virtual stages; CP settings at CP 1
     "--no-align-param-gather", "--no-overlap-p2p-communication",
     "--overlap-p2p-communication-warmup-flush", "--cp-comm-type",

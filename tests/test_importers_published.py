@@ -86,20 +86,11 @@ def test_megatron_lm_2021_runs_from_their_arguments(catalog, row):
 # --------------------------------------------------------------------------- ModelZoo Qwen3
 
 
-def test_qwen3_long_context_run_is_refused_for_its_expert_tp(catalog):
-    """The ModelZoo's Qwen3-235B-A22B runs set --expert-tensor-parallel-size 1 with TP 4:
-    the plan has no expert-TP field, so the job is refused rather than mis-simulated
-    (published.py, whose row leaves expert TP empty, simulates expert TP = TP)."""
-    expect_one_line_error(lambda: import_job(
-        megatron_args=f"@{FIXTURES / 'qwen3_235b_long_16k_h100.args'}"),
-        "--expert-tensor-parallel-size", "refused")
-
-
 def test_qwen3_long_context_run_from_its_arguments(catalog):
     theirs = _published(catalog, "megatron_core_moe", "mcore_moe_qwen3_long_16k_fb")
-    # as published.py does: experts split over TP
-    job = import_job(megatron_args=f"@{FIXTURES / 'qwen3_235b_long_16k_h100.args'} "
-                                   "--expert-tensor-parallel-size 4")
+    # the job's expert-TP 1 with TP 4, as the row now carries it (from the same model
+    # config), and its flex dispatcher on DeepEP, as the row's framework prints
+    job = import_job(megatron_args=f"@{FIXTURES / 'qwen3_235b_long_16k_h100.args'}")
     ours = _plan(job)
     assert job.gpus == 256
     # what the job's own arguments say that the row does not: TE userbuffers

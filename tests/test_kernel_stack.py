@@ -273,3 +273,21 @@ def test_grouped_expert_gemm_runs_at_the_efficiency_of_its_streams():
     assert one_kernel.compute_flops_per_s(experts) == pytest.approx(cm.compute_flops_per_s(dense))
     with pytest.raises(ValueError, match="grouped_gemm_streams"):
         ComputeModel(H100, grouped_gemm_streams=0)
+
+
+def test_op_sac_recompute_lowers_exactly_the_rerun_shares():
+    """The recompute ops of a layer under torchtitan's per-op policy carry the FLOPs of
+    each forward kernel times its re-run share, and nothing else."""
+    from strategies.lowering import lower_step
+    from strategies.model_costs import op_sac_recompute_fractions
+    from strategies.models import load_model
+    from strategies.plan import ParallelPlan
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(dp=8, zero=3, recompute="selective", recompute_modules=("op_sac",),
+                        seq_len=2048, micro_batch=1, global_batch=8)
+    ops = lower_step(model, plan).program.ops_by_rank[0]
+    rerun = sum(op.flops for op in ops if ".recompute." in op.name and op.name.endswith(".l3"))
+    kernels = C.layer_kernels(model, 3, micro_batch=1, seq_len=2048, dtype="bf16",
+                            elementwise=plan.elementwise)
+    expected = sum(k.fwd_flops * f for k, f in zip(kernels, op_sac_recompute_fractions(kernels, model)))
+    assert expected > 0 and rerun == pytest.approx(expected, rel=1e-12)

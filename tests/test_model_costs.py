@@ -439,3 +439,40 @@ def test_more_bad_inputs():
     assert "seq_len" in _error(model_flops_per_token, MHA, 0)
     assert "num_kv_heads" in _error(layer_kernels, replace(MHA, num_heads=12, num_kv_heads=4,
                                                            head_dim=16), 0, micro_batch=1, seq_len=16, tp=6)
+
+
+# ------------------------------------------------------- torchtitan per-op checkpointing
+
+
+def test_op_sac_reruns_every_second_matmul_of_llama_order():
+    """wq, wk, wv, wo, w1, w3, w2: the policy saves the odd ones, so wk (a sixth of the
+    fused QKV for 32 query and 8 KV heads), wo and w3 (half of gate_up) re-run, with
+    their FP8 casts; SDPA is saved; norms, activation and residuals re-run."""
+    from strategies.model_costs import op_sac_recompute_fractions
+    model = load_model("llama3-8b")
+    kernels = layer_kernels(model, 0, micro_batch=1, seq_len=4096, dtype="fp8",
+                            fp8_recipe="torchao", elementwise="eager")
+    share = dict(zip((k.name for k in kernels), op_sac_recompute_fractions(kernels, model)))
+    assert share["attn.qkv"] == pytest.approx(8 / (32 + 8 + 8))
+    assert share["attn.qkv.quant"] == share["attn.qkv"]
+    assert (share["attn.out"], share["mlp.gate_up"], share["mlp.down"]) == (1.0, 0.5, 0.0)
+    assert (share["attn.core"], share["attn.norm"], share["mlp.act"]) == (0.0, 1.0, 1.0)
+    assert share["mlp.down.quant"] == 0.0
+
+
+def test_op_sac_activation_bytes_closed_form():
+    """Kept: block input, Q, V, SDPA output (n*(2a+g)*d), w1's and w2's outputs."""
+    model = load_model("llama3-8b")
+    n, h, d, f = 2 * 4096, model.hidden_size, model.head_dim, model.ffn_hidden_size
+    expected = 2 * (n * h + n * (2 * 32 + 8) * d + n * f + n * h)
+    got = activation_bytes_per_layer(model, 0, micro_batch=2, seq_len=4096,
+                                     recompute="selective", recompute_modules=("op_sac",))
+    assert got == expected
+    assert got < activation_bytes_per_layer(model, 0, micro_batch=2, seq_len=4096)
+
+
+def test_op_sac_is_refused_on_moe_layers():
+    model = load_model("mixtral-8x7b")
+    with pytest.raises(ValueError, match="op_sac is modelled for dense layers"):
+        activation_bytes_per_layer(model, 0, micro_batch=1, seq_len=4096,
+                                   recompute="selective", recompute_modules=("op_sac",))

@@ -8,7 +8,11 @@ each preset's one calibrated number reproduces its calibration rows.
 The accuracy bounds are what the simulator reaches today on the validation rows, with a
 small margin; they fail on any regression. They are looser than issue 12's targets
 (median 5 %, p90 12 %, |bias| 2 %), which the dense models approach and the MoE models do
-not yet meet (their expert layouts and all-to-all are being modelled).
+not yet meet: with their expert layouts, dispatchers, MLA and DualPipe modelled (issue 15)
+all 75 expressible MoE rows are compared, and they are simulated too fast on average
+(bias about -18 %; the fine-grained Qwen3-30B-A3B NeMo rows by 58-63 %, as before issue
+15). That MoE bias is pinned by its own test and is what moves the whole set's bias past
+the dense models' 3 %.
 """
 
 from __future__ import annotations
@@ -54,11 +58,23 @@ def test_dense_models_within_todays_bounds(report):
     assert abs(dense["bias"]) <= 0.03
 
 
+def test_moe_models_within_todays_bounds(report):
+    """Every MoE row but DeepSeek's EP 64 over 32 ranks is compared (41 before issue 15:
+    median 21 %, p90 59 %, bias +4 %, with +240 % rows cancelling -60 % ones)."""
+    moe = _line(report, "MoE models")
+    assert moe["compared"] >= 75
+    assert moe["median_abs_error"] <= 0.165
+    assert moe["p90_abs_error"] <= 0.41
+    assert abs(moe["bias"]) <= 0.19
+
+
 def test_whole_set_within_todays_bounds(report):
+    """Median and p90 as before issue 15; the bias is the dense rows' (within 3 %) plus
+    the MoE rows' under-prediction weighted by their share (75 of 475): within 5 %."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
     assert every["p90_abs_error"] <= 0.22
-    assert abs(every["bias"]) <= 0.03
+    assert abs(every["bias"]) <= 0.05
 
 
 def test_rows_not_compared_say_why_and_none_failed(report):
@@ -115,3 +131,17 @@ def test_event_replay_agrees_with_the_closed_form_on_published_rows(row_id):
                                      fidelity=fidelity, check_memory=False).step_time_s
              for fidelity in ("analytic", "event")}
     assert times["analytic"] == pytest.approx(times["event"], rel=0.02), times
+
+
+@pytest.mark.parametrize("row_id, expected", [
+    ("tt_a100_2", {"recompute": "selective", "recompute_modules": ("op_sac",),
+                   "recompute_layers": 0}),
+    ("tt_a100_1", {"recompute": "full", "recompute_modules": (), "recompute_layers": 16}),
+])
+def test_torchtitan_selective_checkpointing_is_its_own_policy(row_id, expected):
+    """torchtitan's 'selective' is not Megatron's: per op it re-runs every second matmul,
+    per layer it checkpoints every second block of the 32 whole."""
+    from validate.published import load_nemo_recipes, load_runs, scenario_for
+    run = next(r for r in load_runs(sources=["pytorch_torchtitan"]) if r.row_id == row_id)
+    plan = scenario_for(run, load_models(), load_nemo_recipes()).plan
+    assert {name: getattr(plan, name) for name in expected} == expected

@@ -153,7 +153,8 @@ def simulate(model: str | ModelSpec | None = None, *, cluster: str | ClusterSpec
         model: preset name, model file / Hugging Face config.json path, or spec.
         cluster: preset name, preset file, or spec (default ``dgx-h100``).
         gpus: GPUs of the job (default: the plan's dp*tp*pp*cp).
-        plan: a ParallelPlan; or give its fields as keywords (``tp=8, pp=4``). Missing
+        plan: a ParallelPlan or a mapping of its fields; or give the fields as keywords
+            (``tp=8, pp=4``). Missing
             fields follow :mod:`trainsim.defaults`: seq_len 4096, dp = gpus /
             (tp*pp*cp), global batch ~4 Mi tokens, zero 1 (0 for parameter servers),
             schedule interleaved when vpp > 1 else 1f1b. Parameter-server training:
@@ -216,6 +217,11 @@ def _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
     if plan is not None and plan_fields:
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
                          f"({', '.join(plan_fields)})")
+    if plan is not None and not isinstance(plan, (ParallelPlan, Mapping)):
+        raise ValueError(f"plan: {type(plan).__name__} is not valid; give a ParallelPlan, a "
+                         "mapping of its fields, or the fields as keywords")
+    if isinstance(plan, Mapping):
+        plan, plan_fields = None, {**plan}
     fields = asdict(plan) if plan is not None else {k: v for k, v in plan_fields.items()
                                                     if v is not None}
     perturbations = perturbations or Perturbations()

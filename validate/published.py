@@ -351,9 +351,6 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         micro = 1
         assumptions.append("micro-batch 1 (not printed)")
     vpp = run.integer("vpp", 1) or 1
-    if model.num_layers < pp * vpp:
-        raise NotExpressible(f"{model.num_layers} layers over pp {pp} x vpp {vpp} = {pp * vpp} "
-                             "virtual stages: a pipeline layout with empty stages")
     defaults = framework_defaults(run.get("framework"), run.get("framework_version"))
     fsdp = run.integer("fsdp", 0) or 0
     if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP

@@ -95,11 +95,6 @@ MEMORY_TOLERANCE = 0.08
 #: (saturated memory rows), each group with the mechanism that is missing. The tests
 #: require this list to be exact: a row that starts to fit must leave it.
 KNOWN_GAPS: Mapping[str, str] = {
-    **{row: "torchtitan's per-op selective activation checkpointing (every other matmul "
-            "output and the attention output saved, the rest recomputed) is not modelled: "
-            "'selective' counts as no recompute under flash attention"
-       for row in ("tt_t1_1", "tt_t1_2", "tt_t1_3", "tt_t3_1", "tt_a100_7",
-                   "mem_tt_t1_1", "mem_tt_t1_2", "mem_tt_t1_3")},
     **{row: "Nemotron-4 340B at TP8 PP8 VP12 with DP 2: model states of 12 bytes per parameter "
             "(bf16 weights, bf16 gradients, 12/2 optimizer) plus 103 one-layer chunks in flight "
             "exceed 80 GB; the FP8 runs probably keep FP8 primary weights (fp8_params), which "

@@ -148,6 +148,19 @@ def recompute_modules_of(detail: str) -> tuple[tuple[str, ...], list[str]]:
     return tuple(modules), unknown
 
 
+def _torchtitan_selective(detail: str, num_layers: int, pp: int) -> dict[str, object]:
+    """Plan fields of torchtitan's selective activation checkpointing
+    (``torchtitan/distributed/activation_checkpoint.py``): ``selective_ac_option = "op"``
+    (the Llama 3 presets' setting, and what a row printing only "selective" ran) saves
+    every op's output but every second matmul (recompute module ``op_sac``); a layer
+    frequency ``N`` ("per layer"; the benchmarks used 2) checkpoints every N-th block
+    whole, which for the time and memory of a stage is full recompute of half its layers
+    (``recompute_layers``, the block method)."""
+    if "per layer" in detail.lower():
+        return {"recompute": "full", "recompute_layers": max(1, num_layers // pp // 2)}
+    return {"recompute_modules": ("op_sac",)}
+
+
 def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                    recipe: Mapping[str, str] | None, *, num_layers: int = 0) -> StackSettings:
     """What a published row runs with beyond its printed configuration and its
@@ -216,6 +229,13 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         unprinted[:] = [u for u in unprinted if not u.startswith("activation offload")]
         unprinted.append(f"activation offload of {MEGATRON_BRIDGE_OFFLOAD[key]} layers "
                          "(Megatron-Bridge workload config)")
+    if kind == "torchtitan" and plan_fields.get("recompute") == "selective":
+        fields.update(_torchtitan_selective(row.get("recompute_detail", ""), num_layers,
+                                            int(plan_fields.get("pp", 1))))
+        notes.append("torchtitan selective checkpointing as "
+                     + ("every second layer fully recomputed (selective_ac_option '2')"
+                        if fields.get("recompute") == "full" else
+                        "its per-op policy (every second matmul of a block re-run)"))
     modules, unknown = recompute_modules_of(row.get("recompute_detail", ""))
     if modules and plan_fields.get("recompute") == "selective":
         fields["recompute_modules"] = modules

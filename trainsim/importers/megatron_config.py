@@ -22,7 +22,7 @@ embeddings unless ``--untie-embeddings-and-output-weights``; dropout 0.1;
 ``--make-vocab-size-divisible-by 128`` (x TP); ``--global-batch-size`` micro-batch x dp;
 ``--moe-router-topk 2``; ``--moe-ffn-hidden-size`` the FFN size; ``--moe-layer-freq 1``;
 dropless routing (no ``--moe-expert-capacity-factor``); ``--moe-token-dispatcher-type
-allgather``; no distributed optimizer; no overlap of the gradient reduction or the
+allgather``; ``--expert-tensor-parallel-size`` TP; no distributed optimizer; no overlap of the gradient reduction or the
 parameter gather; gradients reduced in fp32 with ``--bf16`` unless
 ``--grad-reduce-in-bf16``; ``--fp8-recipe delayed``; ``--transformer-impl
 transformer_engine``; ``--attention-backend auto``; the fp32 vocab-parallel loss unless
@@ -118,11 +118,11 @@ def _parallel(s: Settings, plan: dict[str, Any], model: ModelSpec, gpus: int | N
     pp = s.value("pipeline_model_parallel_size", int, 1, minimum=1)
     cp = s.value("context_parallel_size", int, 1, minimum=1)
     plan.update(pp=pp, cp=cp, ep=s.value("expert_model_parallel_size", int, 1, minimum=1))
+    # Megatron-Core: experts split over --expert-tensor-parallel-size, TP when not given
+    # (arguments.py: expert_tensor_parallel_size None -> tensor_model_parallel_size)
     expert_tp = s.value("expert_tensor_parallel_size", int, None, minimum=1)
     if expert_tp is not None and expert_tp != plan["tp"] and model.moe is not None:
-        raise ValueError(f"{s.spelled('expert_tensor_parallel_size')}: {expert_tp} is refused: "
-                         f"experts here are split over TP ({plan['tp']}); the plan has no "
-                         "field for another expert TP")
+        plan["expert_tp"] = expert_tp
     vpp, split = _virtual_stages(s, model.num_layers, pp)
     plan.update(vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b")
     if split is not None:
@@ -460,7 +460,8 @@ def _stack(s: Settings, plan: dict[str, Any], notes: list[str], *, legacy: bool)
 
 
 def _moe(s: Settings, plan: dict[str, Any], model: ModelSpec, notes: list[str]) -> None:
-    """Expert parallelism and the token dispatcher."""
+    """Expert parallelism, the token dispatcher, the forward/backward all-to-all overlap,
+    the routing load and the expert capacity."""
     if model.moe is None:
         if plan["ep"] > 1:
             raise ValueError(f"{s.spelled('expert_model_parallel_size')}: {plan['ep']} needs "
@@ -468,13 +469,35 @@ def _moe(s: Settings, plan: dict[str, Any], model: ModelSpec, notes: list[str]) 
         return
     dispatcher = s.value("moe_token_dispatcher_type", str, "allgather",
                         choices=("allgather", "alltoall", "flex"))
-    if dispatcher == "allgather" and plan["ep"] > 1:
-        raise ValueError(f"{s.spelled('moe_token_dispatcher_type')}: 'allgather' is refused "
-                         "with expert parallelism: the dispatch modelled is the all-to-all "
-                         "(alltoall or flex)")
+    if s.value("moe_enable_deepep", bool, False):  # the flag before --moe-flex-dispatcher-
+        dispatcher = "flex"                        # backend: flex on DeepEP
     if dispatcher == "flex":
-        notes.append(f"{s.spelled('moe_token_dispatcher_type')} flex (DeepEP/HybridEP): "
-                     "priced as an NCCL all-to-all")
+        # MoEFlexTokenDispatcher on DeepEP, or on HybridEP (NVIDIA's DeepEP for NVL72
+        # domains): both send a token once per destination domain and forward it inside
+        backend = s.value("moe_flex_dispatcher_backend", str, "deepep",
+                          choices=("deepep", "hybridep"))
+        plan["moe_dispatcher"] = "deepep"
+        if backend == "hybridep":
+            notes.append(f"{s.spelled('moe_flex_dispatcher_backend')} hybridep: priced as "
+                         "DeepEP's per-domain deduplicated dispatch")
+    else:
+        plan["moe_dispatcher"] = dispatcher
+    if s.value("overlap_moe_expert_parallel_comm", bool, False):
+        plan["moe_a2a_overlap"] = True
+    if s.value("moe_router_force_load_balancing", bool, False):
+        plan["moe_expert_load"] = "uniform"
+    else:
+        notes.append("routing priced at a uniform expert load (the router's learned "
+                     "imbalance is not in the job's settings; give moe_expert_load)")
+    factor = s.value("moe_expert_capacity_factor", float, None)
+    pad = s.value("moe_pad_expert_input_to_capacity", bool, False)
+    if factor is not None:
+        plan["moe_capacity_factor"] = repr(factor)
+        plan["moe_pad_to_capacity"] = pad
+    elif pad:  # Megatron-Core's TransformerConfig refuses it too
+        raise ValueError(f"{s.spelled('moe_pad_expert_input_to_capacity')}: True is refused "
+                         f"without {s.spelled('moe_expert_capacity_factor')}: padding needs a "
+                         "capacity")
     local_experts = model.moe.num_experts // plan["ep"] if model.moe.num_experts % plan["ep"] \
         == 0 else 0
     if local_experts > 1 and not s.value("moe_grouped_gemm", bool, False):

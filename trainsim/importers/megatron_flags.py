@@ -128,9 +128,13 @@ FLAGS: dict[str, Flag] = {
     **_flags("one", str, "--tokenizer-type", "--tokenizer-model"),
     # mixture of experts
     **_flags("one", int, "--num-experts", "--moe-ffn-hidden-size",
-             "--moe-shared-expert-intermediate-size", "--moe-router-topk"),
+             "--moe-shared-expert-intermediate-size", "--moe-router-topk",
+             "--moe-router-num-groups", "--moe-router-group-topk"),
     **_flags("one", float, "--moe-expert-capacity-factor"),
-    **_flags("one", str, "--moe-token-dispatcher-type"),
+    **_flags("one", str, "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend"),
+    # multi-head latent attention sizes
+    **_flags("one", int, "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+             "--qk-pos-emb-head-dim", "--v-head-dim"),
     **_flags("on", str, "--moe-shared-expert-overlap", "--moe-grouped-gemm",
              "--moe-layer-recompute", "--moe-extended-tp", "--moe-router-force-load-balancing",
              "--moe-permute-fusion", "--moe-router-fusion", "--moe-enable-deepep",

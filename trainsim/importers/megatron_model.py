@@ -7,14 +7,14 @@ with ``--swiglu``; ``--kv-channels`` h / heads; ``--num-query-groups`` only with
 embeddings; dropout 0.1; the tokenizer's vocabulary padded to a multiple of
 ``--make-vocab-size-divisible-by`` (128) x TP (``_vocab_size_with_padding``);
 ``--moe-router-topk 2``; ``--moe-ffn-hidden-size`` the FFN size; ``--moe-layer-freq 1``;
-dropless routing.
+dropless routing; no multi-token prediction; multi-head (not latent) attention.
 """
 
 from __future__ import annotations
 
 import math
 
-from strategies.model_spec import ModelSpec, MoESpec
+from strategies.model_spec import MLASpec, ModelSpec, MoESpec
 from trainsim.importers.job import Settings
 from trainsim.importers.patterns import moe_layout
 from trainsim.importers.setting_kinds import GPT2_VOCAB, KNOWN_TOKENIZERS
@@ -76,6 +76,10 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
                      "default): biases are not priced")
     vocab = _vocab(s, tp, notes)
     moe = _moe_spec(s, layers, ffn, notes)
+    mla = _mla_spec(s)
+    if mla is not None:
+        # as the deepseek-v3 preset: the query/key width, keys and values on every head
+        head_dim, kv_heads = mla.qk_nope_head_dim + mla.qk_rope_head_dim, heads
     return ModelSpec(name=_model_name(s), num_layers=layers, hidden_size=hidden,
                      num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                      ffn_hidden_size=ffn, vocab_size=vocab,
@@ -83,7 +87,9 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
                      norm="rmsnorm" if norm == "RMSNorm" else "layernorm",
                      tied_embeddings=not s.value("untie_embeddings_and_output_weights", bool,
                                                 False),
-                     dropout=dropout, moe=moe, source=s.source)
+                     dropout=dropout, moe=moe, mla=mla,
+                     mtp_layers=s.value("mtp_num_layers", int, None, minimum=0) or 0,
+                     source=s.source)
 
 
 def _model_name(s: Settings) -> str:
@@ -141,15 +147,39 @@ def _moe_spec(s: Settings, layers: int, ffn: int, notes: list[str]) -> MoESpec |
         shared = shared_size // expert_ffn
     first_dense, frequency = moe_layout(s.get("moe_layer_freq", 1), layers,
                                         flag=s.spelled("moe_layer_freq"))
-    factor = s.value("moe_expert_capacity_factor", float, None)
-    capacity = 0.0
-    if factor is not None:
-        if s.value("moe_pad_expert_input_to_capacity", bool, False):
-            capacity = factor
-        else:
-            notes.append(f"{s.spelled('moe_expert_capacity_factor')} {factor} without padding: "
-                         "tokens over capacity are dropped, none padded; priced at balance")
+    # group-limited routing (DeepSeek-V3's node-limited routing): a token's experts lie in
+    # --moe-router-group-topk of --moe-router-num-groups expert groups
+    groups = s.value("moe_router_num_groups", int, None, minimum=1) or 0
+    group_topk = s.value("moe_router_group_topk", int, None, minimum=1) or 0
+    if bool(groups) != bool(group_topk):
+        given = "moe_router_num_groups" if groups else "moe_router_group_topk"
+        missing = "moe_router_group_topk" if groups else "moe_router_num_groups"
+        raise ValueError(f"{s.spelled(given)}: group-limited routing needs "
+                         f"{s.spelled(missing)} too")
+    # the capacity (tokens dropped or padded) is a plan setting (megatron_config._moe):
+    # the model routes dropless
     return MoESpec(num_experts=experts, top_k=s.value("moe_router_topk", int, 2, minimum=1),
                    expert_ffn_hidden_size=expert_ffn, shared_experts=shared,
-                   capacity_factor=capacity, first_dense_layers=first_dense,
-                   layer_frequency=frequency)
+                   capacity_factor=0.0, first_dense_layers=first_dense,
+                   layer_frequency=frequency, router_groups=groups,
+                   router_group_topk=group_topk)
+
+
+def _mla_spec(s: Settings) -> MLASpec | None:
+    """Multi-head latent attention (``--multi-latent-attention``) with its sizes; the
+    query latent is optional (``--q-lora-rank`` absent: queries projected directly, as
+    Megatron-Core's ``MLASelfAttention`` does), the others are required here rather than
+    taken from a default."""
+    if not s.value("multi_latent_attention", bool, False):
+        return None
+    sizes = {}
+    for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        if s.get(name) is None:
+            raise ValueError(f"{s.spelled(name)}: missing from {s.source}; give it with "
+                             f"{s.spelled('multi_latent_attention')} (trainsim takes no "
+                             "default for the MLA sizes)")
+        sizes[name] = s.value(name, int, minimum=1)
+    return MLASpec(q_lora_rank=s.value("q_lora_rank", int, None, minimum=1) or 0,
+                   kv_lora_rank=sizes["kv_lora_rank"], qk_nope_head_dim=sizes["qk_head_dim"],
+                   qk_rope_head_dim=sizes["qk_pos_emb_head_dim"],
+                   v_head_dim=sizes["v_head_dim"])

@@ -84,13 +84,12 @@ IGNORED = frozenset({
     "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_input_jitter_eps",
     "moe_per_layer_logging", "moe_router_load_balancing_type", "moe_router_score_function",
     "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
-    "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
-    "moe_router_group_topk", "moe_router_dtype", "moe_token_drop_policy",
+    "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_dtype",
+    "moe_token_drop_policy",
     "moe_use_upcycling", "moe_upcycling_granularity", "moe_router_padding_for_fp8",
     "moe_router_padding_for_quantization", "moe_apply_probs_on_input",
     "moe_pad_experts_for_cuda_graph_inference", "moe_use_legacy_grouped_gemm",
-    # multi-latent attention sizes (MLA itself is refused)
-    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    # MLA's rotary scaling (its sizes are mapped)
     "rotary_scaling_factor", "mscale", "mscale_all_dim", "cache_mla_latents",
     # settings of other flags that are refused or absent when these apply
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
@@ -100,7 +99,7 @@ IGNORED = frozenset({
     "overlap_cpu_optimizer_d2h_h2d", "pin_cpu_grads", "no_pin_cpu_grads", "pin_cpu_params",
     "no_pin_cpu_params", "sharp_enabled_group", "keep_fp8_transpose_cache",
     "reuse_grad_buf_for_mxfp8_param_ag", "moe_deepep_num_sms", "moe_hybridep_num_sms",
-    "moe_flex_dispatcher_backend", "ddp_average_in_collective", "gradient_reduce_div_fusion",
+    "ddp_average_in_collective", "gradient_reduce_div_fusion",
     "no_gradient_reduce_div_fusion", "ddp_pad_buckets_for_high_nccl_busbw",
     "clone_scatter_output_in_embedding", "no_clone_scatter_output_in_embedding",
     "persist_layer_norm", "no_persist_layer_norm", "use_te_activation_func",
@@ -123,9 +122,6 @@ _TP_OVERLAP = ("the plan overlaps all TP collectives with userbuffers or none of
 
 #: Settings refused when active: destination -> (inactive values, why).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "multi_latent_attention": ((False, None), "multi-head latent attention is not modelled "
-                               "(ModelSpec has no MLA; validate/published.py skips MLA runs too)"),
-    "mtp_num_layers": ((None, 0), "multi-token-prediction layers are not modelled"),
     "window_size": ((None,), "sliding-window attention is not modelled"),
     "window_attn_skip_freq": ((None,), "sliding-window attention is not modelled"),
     "softmax_type": (("vanilla", None), "only the vanilla attention softmax is modelled"),
@@ -162,8 +158,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
                                       "output layer's weight gradient deferred to the flush"),
     "delay_wgrad_compute": ((False, None), "the plan has no field for delayed weight "
                             "gradients"),
-    "overlap_moe_expert_parallel_comm": ((False, None), "the plan has no field for the MoE "
-                                         "all-to-all overlapped across micro-batches"),
     "ddp_num_buckets": ((None,), "give --ddp-bucket-size instead (the plan sizes buckets in "
                         "bytes)"),
     "ddp_reduce_scatter_with_fp32_accumulation": ((False, None), "the all-to-all "
@@ -215,9 +209,6 @@ APPROXIMATED: dict[str, tuple[tuple[Any, ...], str]] = {
                                   "with the token dispatch"),
     "moe_permute_fusion": ((False, None), "token permutation priced the same fused or not"),
     "moe_router_fusion": ((False, None), "the router priced the same fused or not"),
-    "moe_router_force_load_balancing": ((False, None), "routing is priced perfectly "
-                                        "balanced, forced or not"),
-    "moe_enable_deepep": ((False, None), "DeepEP dispatch priced as an NCCL all-to-all"),
     "manual_gc": ((False, None), "Python garbage-collection pauses are not modelled"),
     "nccl_ub": ((False, None), "NCCL user-buffer registration not modelled"),
     "fsdp_double_buffer": ((False, None), "FSDP double buffering not modelled"),
