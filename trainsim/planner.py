@@ -550,6 +550,9 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
                 dropped[result["out_of_memory"]] += 1
             else:
                 rows.append(_row(plan, result, fail, token_count, price, rank_fidelity))
+    # The plans the bound skipped are decided too: the progress bar ends at 100 %.
+    if examined < len(ordered):
+        tick(len(ordered) - examined)
     # Heavier recompute simulated in the same batch as a lighter one that fits.
     rows = [r for r in rows if not any(
         fits.get(replace(r["_plan"], recompute=m)) for m in RECOMPUTE
