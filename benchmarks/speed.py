@@ -24,7 +24,8 @@ Usage::
 
     PYTHONPATH=. python benchmarks/speed.py                  # every figure
     PYTHONPATH=. python benchmarks/speed.py --only analytic_gpt3 analytic_llama
-    PYTHONPATH=. python benchmarks/speed.py --timeout 120
+    PYTHONPATH=. python benchmarks/speed.py --timeout 120 --memory-gib 4
+    python benchmarks/speed.py --root /path/to/other/checkout   # "before" figures
 """
 
 from __future__ import annotations
@@ -152,15 +153,25 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.2f}/{os.cpu_count()}"
 
 
-def run(name: str, timeout_s: float, root: str) -> dict:
-    """Run one figure in a subprocess; its JSON line, or a row saying why there is none."""
+def run(name: str, timeout_s: float, root: str, memory_gib: float) -> dict:
+    """Run one figure in a subprocess (address space capped at ``memory_gib``, so a
+    figure that would exhaust the shared machine fails instead); its JSON line, or a
+    row saying why there is none."""
+    import resource
+
     target, _, code = FIGURES[name]
     before = load()
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=root)
+    limit = int(memory_gib * 2**30)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
     try:
         done = subprocess.run([sys.executable, "-c", _PRELUDE + code], capture_output=True,
-                              text=True, timeout=timeout_s, cwd=root, env=env)
+                              text=True, timeout=timeout_s, cwd=root, env=env,
+                              preexec_fn=cap)
     except subprocess.TimeoutExpired:
         return dict(name=name, target=target, measured=f"> {timeout_s:.0f} s", met="no",
                     rss="-", detail="time limit", load=f"{before} -> {load()}")
@@ -183,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), default=None)
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds per figure before it is reported as '> limit'")
+    parser.add_argument("--memory-gib", type=float, default=6.0,
+                        help="address-space cap of each figure's process")
     parser.add_argument("--root", default=os.getcwd(),
                         help="checkout to measure (PYTHONPATH of the subprocesses)")
     args = parser.parse_args(argv)
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'figure':<16} {'target':<22} {'measured':>16} {'met':>4} {'rss_MiB':>8} "
           f"{'load before -> after':>22}  detail")
     for name in names:
-        row = run(name, args.timeout, args.root)
+        row = run(name, args.timeout, args.root, args.memory_gib)
         print(f"{row['name']:<16} {row['target']:<22} {row['measured']:>16} {row['met']:>4} "
               f"{row['rss']:>8} {row['load']:>22}  {row['detail']}", flush=True)
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from hardware.calibration import CalibratedComputeModel
-from hardware.compute import ComputeModel
 from strategies.model_spec import ModelSpec
 from strategies.plan import PLAN_FIELDS
 
-__all__ = ["SharedPrices", "NAME_BLIND_TIMERS", "plan_fields"]
+__all__ = ["SharedPrices", "plan_fields"]
 
 
 class SharedPrices:
@@ -62,12 +60,6 @@ class SharedPrices:
         if len(self._values) >= self.max_entries:
             self._values.clear()
         self._values[key] = value
-
-
-#: Compute timers whose prices depend on an op's kind, work, shape, dtype, phase and
-#: launches but not on the layer index in its name: parts priced once for one layer
-#: stand for every layer of their kind, in any plan. Any other timer gets no sharing.
-NAME_BLIND_TIMERS = (ComputeModel, CalibratedComputeModel)
 
 
 #: Plan fields the ops of one layer or edge in one phase (StepLowerer.phase_ops) do not

@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
-from hardware.cost import ComputeTimer, CostModel, RankConditions
+from hardware.cost import ComputeTimer, CostModel, RankConditions, prices_ops_by_shape
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_prices import NAME_BLIND_TIMERS, SharedPrices, plan_fields
+from sim.analytic_prices import SharedPrices, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
@@ -119,7 +119,7 @@ class PricingCache:
     def shared_prices(self, layout: ClusterLayout, compute: ComputeTimer | None = None
                       ) -> SharedPrices | None:
         """The :class:`SharedPrices` of :meth:`cost_model`'s model (None when its compute
-        timer may price by layer name, :data:`_NAME_BLIND_TIMERS`)."""
+        timer may price by layer name, :func:`hardware.cost.prices_ops_by_shape`)."""
         return self._entry(layout, compute)[3]
 
     def _entry(self, layout: ClusterLayout, compute: ComputeTimer | None) -> tuple:
@@ -129,7 +129,7 @@ class PricingCache:
             if len(self._entries) >= self.max_layouts:
                 self._entries.pop(next(iter(self._entries)))
             cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
-            shared = SharedPrices() if type(cost.compute) in NAME_BLIND_TIMERS else None
+            shared = SharedPrices() if prices_ops_by_shape(cost.compute) else None
             entry = (layout.spec, compute, cost, shared)
             self._entries[key] = entry
         return entry
@@ -255,6 +255,9 @@ def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
 #: model's only the first three).
 _PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
 _COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
+#: AnalyticStepModel._gather_repeats: gathering actions per (what decides, placement,
+#: micro-batches, comp, stage).
+_REPEATS: dict[tuple, int] = {}
 
 
 def _action_counts(actions: Sequence[Action]) -> dict[tuple, int]:
@@ -403,11 +406,12 @@ class AnalyticStepModel:
     def _signature(self, p: int) -> tuple:
         """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
         lists overlap forwards with backwards each differ)."""
-        model, lowerer = self.lowerer.model, self.lowerer
+        lowerer, flags = self.lowerer, self._flags
         placement = lowerer.placement
-        paired = any(a.overlap for a in lowerer.actions()[p])
+        # (an overlapped pair is a "pair" kind among the row's memoised action counts)
+        paired = any(key[0] == "pair" for key in _action_counts(lowerer.actions()[p]))
         return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
-                tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
+                tuple((tuple(flags[layer] for layer in lowerer.stage_layers[s]),
                        placement.is_first(s), placement.is_last(s),
                        placement.microbatches_through(s, self.plan.num_microbatches))
                       for s in placement.stages_of(p)))
@@ -602,9 +606,7 @@ class AnalyticStepModel:
         work, _ = self._rank_actions(p)
         total = first = 0
         for action in work:
-            repeats = sum(lowerer.gathers_params(action.comp, j)
-                          for j in range(self.plan.num_microbatches)
-                          if lowerer.placement.on_route(action.stage, j))
+            repeats = self._gather_repeats(action.comp, action.stage)
             if not repeats:
                 continue
             for layer in self.lowerer.stage_layers[action.stage]:
@@ -612,6 +614,26 @@ class AnalyticStepModel:
                 first = first or duration
                 total += duration * repeats
         return total, first
+
+    def _gather_repeats(self, comp: str, stage: int) -> int:
+        """How many of the step's ``comp`` actions of ``stage`` gather their layers'
+        parameters (StepLowerer.gathers_params over the micro-batches on its route),
+        counted once per (what decides gathering, placement, micro-batches, comp,
+        stage) in a module table."""
+        lowerer, plan = self.lowerer, self.plan
+        placement, m = lowerer.placement, plan.num_microbatches
+        # everything StepLowerer.gathers_params reads besides (comp, micro-batch)
+        decides = (type(lowerer).gathers_params, plan.dp * plan.cp == 1, plan.zero,
+                   lowerer._gather_in_forward())
+        key = (decides, placement, m, comp, stage)
+        found = _REPEATS.get(key)
+        if found is None:
+            found = sum(lowerer.gathers_params(comp, j) for j in range(m)
+                        if placement.on_route(stage, j))
+            if len(_REPEATS) >= 65536:
+                _REPEATS.clear()
+            _REPEATS[key] = found
+        return found
 
     def _start_gathers_ns(self, p: int) -> int:
         """The parameter gathers rank ``p``'s first action issues at the step's start
