@@ -215,6 +215,18 @@ def _p2p_only_cap_s(model: NetworkModel, plan: CommPlanLike, phase: PhaseLike) -
                 if t.mode == "p2p" and domain(t.src) != domain(t.dst)), default=0.0)
 
 
+
+def prices_ops_by_shape(compute: object) -> bool:
+    """Whether the compute timer ``compute`` prices an op from its kind, work, shape,
+    dtype, phase and launches alone, never from its name (the roofline and the
+    calibrated roofline): then ops priced once for one layer stand for every layer of
+    their kind, in any plan (sim.analytic_prices.SharedPrices). False for any other
+    timer, which may price by name."""
+    from hardware.calibration import CalibratedComputeModel
+
+    return type(compute) in (ComputeModel, CalibratedComputeModel)
+
+
 class CostModel:
     """Durations of compute, collectives and point-to-point transfers on one job layout.
 

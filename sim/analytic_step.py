@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
-from hardware.cost import ComputeTimer, CostModel, RankConditions
+from hardware.cost import ComputeTimer, CostModel, RankConditions, prices_ops_by_shape
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from sim.analytic_prices import SharedPrices, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
@@ -86,8 +87,9 @@ class OpListCost:
 class PricingCache:
     """Cost models shared by many evaluations (a sweep, a plan search): evaluations on
     the same cluster spec, job shape and compute model reuse one
-    :class:`hardware.cost.CostModel`, its collective choices and prices. Specs are held
-    by identity, so the cache keeps them alive; at most ``max_layouts`` job shapes are
+    :class:`hardware.cost.CostModel`, its collective choices and prices, and the
+    :class:`SharedPrices` of the analytic step model on it. Specs are held by
+    identity, so the cache keeps them alive; at most ``max_layouts`` job shapes are
     kept.
 
     Args:
@@ -96,7 +98,7 @@ class PricingCache:
 
     def __init__(self, max_layouts: int = 64) -> None:
         self.max_layouts = max_layouts
-        self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel]] = {}
+        self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel, SharedPrices]] = {}
         self._cluster_dicts: dict[int, tuple[ClusterSpec, dict]] = {}
 
     def cluster_dict(self, cluster: ClusterSpec) -> dict:
@@ -112,15 +114,25 @@ class PricingCache:
                    ) -> CostModel:
         """The closed-form cost model of ``layout`` (with ``compute``, default the GPU's
         roofline), shared by every evaluation of the same job shape."""
+        return self._entry(layout, compute)[2]
+
+    def shared_prices(self, layout: ClusterLayout, compute: ComputeTimer | None = None
+                      ) -> SharedPrices | None:
+        """The :class:`SharedPrices` of :meth:`cost_model`'s model (None when its compute
+        timer may price by layer name, :func:`hardware.cost.prices_ops_by_shape`)."""
+        return self._entry(layout, compute)[3]
+
+    def _entry(self, layout: ClusterLayout, compute: ComputeTimer | None) -> tuple:
         key = (id(layout.spec), layout.nodes, layout.gpus_per_node, id(compute))
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= self.max_layouts:
                 self._entries.pop(next(iter(self._entries)))
-            entry = (layout.spec, compute,
-                     CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic"))
+            cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
+            shared = SharedPrices() if prices_ops_by_shape(cost.compute) else None
+            entry = (layout.spec, compute, cost, shared)
             self._entries[key] = entry
-        return entry[2]
+        return entry
 
 
 class OpPricer:
@@ -239,6 +251,42 @@ def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
     return part if isinstance(part, str) else lowerer.model.is_moe_layer(part)
 
 
+#: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on (a dense
+#: model's only the first three).
+_PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
+_COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
+#: AnalyticStepModel._gather_repeats: gathering actions per (what decides, placement,
+#: micro-batches, comp, stage).
+_REPEATS: dict[tuple, int] = {}
+
+
+def _action_counts(actions: Sequence[Action]) -> dict[tuple, int]:
+    """How often each kind of action runs in ``actions``: ``("phase", stage, comp)``
+    or ``("pair", forward stage, backward stage, backward comp)`` for an overlapped
+    pair, in order of first appearance. Memoised for immutable rows (a schedule's
+    memoised lists; the entry keeps the row alive, so its id names it)."""
+    entry = _COUNTS.get(id(actions)) if isinstance(actions, tuple) else None
+    if entry is not None and entry[0] is actions:
+        return entry[1]
+    counts: dict[tuple, int] = {}
+    index = 0
+    while index < len(actions):
+        action = actions[index]
+        if action.overlap:
+            forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
+            key = ("pair", forward.stage, backward.stage, backward.comp)
+            index += 2
+        else:
+            key = ("phase", action.stage, action.comp)
+            index += 1
+        counts[key] = counts.get(key, 0) + 1
+    if isinstance(actions, tuple):
+        if len(_COUNTS) >= 4096:
+            _COUNTS.clear()
+        _COUNTS[id(actions)] = (actions, counts)
+    return counts
+
+
 def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
     for key, value in other.items():
         into[key] = into.get(key, 0) + value * factor
@@ -247,22 +295,94 @@ def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
 class AnalyticStepModel:
     """Prices one step of one pipeline in closed form (module docstring).
 
+    Each distinct part (a layer kind, the embedding, the head) is list-scheduled once
+    per phase and reused for every stage, rank and micro-batch; with ``shared``, once
+    for every plan on the same cost model that asks for the same part
+    (:class:`sim.analytic_prices.SharedPrices`): the same for bucket reductions,
+    parameter gathers and optimizer steps. Which layer stands for its kind within a
+    plan is the first one met, as without sharing.
+
     Args:
         lowerer: the step lowering of the model and plan.
         pricer: prices the ops of the pipeline's ranks.
         stage_pricers: pricers of pipeline ranks that run at another speed
             (stragglers), by pipeline rank.
+        shared: prices shared with other plans on the same cost model (only the
+            ordinary ranks' pricer uses them).
     """
 
     def __init__(self, lowerer: StepLowerer, pricer: OpPricer,
-                 stage_pricers: Mapping[int, OpPricer] | None = None) -> None:
+                 stage_pricers: Mapping[int, OpPricer] | None = None,
+                 shared: SharedPrices | None = None) -> None:
         self.lowerer = lowerer
         self.pricer = pricer
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
+        self.shared = shared
         self._part_costs: dict[tuple, OpListCost] = {}
         self._phase_costs: dict[tuple, OpListCost] = {}
         self._ops: dict[tuple, Op | None] = {}
+        self._durations: dict[tuple, int | None] = {}
+        self._keys: dict[object, tuple] = {}
+        self._kinds: dict[int, tuple] = {}
+        self._grads: dict[object, tuple | None] = {}
+        self._flags = self._moe_flags()
+
+    # ------------------------------------------------------------ shared keys
+    def _moe_flags(self) -> tuple[bool, ...]:
+        """``model.is_moe_layer`` of every layer (the kind of a layer part)."""
+        model = self.lowerer.model
+        if model.moe is None:
+            return (False,) * model.num_layers
+        key = ("moe_flags", self.shared.model_key(model)) if self.shared else None
+        flags = self.shared.get(key) if key else None
+        if flags is None:
+            flags = tuple(model.is_moe_layer(layer) for layer in range(model.num_layers))
+            if key:
+                self.shared.put(key, flags)
+        return flags
+
+    def _shared_key(self, name: str) -> tuple:
+        """The plan's part of a :class:`SharedPrices` key: the lowering's class, the model
+        and the plan fields a ``part``, ``optimizer`` or ``groups`` price reads
+        (:func:`sim.analytic_prices.plan_fields`), once per plan."""
+        found = self._keys.get(name)
+        if found is None:
+            found = (name, type(self.lowerer), self.shared.model_key(self.lowerer.model),
+                     plan_fields(self.plan, name))
+            self._keys[name] = found
+        return found
+
+    def _part_groups(self, p: int) -> tuple:
+        """The groups a part's own communication runs on (TP, CP, EP and the expert
+        groups) of pipeline rank ``p``'s representative: every group but the
+        data-parallel ones (StepLowerer.phase_ops issues no data-parallel op)."""
+        key = ("groups", p)
+        found = self._keys.get(key)
+        if found is None:
+            groups = self.lowerer._groups(self.lowerer.representatives[p])
+            names = _PART_GROUPS if self.lowerer.model.moe is not None else ("tp", "cp", "ep")
+            found = tuple(groups[name] for name in names)
+            self._keys[key] = found
+        return found
+
+    def _shared_for(self, pricer: OpPricer) -> SharedPrices | None:
+        """The shared prices ``pricer`` may use: the ordinary ranks' pricer only."""
+        return self.shared if pricer is self.pricer else None
+
+    def _stage_kinds(self, stage: int) -> tuple[tuple[object, int | str, int], ...]:
+        """The parts of a virtual stage grouped by kind, in backward order (head, layers
+        reversed, embedding): ``(kind, first part of that kind, how many)``."""
+        found = self._kinds.get(stage)
+        if found is None:
+            counts: dict[object, list] = {}
+            for part in self._stage_parts(stage):
+                kind = part if isinstance(part, str) else self._flags[part]
+                entry = counts.setdefault(kind, [part, 0])
+                entry[1] += 1
+            found = self._kinds[stage] = tuple((kind, first, count)
+                                               for kind, (first, count) in counts.items())
+        return found
 
     def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
@@ -286,11 +406,12 @@ class AnalyticStepModel:
     def _signature(self, p: int) -> tuple:
         """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
         lists overlap forwards with backwards each differ)."""
-        model, lowerer = self.lowerer.model, self.lowerer
+        lowerer, flags = self.lowerer, self._flags
         placement = lowerer.placement
-        paired = any(a.overlap for a in lowerer.actions()[p])
+        # (an overlapped pair is a "pair" kind among the row's memoised action counts)
+        paired = any(key[0] == "pair" for key in _action_counts(lowerer.actions()[p]))
         return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
-                tuple((tuple(model.is_moe_layer(layer) for layer in lowerer.stage_layers[s]),
+                tuple((tuple(flags[layer] for layer in lowerer.stage_layers[s]),
                        placement.is_first(s), placement.is_last(s),
                        placement.microbatches_through(s, self.plan.num_microbatches))
                       for s in placement.stages_of(p)))
@@ -303,14 +424,9 @@ class AnalyticStepModel:
         total = self._phase_costs.get(key)
         if total is not None:
             return total
-        counts: dict[object, tuple[int | str, int]] = {}
-        for part in self._stage_parts(stage):
-            kind = _kind(self.lowerer, part)
-            first, count = counts.get(kind, (part, 0))
-            counts[kind] = (first, count + 1)
         total = OpListCost(exposed_ns={})
-        for part, count in counts.values():
-            cost = self._part_cost(pricer, p, part, comp)
+        for kind, part, count in self._stage_kinds(stage):
+            cost = self._kind_cost(pricer, p, part, kind, comp)
             total.total_ns += cost.total_ns * count
             total.compute_ns += cost.compute_ns * count
             _add(total.exposed_ns, cost.exposed_ns, count)
@@ -319,13 +435,117 @@ class AnalyticStepModel:
 
     def _part_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str) -> OpListCost:
         """List schedule of one layer or edge in one phase, priced once per layer type."""
-        kind = _kind(self.lowerer, part)
+        return self._kind_cost(pricer, p, part, _kind(self.lowerer, part), comp)
+
+    def _kind_cost(self, pricer: OpPricer, p: int, part: int | str, kind: object,
+                   comp: str) -> OpListCost:
+        """:meth:`_part_cost` of ``part``, whose kind is ``kind``; the first part of a
+        kind priced in this plan stands for the kind, and with shared prices a part
+        another plan priced under the same key (its plan fields, kind, phase, recompute
+        mode and groups) gives the same list schedule."""
         key = (id(pricer), kind, comp)
         cost = self._part_costs.get(key)
         if cost is None:
-            cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))
+            shared = self._shared_for(pricer)
+            if shared is not None:
+                mode = None if isinstance(part, str) else self.lowerer.recompute_of(part)
+                shared_key = (self._shared_key("part"), kind, comp, mode, self._part_groups(p))
+                cost = shared.get(shared_key)
+            if cost is None:
+                cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))
+                if shared is not None:
+                    shared.put(shared_key, cost)
             self._part_costs[key] = cost
         return cost
+
+    def _collective_ns(self, pricer: OpPricer, p: int, what: str, arg: object,
+                       build, reads_kernels: bool) -> int | None:
+        """Duration of one data-parallel op of rank ``p`` the lowering builds with
+        ``build()`` (a bucket's reduction, a layer's parameter gather, whose size
+        ``reads_kernels``); None when the lowering issues nothing. Built and priced once
+        per plan, and once per :class:`SharedPrices` for the ordinary ranks."""
+        key = (id(pricer), p, what, arg)
+        if key in self._durations:
+            return self._durations[key]
+        shared = self._shared_for(pricer)
+        if shared is not None:
+            shared_key = (self._shared_key("groups"),
+                          self._shared_key("part") if reads_kernels else None, what, p, arg)
+            found = shared.get(shared_key)
+            if found is not None:
+                self._durations[key] = found[0]
+                return found[0]
+        op_key = (what, p, arg)
+        if op_key not in self._ops:
+            self._ops[op_key] = build()
+        op = self._ops[op_key]
+        duration = None if op is None else pricer.duration_ns(op)
+        if shared is not None:
+            shared.put(shared_key, (duration,))
+        self._durations[key] = duration
+        return duration
+
+    def _reduction_ns(self, pricer: OpPricer, p: int, group: str, size: float) -> int | None:
+        """Duration of the reduction of one gradient bucket (StepLowerer.reduction_op) on
+        rank ``p``; None when nothing is reduced (a data-parallel group of one)."""
+        return self._collective_ns(pricer, p, "reduce", (group, size),
+                                   lambda: self.lowerer.reduction_op(p, group, size), False)
+
+    def _gather_ns(self, pricer: OpPricer, p: int, layer: int) -> int | None:
+        """Duration of ZeRO's parameter gather of a layer (StepLowerer.param_gather_op)
+        on rank ``p``, once per layer kind; None when nothing is gathered."""
+        return self._collective_ns(pricer, p, "gather", self._flags[layer],
+                                   lambda: self.lowerer.param_gather_op(p, layer), True)
+
+    def _optimizer_cost(self, pricer: OpPricer, p: int) -> OpListCost:
+        """The optimizer step of rank ``p`` (StepLowerer.optimizer_ops), list-scheduled."""
+        shared = self._shared_for(pricer)
+        if shared is None:
+            return pricer.schedule(self.lowerer.optimizer_ops(p))
+        lowerer = self.lowerer
+        key = (self._shared_key("optimizer"), self._shared_key("groups"), p,
+               tuple(lowerer.rank_layers(p)), lowerer.holds_embedding(p),
+               lowerer.holds_head(p))
+        cost = shared.get(key)
+        if cost is None:
+            cost = pricer.schedule(lowerer.optimizer_ops(p))
+            shared.put(key, cost)
+        return cost
+
+    def _part_grads(self, part: int | str) -> tuple[float, float] | None:
+        """Gradient bytes a part adds to the ``dense`` and ``expert`` buckets
+        (StepLowerer.fill_buckets), or None when they are not whole numbers: then the
+        buckets are filled kernel by kernel as the lowering does (whole numbers add
+        exactly in any grouping, so adding a part's sum is adding its kernels)."""
+        kind = _kind(self.lowerer, part)
+        if kind in self._grads:
+            return self._grads[kind]
+        lowerer = self.lowerer
+        kernels = lowerer.part_kernels(part)
+        found = None
+        if type(lowerer.grad_bytes) is int and all(type(k.params) is int for k in kernels):
+            scratch: dict[str, float] = {}
+            due = dict(lowerer.fill_buckets(kernels, scratch, False))
+            found = (due.get("dense", scratch.get("dense", 0.0)),
+                     due.get("expert", scratch.get("expert", 0.0)))
+        self._grads[kind] = found
+        return found
+
+    def _fill(self, part: int | str, pending: dict[str, float], final: bool
+              ) -> list[tuple[str, float]]:
+        """StepLowerer.fill_buckets of a part's kernels, by its sums when they are whole."""
+        grads = self._part_grads(part)
+        if grads is None:
+            return self.lowerer.fill_buckets(self.lowerer.part_kernels(part), pending, final)
+        bucket = self.plan.grad_bucket_bytes
+        due = []
+        for group, added in zip(("dense", "expert"), grads):
+            size = pending.get(group, 0.0) + added
+            if size > 0 and (size >= bucket or final):
+                due.append((group, size))
+                size = 0.0
+            pending[group] = size
+        return due
 
     def _pair_cost(self, pricer: OpPricer, p: int, forward_stage: int, backward_stage: int,
                    comp: str) -> OpListCost:
@@ -341,18 +561,7 @@ class AnalyticStepModel:
     def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action]) -> OpListCost:
         """Compute and exposed communication of ``actions`` back to back (an overlapped
         pair as one), each kind of action priced once and counted."""
-        counts: dict[tuple, int] = {}
-        index = 0
-        while index < len(actions):
-            action = actions[index]
-            if action.overlap:
-                forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
-                key = ("pair", forward.stage, backward.stage, backward.comp)
-                index += 2
-            else:
-                key = ("phase", action.stage, action.comp)
-                index += 1
-            counts[key] = counts.get(key, 0) + 1
+        counts = _action_counts(actions)
         total = OpListCost(exposed_ns={})
         for key, count in counts.items():
             cost = (self._pair_cost(pricer, p, *key[1:]) if key[0] == "pair"
@@ -392,20 +601,39 @@ class AnalyticStepModel:
         gathers in every micro-batch's forward and backward, ZeRO-1/2 with
         overlapped parameter gathers in the first micro-batch's forward only."""
         lowerer = self.lowerer
+        if not lowerer.gathers_params("F", 0):  # then no action gathers
+            return 0, 0
         work, _ = self._rank_actions(p)
         total = first = 0
         for action in work:
-            repeats = sum(lowerer.gathers_params(action.comp, j)
-                          for j in range(self.plan.num_microbatches)
-                          if lowerer.placement.on_route(action.stage, j))
+            repeats = self._gather_repeats(action.comp, action.stage)
             if not repeats:
                 continue
             for layer in self.lowerer.stage_layers[action.stage]:
-                op = self._gather_op(p, layer)
-                duration = pricer.duration_ns(op) if op is not None else 0
+                duration = self._gather_ns(pricer, p, layer) or 0
                 first = first or duration
                 total += duration * repeats
         return total, first
+
+    def _gather_repeats(self, comp: str, stage: int) -> int:
+        """How many of the step's ``comp`` actions of ``stage`` gather their layers'
+        parameters (StepLowerer.gathers_params over the micro-batches on its route),
+        counted once per (what decides gathering, placement, micro-batches, comp,
+        stage) in a module table."""
+        lowerer, plan = self.lowerer, self.plan
+        placement, m = lowerer.placement, plan.num_microbatches
+        # everything StepLowerer.gathers_params reads besides (comp, micro-batch)
+        decides = (type(lowerer).gathers_params, plan.dp * plan.cp == 1, plan.zero,
+                   lowerer._gather_in_forward())
+        key = (decides, placement, m, comp, stage)
+        found = _REPEATS.get(key)
+        if found is None:
+            found = sum(lowerer.gathers_params(comp, j) for j in range(m)
+                        if placement.on_route(stage, j))
+            if len(_REPEATS) >= 65536:
+                _REPEATS.clear()
+            _REPEATS[key] = found
+        return found
 
     def _start_gathers_ns(self, p: int) -> int:
         """The parameter gathers rank ``p``'s first action issues at the step's start
@@ -418,16 +646,8 @@ class AnalyticStepModel:
         pricer = self.stage_pricers.get(p, self.pricer)
         total = 0
         for layer in lowerer.stage_layers[first.stage]:
-            op = self._gather_op(p, layer)
-            total += pricer.duration_ns(op) if op is not None else 0
+            total += self._gather_ns(pricer, p, layer) or 0
         return total
-
-    def _gather_op(self, p: int, layer: int) -> Op | None:
-        """ZeRO-3's parameter gather of a layer, built once per layer kind."""
-        key = ("gather", p, _kind(self.lowerer, layer))
-        if key not in self._ops:
-            self._ops[key] = self.lowerer.param_gather_op(p, layer)
-        return self._ops[key]
 
     def _gather_fill_delay_ns(self, t_p2p: int) -> int:
         """How much later micro-batch 0's forward leaves the last stage because layers
@@ -445,8 +665,7 @@ class AnalyticStepModel:
             p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             for layer in layers:
-                op = self._gather_op(p, layer)
-                dp_free[p] = dp_free.get(p, 0) + (pricer.duration_ns(op) if op else 0)
+                dp_free[p] = dp_free.get(p, 0) + (self._gather_ns(pricer, p, layer) or 0)
                 gathered[layer] = dp_free[p]
         waiting = free = 0
         last = placement.num_chunks - 1  # micro-batch 0 runs the first route
@@ -486,18 +705,15 @@ class AnalyticStepModel:
         cost = OpListCost(exposed_ns={})
         dp_free = 0
 
-        def on_dp_stream(op: Op | None, ready_ns: int) -> int:
+        def on_dp_stream_ns(duration: int | None, ready_ns: int) -> int:
             nonlocal dp_free
-            if op is not None:
-                dp_free = max(dp_free, ready_ns) + pricer.duration_ns(op)
+            if duration is not None:
+                dp_free = max(dp_free, ready_ns) + duration
             return dp_free
 
         def reduce(due: list[tuple[str, float]]) -> None:
             for group, size in due:
-                key = ("reduce", p, group, size)
-                if key not in self._ops:
-                    self._ops[key] = lowerer.reduction_op(p, group, size)
-                on_dp_stream(self._ops[key], cost.total_ns)
+                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns)
 
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
@@ -519,7 +735,7 @@ class AnalyticStepModel:
             for index, part in enumerate(parts):
                 if gathers_here and not isinstance(part, str):
                     if not gathered:  # issued at the action's start, waited for per layer
-                        gathered = {layer: on_dp_stream(self._gather_op(p, layer), 0)
+                        gathered = {layer: on_dp_stream_ns(self._gather_ns(pricer, p, layer), 0)
                                     for layer in layers}
                     wait = gathered[part] - cost.total_ns
                     if wait > 0:
@@ -533,7 +749,7 @@ class AnalyticStepModel:
                 if reduce_now:
                     # the stage's last backward part flushes its partly filled buckets
                     final = index == len(parts) - 1
-                    reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final))
+                    reduce(self._fill(part, grads, final))
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
@@ -545,7 +761,7 @@ class AnalyticStepModel:
         compute_end = cost.total_ns
         if dp_free > compute_end:
             cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
-        optimizer = pricer.schedule(lowerer.optimizer_ops(p))
+        optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
@@ -683,10 +899,12 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     lowerer = lowerer or StepLowerer(model, plan)
     if cache is None:
         cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity="analytic")
+        shared = None
     else:
         cost = cache.cost_model(layout, compute)
+        shared = cache.shared_prices(layout, compute)
     pricer = OpPricer(cost)
-    step = AnalyticStepModel(lowerer, pricer).run()
+    step = AnalyticStepModel(lowerer, pricer, shared=shared).run()
     if not stragglers:
         return step
     # the slowest rank of each (data-parallel replica, pipeline rank) sets its pace
@@ -702,7 +920,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for _, slow_ranks in sorted(replicas.items()):
         slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
-        candidate = AnalyticStepModel(lowerer, pricer, slow).run()
+        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared).run()
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step

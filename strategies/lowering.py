@@ -81,6 +81,21 @@ GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad", "etp", "ep_etp", "ep_rai
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 
+class _LazyGroups(dict):
+    """A rank's groups by name (:data:`GROUP_NAMES`), each computed by
+    :meth:`StepLowerer._group_of` on first use and kept."""
+
+    def __init__(self, lowerer: "StepLowerer", rank: int) -> None:
+        super().__init__()
+        self._lowerer, self._rank = lowerer, rank
+
+    def __missing__(self, name: str) -> tuple[int, ...]:
+        if name not in GROUP_NAMES:
+            raise KeyError(name)
+        group = self[name] = self._lowerer._group_of(self._rank, name)
+        return group
+
+
 @dataclass(frozen=True)
 class StepLowering:
     """A lowered step and what reports need to interpret it.
@@ -245,9 +260,12 @@ class StepLowerer:
         return moe_dispatch.EpShape(len(domains), len(group) // len(domains))
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """The groups (:data:`GROUP_NAMES`) of ``rank``, each computed when first asked
+        for (a dense model's ops never ask for the expert groups, whose generator
+        walks the whole data-parallel side)."""
         groups = self._group_cache.get(rank)
         if groups is None:
-            groups = {name: self._group_of(rank, name) for name in GROUP_NAMES}
+            groups = _LazyGroups(self, rank)
             self._group_cache[rank] = groups
         return groups
 
@@ -819,7 +837,9 @@ class StepLowerer:
             absent = [layout.rank(tp=t, cp=c, dp=d, pp=p) for d in range(plan.dp)
                       for c in range(plan.cp) for t in range(plan.tp)]
             absent = [r for r in absent if r not in present]
-            for name, group in self._groups(rep).items():
+            rep_groups = self._groups(rep)
+            for name in GROUP_NAMES:
+                group = rep_groups[name]
                 if len(group) < 2 or group in groups:
                     continue
                 found, covered = set(), set()

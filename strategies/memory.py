@@ -81,7 +81,7 @@ from hardware.units import ELEMENT_BYTES, GIB
 from strategies import model_costs
 from strategies.model_spec import ModelSpec
 from strategies.moe_dispatch import plan_routed_load
-from strategies.plan import ParallelPlan, RECOMPUTE, ZERO_STAGES
+from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 
 __all__ = [
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
@@ -143,6 +143,76 @@ class MemoryOptions:
     cross_entropy: str = "megatron"
     recompute_modules: tuple[str, ...] = ()
     activation_offload_layers: int = 0
+
+
+# --------------------------------------------------------------------------- caching
+#
+# A sweep or a plan search asks for the memory of thousands of plans that share their
+# layers' terms (same model, micro-batch, TP, recompute ...) and differ in how many
+# stages, micro-batches and shards there are. The terms below are memoised in one
+# bounded table keyed by everything they read: the model (by identity; the entry keeps
+# it alive), the plan's fields minus those listed as not read (a field a term starts
+# to read must leave its list), the layers, the embedding/head flags and each layer's
+# recompute mode. Hits return the value the function would compute; the table holds no
+# state of any simulation.
+
+#: Plan fields the activation terms (:func:`stage_activation_bytes`,
+#: :func:`transient_activation_bytes`) do not read; each layer's recompute mode is keyed
+#: on its own (it carries recompute_layers and the stage split).
+_NOT_IN_ACTIVATIONS = frozenset({
+    "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
+    "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
+    "optimizer_impl", "store_param_remainders", "recompute_layers", "tp_comm_overlap",
+    "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
+    "staleness", "ps_steps"})
+#: Plan fields the model states and buffers of :func:`rank_memory` do not read.
+_NOT_IN_STATES = frozenset({
+    "global_batch", "micro_batch", "seq_len", "schedule", "pp", "vpp", "layers_per_stage",
+    "recompute_layers", "recompute_modules", "activation_offload_layers", "cross_entropy",
+    "flash_attention", "sequence_parallel", "tp_comm_overlap", "attention_impl",
+    "elementwise", "overlap_grad_reduce", "overlap_param_gather", "optimizer_impl", "order",
+    "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
+_FIELDS = {"activations": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_ACTIVATIONS),
+           "states": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_STATES)}
+#: Entries kept before the table starts again (values are recomputed on demand).
+_CACHE_MAX = 100_000
+_CACHE: dict[tuple, tuple] = {}
+#: Per plan object: its field projections and options (the entry keeps the plan alive).
+_PLAN_KEYS: dict[int, tuple] = {}
+
+
+def _plan_key(plan: ParallelPlan, which: str) -> tuple:
+    """The plan's fields that the ``which`` terms read, as a tuple (memoised per plan)."""
+    entry = _PLAN_KEYS.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        if len(_PLAN_KEYS) >= 4096:
+            _PLAN_KEYS.clear()
+        entry = (plan, {})
+        _PLAN_KEYS[id(plan)] = entry
+    found = entry[1].get(which)
+    if found is None:
+        found = tuple(getattr(plan, name) for name in _FIELDS[which])
+        entry[1][which] = found
+    return found
+
+
+def _cached(key: tuple, model: ModelSpec, compute: Callable[[], object]) -> object:
+    """``compute()`` memoised under ``(id(model), *key)``; the entry keeps ``model``
+    alive, so its id names it while the entry exists."""
+    full = (id(model), *key)
+    entry = _CACHE.get(full)
+    if entry is not None and entry[0] is model:
+        return entry[1]
+    value = compute()
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[full] = (model, value)
+    return value
+
+
+def _modes_key(layers: Sequence[int], recompute_of: Callable[[int], str] | None) -> tuple | None:
+    """Each layer's recompute mode (None: the plan's, which the key holds)."""
+    return None if recompute_of is None else tuple(map(recompute_of, layers))
 
 
 def memory_options(plan: ParallelPlan) -> MemoryOptions:
@@ -253,6 +323,19 @@ def _layer_bytes(model: ModelSpec, layer: int, mode: str, kwargs: dict,
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                            has_embedding: bool, has_head: bool,
                            recompute_of: Callable[[int], str] | None = None) -> float:
+    """Activations one micro-batch leaves on a pipeline stage for its backward, bytes
+    (:func:`_stage_activation_bytes`, memoised: module section "caching")."""
+    layers = tuple(layers)
+    key = ("stage", _plan_key(plan, "activations"), layers, has_embedding, has_head,
+           _modes_key(layers[plan.activation_offload_layers:], recompute_of))
+    return _cached(key, model, lambda: _stage_activation_bytes(
+        model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
+        recompute_of=recompute_of))
+
+
+def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
+                            has_embedding: bool, has_head: bool,
+                            recompute_of: Callable[[int], str] | None = None) -> float:
     """Activations one micro-batch leaves on a pipeline stage for its backward, bytes:
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
     ``plan.recompute`` and ``options.recompute_modules``, in fp8 plans with FP8 linear
@@ -291,6 +374,18 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
 def transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                                has_head: bool,
                                recompute_of: Callable[[int], str] | None = None) -> float:
+    """The largest working set a rank needs on top of the activations it holds, bytes
+    (:func:`_transient_activation_bytes`, memoised: module section "caching")."""
+    layers = tuple(layers)
+    key = ("transient", _plan_key(plan, "activations"), layers, has_head,
+           _modes_key(layers, recompute_of))
+    return _cached(key, model, lambda: _transient_activation_bytes(
+        model, plan, layers=layers, has_head=has_head, recompute_of=recompute_of))
+
+
+def _transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *,
+                                layers: Sequence[int], has_head: bool,
+                                recompute_of: Callable[[int], str] | None = None) -> float:
     """The largest working set a rank needs on top of the activations it holds, bytes
     (module docstring): the largest of
 
@@ -411,6 +506,38 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
         raise ValueError(f"inflight_microbatches: {inflight_microbatches!r} must be an integer >= 0")
     if held_activation_bytes is not None and not 0 <= held_activation_bytes < math.inf:
         raise ValueError(f"held_activation_bytes: {held_activation_bytes!r} must be finite and >= 0")
+    layers = tuple(layers)
+    key = ("states", _plan_key(plan, "states"), layers, has_embedding, has_head, chunk_copies)
+    weights, grads, optimizer, comm = _cached(key, model, lambda: _model_states(
+        model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
+        chunk_copies=chunk_copies))
+
+    if held_activation_bytes is None:
+        activations = inflight_microbatches * stage_activation_bytes(
+            model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
+            recompute_of=recompute_of)
+    else:
+        activations = float(held_activation_bytes)
+    transient = 0.0
+    if activations > 0:
+        transient = transient_activation_bytes(model, plan, layers=layers, has_head=has_head,
+                                               recompute_of=recompute_of)
+
+    return MemoryBreakdown(
+        weights_bytes=weights,
+        gradients_bytes=grads,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        comm_buffers_bytes=comm,
+        workspace_bytes=float(reserve_bytes),
+        transient_bytes=transient,
+    )
+
+
+def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
+                  has_embedding: bool, has_head: bool, chunk_copies: int = 1) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, communication buffers) bytes of :func:`rank_memory`
+    (its formulas), after checking the plan's fields they read."""
     if plan.zero not in ZERO_STAGES:
         raise ValueError(f"zero: {plan.zero!r} is not a ZeRO stage; valid: {', '.join(map(str, ZERO_STAGES))}")
     if plan.recompute not in RECOMPUTE:
@@ -456,17 +583,6 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     optimizer = sharded(OPTIMIZER_REMAINDER_BYTES_PER_PARAM if remainders
                         else OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
 
-    if held_activation_bytes is None:
-        activations = inflight_microbatches * stage_activation_bytes(
-            model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
-            recompute_of=recompute_of)
-    else:
-        activations = float(held_activation_bytes)
-    transient = 0.0
-    if activations > 0:
-        transient = transient_activation_bytes(model, plan, layers=layers, has_head=has_head,
-                                               recompute_of=recompute_of)
-
     comm = 0.0
     if dp_group > 1:
         comm += 2.0 * plan.grad_bucket_bytes
@@ -479,16 +595,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             # the largest layer's unsharded gradients (bf16, plus their reduction-dtype copy)
             comm += (GRAD_BYTES_PER_PARAM + (grad_bytes if grad_bytes != GRAD_BYTES_PER_PARAM
                                              else 0)) * max(sizes)
-
-    return MemoryBreakdown(
-        weights_bytes=weights,
-        gradients_bytes=grads,
-        optimizer_bytes=optimizer,
-        activations_bytes=activations,
-        comm_buffers_bytes=comm,
-        workspace_bytes=float(reserve_bytes),
-        transient_bytes=transient,
-    )
+    return weights, grads, optimizer, comm
 
 
 class PipelineLayout(Protocol):

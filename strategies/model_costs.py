@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Sequence
 
 from hardware.units import ELEMENT_BYTES, canonical_dtype
@@ -1202,6 +1203,20 @@ def layer_params(model: ModelSpec, layer: int, *, tp: int = 1, ep: int = 1,
 
 
 def param_counts(model: ModelSpec) -> ParamCounts:
+    """Parameter counts of the whole model (elements; see :class:`ParamCounts`),
+    memoised per model (a sweep asks for every plan's MFU; :func:`_param_counts`)."""
+    try:
+        return _param_counts_memo(model)
+    except TypeError:  # a spec that cannot be hashed: computed each time
+        return _param_counts(model)
+
+
+@lru_cache(maxsize=64)
+def _param_counts_memo(model: ModelSpec) -> ParamCounts:
+    return _param_counts(model)
+
+
+def _param_counts(model: ModelSpec) -> ParamCounts:
     """Parameter counts of the whole model (elements; see :class:`ParamCounts`).
 
     Per layer: attention ``h*(a+2g)*d + a*d*h``, two norms (``2h`` each for LayerNorm, ``h``

@@ -55,6 +55,7 @@ result is exact.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational, Real
@@ -79,6 +80,7 @@ __all__ = [
     "peak_held",
     "ScheduleTiming",
     "simulate_unit_times",
+    "replay_timing",
 ]
 
 #: Compute actions: Forward, full Backward, backward-Input, backward-Weight.
@@ -730,9 +732,22 @@ def peak_held(actions: Sequence[Sequence[Action]], stage_bytes: Sequence[float])
     :func:`max_inflight_microbatches`), so stages of unequal size weigh what they
     hold.
 
+    Immutable action lists (tuples of tuples, as :meth:`PipelineSchedule.actions`
+    returns them) are walked with numpy: each rank's running total is an
+    ``add.accumulate``, which adds in list order like the loop below, so the peaks are
+    the same floats.
+
     Raises:
         ValueError: when an action's stage has no entry in ``stage_bytes``.
     """
+    walk = _held_walk(actions)
+    if walk is not None and walk.max_stage < len(stage_bytes):
+        import numpy as np
+
+        sizes = np.asarray(stage_bytes, dtype=np.float64)[walk.stage]
+        deltas = np.where(walk.sign > 0, sizes, np.where(walk.sign < 0, -sizes, 0.0))
+        held = np.add.accumulate(deltas, axis=1)
+        return [float(x) for x in np.where(walk.forward, held, 0.0).max(axis=1, initial=0.0)]
     peaks = []
     for row in actions:
         held = peak = 0.0
@@ -921,3 +936,219 @@ def simulate_unit_times(
         spans=tuple(tuple(row) for row in spans),
         comm_wait=tuple(comm_wait),
     )
+
+
+# --------------------------------------------------------------------------- compiled walks
+#
+# A sweep or a plan search replays the same few action lists (one per schedule, pp,
+# micro-batch count and vpp) with thousands of duration vectors. The lists are turned
+# once into flat arrays (a dependency order for the replay, per-rank stage and sign
+# arrays for the memory walk), kept in small LRU caches keyed by the identity of the
+# immutable lists (the entry keeps them alive, so an id cannot be reused while cached).
+# They hold no simulation state: every entry is a function of its key.
+
+#: Compiled action lists kept (each is O(actions); a few hundred KiB at most).
+_COMPILED_MAX = 64
+#: Replay results kept per compiled list (duration vectors of one sweep).
+_RESULTS_MAX = 512
+
+
+class _HeldWalk(NamedTuple):
+    """Per-rank arrays of the memory walk, padded to the longest rank with W-like
+    no-ops: stage index, +1 (F) / -1 (B, I) / 0, and whether the action is an F."""
+
+    stage: object
+    sign: object
+    forward: object
+    max_stage: int
+
+
+_HELD_WALKS: OrderedDict = OrderedDict()
+
+
+def _held_walk(actions) -> _HeldWalk | None:
+    """The compiled memory walk of immutable ``actions`` (None for mutable lists)."""
+    if not isinstance(actions, tuple) or not all(isinstance(row, tuple) for row in actions):
+        return None
+    key = id(actions)
+    found = _HELD_WALKS.get(key)
+    if found is not None and found[0] is actions:
+        _HELD_WALKS.move_to_end(key)
+        return found[1]
+    import numpy as np
+
+    width = max((len(row) for row in actions), default=0)
+    stage = np.zeros((len(actions), width), dtype=np.int64)
+    sign = np.zeros((len(actions), width), dtype=np.float64)
+    forward = np.zeros((len(actions), width), dtype=bool)
+    for r, row in enumerate(actions):
+        for i, action in enumerate(row):
+            stage[r, i] = action.stage
+            if action.comp == "F":
+                sign[r, i], forward[r, i] = 1.0, True
+            elif action.comp in ("B", "I"):
+                sign[r, i] = -1.0
+    walk = _HeldWalk(stage, sign, forward, int(stage.max(initial=0)))
+    _HELD_WALKS[key] = (actions, walk)
+    if len(_HELD_WALKS) > _COMPILED_MAX:
+        _HELD_WALKS.popitem(last=False)
+    return walk
+
+
+class _Replay(NamedTuple):
+    """An action list compiled for :func:`replay_timing`: per unit (an action, or an
+    overlapped pair) in the order :func:`_run` executes them, ``(rank, duration index,
+    pair, dependencies)`` with the dependencies as ``(unit position, crosses ranks)``;
+    the duration index is ``comp * stages + stage`` of a single action (F, B, I, W) or
+    of a pair's forward (``pair`` then holds the backward's (stage, comp) and the
+    forward's stage); and each rank's first and last unit (-1: none)."""
+
+    units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, bool], ...]], ...]
+    first: tuple[int, ...]
+    last: tuple[int, ...]
+    pp: int
+    split: bool
+    results: OrderedDict
+
+
+_REPLAYS: OrderedDict = OrderedDict()
+_COMP_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
+    """Order the units as :func:`_run` executes them (a dependency order) and resolve
+    their dependencies to positions; None when the lists deadlock (the caller then
+    runs :func:`_run`, which names the stuck action)."""
+    pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
+    has_split = {(a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"}
+    position: dict[tuple[int, str, int], int] = {}
+    units = []
+    pos = [0] * pp
+    remaining = sum(len(row) for row in actions)
+    while remaining:
+        progressed = False
+        for rank in range(pp):
+            row = actions[rank]
+            while pos[rank] < len(row):
+                action = row[pos[rank]]
+                members = (action, row[pos[rank] + 1]) if action.overlap else (action,)
+                deps = [d for member in members
+                        for d in _dependencies(member, placement, has_split)]
+                if any(d not in position for d in deps):
+                    break
+                refs = tuple((position[d], rank_of[d[0]] != rank) for d in deps)
+                if action.overlap:
+                    forward, backward = members if members[0].comp == "F" else members[::-1]
+                    units.append((rank, forward.stage, (backward.stage,
+                                                        _COMP_INDEX[backward.comp]), refs))
+                else:
+                    units.append((rank, _COMP_INDEX[action.comp] * num_stages + action.stage,
+                                  None, refs))
+                for member in members:
+                    position[(member.stage, member.comp, member.microbatch)] = len(units) - 1
+                pos[rank] += len(members)
+                remaining -= len(members)
+                progressed = True
+        if not progressed:
+            return None
+    first, last = [-1] * pp, [-1] * pp
+    for k, unit in enumerate(units):
+        if first[unit[0]] < 0:
+            first[unit[0]] = k
+        last[unit[0]] = k
+    return _Replay(tuple(units), tuple(first), tuple(last), pp, bool(has_split), OrderedDict())
+
+
+def _compiled(actions, placement: StagePlacement) -> _Replay | None:
+    """The compiled replay of immutable ``actions`` (None for mutable or deadlocking
+    lists), kept in a small LRU table keyed by the lists' identity."""
+    if not isinstance(actions, tuple) or not all(isinstance(row, tuple) for row in actions):
+        return None
+    key = (id(actions), placement)
+    entry = _REPLAYS.get(key)
+    if entry is not None and entry[0] is actions:
+        _REPLAYS.move_to_end(key)
+        return entry[1]
+    compiled = _compile_replay(actions, placement)
+    if compiled is not None:
+        _REPLAYS[key] = (actions, compiled)
+        if len(_REPLAYS) > _COMPILED_MAX:
+            _REPLAYS.popitem(last=False)
+    return compiled
+
+
+def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement,
+                  t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
+                  t_comm: int, t_fb: Mapping[tuple[int, int], int] | None = None,
+                  t_i: Sequence[int] | None = None
+                  ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``(makespan, each rank's last end, each rank's first start, each rank's wait for
+    transfers)`` of :func:`simulate_unit_times` on already-checked lists
+    (``check=False``) with integer durations per stage (0 for a rank without actions).
+
+    The same earliest-start recurrence as :func:`_run` (a unit starts at the later of
+    its rank's previous end and each dependency's end, plus ``t_comm`` across ranks;
+    the rank's wait for a transfer is the start past the latest production), over a
+    dependency order compiled once per immutable action list and memoised per
+    duration vector, so the same sums and maxima give the same integers. Mutable
+    lists, and durations that are not integers, are replayed by
+    :func:`simulate_unit_times` itself (which also raises its errors).
+
+    Raises:
+        ValueError: as :func:`simulate_unit_times` (deadlocks, bad durations).
+    """
+    compiled = _compiled(actions, placement)
+    num_stages = placement.num_stages
+    tw = list(t_w) if t_w is not None else [0] * len(t_f)
+    ti = list(t_i) if t_i is not None else [b - w for b, w in zip(t_b, tw)]
+    pairs = dict(t_fb) if isinstance(t_fb, Mapping) else {}
+    values = (*t_f, *t_b, *tw, *ti, *pairs.values())
+    if (compiled is None or (t_fb is not None and not isinstance(t_fb, Mapping)) or not all(_is_int(v) and v >= 0 for v in values)
+            or not _is_int(t_comm) or t_comm < 0
+            or any(len(v) != num_stages for v in (t_f, t_b, tw, ti))
+            or (compiled.split and t_w is None) or any(w > b for w, b in zip(tw, t_b))):
+        timing = simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
+                                     list(t_b), None if t_w is None else list(t_w), t_comm,
+                                     check=False, t_fb=t_fb,
+                                     t_i=None if t_i is None else list(t_i))
+        return (timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans),
+                tuple(row[0][1] if row else 0 for row in timing.spans),
+                tuple(timing.comm_wait))
+    durations = (*t_f, *t_b, *ti, *tw)
+    memo_key = (durations, t_comm, tuple(sorted(pairs.items())))
+    found = compiled.results.get(memo_key)
+    if found is not None:
+        compiled.results.move_to_end(memo_key)
+        return found
+    end = [0] * len(compiled.units)
+    start_of = [0] * len(compiled.units)
+    free = [0] * compiled.pp
+    wait = [0] * compiled.pp
+    for k, (rank, which, pair, deps) in enumerate(compiled.units):
+        start = produced = free[rank]
+        for dep, far in deps:
+            ready = end[dep]
+            if ready > produced:
+                produced = ready
+            if far:
+                ready += t_comm
+            if ready > start:
+                start = ready
+        if start > produced:
+            wait[rank] += start - produced
+        if pair is None:
+            duration = durations[which]
+        else:  # which: the forward's stage; pair: the backward's stage and comp index
+            duration = pairs.get((which, pair[0]))
+            if duration is None:
+                duration = durations[which] + durations[pair[1] * num_stages + pair[0]]
+        start_of[k] = start
+        free[rank] = end[k] = start + duration
+    found = (max((end[k] for k in compiled.last if k >= 0), default=0),
+             tuple(end[k] if k >= 0 else 0 for k in compiled.last),
+             tuple(start_of[k] if k >= 0 else 0 for k in compiled.first),
+             tuple(wait))
+    compiled.results[memo_key] = found
+    if len(compiled.results) > _RESULTS_MAX:
+        compiled.results.popitem(last=False)
+    return found

@@ -164,3 +164,16 @@ def test_gpus_needed_is_the_first_count_meeting_the_deadline():
 def test_search_space_rejects_bad_values():
     expect_one_line_error(lambda: planner.SearchSpace(recompute=("some",)), "recompute")
     expect_one_line_error(lambda: planner.SearchSpace(tp=(0,)), "tp")
+
+
+def test_progress_reaches_the_total_when_the_bound_stops_the_search():
+    dense, _ = tiny_models()
+    seen = []
+    report = planner.search(dense, cluster=resolve_cluster("dgx-h100"), gpus=16,
+                            seq_len=1024, global_batch=64, top=2, workers=1,
+                            progress=lambda phase, done, total: seen.append((phase, done, total)))
+    assert report.counts["bounded"] > 0
+    last = {}
+    for phase, done, total in seen:
+        last[phase] = (done, total)
+    assert all(done == total for done, total in last.values()), last

@@ -302,6 +302,9 @@ def _evaluate_chunk(args: tuple) -> list[dict]:
 
     model, cluster, plans, fidelity = args
     cluster, cache = _pricing_cache(cluster)
+    # one copy of each model per process: a worker unpickles one per chunk, and the
+    # memory model's memo knows a model by identity
+    model = _MODELS.setdefault(model, model)
     out = []
     for plan in plans:
         try:
@@ -316,6 +319,7 @@ def _evaluate_chunk(args: tuple) -> list[dict]:
 
 
 _CACHES: dict[bytes, tuple] = {}
+_MODELS: dict = {}
 
 
 def _pricing_cache(cluster: ClusterSpec):
@@ -541,29 +545,20 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     rows, dropped, fits = [], Counter(), {}
     tick = _ticker(report, f"simulating ({rank_fidelity})", len(ordered))
     batch, examined = 16, 0
-    while examined < len(ordered):
-        fast = sorted(r["step_time_s"] for r in rows)
-        if len(fast) >= top and bounds[ordered[examined]] > fast[top - 1]:
-            break  # no plan left can beat the top-th: every bound from here is larger
-        chunk = []
-        for plan in ordered[examined:examined + batch]:
-            lighter = [fits.get(replace(plan, recompute=r)) for r in RECOMPUTE
-                       if _RECOMPUTE_WEIGHT[r] < _RECOMPUTE_WEIGHT[plan.recompute]]
-            if any(lighter):
-                dropped["dominated: heavier recompute than another that fits"] += 1
-            else:
-                chunk.append(plan)
-        examined += batch
-        # In this process: a closed-form evaluation costs ~1-5 ms, less than shipping
-        # it to a worker; processes pay off for the event replays below.
-        results = _evaluate_chunk((spec, cspec, chunk, rank_fidelity))
-        tick(min(batch, len(ordered) - (examined - batch)))
-        for plan, result in zip(chunk, results):
-            fits[plan] = "out_of_memory" not in result
-            if not fits[plan]:
-                dropped[result["out_of_memory"]] += 1
-            else:
-                rows.append(_row(plan, result, fail, token_count, price, rank_fidelity))
+    # A long search ranks on every core: one pool for the whole search (each worker keeps
+    # its caches), each batch split over it, results in plan order; a short one stays in
+    # this process (starting processes costs more than it saves).
+    pool = (_RankingPool(workers) if workers > 1 and len(ordered) >= _POOL_MIN_PLANS
+            else None)
+    try:
+        rows, examined = _rank(ordered, bounds, top, batch, pool, spec, cspec, rank_fidelity,
+                               fits, dropped, tick, fail, token_count, price)
+    finally:
+        if pool is not None:
+            pool.close()
+    # The plans the bound skipped are decided too: the progress bar ends at 100 %.
+    if examined < len(ordered):
+        tick(len(ordered) - examined)
     # Heavier recompute simulated in the same batch as a lighter one that fits.
     rows = [r for r in rows if not any(
         fits.get(replace(r["_plan"], recompute=m)) for m in RECOMPUTE
@@ -620,6 +615,71 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
               "fixed": dict(fixed or {}),
               **{f"failure_{k}": v for k, v in fail.items()}}
     return PlanReport(plans=plans, counts=counts, dropped=reasons, inputs=inputs)
+
+
+#: Plans to rank before a search starts worker processes for it.
+_POOL_MIN_PLANS = 256
+
+
+class _RankingPool:
+    """Worker processes that rank the batches of one search: each batch is split into
+    one contiguous chunk per worker and the results come back in plan order, so the
+    search (its counts, its top plans) is the same as in one process."""
+
+    def __init__(self, workers: int) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(max_workers=workers)
+
+    def evaluate(self, spec, cspec, plans: list, fidelity: str) -> list[dict]:
+        """:func:`_evaluate_chunk` over ``plans`` on the workers, in plan order."""
+        size = -(-len(plans) // self.workers) or 1
+        futures = [self._pool.submit(_evaluate_chunk, (spec, cspec, plans[i:i + size],
+                                                       fidelity))
+                   for i in range(0, len(plans), size)]
+        return [result for future in futures for result in future.result()]
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _rank(ordered: list, bounds: dict, top: int, batch: int, pool: _RankingPool | None,
+          spec, cspec, fidelity: str, fits: dict, dropped: Counter, tick, fail: dict,
+          token_count, price) -> tuple[list[dict], int]:
+    """Simulate the plans in bound order, ``batch`` at a time, until no plan left can
+    beat the ``top``-th (its lower bound is above that plan's simulated time); a plan
+    whose lighter-recompute twin already fits is dropped unsimulated. Fills ``fits``
+    and ``dropped``; returns (rows of the plans that fit, plans examined)."""
+    rows: list[dict] = []
+    examined = 0
+    while examined < len(ordered):
+        fast = sorted(r["step_time_s"] for r in rows)
+        if len(fast) >= top and bounds[ordered[examined]] > fast[top - 1]:
+            break  # no plan left can beat the top-th: every bound from here is larger
+        chunk = []
+        for plan in ordered[examined:examined + batch]:
+            lighter = [fits.get(replace(plan, recompute=r)) for r in RECOMPUTE
+                       if _RECOMPUTE_WEIGHT[r] < _RECOMPUTE_WEIGHT[plan.recompute]]
+            if any(lighter):
+                dropped["dominated: heavier recompute than another that fits"] += 1
+            else:
+                chunk.append(plan)
+        examined += batch
+        if pool is not None and chunk:
+            results = pool.evaluate(spec, cspec, chunk, fidelity)
+        else:
+            # a closed-form evaluation costs a few ms, less than shipping it to a worker
+            results = _evaluate_chunk((spec, cspec, chunk, fidelity))
+        tick(min(batch, len(ordered) - (examined - batch)))
+        for plan, result in zip(chunk, results):
+            fits[plan] = "out_of_memory" not in result
+            if not fits[plan]:
+                dropped[result["out_of_memory"]] += 1
+            else:
+                rows.append(_row(plan, result, fail, token_count, price, fidelity))
+    return rows, min(examined, len(ordered))
 
 
 def _ticker(report: Callable[[str, int, int], None], phase: str, total: int

@@ -31,7 +31,7 @@ from strategies.pipeline import (
     interleaved_placement,
     pair_forwards_with_backwards,
     peak_held,
-    simulate_unit_times,
+    replay_timing,
 )
 
 
@@ -140,7 +140,8 @@ class PipelineSchedule:
                 ``t_b - t_w`` (split schedules).
 
         The default replays the action lists exactly
-        (:func:`strategies.pipeline.simulate_unit_times`). Past the warm-up the
+        (:func:`strategies.pipeline.simulate_unit_times`, through its compiled
+        :func:`strategies.pipeline.replay_timing`). Past the warm-up the
         steady state repeats, so a long schedule is extrapolated from three
         replays that show a constant period (checked for the makespan and every
         rank's end); otherwise the whole schedule is replayed.
@@ -150,13 +151,13 @@ class PipelineSchedule:
         weights = None if not self.split_backward else list(t_w or [0] * len(t_f))
 
         def replay(m: int) -> PipelineTiming:
-            timing = simulate_unit_times(self.actions(pp, m, vpp, overlap), placement, vpp,
-                                         list(t_f), list(t_b), weights, t_comm, check=False,
-                                         t_fb=t_fb, t_i=None if t_i is None else list(t_i))
-            ends = tuple(int(row[-1][2]) if row else 0 for row in timing.spans)
-            starts = tuple(int(row[0][1]) if row else 0 for row in timing.spans)
-            return PipelineTiming(int(timing.makespan), ends, starts,
-                                  tuple(int(w) for w in timing.comm_wait))
+            # replay_timing: simulate_unit_times' makespan, ends, starts and transfer
+            # waits, compiled once per action list and memoised per duration vector
+            makespan, ends, starts, waits = replay_timing(
+                self.actions(pp, m, vpp, overlap), placement, t_f, t_b, weights, t_comm,
+                t_fb=t_fb, t_i=t_i)
+            return PipelineTiming(int(makespan), tuple(int(e) for e in ends),
+                                  tuple(int(x) for x in starts), tuple(int(w) for w in waits))
 
         short = -(-3 * pp // step) * step
         if microbatches <= short + 2 * step:

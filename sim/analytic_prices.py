@@ -1,0 +1,98 @@
+"""What the closed-form step model (:mod:`sim.analytic_step`) prices once for many plans.
+
+A sweep or a plan search evaluates thousands of plans that share their parts: the
+same layer kind at the same shape on the same groups, the same gradient bucket on the
+same data-parallel group, the same optimizer shard. :class:`SharedPrices` keeps those
+prices for one cost model (:class:`sim.analytic_step.PricingCache` holds one per job
+shape), keyed by everything each is computed from, so a plan finds what another
+already priced and gets the value it would have computed itself.
+
+The plan's part of a key is a projection of its fields: every field but those listed
+here as not read by that price. A field a price starts to read must leave its list
+(tests/test_analytic_sharing.py evaluates plans that differ in each listed field with
+and without sharing and compares the results).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from strategies.model_spec import ModelSpec
+from strategies.plan import PLAN_FIELDS
+
+__all__ = ["SharedPrices", "plan_fields"]
+
+
+class SharedPrices:
+    """Prices one cost model gives the same for every plan that asks, kept across plans:
+    a layer's or edge's list schedule in one phase, a gradient bucket's reduction, a
+    layer's parameter gather, a rank's optimizer step
+    (:class:`sim.analytic_step.AnalyticStepModel` says what each key holds). Every key
+    names everything its value is computed from (the model, the plan fields the
+    lowering reads for it, the part, the groups), so a value is the one the plan would
+    compute itself: sharing changes no result, only how often it is computed.
+
+    Bounded: past ``max_entries`` values the table starts again (values are recomputed
+    on demand). Models are interned (:meth:`model_key`) so keys hold a small id, and
+    each interned model is kept alive with the table (an id is never reused while
+    its key can be looked up).
+
+    Args:
+        max_entries: values kept before the table is cleared.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._values: dict[tuple, object] = {}
+        self._models: dict[ModelSpec, ModelSpec] = {}
+
+    def model_key(self, model: ModelSpec) -> int:
+        """A small key for ``model``: equal specs (a worker unpickles one per chunk) get
+        the same key."""
+        return id(self._models.setdefault(model, model))
+
+    def get(self, key: tuple) -> object | None:
+        """The value stored under ``key``, or None."""
+        return self._values.get(key)
+
+    def put(self, key: tuple, value: object) -> None:
+        """Store ``value`` (immutable once stored: callers must not change it)."""
+        if len(self._values) >= self.max_entries:
+            self._values.clear()
+        self._values[key] = value
+
+
+#: Plan fields the ops of one layer or edge in one phase (StepLowerer.phase_ops) do not
+#: read: they set how many micro-batches, stages, buckets and shards there are, not a
+#: part's kernels and TP/CP/EP communication (recompute_layers reaches a part through
+#: its recompute mode, which is keyed on its own; the groups are keyed on their own).
+_NOT_IN_PARTS = frozenset({
+    "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
+    "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
+    "optimizer_impl", "store_param_remainders", "activation_offload_layers",
+    "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
+#: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) does not read
+#: (its layers, embedding and head are keyed on their own).
+_NOT_IN_OPTIMIZER = frozenset({
+    "global_batch", "recompute", "recompute_layers", "recompute_modules",
+    "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
+    "cross_entropy", "activation_offload_layers", "store_param_remainders"})
+#: What places a rank's groups and picks what runs on its data-parallel group: the
+#: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
+#: the parameter-gather overlap.
+_GROUP_FIELDS = ("tp", "cp", "dp", "pp", "ep", "order", "zero", "overlap_param_gather",
+                 "dp_mode")
+_GETTERS = {
+    "part": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_PARTS)),
+    "optimizer": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_OPTIMIZER)),
+    "groups": attrgetter(*_GROUP_FIELDS),
+}
+
+
+def plan_fields(plan, which: str) -> tuple:
+    """The fields of ``plan`` a ``part`` (one layer or edge in one phase), ``optimizer``
+    (a rank's optimizer step) or ``groups`` (a rank's groups and what runs on its
+    data-parallel group) price reads, as a tuple."""
+    return _GETTERS[which](plan)
+
+
