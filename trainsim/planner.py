@@ -556,9 +556,6 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     finally:
         if pool is not None:
             pool.close()
-    # The plans the bound skipped are decided too: the progress bar ends at 100 %.
-    if examined < len(ordered):
-        tick(len(ordered) - examined)
     # Heavier recompute simulated in the same batch as a lighter one that fits.
     rows = [r for r in rows if not any(
         fits.get(replace(r["_plan"], recompute=m)) for m in RECOMPUTE
