@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 
-def test_default_job_prints_an_nccl_tests_table(capsys):
+def test_default_job_prints_an_nccl_tests_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the wide layout (below 100 columns it folds)
     code, out, err = run_cli(capsys, "collective", "all_reduce", "--cluster", "dgx-h100",
                              "--nodes", "1", "--gpus-per-node", "8")
     assert code == 0, err
