@@ -70,6 +70,9 @@ class ComputeOp:
         gemm_groups: GEMMs of a grouped GEMM (routed experts); 1 otherwise.
         impl: for attention, the fused kernel (``hardware.spec.ATTENTION_IMPLS``; ``""``:
             the GPU's default).
+        causal: for attention, the kernel applies a causal mask (a ring-attention step off
+            the diagonal of the context-parallel square does not).
+        window: for attention, the sliding window in keys per query (0: none).
     """
 
     name: str
@@ -85,6 +88,8 @@ class ComputeOp:
     launches: int = 1
     gemm_groups: int = 1
     impl: str = ""
+    causal: bool = True
+    window: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

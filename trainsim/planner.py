@@ -208,7 +208,7 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
-    kinds = [_layer_compute_s(model, cluster, model.is_moe_layer(i), *args)
+    kinds = [_layer_compute_s(model, cluster, model.layer_kind(i), *args)
              for i in range(model.num_layers)]
     per_microbatch = sum(total for total, _ in kinds) / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
@@ -225,19 +225,21 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
 _LAYER_CACHE: dict[tuple, tuple] = {}
 
 
-def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, moe: bool, *args) -> float:
+def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, kind: tuple[bool, int],
+                     *args) -> float:
     """(seconds of compute of one layer for one micro-batch: forward, backward and
     recompute; its ZB-H1 fill F + I - W), memoised: the specs are unhashable, so they are keyed by identity and kept alive in
     the cache entry (an id is never reused while its object lives)."""
-    key = (id(model), id(cluster), moe, *args)
+    key = (id(model), id(cluster), kind, *args)
     if key not in _LAYER_CACHE:
         if len(_LAYER_CACHE) > 100_000:
             _LAYER_CACHE.clear()
-        _LAYER_CACHE[key] = (model, cluster, _price_layer(model, cluster, moe, *args))
+        _LAYER_CACHE[key] = (model, cluster, _price_layer(model, cluster, kind, *args))
     return _LAYER_CACHE[key][2]
 
 
-def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch: int, seq_len: int,
+def _price_layer(model: ModelSpec, cluster: ClusterSpec, kind: tuple[bool, int],
+                 micro_batch: int, seq_len: int,
                  tp: int, cp: int, ep: int, sequence_parallel: bool, dtype: str,
                  flash_attention: bool, recompute: str, fp8_recipe: str, elementwise: str,
                  attention_impl: str) -> tuple[float, float]:
@@ -248,7 +250,7 @@ def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch:
 
     cost = CostModel(ClusterLayout(cluster, 1, 1), ALGORITHMS, fidelity="analytic")
     impl = "" if attention_impl == "auto" else attention_impl
-    layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
+    layer = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
     total = fill = 0.0
     for k in model_costs.layer_kernels(model, layer, micro_batch=micro_batch, seq_len=seq_len,
                                        tp=tp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
