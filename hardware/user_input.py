@@ -32,9 +32,9 @@ MAX_NESTING = 32
 MAX_NODES = 2_000_000
 
 
-def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
-                    max_bytes: int = MAX_INPUT_BYTES) -> str:
-    """The UTF-8 text of a regular file.
+def read_input_bytes(path: str | os.PathLike[str], *, what: str, hint: str,
+                     max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file.
 
     Args:
         path: the file.
@@ -45,7 +45,7 @@ def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
     Raises:
         ValueError: ``"<what>: '<path>' <problem>; <hint>"`` when the file is missing,
             unreadable, a directory, a FIFO/device/socket, larger than ``max_bytes``, or
-            not UTF-8 text.
+            (for :func:`read_input_text`) not UTF-8 text.
     """
     shown = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else repr(path)
 
@@ -81,10 +81,23 @@ def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
             os.close(fd)
     if len(data) > max_bytes:  # grew while being read
         raise bad(f"is more than the {max_bytes:,} bytes an input may have")
+    return data
+
+
+def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
+                    max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of a regular file (:func:`read_input_bytes`, decoded).
+
+    Raises:
+        ValueError: as :func:`read_input_bytes`, or the file is not UTF-8 text.
+    """
+    data = read_input_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as problem:
-        raise bad(f"is not UTF-8 text (byte {problem.start})") from None
+        shown = repr(os.fspath(path))
+        raise ValueError(f"{what}: {shown} is not UTF-8 text (byte {problem.start}); "
+                         f"{hint}") from None
 
 
 def check_nesting(data: Any, *, what: str, max_depth: int = MAX_NESTING,

@@ -133,11 +133,11 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     Raises:
         ValueError: when the file cannot be read (one line naming it).
     """
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as problem:
-        raise ValueError(f"calibration: {str(path)!r} cannot be read ({problem.strerror}); "
-                         "give a calibration file written by trainsim calibrate") from None
+    from hardware.user_input import read_input_bytes
+
+    return hashlib.sha256(read_input_bytes(
+        path, what="calibration", hint="give a calibration file written by trainsim "
+        "calibrate")).hexdigest()
 
 
 # --------------------------------------------------------------------------- reading
@@ -149,27 +149,29 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     Raises:
         ValueError: one line naming the file, the field, the value and what is valid.
     """
+    from hardware.user_input import check_nesting, read_input_text
+
     source = Path(path)
     where = str(path)
+    text = read_input_text(path, what="scenario", hint="give a scenario TOML or a result JSON")
     try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as problem:
-        raise ValueError(f"scenario: {where!r} cannot be read ({problem.strerror}); give a "
-                         "scenario TOML or a result JSON") from None
-    if source.suffix == ".json":
-        try:
+        if source.suffix == ".json":
             data = json.loads(text)
-        except json.JSONDecodeError as problem:
-            raise ValueError(f"scenario: {where!r} is not valid JSON ({problem})") from None
+        else:
+            data = tomllib.loads(text)
+    except json.JSONDecodeError as problem:
+        raise ValueError(f"scenario: {where!r} is not valid JSON ({problem})") from None
+    except tomllib.TOMLDecodeError as problem:
+        raise ValueError(f"scenario: {where!r} is not valid TOML ({problem})") from None
+    except RecursionError:
+        raise ValueError(f"scenario: {where!r} nests too deeply; give a scenario TOML or a "
+                         "result JSON") from None
+    check_nesting(data, what=f"scenario: {where!r}")
+    if source.suffix == ".json":
         if not isinstance(data, Mapping) or not isinstance(data.get("scenario"), Mapping):
             raise ValueError(f"scenario: {where!r} has no 'scenario' object; give a result "
                              "JSON of trainsim simulate or failures, or a scenario TOML")
         data = data["scenario"]
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as problem:
-            raise ValueError(f"scenario: {where!r} is not valid TOML ({problem})") from None
     return scenario_from_dict(data, where=where, base_dir=source.parent)
 
 
