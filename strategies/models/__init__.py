@@ -68,6 +68,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from hardware.toml_sources import source_comments
+from hardware.user_input import check_nesting, read_input_text
 from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
 
 __all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
@@ -100,6 +101,9 @@ _MOE: dict[str, tuple[type, Any, bool]] = {
     "layer_frequency": (int, "positive", False),
 }
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+#: Largest size, count or ratio a model may give (10 million: 30x the largest vocabulary
+#: or width of any published model); beyond it every cost overflows into nonsense.
+MAX_MODEL_NUMBER = 10_000_000
 
 #: hidden_act values of Hugging Face configs and the MLP they mean.
 _HF_ACTIVATIONS = {
@@ -158,7 +162,7 @@ def model_sources(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
     path = _locate(name_or_path)
     if path.suffix.lower() == ".json":
         raise ValueError(f"model: {str(path)!r} is a Hugging Face config; only TOML model files carry # source: comments")
-    return source_comments(path.read_text(encoding="utf-8"))
+    return source_comments(_read(path))
 
 
 def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
@@ -222,8 +226,8 @@ def _locate(ref: str | os.PathLike[str]) -> Path:
     path = Path(text).expanduser()
     looks_like_path = path.suffix.lower() in (".toml", ".json") or "/" in text or os.sep in text
     if looks_like_path:
-        if path.is_file():
-            return path.resolve()
+        if path.exists():
+            return path.resolve()  # _read refuses what is not a regular file
         raise ValueError(f"model: file {str(path)!r} not found; give a preset name, a .toml model file or a config.json")
     raise ValueError(
         f"model: {text!r} is not a preset; valid: {', '.join(list_models())} "
@@ -234,11 +238,18 @@ def _locate(ref: str | os.PathLike[str]) -> Path:
 # --------------------------------------------------------------------------- native TOML
 
 
+def _read(path: Path) -> str:
+    return read_input_text(path, what="model", hint="give a preset name, a .toml model file "
+                           "or a Hugging Face config.json")
+
+
 def _load_toml(path: Path) -> ModelSpec:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = check_nesting(tomllib.loads(_read(path)), what=f"model: {str(path)!r}")
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"model: {path} is not valid TOML: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise ValueError(f"model: {path} nests too deeply; give a model TOML file") from None
     where = f"in {path}"
     for key in data:
         if key != "moe" and key not in _TOP:
@@ -297,6 +308,9 @@ def _coerce(value: Any, spec: tuple[type, Any, bool], key: str, where: str) -> A
         raise ValueError(f"{key}: {value!r} must be > 0 {where}")
     elif check == "nonnegative" and value < 0:
         raise ValueError(f"{key}: {value!r} must be >= 0 {where}")
+    if kind in (int, float) and not value <= MAX_MODEL_NUMBER:  # also NaN, inf
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give at most "
+                         f"{MAX_MODEL_NUMBER:,}")
     return value
 
 
@@ -318,9 +332,11 @@ def _divisors(n: int) -> list[int]:
 
 def _load_hf(path: Path) -> ModelSpec:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = check_nesting(json.loads(_read(path)), what=f"model: {str(path)!r}")
     except json.JSONDecodeError as err:
         raise ValueError(f"model: {path} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ValueError(f"model: {path} nests too deeply; give a config.json") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"model: {path} is not a JSON object; expected a Hugging Face config.json")
     where = f"in {path}"
@@ -343,7 +359,7 @@ def _load_hf(path: Path) -> ModelSpec:
             mlp="gelu",
             norm="layernorm",
             tied_embeddings=True,
-            dropout=float(cfg.get("resid_pdrop", 0.1) or 0) > 0,  # GPT-2 default 0.1
+            dropout=_hf_rate(cfg, "resid_pdrop", 0.1, where) > 0,  # GPT-2 default 0.1
             source=source,
         )
         return validate_model(spec, where=str(path))
@@ -405,7 +421,8 @@ def _load_hf(path: Path) -> ModelSpec:
         mlp=mlp,
         norm=norm,
         tied_embeddings=tied,
-        dropout=float(cfg.get("hidden_dropout", cfg.get("attention_dropout", 0.0)) or 0) > 0,
+        dropout=_hf_rate(cfg, "hidden_dropout" if "hidden_dropout" in cfg else
+                         "attention_dropout", 0.0, where) > 0,
         moe=moe,
         source=source,
     )
@@ -413,6 +430,16 @@ def _load_hf(path: Path) -> ModelSpec:
 
 
 _MISSING = object()
+
+
+def _hf_rate(cfg: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """A dropout probability of a config (None or absent: ``default``)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give a probability 0 <= p <= 1")
+    return float(value)
 
 
 def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING, minimum: int = 1) -> int:
@@ -425,6 +452,9 @@ def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MIS
         raise ValueError(f"{key}: {value!r} must be an integer {where}")
     if value < minimum:
         raise ValueError(f"{key}: {value!r} must be >= {minimum} {where}")
+    if value > MAX_MODEL_NUMBER:
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give at most "
+                         f"{MAX_MODEL_NUMBER:,}")
     return value
 
 
