@@ -15,11 +15,14 @@ from typing import Any, List, Optional
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice, check_output_path
+from trainsim.cli.errors import check_choice, check_output_dir, check_output_path
 from trainsim.cli.output import console, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
 EXIT_OUT_OF_TOLERANCE = 1
+#: Most iterations (and warm-up iterations) of a replay, and timed calls per point of a
+#: microbenchmark: a typo of 1e9 would run for years.
+MAX_ITERATIONS = 100_000
 
 
 def _split(text: str, field: str) -> list[str]:
@@ -33,6 +36,19 @@ def _sizes(text: str, field: str) -> list[int]:
     from hardware.units import parse_size_bytes
 
     return [parse_size_bytes(part, field=field) for part in _split(text, field)]
+
+
+def _check_counts(**counts: int) -> None:
+    """Timed calls, warm-up calls and nodes of a microbenchmark: in range.
+
+    Raises:
+        ValueError: one line naming the option.
+    """
+    for name, value in counts.items():
+        low = 0 if name == "warmup" else 1
+        if not low <= value <= MAX_ITERATIONS:
+            raise ValueError(f"{name}: {value} is not valid; give a whole number from {low} "
+                             f"to {MAX_ITERATIONS}")
 
 
 def _backend(backend: str) -> str:
@@ -125,9 +141,14 @@ def register(app: typer.Typer) -> None:
         from sim.atomic_io import write_text_atomic
         from validate.program_io import program_to_json
 
-        if iterations < 1 or warmup < 0:
+        if not 1 <= iterations <= MAX_ITERATIONS or not 0 <= warmup <= MAX_ITERATIONS:
             raise ValueError(f"iterations: {iterations} / warmup: {warmup} are not valid; "
-                             "valid: iterations >= 1, warmup >= 0")
+                             f"valid: 1 <= iterations <= {MAX_ITERATIONS}, 0 <= warmup <= "
+                             f"{MAX_ITERATIONS}")
+        if not 0 < timeout_s <= 86400:
+            raise ValueError(f"timeout_s: {timeout_s!r} is not valid; give seconds in (0, "
+                             "86400]")
+        check_output_dir("out", out)
         source = options.scenario_from_options(scenario=scenario, model=model,
                                                cluster=cluster, gpus=gpus, plan=plan)
         if isinstance(source.cluster, str):
@@ -195,6 +216,8 @@ def register(app: typer.Typer) -> None:
             check_choice("ops", op, MICROBENCH_OPS)
         sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                             parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
+        _check_counts(iters=iters, warmup=warmup, nodes=nodes)
+        check_output_dir("out", out)
         task = {"task": "collectives", "out": out, "backend": _backend(backend),
                 "ops": chosen_ops, "sizes": sizes, "type": dtype, "iters": iters,
                 "warmup": warmup, "nodes": nodes}
@@ -229,6 +252,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"shapes: {text!r} is not valid; give BxMxNxK with positive "
                                  "integers, e.g. 1x4096x4096x4096")
             gemm_shapes.append([int(p) for p in parts])
+        _check_counts(iters=iters, warmup=warmup)
+        check_output_dir("out", out)
         task = {"task": "gemm", "out": out, "backend": _backend(backend), "dtype": dtype,
                 "gemm_sizes": gemm_sizes, "gemm_shapes": gemm_shapes,
                 "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
@@ -264,6 +289,8 @@ def register(app: typer.Typer) -> None:
         from validate.compare import compare as run_compare
 
         check_choice("format", output_format, ("table", "json"))
+        if trace is not None:
+            check_output_path("trace", f"{trace}.measured.json")
         result = run_compare(directory, calibration=calibration, cluster=cluster,
                              overrides=options.parse_overrides(set_), fidelity=fidelity,
                              tolerance=tolerance, trace_prefix=trace)
