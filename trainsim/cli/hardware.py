@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import List, Optional
 
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice
+from trainsim.cli.errors import check_choice, json_text
 from trainsim.cli.output import console, table
 
 FORMATS = ("table", "csv", "json")
@@ -36,7 +35,7 @@ def hardware_list(
     check_choice("format", output_format, FORMATS)
     df = api.hardware_list()
     if output_format == "json":
-        print(json.dumps(df.to_dict(orient="records"), indent=1))
+        print(json_text(df.to_dict(orient="records"), indent=1))
     elif output_format == "csv":
         print(df.to_csv(index=False), end="")
     else:
@@ -63,7 +62,7 @@ def hardware_show(
     check_choice("format", output_format, ("json", "table"))
     data = api.hardware_show(preset, options.parse_overrides(set_))
     if output_format == "json":
-        print(json.dumps(data, indent=1))
+        print(json_text(data, indent=1))
         return
     sources = data.get("sources", {})
     rows = ((key, str(value), sources.get(key, "")) for key, value in _flatten(data)

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice, check_output_dir, check_output_path
+from trainsim.cli.errors import check_choice, check_output_dir, check_output_path, json_text
 from trainsim.cli.output import console, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
@@ -295,7 +295,7 @@ def register(app: typer.Typer) -> None:
                              overrides=options.parse_overrides(set_), fidelity=fidelity,
                              tolerance=tolerance, trace_prefix=trace)
         if output_format == "json":
-            print(json.dumps(result, indent=1))
+            print(json_text(result, indent=1))
         else:
             _print_compare(result)
         if not result["within_tolerance"]:
@@ -323,7 +323,7 @@ def register(app: typer.Typer) -> None:
         result = run_calibrate(inputs, cluster=cluster, overrides=options.parse_overrides(set_),
                                out=out, source=source)
         if output_format == "json":
-            print(json.dumps({"out": out, "fields": result["fields"],
+            print(json_text({"out": out, "fields": result["fields"],
                               "residuals": result["residuals"],
                               "provenance": result["provenance"]}, indent=1, default=str))
             return
@@ -354,7 +354,7 @@ def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
     store = MeasurementStore(out)
     rows = store.read_series("collectives").get(0, [])
     if output_format == "json":
-        print(json.dumps([r for r in rows if r["op"] in ops], indent=1))
+        print(json_text([r for r in rows if r["op"] in ops], indent=1))
         return
     env = [store.read_meta("env", rank=r) or {} for r in store.ranks()]
     hosts = [e.get("hostname", "?") for e in env]
