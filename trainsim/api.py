@@ -110,7 +110,7 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
 
 #: Seconds of simulation one ``collective`` call may be estimated to take; beyond it the
 #: call is refused instead of running for many minutes (README: bounded runs).
-MAX_COLLECTIVE_ESTIMATE_S = 60.0
+MAX_COLLECTIVE_ESTIMATE_S = 30.0
 #: Measured cost of one size of a collective, seconds per ranks^2 (event/analytic replay
 #: of every rank on this project's 2-core machine: all_reduce on 8,192 ranks ~28 s,
 #: alltoall on 1,024 ranks ~14 s, whose transfers are ranks^2).
