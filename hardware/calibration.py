@@ -35,11 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.compute import ComputeModel
 from hardware.units import canonical_dtype
 from hardware.spec import ClusterSpec, GpuSpec
@@ -105,19 +100,11 @@ def load_calibration(path: str | Path) -> Calibration:
     Raises:
         ValueError: one line naming the file and the bad section, path or value.
     """
-    from hardware.user_input import check_nesting, read_input_text
+    from hardware.user_input import load_input
 
     path = Path(path)
-    text = read_input_text(path, what="calibration",
-                           hint="give a calibration file written by trainsim calibrate")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"calibration: {str(path)!r} is not valid TOML: {err}") from None
-    except RecursionError:
-        raise ValueError(f"calibration: {str(path)!r} nests too deeply; give a calibration "
-                         "file written by trainsim calibrate") from None
-    check_nesting(data, what=f"calibration: {str(path)!r}")
+    data, _ = load_input(path, what="calibration", syntax="toml",
+                         hint="give a calibration file written by trainsim calibrate")
     unknown = sorted(set(data) - set(_SECTIONS))
     if unknown:
         raise ValueError(f"calibration: section [{unknown[0]}] in {str(path)!r} is unknown; "

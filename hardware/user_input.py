@@ -2,8 +2,8 @@
 
 Every loader of a user file (preset, model, scenario, sweep spec, calibration, failure
 profile, Program JSON, measurement records, nccl-tests logs) reads it with
-:func:`read_input_text` and checks what it parsed with :func:`check_nesting`, and every
-number a user types is checked with :func:`check_number`. So:
+:func:`read_input_text` (TOML and JSON ones with :func:`load_input`, which also parses)
+and checks what it parsed with :func:`check_nesting`. So:
 
 * only regular files are read: a FIFO would block for ever, ``/dev/zero`` never ends and
   a directory is not a file; each is refused in one line, before anything is read;
@@ -19,10 +19,16 @@ what is valid. This module imports nothing of trainsim: the lowest layer uses it
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 #: Largest input file read, bytes (64 MiB; the largest shipped input is ~1 MiB).
 MAX_INPUT_BYTES = 64 * 2**20
@@ -98,6 +104,32 @@ def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
         shown = repr(os.fspath(path))
         raise ValueError(f"{what}: {shown} is not UTF-8 text (byte {problem.start}); "
                          f"{hint}") from None
+
+
+def load_input(path: str | os.PathLike[str], *, what: str, hint: str, syntax: str,
+               max_bytes: int = MAX_INPUT_BYTES) -> tuple[Any, str]:
+    """Read a TOML or JSON input file (:func:`read_input_text`), parse it and check its
+    nesting (:func:`check_nesting`); returns ``(data, text)``.
+
+    Args:
+        syntax: ``"toml"`` or ``"json"``.
+
+    Raises:
+        ValueError: one line naming ``what``, the file and the problem: unreadable, not a
+            regular file, too large, not UTF-8, a syntax error (with its position), or
+            nested too deeply (the parser's own recursion, or :data:`MAX_NESTING`).
+    """
+    text = read_input_text(path, what=what, hint=hint, max_bytes=max_bytes)
+    shown = repr(os.fspath(path))
+    try:
+        data = tomllib.loads(text) if syntax == "toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as problem:
+        first = " ".join(str(problem).split())
+        raise ValueError(f"{what}: {shown} is not valid {syntax.upper()} ({first}); "
+                         f"{hint}") from None
+    except RecursionError:
+        raise ValueError(f"{what}: {shown} nests too deeply; {hint}") from None
+    return check_nesting(data, what=f"{what}: {shown}"), text
 
 
 def check_nesting(data: Any, *, what: str, max_depth: int = MAX_NESTING,

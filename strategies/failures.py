@@ -501,18 +501,11 @@ def load_profile(profile: str | os.PathLike[str] | Mapping[str, Any] | FailurePr
     if not isinstance(profile, (str, os.PathLike)):
         raise ValueError(f"profile: {profile!r} is not valid; valid: "
                          f"{', '.join(list_profiles())}, a TOML file path or a dict")
-    from hardware.user_input import check_nesting, read_input_text
+    from hardware.user_input import load_input
 
     path = _profile_path(profile)
-    text = read_input_text(path, what="profile", hint="give a built-in profile "
-                           f"({', '.join(list_profiles())}) or a failure profile TOML")
-    try:
-        data = check_nesting(tomllib.loads(text), what=f"profile: {str(path)!r}")
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"profile: {str(path)!r} is not valid TOML ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"profile: {str(path)!r} nests too deeply; give a failure profile "
-                         "TOML") from None
+    data, text = load_input(path, what="profile", syntax="toml", hint="give a built-in "
+                            f"profile ({', '.join(list_profiles())}) or a failure profile TOML")
     return profile_from_dict(data, default_name=path.stem, sources=source_comments(text))
 
 

@@ -16,8 +16,8 @@ from cli_fuzz import COMMANDS, SLOW_S, run
 from malformed_corpus import build_corpus
 
 #: Calls per command in the default run (the cheap commands get more).
-DEFAULT_EXAMPLES = {"collective": 40, "simulate": 50, "failures": 35, "plan": 12,
-                    "sweep": 25, "hardware": 30, "validate": 25}
+DEFAULT_EXAMPLES = {"collective": 25, "simulate": 35, "failures": 25, "plan": 8,
+                    "sweep": 15, "hardware": 20, "validate": 15}
 #: Calls per command under -m slow: 10,000 in all.
 SLOW_EXAMPLES = {"collective": 1500, "simulate": 2000, "failures": 1500, "plan": 1000,
                  "sweep": 1000, "hardware": 1000, "validate": 2000}

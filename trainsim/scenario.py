@@ -45,11 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from trainsim.perturbations import PERTURBATION_OPTIONS, parse_perturbations
 from trainsim.plan_fields import BY_NAME, coerce, field_named
 
@@ -149,24 +144,12 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     Raises:
         ValueError: one line naming the file, the field, the value and what is valid.
     """
-    from hardware.user_input import check_nesting, read_input_text
+    from hardware.user_input import load_input
 
     source = Path(path)
     where = str(path)
-    text = read_input_text(path, what="scenario", hint="give a scenario TOML or a result JSON")
-    try:
-        if source.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text)
-    except json.JSONDecodeError as problem:
-        raise ValueError(f"scenario: {where!r} is not valid JSON ({problem})") from None
-    except tomllib.TOMLDecodeError as problem:
-        raise ValueError(f"scenario: {where!r} is not valid TOML ({problem})") from None
-    except RecursionError:
-        raise ValueError(f"scenario: {where!r} nests too deeply; give a scenario TOML or a "
-                         "result JSON") from None
-    check_nesting(data, what=f"scenario: {where!r}")
+    data, _ = load_input(path, what="scenario", hint="give a scenario TOML or a result JSON",
+                         syntax="json" if source.suffix == ".json" else "toml")
     if source.suffix == ".json":
         if not isinstance(data, Mapping) or not isinstance(data.get("scenario"), Mapping):
             raise ValueError(f"scenario: {where!r} has no 'scenario' object; give a result "

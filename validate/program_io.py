@@ -184,18 +184,9 @@ def load_program(path: str | Path) -> Program:
     Raises:
         ValueError: the file is missing, not JSON, or not a program.
     """
-    from hardware.user_input import check_nesting, read_input_text
+    from hardware.user_input import load_input
 
     path = Path(path)
-    text = read_input_text(path, what="program", hint="give a Program JSON written by "
-                           "trainsim (validate.program_io)")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"program: {str(path)!r} is not valid JSON ({err.msg} at line "
-                         f"{err.lineno})") from None
-    except RecursionError:
-        raise ValueError(f"program: {str(path)!r} nests too deeply; give a Program JSON") \
-            from None
-    check_nesting(data, what=f"program: {str(path)!r}")
+    data, _ = load_input(path, what="program", syntax="json",
+                         hint="give a Program JSON written by trainsim (validate.program_io)")
     return program_from_dict(data, source=str(path))

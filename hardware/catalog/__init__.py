@@ -39,11 +39,6 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.toml_sources import source_comments, table_headers
 from hardware.spec import (
     ALGORITHM_FAMILIES,
@@ -61,7 +56,8 @@ from hardware.spec import (
     ScaleUpSpec,
 )
 from hardware.units import GIB, GB
-from hardware.user_input import check_nesting, read_input_text
+# tomllib is re-exported: tests read pyproject.toml with it.
+from hardware.user_input import load_input, tomllib  # noqa: F401
 
 __all__ = [
     "check_cluster_spec",
@@ -291,14 +287,8 @@ def _locate(ref: str | os.PathLike[str], relative_to: Path | None) -> Path:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
-    text = read_input_text(path, what="cluster", hint="give a preset name or a preset TOML file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"cluster: {path} is not valid TOML: {err}") from None
-    except RecursionError:
-        raise ValueError(f"cluster: {path} nests too deeply; give a preset TOML file") from None
-    return check_nesting(data, what=f"cluster: {str(path)!r}"), text
+    return load_input(path, what="cluster", syntax="toml",
+                      hint="give a preset name or a preset TOML file")
 
 
 def _resolve(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:

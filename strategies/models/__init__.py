@@ -57,18 +57,12 @@ key, the bad value, the file and what is valid.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.toml_sources import source_comments
-from hardware.user_input import check_nesting, read_input_text
+from hardware.user_input import load_input, read_input_text
 from strategies.model_spec import MLP_KINDS, NORM_KINDS, ModelSpec, MoESpec
 
 __all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
@@ -238,18 +232,15 @@ def _locate(ref: str | os.PathLike[str]) -> Path:
 # --------------------------------------------------------------------------- native TOML
 
 
+_HINT = "give a preset name, a .toml model file or a Hugging Face config.json"
+
+
 def _read(path: Path) -> str:
-    return read_input_text(path, what="model", hint="give a preset name, a .toml model file "
-                           "or a Hugging Face config.json")
+    return read_input_text(path, what="model", hint=_HINT)
 
 
 def _load_toml(path: Path) -> ModelSpec:
-    try:
-        data = check_nesting(tomllib.loads(_read(path)), what=f"model: {str(path)!r}")
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"model: {path} is not valid TOML: {str(err).splitlines()[0]}") from None
-    except RecursionError:
-        raise ValueError(f"model: {path} nests too deeply; give a model TOML file") from None
+    data, _ = load_input(path, what="model", hint=_HINT, syntax="toml")
     where = f"in {path}"
     for key in data:
         if key != "moe" and key not in _TOP:
@@ -331,12 +322,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _load_hf(path: Path) -> ModelSpec:
-    try:
-        cfg = check_nesting(json.loads(_read(path)), what=f"model: {str(path)!r}")
-    except json.JSONDecodeError as err:
-        raise ValueError(f"model: {path} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise ValueError(f"model: {path} nests too deeply; give a config.json") from None
+    cfg, _ = load_input(path, what="model", hint=_HINT, syntax="json")
     if not isinstance(cfg, dict):
         raise ValueError(f"model: {path} is not a JSON object; expected a Hugging Face config.json")
     where = f"in {path}"
