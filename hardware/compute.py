@@ -59,8 +59,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Mapping, Protocol, Sequence
 
-from hardware.spec import COMPUTE_KINDS, GpuSpec
-from hardware.units import DTYPE_ALIASES, canonical_dtype, seconds_to_ns
+from hardware.spec import ATTENTION_IMPLS, COMPUTE_KINDS, GpuSpec
+from hardware.units import canonical_dtype, seconds_to_ns
 
 
 
@@ -93,12 +93,6 @@ EFFICIENCY_TABLE = "matmul_efficiency.csv"
 #: File inside :mod:`hardware.data` holding the fused-attention efficiencies.
 ATTENTION_TABLE = "attention_efficiency.csv"
 
-#: Fused attention kernels the table knows: FlashAttention v1 (flash-attn 1.x), v2
-#: (flash-attn 2.x; also PyTorch SDPA's flash backend), v3 (Hopper only), cuDNN fused
-#: attention (Transformer Engine's ``FusedAttention``), the Triton flash kernel (OpenAI
-#: tutorial / MosaicML ``attn_impl: triton``). Unfused attention is not a kernel: the cost
-#: model lowers it to its GEMMs and softmax (``strategies.model_costs``).
-ATTENTION_IMPLS = ("fa1", "fa2", "fa3", "cudnn", "triton")
 
 #: What a stack that does not say runs: Transformer Engine's choice. It prefers cuDNN
 #: FusedAttention on Hopper and newer ("Disabling FlashAttention to give FusedAttention
@@ -384,12 +378,12 @@ def op_phase(op: ComputeOp) -> str:
 
 
 def op_gemm_groups(op: ComputeOp) -> int:
-    """GEMMs a grouped-GEMM op stands for: its ``gemm_groups`` attribute or, without one,
-    the first entry of the ``(groups, m, n, k)`` shape of a routed-expert kernel (named
-    ``moe.experts.*`` by ``strategies.model_costs``); 1 for every other matmul (a batched
-    GEMM such as unfused attention's is one cuBLAS call)."""
+    """GEMMs a grouped-GEMM op stands for: its ``gemm_groups`` attribute when above 1 or,
+    without one, the first entry of the ``(groups, m, n, k)`` shape of a routed-expert
+    kernel (named ``moe.experts.*`` by ``strategies.model_costs``); 1 for every other
+    matmul (a batched GEMM such as unfused attention's is one cuBLAS call)."""
     groups = getattr(op, "gemm_groups", 0)
-    if isinstance(groups, int) and groups >= 1:
+    if isinstance(groups, int) and groups > 1:
         return groups
     shape = tuple(getattr(op, "shape", ()) or ())
     if ".experts." in op.name and len(shape) == 4 and shape[0] > 1:

@@ -24,13 +24,16 @@ flows sharing every link max-min fairly with whatever else is in flight
 environment with :meth:`CostModel.fabric` and runs communication through it, with no
 branch on the fidelity of its own.
 
-**The affine fast path.** Every α-β term is either fixed (base and hop latencies)
-or proportional to the size (the most-loaded link's bytes), so each candidate
-algorithm × protocol is built once per group, at a reference size, and any size is
-priced from its coefficients: equal, to the rounding of a nanosecond, to building
-the plan at that size (tests). The per-byte coefficient of a phase may depend on
-the size where the network model says so (:meth:`NetworkModel.bandwidth_factor`,
-piecewise over sizes): the fast path asks it per size.
+**The fast path.** Every α-β term is either fixed (base and hop latencies) or
+proportional to the size (the most-loaded link's bytes, each transfer's bytes), so
+each candidate algorithm × protocol is built once per group, at a reference size,
+and any size is priced from its coefficients. What NCCL's kernels can drive is not
+affine: a phase streams for ``max(link time, ceiling time)``, where the ceiling of
+a protocol or algorithm scales with the channels NCCL runs at that size
+(:meth:`NetworkModel.bus_cap_bytes_per_s`, piecewise over sizes). The fast path
+keeps both coefficients per phase and asks the network model for the ceiling per
+size: equal, to the rounding of a nanosecond, to building the plan at that size
+(tests).
 
 Units: integer nanoseconds for every duration handed out.
 """
@@ -79,7 +82,8 @@ class CollectiveAlgorithms(Protocol):
     def unavailable(self, kind: str, algorithm: str, geometry: GroupGeometry,
                     spec: ClusterSpec, *, explicit: bool) -> str | None: ...
 
-    def protocols(self, algorithm: str, requested: str) -> tuple[str, ...]: ...
+    def protocols(self, algorithm: str, requested: str,
+                  size_bytes: float | None = None) -> tuple[str, ...]: ...
 
     def phases(self, kind: str, algorithm: str, geometry: GroupGeometry,
                size_bytes: float) -> Sequence[PhaseLike]: ...
@@ -183,6 +187,34 @@ def host_copy_s(size_bytes: float, *, gpus: int, pcie_bytes_per_s: float,
     return (size_bytes / gpus) / (pcie_bytes_per_s * efficiency)
 
 
+class _Coefficients(NamedTuple):
+    """Fast-path prices of one algorithm × protocol on one group.
+
+    Attributes:
+        fixed_ns: base and hop latencies.
+        per_byte: per phase, seconds per byte of the size: (its links' time, its
+            NCCL bus bytes, its size-independent ceilings' time).
+        plan: the plan at the reference size (what the ceilings are read from).
+    """
+
+    fixed_ns: int
+    per_byte: tuple[tuple[float, float, float], ...]
+    plan: CommPlanLike
+
+
+def _p2p_only_cap_s(model: NetworkModel, plan: CommPlanLike, phase: PhaseLike) -> float:
+    """Seconds a phase takes at its p2p channel ceilings alone (0: none): the part of
+    its ceilings that does not depend on the size (bus ceilings are priced per size)."""
+    if not any(t.mode == "p2p" for t in phase.transfers):
+        return 0.0
+    cap = model.p2p_cap_bytes_per_s(plan.ranks)
+    if math.isinf(cap):
+        return 0.0
+    domain = model.layout.domain_of
+    return max((t.payload_bytes / cap for t in phase.transfers
+                if t.mode == "p2p" and domain(t.src) != domain(t.dst)), default=0.0)
+
+
 class CostModel:
     """Durations of compute, collectives and point-to-point transfers on one job layout.
 
@@ -212,7 +244,7 @@ class CostModel:
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
-        self._coefficients: dict[tuple, tuple[int, tuple[float, ...]]] = {}
+        self._coefficients: dict[tuple, _Coefficients] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
         self._p2p: dict[tuple[int, int, int], int] = {}
@@ -335,15 +367,22 @@ class CostModel:
 
     def _priced_ns(self, kind: str, geometry: GroupGeometry, name: str, protocol: str,
                    size_bytes: int) -> int:
-        """α-β duration of one candidate from its coefficients (the fast path)."""
-        fixed_ns, per_byte_s = self._affine(kind, geometry, name, protocol)
-        factor = self.network.bandwidth_factor(self.algorithms.family(name), protocol,
-                                               size_bytes)
-        return fixed_ns + sum(seconds_to_ns(size_bytes * c * factor) for c in per_byte_s)
+        """α-β duration of one candidate from its coefficients (the fast path): the
+        fixed latencies, plus each phase's streaming time at ``size_bytes``, the
+        longer of its links' time and its NCCL ceilings' time."""
+        found = self._coefficients_of(kind, geometry, name, protocol)
+        network = self.network
+        bus_cap = network.bus_cap_bytes_per_s(found.plan, size_bytes)
+        total = found.fixed_ns
+        for phase, (link_s, bus_s, cap_s) in zip(found.plan.phases, found.per_byte):
+            per_byte = max(link_s, cap_s, bus_s / bus_cap if bus_s else 0.0)
+            fill = network.pipeline_factor(found.plan, phase, size_bytes)
+            total += seconds_to_ns(size_bytes * per_byte * fill)
+        return total
 
-    def _affine(self, kind: str, geometry: GroupGeometry, name: str,
-                protocol: str) -> tuple[int, tuple[float, ...]]:
-        """(fixed ns, seconds per byte of each phase) of one algorithm and protocol."""
+    def _coefficients_of(self, kind: str, geometry: GroupGeometry, name: str,
+                         protocol: str) -> "_Coefficients":
+        """The fixed ns and per-byte coefficients of one algorithm and protocol."""
         key = (kind, geometry.group, name, protocol)
         found = self._coefficients.get(key)
         if found is None:
@@ -354,9 +393,14 @@ class CostModel:
             plan = self.algorithms.plan(kind, name, protocol, geometry, _REFERENCE_BYTES, phases)
             model = self.network
             fixed = seconds_to_ns(model.base_latency_s(plan))
-            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol)) for ph in phases)
-            found = (fixed, tuple(model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES
-                                  for ph in phases))
+            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family))
+                         for ph in phases)
+            per_byte = []
+            for ph in phases:
+                per_byte.append((model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES,
+                                 getattr(ph, "bus_bytes", 0.0) / _REFERENCE_BYTES,
+                                 _p2p_only_cap_s(model, plan, ph) / _REFERENCE_BYTES))
+            found = _Coefficients(fixed, tuple(per_byte), plan)
             self._coefficients[key] = found
         return found
 
@@ -388,7 +432,7 @@ class CostModel:
     def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
         """Protocols to try: the catalog's for the algorithm, within each protocol's
         size limit (CommTuningSpec.protocol_max_bytes) under ``auto``."""
-        offered = self.algorithms.protocols(algorithm, protocol)
+        offered = self.algorithms.protocols(algorithm, protocol, size_bytes)
         if protocol != "auto":
             return list(offered)
         limits = self.network.comm.protocol_max_bytes

@@ -7,7 +7,10 @@ link saturates; the flows crossing it are frozen at that rate; repeat.
 
 A flow may load the links it crosses unequally: ``weight`` is the wire bytes a
 link carries per payload byte (1 / protocol efficiency of that link's tier),
-so a link's constraint is ``sum(weight * rate) <= capacity``.
+so a link's constraint is ``sum(weight * rate) <= capacity``. A flow may also
+have a rate ceiling of its own (what the NCCL kernel driving it can move): it
+acts as a private link of that capacity, so a capped flow frees the share of
+every link it cannot use for the others.
 
 The :class:`FlowNetwork` runs inside the engine's SimPy environment; time is
 integer nanoseconds and a flow finishes at the first whole nanosecond at which
@@ -34,6 +37,7 @@ def max_min_rates(
     entry_weight: np.ndarray,
     num_flows: int,
     capacity: np.ndarray,
+    flow_cap: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (payload bytes/s) of flows sharing capacitated links.
 
@@ -46,11 +50,16 @@ def max_min_rates(
         entry_weight: wire bytes per payload byte on that link (> 0).
         num_flows: number of flows.
         capacity: capacity of every link, bytes/s.
+        flow_cap: optional rate ceiling of every flow (inf: none), a private link
+            of the flow in the progressive filling.
 
     Returns:
-        Array of ``num_flows`` rates; a flow that crosses no link gets ``inf``.
+        Array of ``num_flows`` rates; a flow that crosses no link gets its ceiling
+        (``inf`` without one).
     """
-    rates = np.full(num_flows, np.inf)
+    caps = (np.full(num_flows, np.inf) if flow_cap is None
+            else np.asarray(flow_cap, dtype=np.float64))
+    rates = caps.copy()
     if entry_flow.size == 0:
         return rates
     remaining = capacity.astype(np.float64).copy()
@@ -68,9 +77,16 @@ def max_min_rates(
         share = np.full(num_links, np.inf)
         share[used] = np.maximum(remaining[used], 0.0) / link_weight[used]
         level = share.min()
-        bottleneck = share <= level * (1.0 + 1e-12)
+        open_caps = np.where(frozen, np.inf, caps)
+        cap_level = open_caps.min()
         newly = np.zeros(num_flows, dtype=bool)
-        newly[entry_flow[active & bottleneck[entry_link]]] = True
+        if cap_level < level:  # a flow's own ceiling binds before any link
+            level = cap_level
+            newly[open_caps <= level * (1.0 + 1e-12)] = True
+        else:
+            bottleneck = share <= level * (1.0 + 1e-12)
+            newly[entry_flow[active & bottleneck[entry_link]]] = True
+            newly |= open_caps <= level * (1.0 + 1e-12)
         rates[newly] = level
         frozen |= newly
         newly_entries = active & newly[entry_flow]
@@ -91,18 +107,20 @@ class FlowRequest:
         links: link ids crossed.
         weights: wire bytes per payload byte on each of ``links``.
         payload_bytes: bytes to deliver.
+        max_rate: the flow's own rate ceiling, payload bytes/s (inf: none).
     """
 
     links: tuple[int, ...]
     weights: tuple[float, ...]
     payload_bytes: float
+    max_rate: float = float("inf")
 
 
 class _Batch:
     """Flows submitted together; its event fires when all have finished."""
 
     __slots__ = ("event", "entry_flow", "entry_link", "entry_weight", "remaining",
-                 "done", "pattern")
+                 "caps", "done", "pattern")
 
     def __init__(self, event: simpy.Event, requests: Sequence[FlowRequest]) -> None:
         self.event = event
@@ -115,12 +133,13 @@ class _Batch:
         self.entry_link = np.asarray(links, dtype=np.int64)
         self.entry_weight = np.asarray(weights, dtype=np.float64)
         self.remaining = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
+        self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
         # A flow that crosses no link (GPU to itself) is delivered at once.
         no_links = np.asarray([not r.links for r in requests], dtype=bool)
         self.done = (self.remaining <= 0) | no_links
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
-                             self.entry_weight.tobytes()))
+                             self.entry_weight.tobytes(), self.caps.tobytes()))
 
 
 class FlowNetwork:
@@ -195,16 +214,17 @@ class FlowNetwork:
         if cached is not None:
             self._rates = cached
             return
-        flows, links, weights, offsets = [], [], [], [0]
+        flows, links, weights, caps, offsets = [], [], [], [], [0]
         for batch in self._batches:
             keep = ~batch.done[batch.entry_flow]
             flows.append(batch.entry_flow[keep] + offsets[-1])
             links.append(batch.entry_link[keep])
             weights.append(batch.entry_weight[keep])
+            caps.append(batch.caps)
             offsets.append(offsets[-1] + batch.remaining.size)
         rates = max_min_rates(
             np.concatenate(flows), np.concatenate(links), np.concatenate(weights),
-            offsets[-1], self._capacity,
+            offsets[-1], self._capacity, np.concatenate(caps),
         )
         self.rate_solves += 1
         self._rates = [rates[offsets[i]:offsets[i + 1]] for i in range(len(self._batches))]

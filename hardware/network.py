@@ -7,10 +7,32 @@ transfers. A phase costs
 
     latency  = intra_steps * hop[scale-up tier][protocol]
              + inter_steps * (hop[network][protocol] + switch_hops * switch_latency)
-    bandwidth: the transfers' payload through the links of their paths,
+    bandwidth: the transfers' payload through the links of their paths, but no
+               faster than NCCL's kernels can drive it (below),
 
 and a plan adds the base latency of its algorithm family and protocol once
 (the shape of NCCL's own tuning model, src/graph/tuning.cc).
+
+**What NCCL's kernels can drive** (:meth:`NetworkModel.transfer_caps`): each
+transfer may carry a rate ceiling on top of its links, from two mechanisms of
+NCCL itself:
+
+* *bus-bandwidth ceilings* of a protocol or algorithm (tuning.cc ``llMaxBws`` for
+  LL; ``perChMax*Bws`` per channel for LL128 and trees, times the graph channels),
+  scaled down when NCCL runs fewer channels for a small message (enqueue.cc:
+  ``while nBytes < nc * nt * threadThreshold: nc--``). They bound a phase to
+  ``bus_bytes / ceiling``, so every transfer of the phase gets the ceiling in
+  proportion to its payload;
+* *p2p channels per network peer*: a send/recv to a rank in another NVLink domain
+  runs on a few channels (paths.cc ncclTopoGetNchannels, halved for large
+  communicators in ncclTopoComputeP2pChannels), each moving at most
+  NCCL_P2P_PER_CHANNEL_NET_BW, which is why one GPU pair reaches about half of a
+  400G NIC and a full-job sendrecv ring slows as ranks grow.
+
+The ceiling depends on the message size only through the channel count, so the
+cost of a phase is ``max(link time, ceiling time)``: piecewise in the size, and the
+same in both fidelities (a ceiling is a private link of one flow in
+:mod:`hardware.flow`).
 
 * closed-form alpha-beta (:meth:`NetworkModel.plan_time_ns`; the ``analytic``
   and ``event`` fidelities of :class:`hardware.cost.CostModel`): a phase's
@@ -28,14 +50,14 @@ both fidelities give the same time (tests/test_network.py checks it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import simpy
 
 from hardware.flow import FlowNetwork, FlowRequest
-from hardware.spec import PROTOCOLS, CommTuningSpec
+from hardware.spec import PROTOCOLS, CommTuningSpec, node_bucket
 from hardware.topology import ClusterLayout
 from hardware.units import seconds_to_ns
 
@@ -59,15 +81,20 @@ class PhaseLike(Protocol):
     intra_steps: int
     inter_steps: int
     switch_hops: int
+    bus_bytes: float
 
 
 class CommPlanLike(Protocol):
-    """What the network reads of a plan (strategies.collectives.plans.CommPlanLike)."""
+    """What the network reads of a plan (strategies.collectives.plans.CommPlan)."""
 
     family: str
     protocol: str
     phases: Sequence[PhaseLike]
     label: str
+    size_bytes: float
+    ranks: int
+    domains: int
+    local_ranks: int
 
 
 class NetworkModel:
@@ -119,18 +146,174 @@ class NetworkModel:
             self._paths[key] = links
         return links
 
-    def request(self, transfer: TransferLike, protocol: str) -> FlowRequest:
-        """The links a transfer loads and its wire bytes per payload byte on each."""
+    def request(self, transfer: TransferLike, protocol: str,
+                max_rate: float = math.inf, pipeline_factor: float = 1.0) -> FlowRequest:
+        """The links a transfer loads, its wire bytes per payload byte on each, its
+        rate ceiling (payload bytes/s; :meth:`transfer_caps`), and the bytes it
+        streams (its payload times the phase's :meth:`pipeline_factor`)."""
         links = self.links_of(transfer)
         tiers = self.layout.link_tier
         weights = tuple(self._weights[(tiers[link], protocol, transfer.mode)] for link in links)
-        return FlowRequest(links, weights, float(transfer.payload_bytes))
+        return FlowRequest(links, weights, float(transfer.payload_bytes) * pipeline_factor,
+                           max_rate)
 
-    def phase_latency_s(self, phase: PhaseLike, protocol: str) -> float:
-        """Latency of a phase: its steps times the hop latency of their tier."""
+    # ----------------------------------------------------- NCCL kernel ceilings
+    def graph_channels(self, plan: CommPlanLike) -> int:
+        """Channels NCCL's topology search lays for the plan's communicator (what its
+        per-channel ceilings multiply by): ``rail_channels`` per NIC rail the ranks of
+        one domain use across domains (one per GPU on a DGX: the B200 logs print 8
+        tree channels for 8 NICs), ``domain_channels`` inside one NVLink domain."""
+        comm = self.comm
+        if plan.domains <= 1:
+            return comm.domain_channels
+        spec = self.layout.spec
+        nodes_per_domain = max(1, spec.scale_up.domain_gpus // spec.gpus_per_node)
+        rails = min(max(plan.local_ranks, 1), spec.nic.count_per_node * nodes_per_domain)
+        return rails * comm.rail_channels
+
+    def channels_running(self, plan: CommPlanLike, size_bytes: float | None = None) -> int:
+        """Channels NCCL runs for a message (enqueue.cc: from ``nChannels``, one less
+        while ``nBytes < nc * nt * threadThreshold``; ring LL's threshold is times
+        the ranks, tuning.cc)."""
+        comm = self.comm
+        channels = comm.collective_channels
+        per_channel = comm.channel_threshold_bytes.get(plan.protocol, 0)
+        if plan.family == "ring" and plan.protocol == "LL":
+            per_channel *= max(plan.ranks, 1)
+        if per_channel <= 0:
+            return channels
+        size = plan.size_bytes if size_bytes is None else size_bytes
+        return int(min(channels, max(1, size // per_channel)))
+
+    def bus_cap_bytes_per_s(self, plan: CommPlanLike, size_bytes: float | None = None) -> float:
+        """NCCL's ceiling on the bus bandwidth of one rank for this plan at this size
+        (inf: none): LL's ``llMaxBws``, a ceiling of the whole communicator, and the
+        per-channel ``perChMax*Bws`` of its family and protocol times the graph
+        channels (tuning.cc), scaled by the share of channels NCCL runs at this size
+        (:meth:`channels_running`)."""
+        if plan.domains <= 0:
+            return math.inf
+        comm = self.comm
+        bucket = node_bucket(plan.domains)
+        cap = math.inf
+        if plan.protocol == "LL" and plan.family in ("ring", "tree"):
+            cap = comm.ll_max_bus_bytes_per_s.get(bucket) or math.inf
+        per_channel = (comm.channel_max_bus_bytes_per_s.get(plan.family, {})
+                       .get(plan.protocol, {}).get(bucket))
+        if per_channel:
+            running = self.channels_running(plan, size_bytes) / comm.collective_channels
+            cap = min(cap, per_channel * self.graph_channels(plan) * running)
+        return cap
+
+    def p2p_channels_per_peer(self, ranks: int) -> int:
+        """Channels a send/recv to a rank in another NVLink domain runs on.
+
+        NCCL (src/graph/paths.cc): ``nNetChannels`` per network peer (>= 2.29:
+        ``max(1, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW))``), halved while
+        ``channels x ceil(ranks / peers per channel) > p2pnChannels``
+        (ncclTopoComputeP2pChannels: all peers of a round must fit the pool).
+        """
+        comm = self.comm
+        channels = comm.p2p_net_channels_per_peer
+        if channels <= 0:  # NCCL >= 2.29: enough channels to fill the NIC (GB/s, as ints)
+            per_channel_gb = int(comm.p2p_net_channel_bytes_per_s / 1e9)
+            nic_gb = int(self.layout.spec.nic.bytes_per_s / 1e9)
+            channels = max(1, math.ceil(nic_gb / per_channel_gb)) if per_channel_gb else 1
+        batches = -(-max(ranks, 2) // comm.p2p_peers_per_channel)
+        while channels > 1 and channels * batches > comm.p2p_channels:
+            channels //= 2
+        return channels
+
+    def p2p_cap_bytes_per_s(self, ranks: int) -> float:
+        """Most a send/recv to another NVLink domain moves: its channels times what one
+        channel moves (inf when the preset sets no per-channel rate)."""
+        per_channel = self.comm.p2p_net_channel_bytes_per_s
+        if per_channel <= 0:
+            return math.inf
+        return self.p2p_channels_per_peer(ranks) * per_channel
+
+    def transfer_caps(self, plan: CommPlanLike, phase: PhaseLike,
+                      size_bytes: float | None = None) -> list[float]:
+        """Rate ceiling of each transfer of a phase (payload bytes/s; inf: none).
+
+        A bus-bandwidth ceiling C holds the phase to ``bus_bytes / C``: each transfer
+        gets ``payload x C / bus_bytes``, so all of them end together when it binds.
+        A p2p transfer to another NVLink domain also gets :meth:`p2p_cap_bytes_per_s`.
+        """
+        caps = [math.inf] * len(phase.transfers)
+        bus_bytes = getattr(phase, "bus_bytes", 0.0)
+        if bus_bytes > 0:
+            cap = self.bus_cap_bytes_per_s(plan, size_bytes)
+            if not math.isinf(cap):
+                caps = [t.payload_bytes * cap / bus_bytes for t in phase.transfers]
+        if any(t.mode == "p2p" for t in phase.transfers):
+            p2p = self.p2p_cap_bytes_per_s(getattr(plan, "ranks", 2))
+            if not math.isinf(p2p):
+                domain = self.layout.domain_of
+                caps = [min(c, p2p) if t.mode == "p2p" and domain(t.src) != domain(t.dst) else c
+                        for c, t in zip(caps, phase.transfers)]
+        return caps
+
+    def tree_chunk_bytes(self, plan: CommPlanLike, phase: PhaseLike,
+                         size_bytes: float | None = None) -> float:
+        """Chunk a tree all-reduce pipelines in (NCCL enqueue.cc): one Simple step of
+        the channel buffer (NCCL_BUFFSIZE / NCCL_STEPS), halved while a channel
+        would get fewer than 8x, 4x and 1x the tree depth in chunks (down to 128, 64
+        and 32 KiB)."""
+        size = plan.size_bytes if size_bytes is None else size_bytes
+        channels = self.channels_running(plan, size)
+        depth = max((phase.intra_steps + phase.inter_steps) // 2, 1)
+        chunk = float(self.comm.tree_chunk_bytes)
+        for per_depth, floor in ((8, 131072), (4, 65536), (1, 32768)):
+            while size / (channels * chunk) < depth * per_depth and chunk > floor:
+                chunk /= 2
+        return chunk
+
+    def pipeline_factor(self, plan: CommPlanLike, phase: PhaseLike,
+                        size_bytes: float | None = None) -> float:
+        """How much longer than its bytes alone a phase streams because it is
+        pipelined in chunks (1.0: not modelled as such).
+
+        A tree all-reduce (Simple) moves each channel's data up and down its tree in
+        chunks: the last chunk leaves a leaf after all others and then crosses the
+        whole tree, up and down, so the phase streams ``(2 depth - 1)`` more chunks
+        per channel than its data (the pipeline fill; NCCL enqueue.cc picks the
+        chunk). Rings pipeline at a finer grain and pay their steps in latency.
+        """
+        if plan.family != "tree" or plan.protocol != "Simple" or self.comm.tree_chunk_bytes <= 0:
+            return 1.0
+        size = plan.size_bytes if size_bytes is None else size_bytes
+        if size <= 0:
+            return 1.0
+        fill_steps = phase.intra_steps + phase.inter_steps - 1
+        if fill_steps <= 0:
+            return 1.0
+        chunk = self.tree_chunk_bytes(plan, phase, size)
+        return 1.0 + fill_steps * chunk * self.channels_running(plan, size) / size
+
+    def phase_cap_s(self, plan: CommPlanLike, phase: PhaseLike,
+                    size_bytes: float | None = None) -> float:
+        """Seconds the phase takes at its transfers' rate ceilings alone (0: none)."""
+        worst = 0.0
+        for transfer, cap in zip(phase.transfers, self.transfer_caps(plan, phase, size_bytes)):
+            if not math.isinf(cap) and transfer.payload_bytes > 0:
+                worst = max(worst, transfer.payload_bytes / cap)
+        return worst
+
+    def phase_latency_s(self, phase: PhaseLike, protocol: str, family: str = "") -> float:
+        """Latency of a phase: its steps times the hop latency of their tier.
+
+        A ring that crosses the network pays at least the network proxy's per-step
+        overhead on its NVLink steps too, since its steps are paced by the proxy of
+        the network hop (NCCL tuning.cc: ``intraLat = max(intraLat, netOverhead)``
+        for inter-node rings, netOverhead x 3 for Simple).
+        """
         hop = self.comm.hop_latency_s
         switch_s = self.layout.spec.fabric.switch_hop_latency_s
-        intra = phase.intra_steps * hop[self.layout.scale_up_tier][protocol]
+        intra_hop = hop[self.layout.scale_up_tier][protocol]
+        if family == "ring" and phase.inter_steps > 0:
+            intra_hop = max(intra_hop, self.comm.net_step_overhead_s.get(protocol, 0.0))
+        intra = phase.intra_steps * intra_hop
         inter = phase.inter_steps * (hop["network"][protocol] + phase.switch_hops * switch_s)
         return intra + inter
 
@@ -159,11 +342,6 @@ class NetworkModel:
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         return loads
 
-    def bandwidth_factor(self, family: str, protocol: str, size_bytes: float) -> float:
-        """How much longer than its full-rate time a message of ``size_bytes`` takes to
-        stream (1.0: the link payload rates of the preset are reached at every size)."""
-        return 1.0
-
     def phase_bandwidth_s(self, phase: PhaseLike, protocol: str) -> float:
         """Alpha-beta bandwidth time of a phase: max over links of load / capacity.
 
@@ -182,12 +360,19 @@ class NetworkModel:
             return 0.0
         return float((wire[used] / self.layout.capacity_bytes_per_s[used]).max())
 
+    def phase_stream_s(self, plan: CommPlanLike, phase: PhaseLike) -> float:
+        """Seconds a phase streams its bytes: its links' time or its transfers'
+        ceilings' time, whichever is longer, stretched by its pipeline fill
+        (:meth:`pipeline_factor`)."""
+        stream = max(self.phase_bandwidth_s(phase, plan.protocol), self.phase_cap_s(plan, phase))
+        return stream * self.pipeline_factor(plan, phase)
+
     def plan_time_s(self, plan: CommPlanLike) -> float:
         """Uncontended duration of a plan in seconds (analytic fidelity)."""
         total = self.base_latency_s(plan) if plan.phases else 0.0
         for phase in plan.phases:
-            total += self.phase_latency_s(phase, plan.protocol)
-            total += self.phase_bandwidth_s(phase, plan.protocol)
+            total += self.phase_latency_s(phase, plan.protocol, plan.family)
+            total += self.phase_stream_s(plan, phase)
         return total
 
     def plan_time_ns(self, plan: CommPlanLike) -> int:
@@ -196,8 +381,8 @@ class NetworkModel:
             return 0
         total = seconds_to_ns(self.base_latency_s(plan))
         for phase in plan.phases:
-            total += seconds_to_ns(self.phase_latency_s(phase, plan.protocol))
-            total += seconds_to_ns(self.phase_bandwidth_s(phase, plan.protocol))
+            total += seconds_to_ns(self.phase_latency_s(phase, plan.protocol, plan.family))
+            total += seconds_to_ns(self.phase_stream_s(plan, phase))
         return total
 
 
@@ -217,8 +402,12 @@ class FlowFabric:
     def _phase_requests(self, plan: CommPlanLike, index: int) -> Sequence[FlowRequest]:
         cached = self._requests.get(id(plan))
         if cached is None:
-            per_phase = [[self.model.request(t, plan.protocol) for t in phase.transfers]
-                         for phase in plan.phases]
+            per_phase = []
+            for phase in plan.phases:
+                fill = self.model.pipeline_factor(plan, phase)
+                per_phase.append([
+                    self.model.request(t, plan.protocol, cap, fill) for t, cap in
+                    zip(phase.transfers, self.model.transfer_caps(plan, phase))])
             cached = (plan, per_phase)
             self._requests[id(plan)] = cached
         return cached[1][index]
@@ -252,7 +441,7 @@ class FlowFabric:
         yield self.env.timeout(seconds_to_ns(self.model.base_latency_s(plan)))
         for index, phase in enumerate(plan.phases):
             yield self.env.timeout(
-                seconds_to_ns(self.model.phase_latency_s(phase, plan.protocol)))
+                seconds_to_ns(self.model.phase_latency_s(phase, plan.protocol, plan.family)))
             if phase.transfers:
                 requests = (self._with_mirrors(plan, mirrors, index) if mirrors
                             else self._phase_requests(plan, index))

@@ -23,6 +23,15 @@ TIERS = ("nvlink", "pcie", "network")
 PROTOCOLS = ("LL", "LL128", "Simple")
 #: Collective algorithm families the tuning tables are keyed by.
 ALGORITHM_FAMILIES = ("ring", "tree", "nvls", "direct")
+#: NCCL's node-count buckets of its tuning tables (src/graph/tuning.cc ``index2``):
+#: one node (NVLink domain), two, and more than two.
+NODE_BUCKETS = ("n1", "n2", "n4")
+
+
+def node_bucket(domains: int) -> str:
+    """NCCL's tuning-table bucket for a communicator spanning ``domains`` NVLink
+    domains (tuning.cc: ``index2 = nNodes <= 2 ? nNodes - 1 : 2``)."""
+    return NODE_BUCKETS[min(max(domains, 1), 3) - 1]
 
 SCALE_UP_KINDS = ("nvswitch", "nvlink-mesh", "pcie")
 NIC_KINDS = ("ib", "roce", "efa", "tcp")
@@ -30,6 +39,12 @@ FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 #: Kernel classes the compute model prices (the Program IR's ComputeOp.kind).
 COMPUTE_KINDS = ("matmul", "attention", "elementwise", "norm", "memcpy", "optimizer", "other")
+#: Fused attention kernels the compute model knows: FlashAttention v1 (flash-attn 1.x), v2
+#: (flash-attn 2.x; also PyTorch SDPA's flash backend), v3 (Hopper only), cuDNN fused
+#: attention (Transformer Engine's ``FusedAttention``), the Triton flash kernel (OpenAI
+#: tutorial / MosaicML ``attn_impl: triton``). Unfused attention is not a kernel: the cost
+#: model lowers it to its GEMMs and softmax (``strategies.model_costs``).
+ATTENTION_IMPLS = ("fa1", "fa2", "fa3", "cudnn", "triton")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +182,8 @@ class FabricSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class CommTuningSpec:
-    """Communication latency and efficiency per link tier and protocol.
+    """Communication latency and efficiency per link tier and protocol, and the
+    ceilings NCCL's kernels put on top of the link rates.
 
     The collective cost model is (DESIGN.md; NCCL's tuning model has the same
     shape): ``time = base_latency[algorithm][protocol]
@@ -185,6 +201,45 @@ class CommTuningSpec:
             channels than collectives).
         protocol_max_bytes: ``{protocol: bytes}`` largest message a protocol is
             considered for (0 = no limit).
+        ll_max_bus_bytes_per_s: ``{node bucket: bytes/s}`` ceiling of the LL
+            protocol (tuning.cc ``llMaxBws``: one node by GPU architecture,
+            several by CPU vendor).
+        channel_max_bus_bytes_per_s: ``{family: {protocol: {node bucket:
+            bytes/s}}}`` ceiling per channel (tuning.cc ``perChMaxRingLL128Bws``,
+            ``perChMaxTreeLL128Bws``, ``perChMaxTreeBws``), times the channels
+            running (absent: no ceiling).
+        rail_channels: NCCL graph channels per NIC rail when a communicator
+            spans several NVLink domains (the per-channel ceilings multiply by
+            rails x this).
+        domain_channels: NCCL graph channels inside one NVLink domain.
+        collective_channels: channels a collective starts from before NCCL drops
+            channels for small messages (enqueue.cc: ``nc = comm->nChannels``).
+        channel_threshold_bytes: ``{protocol: bytes}`` per channel below which NCCL
+            runs fewer channels (enqueue.cc: ``while nBytes < nc * nt *
+            threadThreshold: nc--``; nt x threadThreshold, times the ranks for ring
+            LL).
+        p2p_net_channel_bytes_per_s: what one p2p channel moves over the network
+            (NCCL_P2P_PER_CHANNEL_NET_BW, paths.cc).
+        p2p_net_channels_per_peer: channels per network peer before NCCL halves
+            them for large communicators; 0 = NCCL >= 2.29's rule
+            ``max(1, ceil(NIC GB/s / p2p channel GB/s))`` (paths.cc
+            ncclTopoGetNchannels).
+        p2p_channels: the p2p channel pool (``comm->p2pnChannels``).
+        p2p_peers_per_channel: NCCL halves the channels per peer while
+            ``channels x ceil(ranks / this) > p2p_channels`` (2.29:
+            NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8; <= 2.28: 4, from
+            ``nChannels x nRanks > 4 x p2pnChannels``).
+        net_step_overhead_s: ``{protocol: seconds}`` least a step of a ring that
+            crosses the network takes, NVLink steps included: the network proxy's
+            post overhead (tuning.cc getNetOverhead: 1 us on Intel CPUs, 2 us on
+            AMD; x3 for Simple).
+        tree_chunk_bytes: largest chunk a tree all-reduce pipelines in (one Simple
+            step of a channel's buffer, NCCL_BUFFSIZE / NCCL_STEPS); NCCL halves it
+            for small messages (enqueue.cc). 0: no pipeline fill modelled.
+
+    The ceilings are in NCCL's *bus bandwidth* units: bytes one GPU moves per
+    second (a ring step's edge bytes; twice the size for a tree all-reduce,
+    tuning.cc's busBw-to-algBw ratio of 0.5).
     """
 
     base_latency_s: Mapping[str, Mapping[str, float]]
@@ -192,6 +247,19 @@ class CommTuningSpec:
     protocol_efficiency: Mapping[str, Mapping[str, float]]
     p2p_efficiency: Mapping[str, float]
     protocol_max_bytes: Mapping[str, int] = field(default_factory=dict)
+    ll_max_bus_bytes_per_s: Mapping[str, float] = field(default_factory=dict)
+    channel_max_bus_bytes_per_s: Mapping[str, Mapping[str, Mapping[str, float]]] = field(
+        default_factory=dict)
+    rail_channels: int = 1
+    domain_channels: int = 16
+    collective_channels: int = 16
+    channel_threshold_bytes: Mapping[str, int] = field(default_factory=dict)
+    p2p_net_channel_bytes_per_s: float = 0.0
+    p2p_net_channels_per_peer: int = 0
+    p2p_channels: int = 16
+    p2p_peers_per_channel: int = 8
+    net_step_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    tree_chunk_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -474,7 +474,7 @@ class AnalyticStepModel:
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
             gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
-            for part in parts:
+            for index, part in enumerate(parts):
                 if gathers_here and not isinstance(part, str):
                     if not gathered:  # issued at the action's start, waited for per layer
                         gathered = {layer: on_dp_stream(self._gather_op(p, layer), 0)
@@ -489,7 +489,8 @@ class AnalyticStepModel:
                 if part_cost.exposed_ns:
                     used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
                 if reduce_now:
-                    final = part == "embedding" or (part == layers[-1] and stage != 0)
+                    # the stage's last backward part flushes its partly filled buckets
+                    final = index == len(parts) - 1
                     reduce(lowerer.fill_buckets(lowerer.part_kernels(part), grads, final))
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)

@@ -45,7 +45,7 @@ from strategies import model_costs
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.lowering import StepLowerer, StepLowering
 from sim.breakdown import rank_breakdowns
-from strategies.memory import MemoryBreakdown, check_fits, rank_memory, stage_activation_bytes
+from strategies.memory import MemoryBreakdown, check_fits, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.perturbations import Perturbations, check_perturbations
 from strategies.plan import ParallelPlan, validate_plan
@@ -153,26 +153,6 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
-def stage_memory(model: ModelSpec, plan: ParallelPlan, lowerer: StepLowerer,
-                 reserve_bytes: float) -> dict[int, MemoryBreakdown]:
-    """Peak memory of every pipeline rank under the plan's schedule: its model states,
-    the activations the schedule keeps in flight at its peak, each (stage, micro-batch)
-    weighed by that stage's own activations
-    (:meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`), and the
-    GPU's reserve (``reserve_bytes``)."""
-    last = lowerer.num_stages - 1
-    stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
-                                          has_head=s == last, recompute_of=lowerer.recompute_of)
-                   for s, layers in enumerate(lowerer.stage_layers)]
-    held = lowerer.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
-                                                  stage_bytes)
-    return {p: rank_memory(model, plan, layers=lowerer.rank_layers(p),
-                           has_embedding=lowerer.holds_embedding(p),
-                           has_head=lowerer.holds_head(p), held_activation_bytes=held[p],
-                           reserve_bytes=reserve_bytes, recompute_of=lowerer.recompute_of)
-            for p in range(plan.pp)}
-
-
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   gpus: int | None = None, fidelity: str = "event",
                   check_memory: bool = True, compute: ComputeTimer | None = None,
@@ -235,7 +215,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
     lowerer = StepLowerer(model, plan)
-    memory = stage_memory(model, plan, lowerer, cluster.gpu.memory_reserve_bytes)
+    memory = pipeline_memory(model, plan, lowerer, reserve_bytes=cluster.gpu.memory_reserve_bytes)
     if check_memory:
         for p, breakdown in memory.items():
             check_fits(breakdown, applied.smallest_hbm_bytes, lowerer.representatives[p],
@@ -348,8 +328,8 @@ def resolved_inputs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
 
 
 def _plan_dict(plan: ParallelPlan) -> dict[str, object]:
-    data = dict(plan.__dict__)
-    data["layers_per_stage"] = list(plan.layers_per_stage) if plan.layers_per_stage else None
-    data["order"] = list(plan.order)
+    """The plan's fields as JSON values (tuples as lists) and its micro-batch count."""
+    data = {name: list(value) if isinstance(value, tuple) else value
+            for name, value in plan.__dict__.items()}
     data["num_microbatches"] = plan.num_microbatches
     return data

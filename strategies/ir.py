@@ -62,6 +62,14 @@ class ComputeOp:
         comm_sms: streaming multiprocessors a communication kernel running beside this
             one holds (Transformer Engine's pipelined TP overlap); the kernel runs on
             the others.
+        phase: the training pass the work belongs to: ``F`` forward (a recompute too),
+            ``B`` backward, ``I`` input gradient, ``W`` weight gradient; ``""`` unknown
+            (the compute model then reads it from the name).
+        launches: GPU kernels the op stands for (an eager RMSNorm is 8); each pays the
+            GPU's launch gap.
+        gemm_groups: GEMMs of a grouped GEMM (routed experts); 1 otherwise.
+        impl: for attention, the fused kernel (``hardware.spec.ATTENTION_IMPLS``; ``""``:
+            the GPU's default).
     """
 
     name: str
@@ -73,6 +81,10 @@ class ComputeOp:
     stream: str = COMPUTE_STREAM
     deps: tuple[int, ...] = ()
     comm_sms: int = 0
+    phase: str = ""
+    launches: int = 1
+    gemm_groups: int = 1
+    impl: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -62,6 +62,8 @@ UB_PIPELINE_SPLITS = 4
 #: SMs the pipelined reduce-scatter kernels hold while the GEMM chunks run (NeMo's H100
 #: userbuffer configurations: ``proj_fprop`` / ``fc2_fprop`` ``num_sm`` 16-24).
 UB_PIPELINE_COMM_SMS = 24
+#: Bytes of the gradient norm's partial sum all-reduced over the optimizer shards (fp32).
+GRAD_NORM_BYTES = 4
 #: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
 #: momentum, variance (12); write master, momentum, variance (12) + bf16 weight (2).
 OPTIMIZER_BYTES_PER_PARAM = 28
@@ -168,6 +170,10 @@ class StepLowerer:
                                    for i, layer in enumerate(layers)}
         #: bytes per gradient element reduced over data parallelism
         self.grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
+        #: the fused attention kernel attention ops name ("": the GPU's default)
+        self.attention_impl = "" if plan.attention_impl == "auto" else plan.attention_impl
+        #: modules selective recompute re-runs (Megatron's default: the attention core)
+        self.recompute_modules = frozenset(plan.recompute_modules or ("core_attn",))
 
     def _groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         groups = self._group_cache.get(rank)
@@ -184,7 +190,8 @@ class StepLowerer:
         return tuple(costs.layer_kernels(
             self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
-            flash_attention=plan.flash_attention, dropout=self.model.dropout))
+            flash_attention=plan.flash_attention, dropout=self.model.dropout,
+            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise))
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
@@ -198,7 +205,8 @@ class StepLowerer:
         if which == "embedding":
             return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
                                                  **common))
-        return tuple(costs.head_kernels(self.model, **common))
+        return tuple(costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
+                                        elementwise=plan.elementwise, **common))
 
     # -------------------------------------------------------------- collectives
     @staticmethod
@@ -248,36 +256,22 @@ class StepLowerer:
         key = (id(kernel), name, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
-            op = self._compute_op(kernel, name, phase, deps, comm_sms)
+            op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
+                            comm_sms=comm_sms)
             self._ops[key] = op
         return b.add(op)
 
-    @staticmethod
-    def _compute_op(kernel: costs.Kernel, name: str, phase: str,
-                    deps: tuple[int, ...], comm_sms: int = 0) -> ComputeOp:
-        if phase == "F":
-            flops, nbytes = kernel.fwd_flops, kernel.fwd_bytes
-        elif phase == "B":
-            flops = kernel.bwd_input_flops + kernel.bwd_weight_flops
-            nbytes = kernel.bwd_input_bytes + kernel.bwd_weight_bytes
-        elif phase == "I":
-            flops, nbytes = kernel.bwd_input_flops, kernel.bwd_input_bytes
-        else:
-            flops, nbytes = kernel.bwd_weight_flops, kernel.bwd_weight_bytes
-        return ComputeOp(name=name, kind=kernel.kind, flops=flops, bytes=nbytes,
-                         shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps,
-                         comm_sms=comm_sms)
-
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
-                       only_selective: bool = False) -> None:
-        kernels = self.kernels(layer)
-        blocks = _blocks(kernels)
-        for block, members in blocks:
-            if only_selective:
-                for kernel in members:
-                    if kernel.selective_recompute:
+                       modules: frozenset[str] | None = None) -> None:
+        """The forward of ``layer``; with ``modules``, only what selective recompute of
+        those modules re-runs (:func:`recomputed`)."""
+        for block, members in _blocks(self.kernels(layer)):
+            if modules is not None:
+                members, whole = recomputed(block, members, modules)
+                if not whole:
+                    for kernel in members:
                         self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
-                continue
+                    continue
             label = f"l{layer}.{block}.{tag}"
             column, row = self._tp_matmuls(block, members)
             if column is None:
@@ -401,7 +395,7 @@ class StepLowerer:
         if mode == "full":
             self._layer_forward(b, layer, f"recompute.{tag}")
         elif mode == "selective":
-            self._layer_forward(b, layer, f"recompute.{tag}", only_selective=True)
+            self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
     def _dispatch_bytes(self) -> float:
         moe = self.model.moe
@@ -822,18 +816,38 @@ class StepLowerer:
         return self.placement.rank_of(self.num_stages - 1) == p
 
     def _optimizer(self, b: _RankBuilder, p: int, dp_ops: list[int]) -> None:
+        """The optimizer step of pipeline rank ``p`` once its gradients are reduced:
+        the gradient norm (its local kernel, then its partial sums all-reduced over the
+        ranks sharing the optimizer state; Megatron also reduces it over the model-parallel
+        group, a few bytes left out here), clipping, the Adam kernels of
+        ``plan.optimizer_impl`` (:func:`strategies.model_costs.optimizer_kernels`) over
+        the rank's shard, the per-step FP8 weight quantization of a weight-caching fp8
+        recipe, and under ZeRO 1/2 without overlap the parameter all-gather."""
         plan = self.plan
-        params = costs.rank_params(self.model, layers=self.rank_layers(p), tp=plan.tp,
+        layers = self.rank_layers(p)
+        params = costs.rank_params(self.model, layers=layers, tp=plan.tp,
                                    ep=plan.ep, has_embedding=self.holds_embedding(p),
                                    has_head=self.holds_head(p))
-        dense = params.dense_params / (plan.dp * plan.cp if plan.zero >= 1 else 1)
-        expert = params.expert_params / (plan.dp // plan.ep if plan.zero >= 1 else 1)
-        local = dense + expert
+        sharded = plan.zero >= 1
+        dense = params.dense_params / (plan.dp * plan.cp if sharded else 1)
+        expert = params.expert_params / ((plan.dp * plan.cp) // plan.ep if sharded else 1)
+        tensors = sum(1 for layer in layers for k in self.kernels(layer) if k.params) + 2
+        kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
+                                          grad_bytes=self.grad_bytes, tensors=tensors)
         deps = tuple(sorted(set(dp_ops)))
-        b.add(ComputeOp(name="optimizer.adam", kind="optimizer",
-                        flops=local * OPTIMIZER_FLOPS_PER_PARAM,
-                        bytes=local * OPTIMIZER_BYTES_PER_PARAM, dtype="fp32", stream=COMPUTE,
-                        deps=deps))
+        for kernel in kernels:
+            b.add(compute_op(kernel, kernel.name, "F", deps=deps))
+            deps = ()
+            if kernel.name == "optimizer.grad_norm" and sharded:
+                self._collective(b, "dp", "all_reduce", b.groups['grad'], GRAD_NORM_BYTES,
+                                 "optimizer.grad_norm", COMPUTE, (b.last(),))
+        recipe = costs.resolve_fp8_recipe(plan.fp8_recipe)
+        if plan.dtype == "fp8" and recipe.weight_cache:
+            weights = sum(count * sum(costs.layer_params(self.model, layer, tp=plan.tp,
+                                                         ep=plan.ep))
+                          for layer, count in costs.layer_types(self.model, layers).items())
+            quant = costs.fp8_weight_quant_kernel(weights, recipe)
+            b.add(compute_op(quant, quant.name, "F"))
         if plan.zero in (1, 2) and not plan.overlap_param_gather:
             # (overlapped, the gather runs layer by layer in the next step's first
             # forward instead: gathers_params)
@@ -844,6 +858,61 @@ class StepLowerer:
                 self._collective(b, "dp", "all_gather", b.groups['expert_grad'],
                                  params.expert_params * PARAM_BYTES, "params.experts.optimizer",
                                  "dp", (done,))
+
+
+def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: str = "",
+               deps: tuple[int, ...] = (), comm_sms: int = 0) -> ComputeOp:
+    """The op of ``kernel``'s work in ``phase`` (``F`` forward, ``B`` whole backward, ``I``
+    input gradient, ``W`` weight gradient): its FLOPs and bytes for that phase, the GPU
+    kernels it stands for (:attr:`strategies.model_costs.Kernel.launches`), the GEMMs of a
+    grouped expert GEMM (its shape's first entry) and, for attention, the fused kernel
+    ``attention_impl`` ("": the GPU's default)."""
+    if phase == "F":
+        flops, nbytes = kernel.fwd_flops, kernel.fwd_bytes
+    elif phase == "B":
+        flops = kernel.bwd_input_flops + kernel.bwd_weight_flops
+        nbytes = kernel.bwd_input_bytes + kernel.bwd_weight_bytes
+    elif phase == "I":
+        flops, nbytes = kernel.bwd_input_flops, kernel.bwd_input_bytes
+    else:
+        flops, nbytes = kernel.bwd_weight_flops, kernel.bwd_weight_bytes
+    launches = kernel.launches[0 if phase == "F" else 1]
+    groups = kernel.shape[0] if kernel.expert and kernel.kind == "matmul" and kernel.shape else 1
+    return ComputeOp(name=name, kind=kernel.kind, flops=flops, bytes=nbytes,
+                     shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps,
+                     comm_sms=comm_sms, phase=phase, launches=max(1, launches),
+                     gemm_groups=max(1, int(groups)),
+                     impl=attention_impl if kernel.kind == "attention" else "")
+
+
+#: Recompute modules that re-run a whole block (with its communication: Megatron-Core
+#: checkpoints the MLP / MoE submodule, dispatcher included) and the block they re-run.
+_BLOCK_MODULES = {"mlp": "mlp", "moe": "moe"}
+
+
+def recomputed(block: str, members: Sequence[costs.Kernel], modules: frozenset[str]
+               ) -> tuple[list[costs.Kernel], bool]:
+    """What selective recompute of ``modules`` (Megatron-Core ``--recompute-modules``,
+    ``megatron/core/transformer/transformer_config.py``) re-runs of one block's kernels,
+    and whether it re-runs the block as a whole (its TP/EP communication included).
+
+    ``core_attn``: the attention core (the kernels marked ``selective_recompute``);
+    ``layernorm``: the block's norm; ``moe_act``: the routed experts' activation;
+    ``mlp`` / ``moe``: the dense MLP / MoE block, its norm and residual left out unless
+    ``layernorm`` asks for the norm."""
+    whole = _BLOCK_MODULES.get(block) in modules
+    chosen = []
+    for kernel in members:
+        if kernel.kind == "norm":
+            keep = "layernorm" in modules
+        elif whole:
+            keep = not kernel.name.endswith(".residual")
+        else:
+            keep = ((kernel.selective_recompute and "core_attn" in modules)
+                    or (kernel.name == "moe.experts.act" and "moe_act" in modules))
+        if keep:
+            chosen.append(kernel)
+    return chosen, whole
 
 
 def _scaled(kernel: costs.Kernel, factor: float) -> costs.Kernel:

@@ -17,29 +17,30 @@ fractions (no padding to bucket boundaries).
 
 Choices (assumptions, stated once):
 
-* How the training stack holds memory beyond what the plan states is a
-  :class:`MemoryOptions` (defaults: Megatron-Core with Transformer Engine as configured out
-  of the box); the published-run harness sets it per framework
-  (``validate/published_memory.py``).
+* How the training stack holds memory is stated by the plan's stack fields (fp8 recipe,
+  loss implementation, recompute modules, activation offload, parameter remainders; read
+  once by :func:`memory_options`; defaults: Megatron-Core with Transformer Engine as
+  configured out of the box); the published-run harness sets them per framework
+  (``validate/published.py``).
 * fp8 plans (``plan.dtype == "fp8"``) keep the bf16 weights *and*, for the linear weights
   of the transformer layers, Transformer Engine's cached FP8 copies
-  (:attr:`MemoryOptions.fp8_weight_cache_bytes_per_param`: the FP8 weight and its
+  (the recipe's ``weight_copy_bytes_per_param``: the FP8 weight and its
   transpose, 2 bytes; ``transformer_engine/pytorch/module/linear.py`` caches them across
   the micro-batches of a step when Megatron passes ``is_first_microbatch``). The
   embedding, LM head and norms stay bf16 (Megatron-Core's output layer is not a TE
   module). Stored activations are bf16 except the inputs of the linear layers, whose FP8
-  copies TE saves instead (:attr:`MemoryOptions.fp8_linear_inputs`).
+  copies TE saves instead (the recipe's ``saves_fp8_inputs``).
 * Optimizer: fp32 master weights, momentum and variance, 12 bytes per parameter; with
-  :attr:`MemoryOptions.store_param_remainders` (Megatron-Core's distributed optimizer with
+  :attr:`ParallelPlan.store_param_remainders` (Megatron-Core's distributed optimizer with
   bf16 parameters, ``OptimizerConfig.store_param_remainders``) the master weight is kept as
   the 16-bit remainder of the bf16 parameter: 10 bytes.
 * Activations: what the pipeline schedule keeps alive at a rank's peak, each in-flight
   (stage, micro-batch) weighed by that stage's own bytes (:func:`stage_activation_bytes`:
   its layers' :func:`strategies.model_costs.activation_bytes_per_layer`, plus the
   embedding's and the head's — what the loss keeps of the logits,
-  :attr:`MemoryOptions.cross_entropy` — on the stages that hold them). An interleaved
+  :attr:`ParallelPlan.cross_entropy` — on the stages that hold them). An interleaved
   rank's in-flight chunks each hold one chunk's layers, not all of the rank's. Layers
-  whose activations are offloaded to host memory (:attr:`MemoryOptions.
+  whose activations are offloaded to host memory (:attr:`ParallelPlan.
   activation_offload_layers`, Megatron-Core ``cpu_offloading_num_layers`` through TE's
   ``get_cpu_offload_context``) hold none.
 * On top of what is held, the largest *transient* working set is added once (it is
@@ -91,6 +92,7 @@ __all__ = [
     "WORKSPACE_BYTES",
     "ZERO3_PREFETCH_LAYERS",
     "check_fits",
+    "memory_options",
     "pipeline_memory",
     "rank_memory",
     "stage_activation_bytes",
@@ -117,27 +119,20 @@ WORKSPACE_BYTES = 1 * GIB
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryOptions:
-    """How the training stack holds memory, beyond what the :class:`ParallelPlan` states.
-
-    The defaults describe Megatron-Core with Transformer Engine as it runs without extra
-    flags; ``validate/published_memory.py`` sets them per framework.
+    """How the training stack holds memory, as the plan's stack fields say
+    (:func:`memory_options`): one place that reads them for every memory function.
 
     Attributes:
-        store_param_remainders: the distributed optimizer keeps the master weights as the
-            16-bit remainders of the bf16 weights (Megatron-Core ``OptimizerConfig.
-            store_param_remainders``; only with ``plan.zero >= 1`` and bf16 weights):
-            optimizer 10 instead of 12 bytes per parameter.
+        store_param_remainders: ``plan.store_param_remainders`` (optimizer 10 instead of
+            12 bytes per parameter with ``plan.zero >= 1`` and 16-bit weights).
         fp8_weight_cache_bytes_per_param: bytes per linear-layer parameter of the FP8
-            weight copies kept through the step in fp8 plans (TE: the FP8 weight and its
-            transpose, 2; torchao float8 casts per use and keeps none, 0).
-        fp8_linear_inputs: fp8 plans save FP8 copies of the linear layers' inputs for the
-            backward (TE) instead of the bf16 inputs (torchao float8 saves bf16).
-        cross_entropy: what the loss keeps of the logits
-            (:data:`strategies.model_costs.CROSS_ENTROPY_IMPLS`).
-        recompute_modules: Megatron-Core ``--recompute-modules`` that change memory
-            (:data:`strategies.model_costs.RECOMPUTE_MODULES`).
-        activation_offload_layers: layers per rank whose saved activations go to host
-            memory (Megatron-Core ``cpu_offloading_num_layers``; the first ones held).
+            weight copies held through the step in fp8 plans (the recipe's
+            :attr:`strategies.model_costs.Fp8Recipe.weight_copy_bytes_per_param`).
+        fp8_linear_inputs: fp8 plans save FP8 copies of the linear layers' inputs
+            (:attr:`strategies.model_costs.Fp8Recipe.saves_fp8_inputs`).
+        cross_entropy: ``plan.cross_entropy``, what the loss keeps of the logits.
+        recompute_modules: ``plan.recompute_modules`` (selective recompute).
+        activation_offload_layers: ``plan.activation_offload_layers``.
     """
 
     store_param_remainders: bool = False
@@ -147,25 +142,17 @@ class MemoryOptions:
     recompute_modules: tuple[str, ...] = ()
     activation_offload_layers: int = 0
 
-    def __post_init__(self) -> None:
-        if self.cross_entropy not in model_costs.CROSS_ENTROPY_IMPLS:
-            raise ValueError(f"cross_entropy: {self.cross_entropy!r} is not known; valid: "
-                             f"{', '.join(model_costs.CROSS_ENTROPY_IMPLS)}")
-        unknown = set(self.recompute_modules) - set(model_costs.RECOMPUTE_MODULES)
-        if unknown:
-            raise ValueError(f"recompute_modules: {sorted(unknown)} not modelled; valid: "
-                             f"{', '.join(model_costs.RECOMPUTE_MODULES)}")
-        if not 0 <= self.fp8_weight_cache_bytes_per_param < math.inf:
-            raise ValueError(f"fp8_weight_cache_bytes_per_param: "
-                             f"{self.fp8_weight_cache_bytes_per_param!r} must be finite and >= 0")
-        if (isinstance(self.activation_offload_layers, bool)
-                or not isinstance(self.activation_offload_layers, int)
-                or self.activation_offload_layers < 0):
-            raise ValueError(f"activation_offload_layers: {self.activation_offload_layers!r} "
-                             "must be an integer >= 0")
 
-
-DEFAULT_OPTIONS = MemoryOptions()
+def memory_options(plan: ParallelPlan) -> MemoryOptions:
+    """The :class:`MemoryOptions` a plan's stack fields give (its fp8 recipe decides the
+    FP8 weight copies and saved inputs)."""
+    recipe = model_costs.resolve_fp8_recipe(plan.fp8_recipe)
+    return MemoryOptions(store_param_remainders=plan.store_param_remainders,
+                         fp8_weight_cache_bytes_per_param=recipe.weight_copy_bytes_per_param,
+                         fp8_linear_inputs=recipe.saves_fp8_inputs,
+                         cross_entropy=plan.cross_entropy,
+                         recompute_modules=tuple(plan.recompute_modules),
+                         activation_offload_layers=plan.activation_offload_layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,8 +244,7 @@ def _layer_bytes(model: ModelSpec, layer: int, mode: str, kwargs: dict,
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                            has_embedding: bool, has_head: bool,
-                           recompute_of: Callable[[int], str] | None = None,
-                           options: MemoryOptions = DEFAULT_OPTIONS) -> float:
+                           recompute_of: Callable[[int], str] | None = None) -> float:
     """Activations one micro-batch leaves on a pipeline stage for its backward, bytes:
     the stage's layers (:func:`strategies.model_costs.activation_bytes_per_layer` under
     ``plan.recompute`` and ``options.recompute_modules``, in fp8 plans with FP8 linear
@@ -269,6 +255,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
 
     ``recompute_of(layer)``: the layer's recompute mode when it differs from
     ``plan.recompute`` (a partial full recompute; StepLowerer.recompute_of)."""
+    options = memory_options(plan)
     kwargs = _layer_kwargs(model, plan, options)
     kept = list(layers)[options.activation_offload_layers:]
     modes = _modes(plan, kept, recompute_of)
@@ -291,8 +278,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
 
 def transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                                has_head: bool,
-                               recompute_of: Callable[[int], str] | None = None,
-                               options: MemoryOptions = DEFAULT_OPTIONS) -> float:
+                               recompute_of: Callable[[int], str] | None = None) -> float:
     """The largest working set a rank needs on top of the activations it holds, bytes
     (module docstring): the largest of
 
@@ -305,6 +291,7 @@ def transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: 
       token-expert pair, ``f = f_e``; shared experts added).
 
     0 for a rank holding no layer and no head."""
+    options = memory_options(plan)
     kwargs = _layer_kwargs(model, plan, options)
     held = list(layers)
     candidates = [0.0]
@@ -349,16 +336,15 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                 has_embedding: bool, has_head: bool, inflight_microbatches: int | None = None,
                 held_activation_bytes: float | None = None,
                 reserve_bytes: float = WORKSPACE_BYTES,
-                recompute_of: Callable[[int], str] | None = None,
-                options: MemoryOptions = DEFAULT_OPTIONS) -> MemoryBreakdown:
+                recompute_of: Callable[[int], str] | None = None) -> MemoryBreakdown:
     """Peak memory of one rank holding ``layers`` (and the embedding/head) under ``plan``.
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
     (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``), ``P_l`` the
     parameters of its transformer layers, ``D = dp*cp``, ``D_e = dp*cp/ep``, ``z =
-    plan.zero``, ``c = options.fp8_weight_cache_bytes_per_param`` in fp8 plans (else 0),
+    plan.zero``, ``c`` the fp8 recipe's weight-copy bytes in fp8 plans (else 0),
     ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = 12`` (10 with
-    ``options.store_param_remainders``, ``z >= 1`` and 16-bit weights):
+    ``plan.store_param_remainders``, ``z >= 1`` and 16-bit weights):
 
     * weights    = ``2*(P_d/D + P_e/D_e) + c*P_l/D`` if z = 3 else ``2*(P_d + P_e) + c*P_l``
       (sharded FP8 copies with ZeRO-3 are those of the gathered layers, counted in the
@@ -392,7 +378,6 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
             allocator slack: ``GpuSpec.memory_reserve_bytes``), reported as workspace.
         recompute_of: each layer's recompute mode when it differs from the plan's
             (a partial full recompute, StepLowerer.recompute_of).
-        options: how the training stack holds memory (:class:`MemoryOptions`).
 
     Returns:
         The :class:`MemoryBreakdown`, bytes.
@@ -430,6 +415,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
                                  has_embedding=has_embedding, has_head=has_head)
     layer_params = sum(count * sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep))
                        for layer, count in model_costs.layer_types(model, layers).items())
+    options = memory_options(plan)
     fp8_cache = options.fp8_weight_cache_bytes_per_param if plan.dtype == "fp8" else 0.0
 
     def sharded(per_param: float, shard: bool) -> float:
@@ -452,13 +438,13 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     if held_activation_bytes is None:
         activations = inflight_microbatches * stage_activation_bytes(
             model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
-            recompute_of=recompute_of, options=options)
+            recompute_of=recompute_of)
     else:
         activations = float(held_activation_bytes)
     transient = 0.0
     if activations > 0:
         transient = transient_activation_bytes(model, plan, layers=layers, has_head=has_head,
-                                               recompute_of=recompute_of, options=options)
+                                               recompute_of=recompute_of)
 
     comm = 0.0
     if dp_group > 1:
@@ -498,8 +484,7 @@ class PipelineLayout(Protocol):
 
 
 def pipeline_memory(model: ModelSpec, plan: ParallelPlan, layout: PipelineLayout, *,
-                    reserve_bytes: float = WORKSPACE_BYTES,
-                    options: MemoryOptions = DEFAULT_OPTIONS) -> dict[int, MemoryBreakdown]:
+                    reserve_bytes: float = WORKSPACE_BYTES) -> dict[int, MemoryBreakdown]:
     """Peak memory of every pipeline rank under the plan's schedule: :func:`rank_memory`
     of each rank with the activations the schedule keeps in flight at its peak, each
     (stage, micro-batch) weighed by that stage's :func:`stage_activation_bytes`
@@ -507,16 +492,14 @@ def pipeline_memory(model: ModelSpec, plan: ParallelPlan, layout: PipelineLayout
     ``{pipeline rank: breakdown}``."""
     last = layout.num_stages - 1
     stage_bytes = [stage_activation_bytes(model, plan, layers=layers, has_embedding=s == 0,
-                                          has_head=s == last, recompute_of=layout.recompute_of,
-                                          options=options)
+                                          has_head=s == last, recompute_of=layout.recompute_of)
                    for s, layers in enumerate(layout.stage_layers)]
     held = layout.schedule.peak_activation_bytes(plan.pp, plan.num_microbatches, plan.vpp,
                                                  stage_bytes)
     return {p: rank_memory(model, plan, layers=layout.rank_layers(p),
                            has_embedding=layout.holds_embedding(p),
                            has_head=layout.holds_head(p), held_activation_bytes=held[p],
-                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of,
-                           options=options)
+                           reserve_bytes=reserve_bytes, recompute_of=layout.recompute_of)
             for p in range(plan.pp)}
 
 

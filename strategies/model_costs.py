@@ -182,6 +182,13 @@ class Fp8Recipe:
             (TE ``is_first_microbatch``, which Megatron-Core passes); then the per-step cost
             (:data:`FP8_WEIGHT_QUANT_BYTES_PER_PARAM`-style, ``quant_bytes_per_element`` per
             parameter) belongs to the optimizer step and the micro-batch kernels omit it.
+        weight_copy_bytes_per_param: bytes per linear-layer parameter of FP8 weight copies
+            held through the step (memory): Transformer Engine modules keep the FP8 weight
+            and its transpose as persistent workspaces (2); torchao float8 casts per use and
+            keeps none (0).
+        saves_fp8_inputs: the backward's saved linear inputs are the FP8 copies (TE:
+            ``transformer_engine/pytorch/module/{linear,layernorm_linear}.py`` save the
+            quantized input) rather than the bf16 inputs (torchao saves bf16).
         source: where the recipe's behaviour is documented.
     """
 
@@ -190,6 +197,8 @@ class Fp8Recipe:
     norm_fused: bool
     weight_cache: bool
     source: str
+    weight_copy_bytes_per_param: float = 2.0
+    saves_fp8_inputs: bool = True
 
 
 #: Recipes by name (the ``fp8_recipe`` a plan names). Bytes: see :class:`Fp8Recipe`.
@@ -211,6 +220,7 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
               source="te.Linear used as a drop-in linear (llm-foundry fc_type: te): no norm fusion, "
                      "no is_first_microbatch weight caching"),
     Fp8Recipe(name="torchao", quant_bytes_per_element=6.0, norm_fused=False, weight_cache=False,
+              weight_copy_bytes_per_param=0.0, saves_fp8_inputs=False,
               source="torchao float8 tensorwise dynamic scaling (torchtitan): amax + cast per tensor, "
                      "weights cast every micro-batch (FSDP2 float8 all-gather casts the shard)"),
 )}

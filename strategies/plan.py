@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
+from hardware.spec import ATTENTION_IMPLS
+from strategies import model_costs
 from strategies.schedules import SCHEDULES, get_schedule
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -31,6 +33,9 @@ DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
 TP_COMM_OVERLAPS = ("none", "async", "userbuffers")
 PS_PLACEMENTS = ("dedicated", "colocated")
+#: Fused attention implementations a plan can name; ``auto`` is Transformer Engine's own
+#: choice for the GPU (hardware.compute.DEFAULT_ATTENTION_IMPL).
+ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 #: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
 #: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
 SEARCH_KINDS = ("list", "fixed", "derived")
@@ -102,6 +107,29 @@ class ParallelPlan:
         recompute_layers: with ``recompute = "full"``, recompute only this many layers
             of each virtual stage (Megatron ``--recompute-method block
             --recompute-num-layers``); 0 = all of them.
+        attention_impl: the fused attention kernel the stack runs (``auto``: Transformer
+            Engine's choice, cuDNN on Hopper and newer, FA2 on Ampere; ``fa1``/``fa2``/
+            ``fa3``/``cudnn``/``triton``); ignored with ``flash_attention`` False.
+        fp8_recipe: with dtype ``fp8``, how the stack quantizes
+            (:data:`strategies.model_costs.FP8_RECIPES`: the quantization kernels it runs,
+            the FP8 weight copies and saved inputs it holds).
+        elementwise: ``fused`` (TE/Apex/jit-fused or torch.compile'd norms, activations,
+            RoPE) or ``eager`` (PyTorch eager composites: more kernels, more HBM traffic).
+        cross_entropy: the loss implementation: ``megatron`` (Megatron-Core's fp32
+            vocab-parallel loss, its default), ``fused`` (gradient written into the bf16
+            logits: TE ``--cross-entropy-fusion-impl te``, flash-attn's fused loss) or
+            ``eager`` (PyTorch ``F.cross_entropy`` on fp32 logits).
+        optimizer_impl: Adam as ``fused`` (one multi-tensor kernel: Apex/TE FusedAdam),
+            ``foreach`` (torch's multi-tensor AdamW, 8 passes) or ``for-loop`` (per tensor).
+        store_param_remainders: the distributed optimizer keeps fp32 master weights as
+            16-bit remainders of the bf16 weights (Megatron-Core): 10 instead of 12 optimizer
+            bytes per parameter with ZeRO >= 1.
+        recompute_modules: with ``recompute = "selective"``, the Megatron-Core
+            ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
+            RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default).
+        activation_offload_layers: layers per pipeline rank whose saved activations go to
+            host memory (Megatron-Core ``cpu_offloading_num_layers``); the copies run on
+            their own stream beside compute and are not timed.
         layers_per_stage: explicit split of layers over pp * vpp stages
             (None = :func:`stage_layer_counts`: even, or balanced with the
             first and last stages one layer lighter).
@@ -169,6 +197,27 @@ class ParallelPlan:
     recompute_layers: int = _field(0, "With full recompute: layers of each virtual stage to "
                                       "recompute (0 = all; Megatron --recompute-num-layers).",
                                    minimum=0)
+    attention_impl: str = _field("auto", "Fused attention kernel (auto: Transformer Engine's "
+                                         "choice for the GPU).",
+                                 choices=lambda: ATTENTION_CHOICES)
+    fp8_recipe: str = _field(model_costs.DEFAULT_FP8_RECIPE, "With dtype fp8: the quantization "
+                                                             "recipe.",
+                             choices=lambda: tuple(model_costs.FP8_RECIPES))
+    elementwise: str = _field("fused", "Norms, activations and RoPE as fused kernels or as "
+                                       "eager PyTorch composites.",
+                              choices=lambda: model_costs.ELEMENTWISE_MODES)
+    cross_entropy: str = _field("megatron", "Loss implementation: megatron (fp32 "
+                                            "vocab-parallel), fused, or eager.",
+                                choices=lambda: model_costs.CROSS_ENTROPY_IMPLS)
+    optimizer_impl: str = _field("fused", "Adam implementation: fused, foreach or for-loop.",
+                                 choices=lambda: model_costs.ADAM_IMPLEMENTATIONS)
+    store_param_remainders: bool = _field(False, "Keep fp32 master weights as 16-bit "
+                                                 "remainders of the bf16 weights (ZeRO >= 1).")
+    recompute_modules: tuple[str, ...] = _field(
+        (), "With selective recompute: modules re-run in the backward, e.g. "
+            "core_attn,mlp (empty: core_attn).")
+    activation_offload_layers: int = _field(0, "Layers per pipeline rank whose activations "
+                                               "are offloaded to host memory.", minimum=0)
     layers_per_stage: tuple[int, ...] | None = _field(
         None, "Uneven split of the layers over pp*vpp stages, e.g. 7,8,8,7 (none: "
               "balanced).")
@@ -192,7 +241,7 @@ class ParallelPlan:
         Raises:
             ValueError: naming the field, its value and what is valid.
         """
-        for name in ("layers_per_stage", "order"):  # lists (JSON, TOML) become tuples
+        for name in ("layers_per_stage", "order", "recompute_modules"):  # lists become tuples
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -237,13 +286,23 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.layers_per_stage is not None:
         split = tuple(plan.layers_per_stage)
         stages = plan.pp * plan.vpp
-        if len(split) != stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                       for n in split):
-            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
-                             "layer counts (pp*vpp)")
+        ends = {0, stages - 1}
+        if len(split) != stages or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < (0 if i in ends else 1)
+                for i, n in enumerate(split)):
+            raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} layer "
+                             "counts (pp*vpp), positive but for the first and last stage (which "
+                             "hold the embedding and the loss and may hold no layer)")
     if sorted(plan.order) != sorted(AXES):
         raise ValueError(f"order: {tuple(plan.order)} is not valid; give a permutation of "
                          f"{', '.join(AXES)}")
+    unknown = sorted(set(plan.recompute_modules) - set(model_costs.RECOMPUTE_MODULES))
+    if unknown:
+        raise ValueError(f"recompute_modules: {', '.join(map(str, unknown))} not known; valid: "
+                         f"{', '.join(model_costs.RECOMPUTE_MODULES)}")
+    if plan.recompute_modules and plan.recompute != "selective":
+        raise ValueError(f"recompute_modules: {','.join(plan.recompute_modules)} needs recompute "
+                         f"'selective', not {plan.recompute!r}; give no recompute_modules")
     if plan.recompute_layers and plan.recompute != "full":
         raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
                          f"not {plan.recompute!r}; give recompute_layers 0")
@@ -286,9 +345,13 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         if sum(split) != num_layers:
             raise ValueError(f"layers_per_stage: {split} is not valid; give {stages} positive "
                              f"counts (pp*vpp) summing to the model's {num_layers} layers")
-    elif num_layers < stages:
+    elif num_layers < stages - 2 or (stages == 2 and num_layers < 1):
+        # the first and last stages may hold only the embedding and the loss (Megatron's
+        # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's 126 layers on
+        # 128 virtual stages, arXiv 2407.21783 Section 3.3.2)
         raise ValueError(f"pp: {num_layers} layers cannot fill pp {plan.pp} x vpp {plan.vpp} = "
-                         f"{stages} stages; valid: pp*vpp <= {num_layers}")
+                         f"{stages} stages; valid: pp*vpp <= {num_layers + 2} (the first and "
+                         "last stage may hold only the embedding and the loss)")
     # Model-independent, but kept here: tests/test_memory.py builds plans that break it
     # (global batch below dp x micro-batch) to test the memory model.
     if plan.global_batch % (plan.dp * plan.micro_batch):
@@ -419,7 +482,9 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     divides the layers; else a balanced split (counts differ by at most one) whose
     lighter stages are the first and the last, which also hold the embedding and the
     output head. That is the split of Llama 3 405B's 126 layers over 16 stages
-    (7, 8 x 14, 7; Llama 3 paper, arXiv 2407.21783, Section 3.3.2).
+    (7, 8 x 14, 7; Llama 3 paper, arXiv 2407.21783, Section 3.3.2); over 128 virtual
+    stages the first and last hold no layer, only the embedding and the loss (Megatron's
+    ``--account-for-embedding-in-pipeline-split`` / ``-loss-``).
     """
     if plan.layers_per_stage is not None:
         return tuple(plan.layers_per_stage)

@@ -37,6 +37,7 @@ PRESETS = [
     "gcp-a3-mega",
     "grand-teton-h100-96gb",
     "hgx-h200",
+    "polaris",
 ]
 PRESET_FILES = sorted(p for p in CATALOG_DIR.glob("*.toml") if not p.name.startswith("_"))
 

@@ -80,6 +80,21 @@ def test_analytic_is_within_one_percent_of_event_with_pipelines(case):
                                                          abs=1e-3 * event.step_time_s)
 
 
+def test_analytic_is_within_one_percent_of_event_with_empty_end_stages():
+    """Six layers on 4 x 2 virtual stages: the first and the last hold only the embedding
+    and the loss (Megatron's account-for-embedding/loss split)."""
+    from dataclasses import replace
+
+    from strategies.models import load_model
+
+    model = replace(load_model("llama3-8b"), num_layers=6)
+    case = dict(model=model, gpus=64, tp=2, pp=4, vpp=2, seq_len=4096, global_batch=128,
+                schedule="interleaved")
+    analytic, event = _both(case)
+    assert analytic.inputs["plan"]["vpp"] == 2
+    assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.01
+
+
 def _schedule_case(schedule):
     from strategies.schedules import get_schedule
 

@@ -12,7 +12,6 @@ from hardware.units import GIB
 from strategies.memory import (
     WORKSPACE_BYTES,
     MemoryBreakdown,
-    MemoryOptions,
     OutOfMemoryError,
     check_fits,
     rank_memory,
@@ -104,8 +103,8 @@ def test_fp8_keeps_te_weight_copies_of_the_layers_only():
     p, layers = pc.total, sum(pc.layers)
     b = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1, **ALL)
     assert (b.weights_bytes, b.gradients_bytes, b.optimizer_bytes) == (2 * p + 2 * layers, 2 * p, 12 * p)
-    torchao = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1,
-                          options=MemoryOptions(fp8_weight_cache_bytes_per_param=0), **ALL)
+    torchao = rank_memory(MHA, _plan(dtype="fp8", zero=0, fp8_recipe="torchao"),
+                          inflight_microbatches=1, **ALL)
     assert torchao.weights_bytes == 2 * p
 
 
@@ -113,10 +112,11 @@ def test_store_param_remainders_keeps_10_bytes_of_optimizer_state():
     """Megatron-Core's distributed optimizer with bf16 weights keeps the master weight as a
     16-bit remainder: K = 10 instead of 12 (only when the optimizer is sharded)."""
     p = param_counts(MHA).total
-    opts = MemoryOptions(store_param_remainders=True)
-    z1 = rank_memory(MHA, _plan(zero=1, dp=4), inflight_microbatches=1, options=opts, **ALL)
+    z1 = rank_memory(MHA, _plan(zero=1, dp=4, store_param_remainders=True),
+                     inflight_microbatches=1, **ALL)
     assert z1.optimizer_bytes == pytest.approx(10 * p / 4)
-    z0 = rank_memory(MHA, _plan(zero=0, dp=4), inflight_microbatches=1, options=opts, **ALL)
+    z0 = rank_memory(MHA, _plan(zero=0, dp=4, store_param_remainders=True),
+                     inflight_microbatches=1, **ALL)
     assert z0.optimizer_bytes == 12 * p
 
 
@@ -298,14 +298,14 @@ def test_interleaved_activations_weigh_each_inflight_chunk_by_its_own_layers():
     Rank 3 (stages 3 and 7, the head on 7): warm-up (4 - 3 - 1) 2 + 4 = 4 forwards of
     stage 3 (mb 0-3), then forward 4 (stage 7, mb 0): 4 S_3 + S_7; stage 7's forwards
     and backwards alternate until forward 8 (stage 3, mb 4): 5 S_3."""
-    from sim.step import stage_memory
     from strategies.lowering import StepLowerer
+    from strategies.memory import pipeline_memory
     from strategies.memory import stage_activation_bytes
 
     model = replace(MHA, num_layers=16)
     plan = _plan(dp=1, pp=4, vpp=2, schedule="interleaved", global_batch=16)
     assert plan.num_microbatches == 8
-    memory = stage_memory(model, plan, StepLowerer(model, plan), WORKSPACE_BYTES)
+    memory = pipeline_memory(model, plan, StepLowerer(model, plan), reserve_bytes=WORKSPACE_BYTES)
 
     def stage(layers, embedding=False, head=False):
         return stage_activation_bytes(model, plan, layers=layers, has_embedding=embedding,
@@ -322,13 +322,13 @@ def test_interleaved_activations_weigh_each_inflight_chunk_by_its_own_layers():
 
 
 def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
-    from sim.step import stage_memory
     from strategies.lowering import StepLowerer
+    from strategies.memory import pipeline_memory
     from strategies.memory import stage_activation_bytes
 
     model = replace(MHA, num_layers=8)
     plan = _plan(dp=1, pp=4, global_batch=32)
-    memory = stage_memory(model, plan, StepLowerer(model, plan), WORKSPACE_BYTES)
+    memory = pipeline_memory(model, plan, StepLowerer(model, plan), reserve_bytes=WORKSPACE_BYTES)
     for p in range(4):
         layers = [2 * p, 2 * p + 1]
         per_mb = stage_activation_bytes(model, plan, layers=layers, has_embedding=p == 0,

@@ -15,7 +15,7 @@ from hardware.flow import FlowNetwork, FlowRequest, max_min_rates
 from hardware.network import NetworkModel
 from hardware.topology import ClusterLayout
 from sim.engine import Engine
-from hardware.cost import CostModel, RankConditions
+from hardware.cost import CostModel
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, Program
 
@@ -113,6 +113,12 @@ def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
     ("dgx-h100-roce", 40, 8, "all_reduce", "ring"),
     ("gb200-nvl72", 36, 4, "all_reduce", "ring"),
     ("gcp-a3-mega", 2, 8, "all_reduce", "auto"),
+    # where NCCL's kernel ceilings bind (flows get private rate caps)
+    ("dgx-b200", 2, 8, "all_reduce", "tree"),      # the tree kernel's per-channel ceiling
+    ("dgx-b200", 16, 8, "sendrecv", "direct"),     # 1 p2p channel per network peer
+    ("dgx-h100", 2, 1, "sendrecv", "direct"),      # 2 channels below the NIC
+    ("dgx-h100", 4, 8, "all_reduce", "ring"),      # LL / LL128 ceilings at small sizes
+    ("polaris", 4, 4, "all_reduce", "auto"),       # AMD proxy overhead, 2 NICs for 4 GPUs
 ])
 @pytest.mark.parametrize("size", [4096, 1 << 20, 1 << 30])
 def test_flow_equals_analytic_when_nothing_contends(preset, nodes, gpn, kind, algorithm, size):
@@ -250,3 +256,121 @@ def test_layout_rejects_more_gpus_per_node_than_the_preset_has():
         ClusterLayout(load_cluster("dgx-h100"), 1, 9)
     with pytest.raises(ValueError, match="nodes: 0"):
         ClusterLayout(load_cluster("dgx-h100"), 0, 8)
+
+
+# ------------------------------------------------- what NCCL's kernels can drive
+def test_a_capped_flow_frees_its_share_for_the_others():
+    """A flow's own ceiling is a private link: capped at 20, it leaves 80 of a 100
+    link to the other flow."""
+    rates = max_min_rates(np.array([0, 1]), np.array([0, 0]), np.ones(2), 2,
+                          np.array([100.0]), np.array([20.0, np.inf]))
+    assert rates.tolist() == [20.0, 80.0]
+    # a cap above the fair share changes nothing
+    rates = max_min_rates(np.array([0, 1]), np.array([0, 0]), np.ones(2), 2,
+                          np.array([100.0]), np.array([70.0, np.inf]))
+    assert rates.tolist() == [50.0, 50.0]
+
+
+def _network(preset, nodes, gpn, overrides=None):
+    layout = ClusterLayout(load_cluster(preset, overrides or {}), nodes, gpn)
+    return layout, NetworkModel(layout, layout.spec.comm)
+
+
+def test_p2p_channels_per_network_peer_follow_nccl_rules():
+    """NCCL >= 2.29 (dgx-b200): ceil(50 GB/s / 14) = 4 channels, halved while
+    channels x ceil(ranks / 8) > 16; NCCL <= 2.28 (dgx-h100): 2, halved while
+    channels x ranks > 4 x 16."""
+    _, b200 = _network("dgx-b200", 2, 8)
+    assert [b200.p2p_channels_per_peer(r) for r in (2, 16, 32, 64, 128, 512)] == \
+        [4, 4, 4, 2, 1, 1]
+    _, h100 = _network("dgx-h100", 2, 8)
+    assert [h100.p2p_channels_per_peer(r) for r in (2, 10, 16, 32, 64, 80)] == \
+        [2, 2, 2, 2, 1, 1]
+    assert h100.p2p_cap_bytes_per_s(2) == 2 * 14e9
+
+
+def test_a_gpu_pair_across_nodes_moves_its_channels_worth():
+    """sendrecv over 2 nodes x 1 GPU on dgx-h100: 2 channels x 14 GB/s (28 GB/s) of a
+    400G NIC that would carry 47.5: about half of the line rate per pair."""
+    cluster = load_cluster("dgx-h100")
+    layout = ClusterLayout(cluster, 2, 1)
+    cost = CostModel(layout, ALGORITHMS)
+    size = 1 << 30
+    choice = cost.collective("sendrecv", (0, 1), size)
+    latency_ns = round(1e9 * (cluster.comm.base_latency_s["direct"]["Simple"]
+                              + cluster.comm.hop_latency_s["network"]["Simple"]
+                              + cluster.fabric.switch_hop_latency_s))
+    assert choice.protocol == "Simple"
+    assert choice.duration_ns == pytest.approx(latency_ns + size / 28e9 * 1e9, abs=3)
+
+
+def test_tree_all_reduce_is_held_by_the_channel_ceiling_closed_form():
+    """B200, 2 nodes: the tree streams 2 S at 8 graph channels x 42.8 GB/s (NCCL
+    2.28 perChMaxTreeBws, N2), times its chunk pipeline fill, not at the NICs' rate."""
+    cluster = load_cluster("dgx-b200")
+    layout = ClusterLayout(cluster, 2, 8)
+    cost = CostModel(layout, ALGORITHMS)
+    size = 16 << 30
+    plan = cost.collective_plan("all_reduce", range(16), size, "tree", "Simple")
+    network = cost.network
+    (phase,) = plan.phases
+    assert network.graph_channels(plan) == 8
+    cap = 8 * 42.8e9
+    assert network.bus_cap_bytes_per_s(plan) == pytest.approx(cap)
+    fill = 1 + (phase.intra_steps + phase.inter_steps - 1) * (512 << 10) * 16 / size
+    assert network.pipeline_factor(plan, phase) == pytest.approx(fill)
+    stream_s = 2 * size / cap * fill
+    assert network.phase_stream_s(plan, phase) == pytest.approx(stream_s, rel=1e-12)
+    # the NICs alone would allow twice as much: 2 nodes move S per node and direction
+    assert network.phase_bandwidth_s(phase, "Simple") < 0.6 * 2 * size / cap
+
+
+def test_channels_running_drop_for_small_messages():
+    """enqueue.cc: one channel fewer while nBytes < nc x nt x threadThreshold
+    (Simple 32 KiB, LL 4 KiB x ranks for rings)."""
+    layout, network = _network("dgx-h100", 8, 8)
+    cost = CostModel(layout, ALGORITHMS)
+    simple = cost.collective_plan("all_reduce", range(64), 256 << 10, "ring", "Simple")
+    assert network.channels_running(simple) == 8
+    ll = cost.collective_plan("all_reduce", range(64), 1 << 20, "ring", "LL")
+    assert network.channels_running(ll) == 4
+    assert network.channels_running(ll, 1 << 30) == 16
+
+
+def test_ll_is_held_at_the_nccl_ll_ceiling_across_nodes():
+    """Ring LL on 4 nodes of Intel hosts: no more than llMaxBws' 20.4 GB/s of bus
+    bandwidth, whatever the NICs could carry."""
+    layout, _ = _network("dgx-h100", 4, 8)
+    cost = CostModel(layout, ALGORITHMS)
+    size, n = 1 << 30, 32
+    ll = cost.collective("all_reduce", range(n), size, "ring", "LL")
+    busbw = size * 2 * (n - 1) / n / ll.duration_ns  # GB/s
+    assert 19.0 < busbw <= 20.4
+
+
+def test_inter_node_ring_steps_pay_the_proxy_overhead():
+    """NCCL tuning.cc: an inter-node ring's NVLink steps cost at least netOverhead
+    (x3 for Simple): 6 us on AMD hosts (dgx-a100) instead of the 3.4 us NVLink hop."""
+    layout, network = _network("dgx-a100", 2, 8)
+    cost = CostModel(layout, ALGORITHMS)
+    plan = cost.collective_plan("all_reduce", range(16), 1 << 30, "ring", "Simple")
+    phase = plan.phases[0]
+    hop = layout.spec.comm.hop_latency_s
+    expected = (phase.intra_steps * 6e-6 + phase.inter_steps
+                * (hop["network"]["Simple"] + layout.spec.fabric.switch_hop_latency_s))
+    assert network.phase_latency_s(phase, "Simple", "ring") == pytest.approx(expected)
+    single = cost.collective_plan("all_reduce", range(8), 1 << 30, "ring", "Simple")
+    assert network.phase_latency_s(single.phases[0], "Simple", "ring") == pytest.approx(
+        7 * hop["nvlink"]["Simple"])
+
+
+def test_double_binary_tree_is_the_nccl_dtree():
+    """src/graph/trees.cc: root 0 with one child, odd counts shift the second tree by
+    one, even counts mirror it."""
+    from strategies.collectives.algorithms import double_binary_trees
+    (t0, t1), height = double_binary_trees(3)
+    assert t0 == {2: 0, 1: 2} and t1 == {0: 1, 2: 0} and height == 2
+    (t0, t1), _ = double_binary_trees(4)
+    assert t0 == {2: 0, 1: 2, 3: 2} and t1 == {1: 3, 2: 1, 0: 1}
+    (t0, _), height = double_binary_trees(13)
+    assert t0[8] == 0 and t0[4] == 8 and t0[12] == 8 and t0[10] == 12 and height == 4

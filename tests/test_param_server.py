@@ -12,6 +12,8 @@ from conftest import run_cli, tiny_models
 
 from hardware.catalog import load_cluster
 from hardware.compute import ComputeModel
+from hardware.network import NetworkModel
+from hardware.topology import ClusterLayout
 from sim.engine import Engine
 from hardware.cost import CostModel
 from strategies.collectives.catalog import ALGORITHMS
@@ -151,12 +153,16 @@ def test_incast_grows_with_workers_per_server():
 
 
 def test_analytic_fidelity_does_not_see_incast():
-    """Alpha-beta prices each send alone: one server looks as fast as N (use flow)."""
+    """Alpha-beta prices each send alone: one server looks as fast as N (use flow). Alone,
+    a send runs at its NIC's rate or at what NCCL's channels to one network peer move,
+    whichever is lower (NetworkModel.p2p_cap_bytes_per_s)."""
     cluster = load_cluster("dgx-h100", ONE_GPU_NODES)
     result = simulate_step(TINY, cluster, ps_plan(ps_servers=1, overlap_grad_reduce=False),
                            fidelity="analytic")
     g = result.lowering.gradient_bytes
-    expected = p2p_latency(cluster, "network") + g / p2p_rate(cluster, "network")
+    channels = NetworkModel(ClusterLayout(cluster, N + 1, 1), cluster.comm)
+    alone = min(p2p_rate(cluster, "network"), channels.p2p_cap_bytes_per_s(2))
+    expected = p2p_latency(cluster, "network") + g / alone
     assert phase_s(result.timeline_frame(), "dp.push.s", ranks=range(N)) == \
         pytest.approx(expected, rel=1e-5)
 

@@ -26,5 +26,16 @@ def test_explicit_split_wins():
 
 
 def test_more_stages_than_layers_is_one_line_error():
-    with pytest.raises(ValueError, match=r"^pp: 3 layers cannot fill pp 4 x vpp 1 = 4 stages"):
-        validate_plan(ParallelPlan(pp=4, global_batch=4), num_layers=3, num_heads=4, num_kv_heads=4)
+    with pytest.raises(ValueError, match=r"^pp: 3 layers cannot fill pp 8 x vpp 1 = 8 stages"):
+        validate_plan(ParallelPlan(pp=8, global_batch=8), num_layers=3, num_heads=4, num_kv_heads=4)
+
+
+def test_first_and_last_stage_may_hold_only_embedding_and_loss():
+    """Llama 3 405B: 126 layers on 16 x 8 virtual stages, one layer each, the first and
+    the last holding only the embedding and the loss (arXiv 2407.21783 Section 3.3.2)."""
+    plan = ParallelPlan(pp=16, vpp=8, schedule="interleaved", global_batch=32)
+    validate_plan(plan, num_layers=126, num_heads=128, num_kv_heads=8)
+    assert stage_layer_counts(126, plan) == (0,) + (1,) * 126 + (0,)
+    with pytest.raises(ValueError, match=r"^layers_per_stage: .* positive but for the first"):
+        ParallelPlan(pp=4, layers_per_stage=(1, 0, 2, 1))
+    assert ParallelPlan(pp=4, layers_per_stage=(0, 2, 2, 0)).layers_per_stage == (0, 2, 2, 0)

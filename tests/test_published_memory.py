@@ -93,8 +93,7 @@ def test_megatron_loss_transient_reproduces_the_logged_llama32_1b_peak(memory_ro
     run = next(r for r in M.load_memory_runs() if r.row_id == "mem_mb_llama32_1b_alloc")
     recipes = load_nemo_recipes()
     scenario = scenario_for(run, load_models(), recipes)
-    settings = M.memory_settings(run, scenario, recipes)
-    rank0 = M.rank_peaks(scenario.model, settings.plan, 0.0, settings.options)[0]
+    rank0 = M.rank_peaks(scenario.model, scenario.plan, 0.0)[0]
     mib = (rank0.activations_bytes + rank0.transient_bytes) / 2**20
     assert mib == pytest.approx(layers + loss + head_inputs, rel=1e-9)
     assert mib == pytest.approx(logged, rel=0.01)

@@ -200,7 +200,8 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     Tests check the bound against the simulator.
     """
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
-            plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute)
+            plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
+            plan.fp8_recipe, plan.elementwise, plan.attention_impl)
     kinds = [_layer_compute_s(model, cluster, model.is_moe_layer(i), *args)
              for i in range(model.num_layers)]
     per_microbatch = sum(total for total, _ in kinds) / plan.pp
@@ -232,30 +233,30 @@ def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, moe: bool, *args) -
 
 def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch: int, seq_len: int,
                  tp: int, cp: int, ep: int, sequence_parallel: bool, dtype: str,
-                 flash_attention: bool, recompute: str) -> float:
+                 flash_attention: bool, recompute: str, fp8_recipe: str, elementwise: str,
+                 attention_impl: str) -> tuple[float, float]:
     from hardware.cost import CostModel
     from hardware.topology import ClusterLayout
     from strategies.collectives.catalog import ALGORITHMS
-    from strategies.ir import ComputeOp
+    from strategies.lowering import compute_op
 
     cost = CostModel(ClusterLayout(cluster, 1, 1), ALGORITHMS, fidelity="analytic")
+    impl = "" if attention_impl == "auto" else attention_impl
     layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
     total = fill = 0.0
     for k in model_costs.layer_kernels(model, layer, micro_batch=micro_batch, seq_len=seq_len,
                                        tp=tp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
                                        dtype=dtype, flash_attention=flash_attention,
-                                       dropout=model.dropout):
-        def price(flops: float, nbytes: float) -> float:
-            return cost.compute_ns(ComputeOp(name=k.name, kind=k.kind, flops=flops,
-                                             bytes=nbytes, shape=tuple(k.shape),
-                                             dtype=k.dtype)) / 1e9
-        fwd = price(k.fwd_flops, k.fwd_bytes)
-        total += fwd + price(k.bwd_input_flops + k.bwd_weight_flops,
-                             k.bwd_input_bytes + k.bwd_weight_bytes)
+                                       dropout=model.dropout, fp8_recipe=fp8_recipe,
+                                       elementwise=elementwise):
+        def price(phase: str) -> float:
+            return cost.compute_ns(compute_op(k, k.name, phase, attention_impl=impl)) / 1e9
+        fwd = price("F")
+        total += fwd + price("B")
         if recompute == "full" or (recompute == "selective" and k.selective_recompute):
             total += fwd
-        weight = price(k.bwd_weight_flops, k.bwd_weight_bytes) if k.bwd_weight_flops else 0.0
-        fill += fwd + price(k.bwd_input_flops, k.bwd_input_bytes) - weight
+        weight = price("W") if k.bwd_weight_flops else 0.0
+        fill += fwd + price("I") - weight
     return total, fill
 
 

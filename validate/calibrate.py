@@ -237,9 +237,9 @@ def _decompose(spec: ClusterSpec, point: CommPoint, planners: dict,
     else:
         plan = cost.collective_plan(point.kind, point.ranks, point.size_bytes,
                                     protocol=protocol)
-    latency = model.base_latency_s(plan) + sum(model.phase_latency_s(ph, plan.protocol)
-                                               for ph in plan.phases)
-    bandwidth = sum(model.phase_bandwidth_s(ph, plan.protocol) for ph in plan.phases)
+    latency = model.base_latency_s(plan) + sum(
+        model.phase_latency_s(ph, plan.protocol, plan.family) for ph in plan.phases)
+    bandwidth = sum(model.phase_stream_s(plan, ph) for ph in plan.phases)
     network_steps = sum(ph.inter_steps for ph in plan.phases)
     tier = "network" if network_steps else layout.scale_up_tier
     proto = plan.protocol

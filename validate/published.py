@@ -14,11 +14,9 @@ calibrated number (``gpu.sustained_fraction``) was fitted on; every other row
 yet (an attention kind, schedule or expert layout it does not model) is kept with its
 reason and counted, never silently dropped.
 
-How a framework runs (the defaults a row does not print) is :func:`framework_defaults`:
-Megatron-LM, Megatron-Core and NeMo run the distributed optimizer (ZeRO-1 over data x
-context parallelism), sequence parallelism with TP, overlapped gradient reduction and
-fused attention; PyTorch FSDP stacks (llm-foundry, torchtitan, NeMo AutoModel) shard
-everything (ZeRO-3).
+How a framework runs (the settings a row does not print: optimizer sharding, overlap,
+attention kernel, FP8 recipe, elementwise kernels, loss, memory savers) is
+:mod:`validate.published_stacks`; every scenario lists what it assumed.
 
 Nothing here imports torch.
 """
@@ -46,18 +44,19 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
+from validate.published_stacks import framework_defaults, stack_settings
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
 
-#: The preset each published GPU runs on (overrides for variants of a preset).
-GPU_PRESETS: Mapping[str, tuple[str, dict[str, object]]] = {
-    "A100-80GB": ("dgx-a100", {}),
-    "A100-40GB": ("dgx-a100-40gb", {}),
-    "H100-SXM": ("dgx-h100", {}),
-    "H200": ("hgx-h200", {}),
-    "B200": ("dgx-b200", {}),
-    "GB200": ("gb200-nvl72", {}),
+#: The preset each published GPU runs on.
+GPU_PRESETS: Mapping[str, str] = {
+    "A100-80GB": "dgx-a100",
+    "A100-40GB": "dgx-a100-40gb",
+    "H100-SXM": "dgx-h100",
+    "H200": "hgx-h200",
+    "B200": "dgx-b200",
+    "GB200": "gb200-nvl72",
 }
 
 #: Activation functions of models.csv and the MLP the cost model prices them as: gated
@@ -105,12 +104,16 @@ class Scenario:
     Attributes:
         model, cluster, plan: the simulator's inputs.
         assumptions: the defaults applied where the row says nothing.
+        settings: framework settings applied beyond the defaults, each with its source;
+            those the row does not print but its framework's recipe sets start with
+            ``unprinted:`` (validate.published_stacks).
     """
 
     model: ModelSpec
     cluster: ClusterSpec
     plan: ParallelPlan
     assumptions: list[str] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)
 
 
 class NotExpressible(Exception):
@@ -209,15 +212,28 @@ def _published_step_s(fields: Mapping[str, str]) -> float | None:
     return None
 
 
-def load_roles(directory: Path = DATA_DIR) -> dict[str, set[str]]:
-    """``{"calibration": {"source:row", ...}}`` from ``roles.toml`` (a row is a
-    calibration row when its ``source_id:row_id`` or ``source_id:*`` is listed)."""
+def load_roles(directory: Path = DATA_DIR) -> dict:
+    """The calibration rows of ``roles.toml``: ``{"calibration": {"source:row", ...},
+    "calibration_by_preset": {preset: {"source:row", ...}}}`` (a row is a calibration row
+    when its ``source_id:row_id`` or ``source_id:*`` is listed).
+
+    Raises:
+        ValueError: for a malformed file (naming it and the entry).
+    """
     path = directory / "roles.toml"
     if not path.exists():
-        return {"calibration": set()}
+        return {"calibration": set(), "calibration_by_preset": {}}
     data = tomllib.loads(path.read_text())
     listed = data.get("calibration", {})
-    return {"calibration": {entry for entries in listed.values() for entry in entries}}
+    by_preset: dict[str, set[str]] = {}
+    for preset, entries in listed.items():
+        if not isinstance(entries, list) or not all(
+                isinstance(e, str) and ":" in e for e in entries):
+            raise ValueError(f"roles.toml: calibration.{preset} is not valid; give a list of "
+                             "'source_id:row_id' or 'source_id:*'")
+        by_preset[preset] = set(entries)
+    return {"calibration": set().union(*by_preset.values()) if by_preset else set(),
+            "calibration_by_preset": by_preset}
 
 
 def role_of(run: PublishedRun, roles: Mapping[str, set[str]]) -> str:
@@ -266,36 +282,20 @@ def nemo_recipe(run: PublishedRun, recipes: Sequence[Mapping[str, str]]) -> Mapp
     return (exact or candidates or [None])[0]
 
 
-def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
-    """Plan fields a framework runs with unless the row says otherwise (module docstring).
-
-    Megatron-LM / Megatron-Core / NeMo: ``--use-distributed-optimizer`` (ZeRO-1 over
-    data x context parallelism, Megatron-LM docs/distrib_optimizer.md),
-    ``--sequence-parallel`` with TP, ``--overlap-grad-reduce``, fused attention.
-    PyTorch FSDP (llm-foundry ``FULL_SHARD``, torchtitan FSDP2, NeMo AutoModel) and the
-    JAX stacks (MaxText, Paxml shard parameters, gradients and optimizer state):
-    ZeRO-3. Megatron-LM 2021 (the commit of the SC21 runs) predates all of it:
-    unfused attention, the all-reduce after the backward, no distributed optimizer.
-    """
-    name = framework.lower()
-    if "megatron-lm" in name and version.startswith("2021"):
-        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False,
-                "overlap_param_gather": False, "tp_comm_overlap": "none"}
-    if any(k in name for k in ("foundry", "torchtitan", "automodel", "fsdp")):
-        # PyTorch FSDP: FULL_SHARD, gradients reduced in fp32 (llm-foundry's DEFAULT
-        # mixed precision, torchtitan's mixed_precision_reduce = "float32"); DTensor
-        # TP runs its collectives blocking (AsyncTP is opt-in)
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none"}
-    if any(k in name for k in ("maxtext", "paxml", "jax")):
-        return {"zero": 3, "grad_reduce_dtype": "fp32"}
-    # Megatron-Core / NeMo: distributed optimizer, overlapped grad reduce and param
-    # gather; gradients reduced in fp32 (NeMo's BF16 default, grad_reduce_in_fp32)
-    return {"zero": 1, "grad_reduce_dtype": "fp32"}
+def preset_of(run: PublishedRun) -> str | None:
+    """The cluster preset a published run simulates on (None: its GPU has none)."""
+    if "96GB HBM2e" in run.get("notes"):  # torchtitan's benchmark hosts (its notes)
+        return "grand-teton-h100-96gb"
+    return GPU_PRESETS.get(run.get("gpu"))
 
 
 def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
-                 recipes: Sequence[Mapping[str, str]] = ()) -> Scenario:
-    """The simulator's inputs for one published run.
+                 recipes: Sequence[Mapping[str, str]] = (), *,
+                 preset_overrides: Mapping[str, Mapping[str, object]] | None = None
+                 ) -> Scenario:
+    """The simulator's inputs for one published run; ``preset_overrides``: dotted preset
+    keys to change per preset name (e.g. a calibration trial's
+    ``{"dgx-h100": {"gpu.sustained_fraction": 0.8}}``).
 
     Raises:
         NotExpressible: when the model, GPU, schedule or layout cannot be expressed yet.
@@ -305,16 +305,15 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         raise NotExpressible(f"model {run.get('model')!r} is not in models.csv")
     if isinstance(model, str):
         raise NotExpressible(model)
-    preset = GPU_PRESETS.get(run.get("gpu"))
-    if "96GB HBM2e" in run.get("notes"):  # torchtitan's benchmark hosts (its notes)
-        preset = ("grand-teton-h100-96gb", {})
+    preset = preset_of(run)
     if preset is None:
         raise NotExpressible(f"GPU {run.get('gpu')!r} has no preset")
-    gpus_per_node = run.integer("gpus_per_node") or load_cluster(preset[0]).gpus_per_node
+    base = load_cluster(preset)
+    gpus_per_node = run.integer("gpus_per_node") or base.gpus_per_node
     nodes = -(-run.integer("num_gpus") // gpus_per_node)
     # the published job's own machine room: at least as many nodes as it used
-    cluster = load_cluster(preset[0], {**preset[1], "max_nodes": max(
-        nodes, load_cluster(preset[0]).max_nodes)})
+    cluster = load_cluster(preset, {**dict((preset_overrides or {}).get(preset, {})),
+                                    "max_nodes": max(nodes, base.max_nodes)})
     assumptions: list[str] = []
     tp, pp = run.integer("tp", 1), run.integer("pp", 1)
     cp, ep = run.integer("cp", 1), run.integer("ep", 1)
@@ -361,13 +360,17 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                            f"{recipe['dtype']} ({recipe['num_gpus']} GPUs)")
     elif not run.get("recompute"):
         assumptions.append("no activation recompute (not printed)")
-    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
-                        global_batch=run.integer("global_batch_seqs"),
-                        seq_len=run.integer("seq_len"), recompute=recompute,
-                        recompute_layers=recompute_layers,
-                        schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
-                        sequence_parallel=tp > 1, **defaults)
-    return Scenario(model, cluster, plan, assumptions)
+    fields = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
+                  global_batch=run.integer("global_batch_seqs"), seq_len=run.integer("seq_len"),
+                  recompute=recompute, recompute_layers=recompute_layers,
+                  schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
+                  sequence_parallel=tp > 1, **defaults)
+    stack = stack_settings(run.fields, fields, recipe, num_layers=model.num_layers)
+    if "recompute" in stack.fields:  # the framework's own recompute replaces "none"
+        assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
+    plan = ParallelPlan(**{**fields, **stack.fields})
+    return Scenario(model, cluster, plan, assumptions,
+                    stack.notes + [f"unprinted: {u}" for u in stack.unprinted])
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -375,14 +378,17 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
 
 def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
              roles: Mapping[str, set[str]] | None = None,
-             models: Mapping[str, ModelSpec | str] | None = None) -> pd.DataFrame:
+             models: Mapping[str, ModelSpec | str] | None = None,
+             preset_overrides: Mapping[str, Mapping[str, object]] | None = None
+             ) -> pd.DataFrame:
     """Simulate every run; one row each with the published and simulated step time.
 
     Columns: ``source_id``, ``row_id``, ``role``, ``model``, ``gpu``, ``dtype``,
     ``gpus``, ``published_step_s``, ``simulated_step_s``, ``error`` (relative),
     ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
-    ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``) and
-    ``reason``.
+    ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``), ``reason``
+    (the assumptions, or why the row was not compared) and ``settings`` (framework
+    settings applied; :class:`Scenario`). ``preset_overrides``: as :func:`scenario_for`.
     """
     models = load_models() if models is None else models
     roles = load_roles() if roles is None else roles
@@ -392,11 +398,12 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     for run in runs:
         row = {"source_id": run.source_id, "row_id": run.row_id, "role": role_of(run, roles),
                "model": run.get("model"), "gpu": run.get("gpu"), "dtype": run.get("dtype"),
-               "gpus": run.integer("num_gpus"), "published_step_s": run.published_step_time_s,
+               "gpus": run.integer("num_gpus"), "moe": _is_moe(models.get(run.get("model"))),
+               "published_step_s": run.published_step_time_s,
                "simulated_step_s": math.nan, "error": math.nan, "fits": None,
-               "peak_memory_gib": math.nan, "status": "ok", "reason": ""}
+               "peak_memory_gib": math.nan, "status": "ok", "reason": "", "settings": ""}
         try:
-            scenario = scenario_for(run, models, recipes)
+            scenario = scenario_for(run, models, recipes, preset_overrides=preset_overrides)
             result = simulate_step(scenario.model, scenario.cluster, scenario.plan,
                                    fidelity=fidelity, check_memory=False, cache=cache)
         except NotExpressible as reason:
@@ -408,6 +415,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
             row["peak_memory_gib"] = result.peak_memory_bytes / 2**30
             row["fits"] = result.peak_memory_bytes <= scenario.cluster.gpu.hbm_bytes
             row["reason"] = "; ".join(scenario.assumptions)
+            row["settings"] = "; ".join(scenario.settings)
             published = run.published_step_time_s
             if published is None:
                 published = _step_from_flop_rate(run, scenario)
@@ -418,6 +426,11 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
                 row["error"] = result.step_time_s / published - 1
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _is_moe(model: ModelSpec | str | None) -> bool | None:
+    """Whether a models.csv entry is a mixture of experts (None: not expressible)."""
+    return None if model is None or isinstance(model, str) else model.moe is not None
 
 
 def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
@@ -434,11 +447,16 @@ def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
 
 
 def summarize(frame: pd.DataFrame, *, role: str | None = "validation") -> pd.DataFrame:
-    """Per source (and ``all``): rows compared, median and p90 of ``|error|``, bias (mean
-    signed error), the worst row, and rows not compared (with why)."""
+    """Per source, then ``dense models``, ``MoE models`` and ``all``: rows compared, median
+    and p90 of ``|error|``, bias (mean signed error), the worst row, and rows not compared
+    (with why)."""
     chosen = frame if role is None else frame[frame["role"] == role]
+    groups = [*sorted(chosen.groupby("source_id")),
+              ("dense models", chosen[chosen["moe"] == False]),  # noqa: E712 (None: unknown)
+              ("MoE models", chosen[chosen["moe"] == True]),  # noqa: E712
+              ("all", chosen)]
     out = []
-    for source, group in [*sorted(chosen.groupby("source_id")), ("all", chosen)]:
+    for source, group in groups:
         compared = group[group["status"] == "ok"]
         errors = compared["error"].to_numpy(dtype=float)
         worst = compared.loc[compared["error"].abs().idxmax()] if len(compared) else None

@@ -23,9 +23,9 @@ Two checks, both at the memory model alone (no step simulation; seconds for the 
 * :func:`fits_table` — every compared training row of ``train_*.csv``: the model's peak
   (with the GPU's reserve) must fit the GPU, since the run ran.
 
-How a framework holds memory beyond the plan is :func:`memory_settings` (a
-:class:`strategies.memory.MemoryOptions` and plan changes, each with its source); the
-published scenario itself is :func:`validate.published.scenario_for`. Settings that a row
+How a framework holds memory beyond what a row prints is part of the published scenario
+(:func:`validate.published.scenario_for`, the settings of :mod:`validate.published_stacks`,
+each with its source). Settings that a row
 does not print but its framework's published recipe sets (recompute, activation
 offloading) are listed in the ``settings`` column of both tables.
 
@@ -42,9 +42,7 @@ Units: GiB = 2**30 bytes in every ``*_gib`` column. Nothing here imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -52,19 +50,17 @@ import pandas as pd
 
 from hardware.units import GIB
 from strategies.lowering import StepLowerer
-from strategies.memory import MemoryBreakdown, MemoryOptions, pipeline_memory
+from strategies.memory import MemoryBreakdown, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
 from validate.published import (
     DATA_DIR,
     NotExpressible,
     PublishedRun,
-    Scenario,
     _read_csv,
     load_models,
     load_nemo_recipes,
     load_runs,
-    nemo_recipe,
     scenario_for,
 )
 
@@ -73,12 +69,10 @@ __all__ = [
     "RESERVED_SLACK",
     "SATURATED_FRACTION",
     "MEMORY_TOLERANCE",
-    "MemorySettings",
     "evaluate_memory",
     "fits_table",
     "load_memory_runs",
     "memory_kind",
-    "memory_settings",
     "rank_peaks",
 ]
 
@@ -104,7 +98,7 @@ KNOWN_GAPS: Mapping[str, str] = {
     **{row: "torchtitan's per-op selective activation checkpointing (every other matmul "
             "output and the attention output saved, the rest recomputed) is not modelled: "
             "'selective' counts as no recompute under flash attention"
-       for row in ("tt_t1_1", "tt_t1_2", "tt_t1_3", "tt_t3_1", "tt_t3_2", "tt_t3_3", "tt_a100_7",
+       for row in ("tt_t1_1", "tt_t1_2", "tt_t1_3", "tt_t3_1", "tt_a100_7",
                    "mem_tt_t1_1", "mem_tt_t1_2", "mem_tt_t1_3")},
     **{row: "Nemotron-4 340B at TP8 PP8 VP12 with DP 2: model states of 12 bytes per parameter "
             "(bf16 weights, bf16 gradients, 12/2 optimizer) plus 103 one-layer chunks in flight "
@@ -119,131 +113,11 @@ KNOWN_GAPS: Mapping[str, str] = {
 }
 
 
-# --------------------------------------------------------------------------- framework facts
-
-
-@dataclass(frozen=True)
-class MemorySettings:
-    """How a published run holds memory beyond its scenario's plan.
-
-    Attributes:
-        options: the memory model's :class:`MemoryOptions` for the run's framework.
-        plan: the plan (the scenario's, with memory-relevant framework facts applied).
-        notes: each setting applied, with its source.
-        unprinted: settings the row does not print but its framework's recipe sets
-            (recompute, offloading): the row fits only with them.
-    """
-
-    options: MemoryOptions
-    plan: ParallelPlan
-    notes: list[str] = field(default_factory=list)
-    unprinted: list[str] = field(default_factory=list)
-
-
-#: Megatron-Bridge performance recipes (``scripts/performance/configs/llama/
-#: llama3_workload_base_configs.py`` @00919dcf1fe13c0acf65e131f244378f0a6cd2b5): Llama 3 70B
-#: pre-training with Megatron-FSDP offloads the activations of ``cpu_offloading_num_layers``
-#: layers to host memory. ``{(model, gpu, dtype): layers}``.
-MEGATRON_BRIDGE_OFFLOAD = {
-    ("llama3-70b", "GB200", "fp8"): 40,   # LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 (mbs 2)
-    ("llama3-70b", "GB200", "bf16"): 20,  # LLAMA3_70B_PRETRAIN_CONFIG_GB200_BF16_V1
-    ("llama3-70b", "B200", "fp8"): 5,     # LLAMA3_70B_PRETRAIN_CONFIG_B200_FP8_CS_V1
-}
-
-
-def _is_nemo1(run: PublishedRun) -> bool:
-    """NeMo 1 (the NeMo-Framework-Launcher configs): NeMo <= 24.09 containers."""
-    framework, version = run.get("framework").lower(), run.get("framework_version")
-    return "launcher" in framework or version.startswith(("NeMo 24.", "NeMo24."))
-
-
-def memory_settings(run: PublishedRun, scenario: Scenario,
-                    recipes: Sequence[Mapping[str, str]] = ()) -> MemorySettings:
-    """The memory model's options and plan for a published run (module docstring).
-
-    * Megatron-Core / NeMo / Megatron-Bridge run Transformer Engine (FP8 weight copies and
-      FP8-saved linear inputs, the :class:`MemoryOptions` defaults).
-    * NeMo 1 (NeMo-Framework-Launcher configs, NeMo <= 24.09): gradients in bf16
-      (``optim.grad_sync_dtype: bf16`` with ``mcore_distributed_optim``, e.g.
-      ``launcher_scripts/conf/training/nemotron/nemotron_340b.yaml``; Apex
-      ``distributed_fused_adam`` with ``megatron_amp_O2`` keeps bf16 gradient buckets,
-      ``conf/training/gpt3/*.yaml``).
-    * NeMo 2 / Megatron-Bridge performance recipes: TE's fused cross entropy
-      (``nemo_recipes/README.md``: the scripts set it for every run); the recipe's
-      activation offloading (``activation_offload_layers``) and, for Megatron-Bridge
-      rows, :data:`MEGATRON_BRIDGE_OFFLOAD`.
-    * Megatron-Bridge (megatron-core >= 0.14): ``store_param_remainders`` (its
-      ``OptimizerConfig`` default, printed in the Megatron-Bridge log of
-      ``memory_megatron_bridge_logs.csv``).
-    * PyTorch FSDP stacks (torchtitan, llm-foundry, NeMo AutoModel): torchao float8 keeps no
-      FP8 weight copies and saves bf16 inputs (``torchao/float8/float8_linear.py`` saves the
-      high-precision tensors for the backward); torchtitan's loss is ``F.cross_entropy`` on
-      ``logits.float()`` (``eager``); llm-foundry's MPT uses flash-attn's fused cross
-      entropy (``loss_fn: fused_crossentropy``, gradient written in place: ``fused``).
-    * MaxText / Paxml (JAX): full rematerialisation when the row prints none (MaxText
-      ``configs/base.yml`` ``remat_policy: 'full'``; Paxml GPT-3 ``SAVE_NOTHING``).
-    * Megatron ``--recompute-modules`` printed in ``recompute_detail``.
-    """
-    framework = run.get("framework").lower()
-    plan = scenario.plan
-    notes: list[str] = []
-    unprinted: list[str] = []
-    kwargs: dict[str, object] = {}
-    if any(k in framework for k in ("foundry", "torchtitan", "automodel", "fsdp2")):
-        # llm-foundry's MPT trains with flash-attn's fused cross entropy (in-place gradient
-        # in the bf16 logits); torchtitan computes F.cross_entropy on logits.float()
-        fused = "foundry" in framework
-        kwargs.update(fp8_weight_cache_bytes_per_param=0.0, fp8_linear_inputs=False,
-                      cross_entropy="fused" if fused else "eager")
-        notes.append("PyTorch stack: torchao float8 (no FP8 weight copies, bf16 saved inputs), "
-                     + ("fused in-place cross entropy" if fused else "fp32 cross entropy"))
-    if _is_nemo1(run) and plan.grad_reduce_dtype != "bf16":
-        plan = dataclasses.replace(plan, grad_reduce_dtype="bf16")
-        notes.append("NeMo 1 launcher: bf16 gradient buffers (grad_sync_dtype bf16)")
-    if any(k in framework for k in ("maxtext", "paxml")) and not run.get("recompute"):
-        # JAX stacks rematerialise every layer unless told otherwise: MaxText's
-        # MaxText/configs/base.yml sets remat_policy 'full'; Paxml's GPT-3 configs
-        # (paxml/tasks/lm/params/c4.py) checkpoint with SAVE_NOTHING
-        plan = dataclasses.replace(plan, recompute="full", recompute_layers=0)
-        unprinted.append("full rematerialisation (JAX default remat policy)")
-    is_bridge = "megatron-bridge" in framework
-    if is_bridge and run.get("framework_version").startswith("NeMo 2"):
-        kwargs["store_param_remainders"] = True
-        notes.append("Megatron-Core store_param_remainders")
-    recipe = (nemo_recipe(run, recipes) if recipes and ("nemo" in framework or is_bridge)
-              else None)
-    if recipe is not None:
-        kwargs["cross_entropy"] = "fused"
-        notes.append("TE fused cross entropy (NeMo performance scripts)")
-        offload = int(float(recipe.get("activation_offload_layers") or 0))
-        if offload:
-            kwargs["activation_offload_layers"] = offload
-            unprinted.append(f"activation offload of {offload} layers (NeMo recipe)")
-    if is_bridge:
-        key = (run.get("model"), run.get("gpu"), run.get("dtype"))
-        if key in MEGATRON_BRIDGE_OFFLOAD and plan.zero >= 3:
-            kwargs["activation_offload_layers"] = MEGATRON_BRIDGE_OFFLOAD[key]
-            unprinted = [u for u in unprinted if not u.startswith("activation offload")]
-            unprinted.append(f"activation offload of {MEGATRON_BRIDGE_OFFLOAD[key]} layers "
-                             "(Megatron-Bridge workload config)")
-    detail = run.get("recompute_detail")
-    if "--recompute-modules" in detail:
-        words = detail.split("--recompute-modules", 1)[1].split("(")[0].split()
-        modules = tuple(w for w in words if not w.startswith("--"))
-        kwargs["recompute_modules"] = modules
-        notes.append(f"recompute modules {' '.join(modules)} (printed)")
-    if plan.recompute == "full" and plan.recompute_layers and not run.get("recompute"):
-        unprinted.append(f"full recompute of {plan.recompute_layers} layers per stage "
-                         "(NeMo recipe)")
-    return MemorySettings(MemoryOptions(**kwargs), plan, notes, unprinted)
-
-
-def rank_peaks(model: ModelSpec, plan: ParallelPlan, reserve_bytes: float,
-               options: MemoryOptions) -> dict[int, MemoryBreakdown]:
+def rank_peaks(model: ModelSpec, plan: ParallelPlan, reserve_bytes: float
+               ) -> dict[int, MemoryBreakdown]:
     """Per pipeline rank, the memory breakdown under ``plan`` (the schedule's in-flight
     activations: :func:`strategies.memory.pipeline_memory`)."""
-    return pipeline_memory(model, plan, StepLowerer(model, plan), reserve_bytes=reserve_bytes,
-                           options=options)
+    return pipeline_memory(model, plan, StepLowerer(model, plan), reserve_bytes=reserve_bytes)
 
 
 # --------------------------------------------------------------------------- memory rows
@@ -304,9 +178,8 @@ def evaluate_memory(runs: Sequence[PublishedRun],
                 rows.append(row)
                 continue
             scenario = scenario_for(run, models, recipes)
-            settings = memory_settings(run, scenario, recipes)
             reserve = scenario.cluster.gpu.memory_reserve_bytes
-            peaks = rank_peaks(scenario.model, settings.plan, reserve, settings.options)
+            peaks = rank_peaks(scenario.model, scenario.plan, reserve)
         except NotExpressible as reason:
             row.update(status="not_expressible", reason=str(reason))
         except ValueError as problem:
@@ -317,7 +190,7 @@ def evaluate_memory(runs: Sequence[PublishedRun],
                          "device": allocated + reserve}[kind]
             capacity = scenario.cluster.gpu.hbm_bytes
             row.update(simulated_gib=simulated / GIB, capacity_gib=capacity / GIB,
-                       settings="; ".join(settings.notes + settings.unprinted),
+                       settings="; ".join(scenario.settings),
                        reason="; ".join(scenario.assumptions))
             row["error"] = row["simulated_gib"] / row["published_gib"] - 1
             saturated = (kind != "allocated"
@@ -355,9 +228,8 @@ def fits_table(runs: Sequence[PublishedRun] | None = None,
                "settings": "", "reason": ""}
         try:
             scenario = scenario_for(run, models, recipes)
-            settings = memory_settings(run, scenario, recipes)
-            peaks = rank_peaks(scenario.model, settings.plan,
-                               scenario.cluster.gpu.memory_reserve_bytes, settings.options)
+            peaks = rank_peaks(scenario.model, scenario.plan,
+                               scenario.cluster.gpu.memory_reserve_bytes)
         except NotExpressible as reason:
             row.update(status="not_expressible", reason=str(reason))
         except ValueError as problem:
@@ -366,8 +238,7 @@ def fits_table(runs: Sequence[PublishedRun] | None = None,
             peak = max(m.total_bytes for m in peaks.values())
             capacity = scenario.cluster.gpu.hbm_bytes
             row.update(peak_gib=peak / GIB, capacity_gib=capacity / GIB, fits=peak <= capacity,
-                       settings="; ".join(settings.notes
-                                          + [f"unprinted: {u}" for u in settings.unprinted]),
+                       settings="; ".join(scenario.settings),
                        reason="; ".join(scenario.assumptions))
         rows.append(row)
     return pd.DataFrame(rows)

@@ -43,6 +43,7 @@ from hardware.toml_sources import source_comments, table_headers
 from hardware.spec import (
     ALGORITHM_FAMILIES,
     DTYPES,
+    NODE_BUCKETS,
     FABRIC_TOPOLOGIES,
     NIC_KINDS,
     PROTOCOLS,
@@ -176,7 +177,24 @@ SCHEMA: dict[str, Any] = {
         "hop_latency_us": _same(TIERS, _same(PROTOCOLS, _US)),
         "protocol_efficiency": _same(TIERS, _same(PROTOCOLS, _FRAC)),
         "p2p_efficiency": _same(TIERS, _FRAC),
-        "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False, high=2**60)),
+        "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
+                                                      high=2**60)),
+        "ll_max_gb_per_s": _same(NODE_BUCKETS, _Field(float, "positive", required=False,
+                                                      high=1e9)),
+        "channel_max_gb_per_s": _same(ALGORITHM_FAMILIES, _same(PROTOCOLS, _same(
+            NODE_BUCKETS, _Field(float, "positive", required=False, high=1e9)))),
+        "rail_channels": _Field(int, "positive", required=False, high=1024),
+        "domain_channels": _Field(int, "positive", required=False, high=1024),
+        "collective_channels": _Field(int, "positive", required=False, high=1024),
+        "channel_threshold_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
+                                                           high=2**60)),
+        "p2p_net_channel_gb_per_s": _Field(float, "nonnegative", required=False, high=1e9),
+        "p2p_net_channels_per_peer": _Field(int, "nonnegative", required=False, high=1024),
+        "p2p_channels": _Field(int, "positive", required=False, high=1024),
+        "p2p_peers_per_channel": _Field(int, "positive", required=False, high=1024),
+        "net_step_overhead_us": _same(PROTOCOLS, _Field(float, "nonnegative", required=False,
+                                                        high=1e6)),
+        "tree_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**60),
     },
 }
 
@@ -556,6 +574,20 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             protocol_efficiency={a: dict(t) for a, t in comm["protocol_efficiency"].items()},
             p2p_efficiency=dict(comm["p2p_efficiency"]),
             protocol_max_bytes=dict(comm.get("protocol_max_bytes", {})),
+            ll_max_bus_bytes_per_s={b: v * GB for b, v in comm.get("ll_max_gb_per_s", {}).items()},
+            channel_max_bus_bytes_per_s={
+                f: {p: {b: v * GB for b, v in t.items()} for p, t in by_proto.items()}
+                for f, by_proto in comm.get("channel_max_gb_per_s", {}).items()},
+            rail_channels=comm.get("rail_channels", 1),
+            domain_channels=comm.get("domain_channels", 16),
+            collective_channels=comm.get("collective_channels", 16),
+            channel_threshold_bytes=dict(comm.get("channel_threshold_bytes", {})),
+            p2p_net_channel_bytes_per_s=comm.get("p2p_net_channel_gb_per_s", 0.0) * GB,
+            p2p_net_channels_per_peer=comm.get("p2p_net_channels_per_peer", 0),
+            p2p_channels=comm.get("p2p_channels", 16),
+            p2p_peers_per_channel=comm.get("p2p_peers_per_channel", 8),
+            net_step_overhead_s={p: v * us for p, v in comm.get("net_step_overhead_us", {}).items()},
+            tree_chunk_bytes=comm.get("tree_chunk_bytes", 0),
         ),
         sources=dict(sorted(sources.items())),
     )
@@ -618,7 +650,23 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                  "protocol_efficiency": {a: dict(t) for a, t in
                                          comm.protocol_efficiency.items()},
                  "p2p_efficiency": dict(comm.p2p_efficiency),
-                 "protocol_max_bytes": dict(comm.protocol_max_bytes)},
+                 "protocol_max_bytes": dict(comm.protocol_max_bytes),
+                 "ll_max_gb_per_s": {b: v / GB for b, v in
+                                     comm.ll_max_bus_bytes_per_s.items()},
+                 "channel_max_gb_per_s": {
+                     f: {p: {b: v / GB for b, v in t.items()} for p, t in by_proto.items()}
+                     for f, by_proto in comm.channel_max_bus_bytes_per_s.items()},
+                 "rail_channels": comm.rail_channels,
+                 "domain_channels": comm.domain_channels,
+                 "collective_channels": comm.collective_channels,
+                 "channel_threshold_bytes": dict(comm.channel_threshold_bytes),
+                 "p2p_net_channel_gb_per_s": comm.p2p_net_channel_bytes_per_s / GB,
+                 "p2p_net_channels_per_peer": comm.p2p_net_channels_per_peer,
+                 "p2p_channels": comm.p2p_channels,
+                 "p2p_peers_per_channel": comm.p2p_peers_per_channel,
+                 "net_step_overhead_us": {p: v * us for p, v in
+                                          comm.net_step_overhead_s.items()},
+                 "tree_chunk_bytes": comm.tree_chunk_bytes},
     }
 
 

@@ -19,7 +19,7 @@ Sizes are nccl-tests sizes (see :mod:`strategies.ir`).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from hardware.spec import GroupGeometry
 from strategies.collectives.plans import CommPlan, Phase, Transfer
@@ -58,9 +58,11 @@ def _ring_steps(geometry: GroupGeometry, steps: int, boundaries: int) -> tuple[i
 
 def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: float,
                 boundaries: int) -> Phase:
+    """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
+    bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
     return Phase(name, tuple(_ring_transfers(geometry, edge_bytes)), intra, inter,
-                 geometry.switch_hops)
+                 geometry.switch_hops, bus_bytes=edge_bytes)
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
@@ -90,40 +92,61 @@ def ring_chain(name: str) -> Callable[[GroupGeometry, int], list[Phase]]:
 
 
 # ---------------------------------------------------------------------- trees
-def _binary_tree(order: Sequence[int]) -> tuple[dict[int, int], int]:
-    """Balanced binary tree over ``order`` (in-order layout).
+def _btree(num: int, node: int) -> tuple[int, list[int]]:
+    """NCCL's binary tree over ``num`` nodes rooted at 0 (src/graph/trees.cc,
+    ncclGetBtree): a node's parent and children follow from its lowest set bit, the
+    root has a single child (the largest power of two below ``num``), and a subtree
+    cut by ``num`` hangs its child from the nearest node in bounds.
 
-    Returns ``({node: parent}, height in edges)``; the root has no entry.
+    Returns ``(parent or -1, children)``.
     """
-    parent: dict[int, int] = {}
-    height = 0
-    stack = [(0, len(order) - 1, None, 0)]
-    while stack:
-        lo, hi, up, depth = stack.pop()
-        if lo > hi:
-            continue
-        mid = (lo + hi + 1) // 2
-        node = order[mid]
-        if up is not None:
-            parent[node] = up
-            height = max(height, depth)
-        stack.append((lo, mid - 1, node, depth + 1))
-        stack.append((mid + 1, hi, node, depth + 1))
-    return parent, height
+    bit = 1
+    while bit < num and not bit & node:
+        bit <<= 1
+    if node == 0:
+        return -1, ([bit >> 1] if num > 1 else [])
+    up = (node ^ bit) | (bit << 1)
+    if up >= num:
+        up = node ^ bit
+    low = bit >> 1
+    children = []
+    if low:
+        children.append(node - low)
+        down = node + low
+        while down >= num and low:
+            low >>= 1
+            down = node + low if low else -1
+        if down > 0:
+            children.append(down)
+    return up, children
 
 
 def double_binary_trees(num: int) -> tuple[list[dict[int, int]], int]:
-    """Two complementary binary trees over ``num`` nodes (NCCL's double binary
-    tree, Sanders, Speck & Träff, Parallel Computing 2009): the second tree is
-    the mirror of the first, so a leaf of one is an inner node of the other and
-    both halves of the data keep every node's links busy.
+    """NCCL's double binary tree over ``num`` nodes (Sanders, Speck & Träff, Parallel
+    Computing 2009; src/graph/trees.cc ncclGetDtree): the first tree is
+    :func:`_btree`, the second its mirror (``num`` even) or the same tree shifted by
+    one node (``num`` odd), so that most nodes inner in one tree are leaves in the
+    other and every node's links carry both halves of the data (with 3 nodes, node 0
+    is inner in both: a chain 0-2-1 and its shift 1-0-2).
 
     Returns ``([parents of tree 0, parents of tree 1], max height in edges)``.
     """
-    order = list(range(num))
-    first, h1 = _binary_tree(order)
-    second, h2 = _binary_tree(order[::-1])
-    return [first, second], max(h1, h2)
+    first = {n: up for n in range(num) for up in (_btree(num, n)[0],) if up >= 0}
+    if num % 2:
+        second = {(n + 1) % num: (up + 1) % num for n, up in first.items()}
+    else:
+        second = {num - 1 - n: num - 1 - up for n, up in first.items()}
+
+    def height(parents: dict[int, int]) -> int:
+        best = 0
+        for node in parents:
+            depth, at = 0, node
+            while at in parents:
+                at, depth = parents[at], depth + 1
+            best = max(best, depth)
+        return best
+
+    return [first, second], max(height(first), height(second))
 
 
 def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
@@ -146,8 +169,10 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                     transfers += [Transfer(members[c], up, chunk),
                                   Transfer(up, members[c], chunk)]
     intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
+    # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
+    # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
     return [Phase("reduce_broadcast", tuple(transfers), intra, 2 * height,
-                  geometry.switch_hops)]
+                  geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
 
 
 # ----------------------------------------------------------------- NVLS, hier
@@ -206,10 +231,11 @@ def hierarchical_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Ph
 
 # --------------------------------------------------------------------- direct
 def direct_alltoall(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
-    """Every member sends S/n to every other member at once."""
+    """Every member sends S/n to every other member at once, as NCCL runs it: a group
+    of send/recv pairs (nccl-tests alltoall_perf; NCCL's p2p channels per peer)."""
     group, n = geometry.group, geometry.size
     share = size_bytes / n
-    transfers = tuple(Transfer(a, b, share) for a in group for b in group if a != b)
+    transfers = tuple(Transfer(a, b, share, "p2p") for a in group for b in group if a != b)
     crosses = geometry.num_domains > 1
     return [Phase("alltoall", transfers, 0 if crosses else 1, 1 if crosses else 0,
                   geometry.switch_hops)]
@@ -232,4 +258,5 @@ def point_to_point(geometry: GroupGeometry, size_bytes: float) -> CommPlan:
     crosses = geometry.num_domains > 1
     phase = Phase("p2p", (Transfer(src, dst, float(size_bytes), "p2p"),),
                   0 if crosses else 1, 1 if crosses else 0, geometry.switch_hops)
-    return CommPlan("direct", "Simple", (phase,), "p2p")
+    return CommPlan("direct", "Simple", (phase,), "p2p", float(size_bytes), 2,
+                    geometry.num_domains, geometry.local_size)

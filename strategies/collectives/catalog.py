@@ -43,6 +43,11 @@ FAMILY = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvls_tree": "nvls",
 NOT_AUTO = frozenset({"hierarchical"})
 #: Algorithms that run only NCCL's Simple protocol (NVLS).
 SIMPLE_ONLY = frozenset({"nvls", "nvls_tree"})
+#: Send/recv-based algorithms: NCCL runs a p2p operation with LL up to
+#: NCCL_P2P_LL_THRESHOLD bytes and Simple above, never LL128 (src/enqueue.cc,
+#: NCCL_P2P_LL_THRESHOLD default 16384).
+P2P_BASED = frozenset({"direct"})
+P2P_LL_MAX_BYTES = 16384
 
 
 def valid_algorithms(kind: str) -> list[str]:
@@ -98,11 +103,16 @@ class AlgorithmCatalog:
             return "hierarchical needs the same number of ranks in every NVLink domain"
         return None
 
-    def protocols(self, algorithm: str, requested: str) -> tuple[str, ...]:
+    def protocols(self, algorithm: str, requested: str,
+                  size_bytes: float | None = None) -> tuple[str, ...]:
         """Protocols to consider for ``algorithm`` when ``requested`` (``auto`` or one
-        protocol) is asked for; empty when the algorithm cannot run it."""
+        protocol) is asked for, for an operation of ``size_bytes`` (None: any size);
+        empty when the algorithm cannot run it."""
         if algorithm in SIMPLE_ONLY:
             return ("Simple",) if requested in ("auto", "Simple") else ()
+        if algorithm in P2P_BASED and requested == "auto":
+            small = size_bytes is not None and size_bytes <= P2P_LL_MAX_BYTES
+            return ("LL", "Simple") if small or size_bytes is None else ("Simple",)
         return PROTOCOLS if requested == "auto" else (requested,)
 
     def phases(self, kind: str, algorithm: str, geometry: GroupGeometry,
@@ -115,7 +125,9 @@ class AlgorithmCatalog:
         """A whole plan: the algorithm's phases under ``protocol``."""
         if phases is None:
             phases = self.phases(kind, algorithm, geometry, size_bytes)
-        return CommPlan(FAMILY[algorithm], protocol, tuple(phases), algorithm)
+        return CommPlan(FAMILY[algorithm], protocol, tuple(phases), algorithm,
+                        float(size_bytes), geometry.size, geometry.num_domains,
+                        geometry.local_size)
 
     def empty_plan(self, kind: str) -> CommPlan:
         """The plan of a collective with nothing to move (one rank, or 0 bytes)."""

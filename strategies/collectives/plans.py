@@ -43,6 +43,10 @@ class Phase:
         intra_steps: pipeline steps whose hop stays in the scale-up domain.
         inter_steps: pipeline steps whose hop crosses the network.
         switch_hops: scale-out switches one network hop crosses.
+        bus_bytes: bytes each rank moves in the phase in NCCL's bus-bandwidth
+            terms (a ring step's edge bytes; twice the size for a tree
+            all-reduce), which NCCL's per-protocol and per-channel ceilings
+            apply to; 0: none apply.
     """
 
     name: str
@@ -50,6 +54,7 @@ class Phase:
     intra_steps: int
     inter_steps: int
     switch_hops: int = 0
+    bus_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +67,18 @@ class CommPlan:
         protocol: ``LL``, ``LL128`` or ``Simple``.
         phases: run one after another.
         label: algorithm name for reports (e.g. ``"hierarchical"``).
+        size_bytes: the operation's size (nccl-tests meaning), which sets how
+            many channels NCCL runs.
+        ranks: ranks of the communicator (NCCL sizes p2p channels by it).
+        domains: NVLink domains (NCCL "nodes") the communicator spans.
+        local_ranks: fewest ranks the communicator has in one domain.
     """
 
     family: str
     protocol: str
     phases: tuple[Phase, ...]
     label: str = ""
+    size_bytes: float = 0.0
+    ranks: int = 0
+    domains: int = 0
+    local_ranks: int = 0

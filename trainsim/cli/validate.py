@@ -1,4 +1,4 @@
-"""``trainsim validate replay|collectives|gemm|compare`` and ``trainsim calibrate``.
+"""``trainsim validate replay|collectives|gemm|compare|published`` and ``trainsim calibrate``.
 
 torch and the ``validate`` package are imported inside the commands only, so ``trainsim
 simulate`` never loads torch (tests/test_layering.py). ``validate replay --model`` takes
@@ -16,7 +16,7 @@ import typer
 
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice, check_output_dir, check_output_path, json_text
-from trainsim.cli.output import console, table
+from trainsim.cli.output import console, spinner, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
 EXIT_OUT_OF_TOLERANCE = 1
@@ -303,6 +303,55 @@ def register(app: typer.Typer) -> None:
                   f"{tolerance:g}", file=sys.stderr)
             sys.exit(EXIT_OUT_OF_TOLERANCE)
 
+    @validate_app.command("published")
+    def published(
+        source: Optional[List[str]] = typer.Option(None, help="Only these source_ids "
+                                                   "(repeatable)."),
+        role: str = typer.Option("validation", help="validation, calibration or all rows."),
+        worst: int = typer.Option(10, help="List this many rows with the largest errors."),
+        fit: bool = typer.Option(False, help="Also refit each preset's sustained_fraction on "
+                                 "its calibration rows (roles.toml) and print it."),
+        output_format: str = typer.Option("table", "--format", help="table, json or "
+                                          "markdown."),
+        write_readme: Optional[str] = typer.Option(None, help="With --format markdown: put "
+                                                   "the table in this README's generated "
+                                                   "block."),
+    ) -> None:
+        """Simulate every published training run in validate/data/published and print the
+        step-time error per source (median, p90, bias, worst rows)."""
+        from validate.published_report import build_report, markdown, replace_readme_block
+
+        check_choice("format", output_format, ("table", "json", "markdown"))
+        check_choice("role", role, ("validation", "calibration", "all"))
+        if worst < 0:
+            raise typer.BadParameter(f"worst: {worst} is not valid; give a count >= 0")
+        if write_readme and output_format != "markdown":
+            raise typer.BadParameter("write-readme: needs --format markdown")
+        with spinner(output_format == "table", "simulating the published runs..."):
+            report = build_report(sources=source or None, role=role)
+        if output_format == "markdown":
+            block = markdown(report, worst=worst)
+            if write_readme:
+                replace_readme_block(write_readme, block)
+            print(block, end="")
+        elif output_format == "json":
+            print(json.dumps({"summary": report.summary.to_dict(orient="records"),
+                              "rows": report.rows.to_dict(orient="records"),
+                              "memory_fits": report.memory_fits}, indent=1, default=str))
+        else:
+            _print_published(report, worst)
+        if fit:
+            from validate.calibrate_published import calibration_table
+
+            fits = calibration_table(fit=True)
+            console().print(table(
+                ("preset", "rows", "now", "fitted", "median error now", "median error fitted"),
+                ((r.preset, r.rows, f"{r.current:.4f}", f"{r.fitted:.4f}",
+                  f"{r.median_error_current:+.2%}", f"{r.median_error_fitted:+.2%}")
+                 for r in fits.itertuples()),
+                title="gpu.sustained_fraction per preset, fitted on its calibration rows "
+                      "(roles.toml)", left=("preset",)))
+
     @app.command("calibrate")
     def calibrate(
         inputs: List[str] = typer.Argument(..., help="Measurement directories, nccl-tests "
@@ -345,6 +394,41 @@ def register(app: typer.Typer) -> None:
                  for series, e in comm.items()),
                 title="communication fit: relative error of time (= of busbw)",
                 left=("series",)))
+
+
+def _print_published(report, worst: int) -> None:
+    def percent(value: float, signed: bool = False) -> str:
+        if value is None or value != value:  # NaN: nothing compared
+            return "-"
+        return f"{value:+.1%}" if signed else f"{value:.1%}"
+
+    screen = console()
+    chosen = report.chosen()
+    screen.print(f"# {len(chosen)} published runs ({report.role} rows), analytic fidelity; "
+                 "error = simulated / published - 1")
+    screen.print(table(
+        ("source", "rows", "median", "p90", "bias", "worst row", "error"),
+        ((r.source_id, f"{r.compared}/{r.rows}", percent(r.median_abs_error),
+          percent(r.p90_abs_error), percent(r.bias, True), r.worst_row or "-",
+          percent(r.worst_error, True))
+         for r in report.summary.itertuples()),
+        title="step-time error per source: median and p90 of |error|, bias = mean error",
+        left=("source", "worst row")))
+    if worst:
+        screen.print(table(
+            ("row", "model", "GPUs", "gpu", "dtype", "error"),
+            ((r.row_id, r.model, r.gpus, r.gpu, r.dtype, f"{r.error:+.1%}")
+             for r in report.worst(worst).itertuples()),
+            title="largest errors", left=("row", "model", "gpu", "dtype")))
+    skipped = report.not_compared()
+    if len(skipped):
+        screen.print(table(("rows", "status", "why"), ((r.rows, r.status, r.reason)
+                                                      for r in skipped.itertuples()),
+                           title="not compared", left=("status", "why"), wrap=("why",)))
+    if report.memory_fits is not None:
+        fit, compared = report.memory_fits
+        screen.print(f"memory: {fit} of {compared} published configurations that ran fit the "
+                     "memory model")
 
 
 def _print_collectives(out: str, ops: list[str], output_format: str) -> None:

@@ -1,0 +1,98 @@
+"""The published training runs of validate/data/published, simulated (validate/published.py).
+
+One comparison of the whole set at analytic fidelity (module fixture) backs every test
+here: its size and spread (sources, GPU generations, dtypes), the error it reaches, that
+every row not compared says why, that the README prints exactly what it gives, and that
+each preset's one calibrated number reproduces its calibration rows.
+
+The accuracy bounds are what the simulator reaches today on the validation rows, with a
+small margin; they fail on any regression. They are looser than issue 12's targets
+(median 5 %, p90 12 %, |bias| 2 %), which the dense models approach and the MoE models do
+not yet meet (their expert layouts and all-to-all are being modelled).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hardware.catalog import load_cluster
+from validate.calibrate_published import calibration_rows
+from validate.published import evaluate, load_models, summarize
+from validate.published_report import README_BEGIN, README_END, build_report, markdown
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: GPU generation of each published GPU name.
+GENERATIONS = {"A100-80GB": "Ampere", "A100-40GB": "Ampere", "H100-SXM": "Hopper",
+               "H200": "Hopper", "B200": "Blackwell", "GB200": "Blackwell"}
+
+
+@pytest.fixture(scope="module")
+def report():
+    return build_report()
+
+
+def _line(report, name):
+    return report.summary.set_index("source_id").loc[name]
+
+
+def test_the_set_spans_sources_generations_and_dtypes(report):
+    compared = report.chosen()
+    compared = compared[compared["status"] == "ok"]
+    assert len(compared) >= 150
+    assert compared["source_id"].nunique() >= 6
+    assert {GENERATIONS[g] for g in compared["gpu"]} == {"Ampere", "Hopper", "Blackwell"}
+    assert {"bf16", "fp8"} <= set(compared["dtype"])
+
+
+def test_dense_models_within_todays_bounds(report):
+    dense = _line(report, "dense models")
+    assert dense["compared"] >= 350
+    assert dense["median_abs_error"] <= 0.07
+    assert dense["p90_abs_error"] <= 0.18
+    assert abs(dense["bias"]) <= 0.03
+
+
+def test_whole_set_within_todays_bounds(report):
+    every = _line(report, "all")
+    assert every["median_abs_error"] <= 0.075
+    assert every["p90_abs_error"] <= 0.22
+    assert abs(every["bias"]) <= 0.03
+
+
+def test_rows_not_compared_say_why_and_none_failed(report):
+    rows = report.rows
+    assert not (rows["status"] == "error").any(), rows[rows["status"] == "error"].to_string()
+    skipped = rows[rows["status"] != "ok"]
+    assert (skipped["reason"].str.len() > 0).all()
+
+
+def test_readme_prints_what_the_comparison_gives(report):
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    assert text[start:end] + "\n" == markdown(report), (
+        "README's published-accuracy block is stale: run `trainsim validate published "
+        "--format markdown --write-readme README.md`")
+
+
+def test_each_preset_reproduces_its_calibration_rows():
+    """The one calibrated number of each preset (roles.toml) leaves a median error of its
+    calibration rows within 1 % (the bisection resolution is 0.25 % of the fraction)."""
+    models = load_models()
+    chosen = calibration_rows()
+    assert set(chosen) >= {"dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72"}
+    for preset, runs in chosen.items():
+        assert runs, f"{preset}: no calibration row found"
+        frame = evaluate(runs, models=models)
+        line = summarize(frame, role="calibration").set_index("source_id").loc["all"]
+        assert line["compared"] == len(runs)
+        assert abs(frame["error"].median()) <= 0.01, (preset, frame["error"].median())
+
+
+@pytest.mark.parametrize("preset,like", [("hgx-h200", "dgx-h100"), ("gcp-a3-mega", "dgx-h100"),
+                                         ("grand-teton-h100-96gb", "dgx-h100"),
+                                         ("dgx-a100-40gb", "dgx-a100")])
+def test_presets_with_the_same_gpu_share_its_calibration(preset, like):
+    assert (load_cluster(preset).gpu.sustained_fraction
+            == load_cluster(like).gpu.sustained_fraction)

@@ -1,0 +1,223 @@
+"""How each framework ran a published row: the plan fields the row does not print.
+
+A published row prints its parallel layout, batch, dtype and sometimes its recompute;
+the rest (optimizer sharding, overlap, the attention kernel, how FP8 is quantized, fused
+or eager elementwise kernels, the loss, memory savers) is what its framework does by
+default or what its published recipe sets. :func:`framework_defaults` states the defaults
+per framework, each with its source; :func:`stack_settings` adds what depends on the row
+itself (its notes, version and NeMo recipe) and says which settings the row does not
+print (``unprinted``: the row is compared with them, and the tables say so).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+__all__ = ["MEGATRON_BRIDGE_OFFLOAD", "StackSettings", "framework_defaults", "framework_kind",
+           "recompute_modules_of", "stack_settings"]
+
+#: Framework families by what their name contains (first match wins).
+_KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
+          ("llm-foundry", ("foundry",)),
+          ("torchtitan", ("torchtitan",)), ("pytorch-fsdp", ("automodel", "fsdp")),
+          ("jax", ("maxtext", "paxml", "jax")))
+
+#: Megatron-Bridge performance recipes (``scripts/performance/configs/llama/
+#: llama3_workload_base_configs.py`` @00919dcf1fe13c0acf65e131f244378f0a6cd2b5): Llama 3 70B
+#: pre-training with Megatron-FSDP offloads the activations of ``cpu_offloading_num_layers``
+#: layers to host memory. ``{(model, gpu, dtype): layers}``.
+MEGATRON_BRIDGE_OFFLOAD = {
+    ("llama3-70b", "GB200", "fp8"): 40,   # LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 (mbs 2)
+    ("llama3-70b", "GB200", "bf16"): 20,  # LLAMA3_70B_PRETRAIN_CONFIG_GB200_BF16_V1
+    ("llama3-70b", "B200", "fp8"): 5,     # LLAMA3_70B_PRETRAIN_CONFIG_B200_FP8_CS_V1
+}
+
+#: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
+#: and the module the plan names (``None``: a module the cost model has no kernels of).
+_MODULE_SPELLINGS = {"core_attn": "core_attn", "layernorm": "layernorm", "norm": "layernorm",
+                     "mlp": "mlp", "moe": "moe", "moe_act": "moe_act", "act": "moe_act",
+                     "up_proj": None, "mla_up_proj": None, "shared_experts": None}
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """Plan fields a published row runs with beyond what it prints.
+
+    Attributes:
+        fields: ParallelPlan fields to set.
+        notes: each setting applied, with its source.
+        unprinted: settings the row does not print but its framework's published recipe
+            sets (recompute, offloading): the row is compared with them.
+    """
+
+    fields: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    unprinted: list[str] = field(default_factory=list)
+
+
+def framework_kind(framework: str, version: str = "") -> str:
+    """``megatron-lm-2021``, ``meta-llama3``, ``llm-foundry``, ``torchtitan``,
+    ``pytorch-fsdp``, ``jax`` or ``megatron-core`` (Megatron-Core, NeMo, Megatron-Bridge
+    and later Megatron-LM)."""
+    name = framework.lower()
+    if "megatron-lm" in name and version.startswith("2021"):
+        return "megatron-lm-2021"
+    for kind, words in _KINDS:
+        if any(word in name for word in words):
+            return kind
+    return "megatron-core"
+
+
+def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
+    """Plan fields a framework runs with unless the row says otherwise.
+
+    * Megatron-Core / NeMo / Megatron-Bridge: ``--use-distributed-optimizer`` (ZeRO-1 over
+      data x context parallelism, Megatron-LM docs/distrib_optimizer.md), sequence
+      parallelism with TP, overlapped gradient reduction and parameter gather, gradients
+      reduced in fp32 (NeMo's BF16 default ``grad_reduce_in_fp32``), TE's attention choice,
+      the fp32 vocab-parallel loss (``cross_entropy_loss_fusion`` off by default).
+    * Megatron-LM 2021 (the commit of the SC21 runs) predates all of it: unfused attention,
+      the all-reduce after the backward, no distributed optimizer, blocking TP.
+    * llm-foundry (MosaicML's MPT benchmark tables): FSDP ``FULL_SHARD`` with fp32 gradient
+      reduction (its DEFAULT mixed precision); flash-attn 1.x kernels (the ``gpu`` extra of
+      llm-foundry 0.2-0.3 pins ``flash-attn==1.0.x``); FP8 through ``te.Linear`` drop-ins
+      (``fc_type: te``); eager PyTorch elementwise kernels; flash-attn's fused loss
+      (``loss_fn: fused_crossentropy``).
+    * torchtitan: FSDP2 with ``mixed_precision_reduce = "float32"``; SDPA's flash backend
+      (FlashAttention-2); torchao float8; without ``torch.compile`` eager RMSNorm, SwiGLU,
+      RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
+      DTensor TP collectives blocking (AsyncTP is opt-in).
+    * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8.
+    * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
+      fp32 reduction; XLA fuses elementwise chains.
+    * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
+      parallelism that shards optimizer state and gradients and does not reshard the
+      parameters after the forward (ZeRO-2 with the parameters gathered once per step).
+    """
+    kind = framework_kind(framework, version)
+    if kind == "megatron-lm-2021":
+        return {"zero": 0, "flash_attention": False, "overlap_grad_reduce": False,
+                "overlap_param_gather": False, "tp_comm_overlap": "none",
+                "cross_entropy": "megatron"}
+    if kind == "llm-foundry":
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
+                "attention_impl": "fa1", "fp8_recipe": "te-linear", "elementwise": "eager",
+                "cross_entropy": "fused"}
+    if kind == "torchtitan":
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
+                "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
+                "cross_entropy": "eager"}
+    if kind == "pytorch-fsdp":
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
+                "fp8_recipe": "torchao", "cross_entropy": "eager"}
+    if kind == "jax":
+        return {"zero": 3, "grad_reduce_dtype": "fp32"}
+    if kind == "meta-llama3":
+        return {"zero": 2, "grad_reduce_dtype": "fp32"}
+    return {"zero": 1, "grad_reduce_dtype": "fp32"}
+
+
+def _is_nemo1(framework: str, version: str) -> bool:
+    """NeMo 1 (the NeMo-Framework-Launcher configs): NeMo <= 24.09 containers."""
+    return "launcher" in framework.lower() or version.startswith(("NeMo 24.", "NeMo24."))
+
+
+def recompute_modules_of(detail: str) -> tuple[tuple[str, ...], list[str]]:
+    """The Megatron-Core recompute modules a row's ``recompute_detail`` prints
+    (``--recompute-modules layernorm moe`` or ``recompute modules: norm, act``), and the
+    printed modules the cost model has no kernels of."""
+    text = ""
+    if "--recompute-modules" in detail:
+        text = detail.split("--recompute-modules", 1)[1].split("(")[0]
+    elif "recompute modules:" in detail:
+        text = detail.split("recompute modules:", 1)[1].split("(")[0]
+    modules: list[str] = []
+    unknown: list[str] = []
+    for word in text.replace(",", " ").split():
+        if word.startswith("--"):
+            break
+        module = _MODULE_SPELLINGS.get(word)
+        if module is None:
+            unknown.append(word)
+        elif module not in modules:
+            modules.append(module)
+    return tuple(modules), unknown
+
+
+def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
+                   recipe: Mapping[str, str] | None, *, num_layers: int = 0) -> StackSettings:
+    """What a published row runs with beyond its printed configuration and its
+    framework's defaults (module docstring).
+
+    Args:
+        row: the row's cells (``framework``, ``framework_version``, ``gpu``, ``dtype``,
+            ``model``, ``notes``, ``recompute``, ``recompute_detail``).
+        plan_fields: the plan fields chosen so far (read: ``zero``, ``recompute``,
+            ``grad_reduce_dtype``).
+        recipe: the row's NeMo performance recipe, if it has one.
+        num_layers: the model's transformer layers (for a pipeline layout the source
+            describes in words).
+    """
+    framework, version = row.get("framework", ""), row.get("framework_version", "")
+    kind = framework_kind(framework, version)
+    notes_text = row.get("notes", "")
+    out = StackSettings()
+    fields, notes, unprinted = out.fields, out.notes, out.unprinted
+    if kind == "torchtitan" and "compile" in (framework + notes_text).lower():
+        fields.update(elementwise="fused", cross_entropy="fused")
+        notes.append("torch.compile: fused elementwise kernels and loss")
+    if kind == "megatron-core" and row.get("dtype") == "fp8":
+        gpu = row.get("gpu", "")
+        if gpu in ("B200", "GB200") and ("MXFP8" in notes_text or "FP8-MX" in notes_text):
+            fields["fp8_recipe"] = "te-mxfp8"
+        elif "FP8-CS" in notes_text or "current scaling" in notes_text.lower():
+            fields["fp8_recipe"] = "te-current"
+        if "fp8_recipe" in fields:
+            notes.append(f"FP8 recipe {fields['fp8_recipe']} (printed in the row's notes)")
+    pp = int(plan_fields.get("pp", 1))
+    if (kind == "meta-llama3" and pp > 1 and not row.get("vpp")
+            and (num_layers + 2) % pp == 0):
+        # "we use an interleaved schedule ... and balance the pipeline by reducing one
+        # Transformer layer each from the first and the last stages" (Section 3.3.2): one
+        # layer per virtual stage, the first and last holding the embedding and the loss
+        fields.update(schedule="interleaved", vpp=(num_layers + 2) // pp)
+        unprinted.append(f"interleaved schedule, {(num_layers + 2) // pp} virtual stages of "
+                         "one layer, the first and last holding only the embedding and the "
+                         "loss (described in Section 3.3.2, not printed)")
+    if _is_nemo1(framework, version) and plan_fields.get("grad_reduce_dtype") != "bf16":
+        fields["grad_reduce_dtype"] = "bf16"
+        notes.append("NeMo 1 launcher: bf16 gradient buffers (optim.grad_sync_dtype bf16, "
+                     "launcher_scripts/conf/training/nemotron/nemotron_340b.yaml)")
+    if kind == "jax" and not row.get("recompute"):
+        # JAX stacks rematerialise every layer unless told otherwise: MaxText's
+        # MaxText/configs/base.yml sets remat_policy 'full'; Paxml's GPT-3 configs
+        # (paxml/tasks/lm/params/c4.py) checkpoint with SAVE_NOTHING
+        fields.update(recompute="full", recompute_layers=0)
+        unprinted.append("full rematerialisation (JAX default remat policy)")
+    is_bridge = "megatron-bridge" in framework.lower()
+    if is_bridge and version.startswith("NeMo 2"):
+        fields["store_param_remainders"] = True
+        notes.append("Megatron-Core store_param_remainders (OptimizerConfig default, printed "
+                     "in the Megatron-Bridge log of memory_megatron_bridge_logs.csv)")
+    if recipe is not None:
+        fields["cross_entropy"] = "fused"
+        notes.append("TE fused cross entropy (NeMo performance scripts, nemo_recipes/README.md)")
+        offload = int(float(recipe.get("activation_offload_layers") or 0))
+        if offload:
+            fields["activation_offload_layers"] = offload
+            unprinted.append(f"activation offload of {offload} layers (NeMo recipe)")
+    key = (row.get("model"), row.get("gpu"), row.get("dtype"))
+    if is_bridge and key in MEGATRON_BRIDGE_OFFLOAD and plan_fields.get("zero", 0) >= 3:
+        fields["activation_offload_layers"] = MEGATRON_BRIDGE_OFFLOAD[key]
+        unprinted[:] = [u for u in unprinted if not u.startswith("activation offload")]
+        unprinted.append(f"activation offload of {MEGATRON_BRIDGE_OFFLOAD[key]} layers "
+                         "(Megatron-Bridge workload config)")
+    modules, unknown = recompute_modules_of(row.get("recompute_detail", ""))
+    if modules and plan_fields.get("recompute") == "selective":
+        fields["recompute_modules"] = modules
+        notes.append(f"recompute modules {' '.join(modules)} (printed)"
+                     + (f"; {' '.join(unknown)} not modelled" if unknown else ""))
+    return out
