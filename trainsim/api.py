@@ -111,11 +111,11 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
 #: Seconds of simulation one ``collective`` call may be estimated to take; beyond it the
 #: call is refused instead of running for many minutes (README: bounded runs).
 MAX_COLLECTIVE_ESTIMATE_S = 30.0
-#: Measured cost of one size of a collective, seconds per ranks^2 (event/analytic replay
-#: of every rank on this project's 2-core machine: all_reduce on 8,192 ranks ~28 s,
-#: alltoall on 1,024 ranks ~14 s, whose transfers are ranks^2).
-_COLLECTIVE_S_PER_RANK2 = {"alltoall": 13e-6}
-_COLLECTIVE_S_PER_RANK2_OTHERS = 0.5e-6
+#: Measured cost of one size of a collective, seconds per ranks^2 (the replay of every
+#: rank on this project's 2-core machine, rounded up: all_reduce on 4,096 ranks ~9 s,
+#: alltoall on 512 ranks ~8 s, whose transfers are ranks^2).
+_COLLECTIVE_S_PER_RANK2 = {"alltoall": 30e-6}
+_COLLECTIVE_S_PER_RANK2_OTHERS = 0.7e-6
 
 
 def check_collective_work(op: str, ranks: int, sizes: int) -> float:
