@@ -104,7 +104,10 @@ def test_simulator_runs_without_loading_torch():
 #: them to measurements, reads them too).
 PRICING_MODULES = {"hardware.compute", "hardware.network", "hardware.flow"}
 #: What strategies may read of hardware: specs, units and the TOML source reader.
-STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources"}
+# hardware.user_input: the one edge where user files and numbers are read and checked
+# (no performance model; strategies' loaders of models and failure profiles use it).
+STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources",
+                       "hardware.user_input"}
 
 
 def _dotted_imports(path: Path) -> list[tuple[str, int]]:
