@@ -120,6 +120,9 @@ def _same(keys: tuple[str, ...], leaf: Any) -> dict[str, Any]:
 _STR = _Field(str)
 _POS_INT = _Field(int, "positive", high=1_000_000)
 _POS = _Field(float, "positive", high=1e9)
+#: Rates (GB/s, Gb/s, FLOP/s x 1e-9): far above any hardware, so a test may model free
+#: communication (1e21 GB/s), yet finite in every product the models form.
+_RATE = _Field(float, "positive", high=1e24)
 _FRAC = _Field(float, "fraction")
 #: Latencies in microseconds: up to one second.
 _US = _Field(float, "nonnegative", high=1e6)
@@ -133,9 +136,9 @@ SCHEMA: dict[str, Any] = {
     "max_nodes": _POS_INT,
     "gpu": {
         "name": _STR,
-        "peak_flops_per_s": _same(DTYPES, _Field(float, "positive", required=False, high=1e19)),
+        "peak_flops_per_s": _same(DTYPES, _Field(float, "positive", required=False, high=1e33)),
         "hbm_gb": _POS,
-        "hbm_gb_per_s": _POS,
+        "hbm_gb_per_s": _RATE,
         "matmul_profile": _STR,
         "matmul_peak_efficiency": _FRAC,
         "memory_efficiency": _FRAC,
@@ -149,17 +152,17 @@ SCHEMA: dict[str, Any] = {
         "domain_gpus": _POS_INT,
         "nvlink_generation": _Field(int, "nonnegative", required=False, high=100),
         "nvlink_links_per_gpu": _Field(int, "nonnegative", required=False, high=10_000),
-        "nvlink_gb_per_s_per_link": _Field(float, "nonnegative", required=False, high=1e9),
+        "nvlink_gb_per_s_per_link": _Field(float, "nonnegative", required=False, high=1e24),
         "link_efficiency": _FRAC,
         "nvls": _Field(bool),
         "nvls_efficiency": _Field(float, "fraction", required=False),
         "pcie_generation": _POS_INT,
         "pcie_lanes": _POS_INT,
-        "pcie_gb_per_s": _Field(float, "positive", required=False, high=1e9),
+        "pcie_gb_per_s": _Field(float, "positive", required=False, high=1e24),
     },
     "nic": {
         "count_per_node": _POS_INT,
-        "gbit_per_s": _POS,
+        "gbit_per_s": _RATE,
         "kind": _Field(str, choices=NIC_KINDS),
         "gpudirect_rdma": _Field(bool),
         "link_efficiency": _FRAC,
@@ -180,15 +183,15 @@ SCHEMA: dict[str, Any] = {
         "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
                                                       high=2**60)),
         "ll_max_gb_per_s": _same(NODE_BUCKETS, _Field(float, "positive", required=False,
-                                                      high=1e9)),
+                                                      high=1e24)),
         "channel_max_gb_per_s": _same(ALGORITHM_FAMILIES, _same(PROTOCOLS, _same(
-            NODE_BUCKETS, _Field(float, "positive", required=False, high=1e9)))),
+            NODE_BUCKETS, _Field(float, "positive", required=False, high=1e24)))),
         "rail_channels": _Field(int, "positive", required=False, high=1024),
         "domain_channels": _Field(int, "positive", required=False, high=1024),
         "collective_channels": _Field(int, "positive", required=False, high=1024),
         "channel_threshold_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
                                                            high=2**60)),
-        "p2p_net_channel_gb_per_s": _Field(float, "nonnegative", required=False, high=1e9),
+        "p2p_net_channel_gb_per_s": _Field(float, "nonnegative", required=False, high=1e24),
         "p2p_net_channels_per_peer": _Field(int, "nonnegative", required=False, high=1024),
         "p2p_channels": _Field(int, "positive", required=False, high=1024),
         "p2p_peers_per_channel": _Field(int, "positive", required=False, high=1024),
