@@ -351,10 +351,12 @@ def simulate_args(draw, paths):
     for option, values in PERTURBATIONS.items():
         if _maybe(draw, 0.06) and (replay or option == "--straggler" or not _CALM[0]):
             args += [option, _choose(draw, values[:1], values)]
-    if _often(draw, 0.05):
+    trace = str(Path(paths["directory"]) / "t" / "trace.json")
+    if _CALM[0] and replay and _maybe(draw, 0.1):
+        args += ["--trace", trace]
+    elif _often(draw, 0.05):
         args += ["--trace", _pick(draw, [paths["existing_file"], paths["directory"],
-                                         paths["under_a_file"], paths["long_name"],
-                                         str(Path(paths["directory"]) / "t" / "trace.json")])]
+                                         paths["under_a_file"], paths["long_name"], trace])]
     return args + ["--format", _choose(draw, ["json", "json", "table"], ["yaml"])]
 
 
@@ -473,8 +475,9 @@ def validate_args(draw, paths):
         if _maybe(draw, 0.3):
             args += ["--cluster", _pick(draw, CLUSTERS + ["cpu-host"])]
         return args + ["--format", _pick(draw, ["json", "table"])]
-    # Measurements never start here: --nproc is always absent or invalid.
-    nproc = _pick(draw, ["0", "-1", "1000", "3", "abc", None])
+    # Measurements never start here: --nproc is always invalid (or absent for a replay,
+    # which then needs torchrun; gemm's default is one local rank).
+    nproc = _pick(draw, ["0", "-1", "1000", "abc"] + ([None] if which == "replay" else []))
     tail = [] if nproc is None else ["--nproc", nproc]
     out = _pick(draw, [str(directory / "m"), paths["existing_file"], paths["under_a_file"],
                        paths["long_name"]])
@@ -503,7 +506,3 @@ COMMANDS = {"collective": collective_args, "simulate": simulate_args,
             "failures": failures_args, "plan": plan_args, "sweep": sweep_args,
             "hardware": hardware_args, "validate": validate_args}
 
-
-def any_command(paths: dict[str, str]):
-    """A strategy of argument lists of any command."""
-    return st.one_of(*(strategy(paths) for strategy in COMMANDS.values()))
