@@ -13,6 +13,7 @@ def test_there_are_six_studies():
     assert len(NOTEBOOKS) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes_and_prints_its_conclusion(path):
     nbformat = pytest.importorskip("nbformat")

@@ -96,3 +96,21 @@ def test_each_preset_reproduces_its_calibration_rows():
 def test_presets_with_the_same_gpu_share_its_calibration(preset, like):
     assert (load_cluster(preset).gpu.sustained_fraction
             == load_cluster(like).gpu.sustained_fraction)
+
+
+#: Published rows replayed at event fidelity too: a Megatron-LM 2021 pipeline (TP 8, PP 4),
+#: an FSDP run (llm-foundry), a NeMo FP8 long-sequence run with TE userbuffers TP overlap.
+EVENT_SPOT_CHECKS = ("megatron2021_05", "mosaic_025", "nemo_longseq_03")
+
+
+@pytest.mark.parametrize("row_id", EVENT_SPOT_CHECKS)
+def test_event_replay_agrees_with_the_closed_form_on_published_rows(row_id):
+    from validate.published import load_nemo_recipes, load_runs, scenario_for
+    from sim.step import simulate_step
+
+    run = next(r for r in load_runs() if r.row_id == row_id)
+    scenario = scenario_for(run, load_models(), load_nemo_recipes())
+    times = {fidelity: simulate_step(scenario.model, scenario.cluster, scenario.plan,
+                                     fidelity=fidelity, check_memory=False).step_time_s
+             for fidelity in ("analytic", "event")}
+    assert times["analytic"] == pytest.approx(times["event"], rel=0.02), times

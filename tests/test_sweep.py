@@ -70,6 +70,7 @@ def test_sweep_cli_writes_parquet(tmp_path, capsys):
     assert code == 2 and err.startswith("error: backend") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_ray_and_local_give_identical_tables(tmp_path):
     ray = pytest.importorskip("ray")
     scenarios = sweeps.expand_spec(SPEC_200)

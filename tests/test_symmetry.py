@@ -39,19 +39,21 @@ def _run_both(gpus, tp, pp, stragglers, fidelity, overrides=None):
     return reduced, full, runs
 
 
+SLOW = pytest.mark.slow
 CASES = [
     # gpus, tp, pp, stragglers, fidelity, preset overrides
     (64, 2, 4, {}, "event", None),
     (128, 4, 2, {}, "event", None),
     (64, 2, 4, {5: 0.5}, "event", None),
-    (128, 4, 2, {17: 0.7}, "event", None),
+    pytest.param(128, 4, 2, {17: 0.7}, "event", None, marks=SLOW),
     (64, 2, 2, {}, "flow", None),
-    (64, 2, 2, {3: 0.5}, "flow", None),
+    pytest.param(64, 2, 2, {3: 0.5}, "flow", None, marks=SLOW),
     # one NIC per node: the eight ranks of a node share it, so the ranks left out
     # slow the representative's data-parallel rings and pipeline transfers
     (64, 2, 2, {}, "flow", {"nic.count_per_node": 1}),
-    (128, 4, 2, {}, "flow", {"nic.count_per_node": 1}),
-    (64, 2, 2, {}, "flow", {"nic.count_per_node": 2, "fabric.oversubscription": 4}),
+    pytest.param(128, 4, 2, {}, "flow", {"nic.count_per_node": 1}, marks=SLOW),
+    pytest.param(64, 2, 2, {}, "flow", {"nic.count_per_node": 2, "fabric.oversubscription": 4},
+                 marks=SLOW),
 ]
 
 
@@ -82,6 +84,7 @@ def test_reduced_and_full_programs_give_identical_timelines(gpus, tp, pp, stragg
           f"{len(mine)} spans identical, step {small.makespan_ns / 1e6:.3f} ms")
 
 
+@pytest.mark.slow
 def test_without_mirrors_a_shared_nic_would_be_missed():
     """The contention the mirrors add is real: leaving them out makes the step 40 %
     shorter than the full job's when eight ranks share one NIC."""
@@ -100,6 +103,7 @@ def test_without_mirrors_a_shared_nic_would_be_missed():
     assert steps[False] < 0.7 * steps["full"]
 
 
+@pytest.mark.slow
 def test_flow_with_a_straggler_and_a_shared_nic_keeps_the_step_time():
     """Known limit: with a straggler, the ranks it shifts in time contend with the
     mirrors differently than in lockstep, so individual spans of the

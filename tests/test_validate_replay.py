@@ -98,6 +98,7 @@ def _replay_command(out: Path, iterations: int) -> list[str]:
             "--warmup", "1", "--out", str(out)]
 
 
+@pytest.mark.slow
 def test_killed_rank_loses_nothing_and_the_rerun_resumes(tmp_path):
     out = tmp_path / "killed"
     iterations = 8

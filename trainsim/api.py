@@ -179,6 +179,7 @@ def simulate(model: str | ModelSpec | None = None, *, cluster: str | ClusterSpec
              perturbations: Perturbations | None = None,
              scenario: Scenario | str | None = None,
              cache: PricingCache | None = None,
+             megatron_args: str | list[str] | None = None, nemo_config: str | None = None,
              **plan_fields: object) -> StepResult:
     """Simulate one training step (see :func:`sim.step.simulate_step`).
 
@@ -206,6 +207,10 @@ def simulate(model: str | ModelSpec | None = None, *, cluster: str | ClusterSpec
             result JSON); the other arguments given win over it.
         cache: a :class:`sim.analytic_step.PricingCache` shared by the calls of a
             sweep at ``analytic`` fidelity (same answers, faster).
+        megatron_args, nemo_config: a real job's Megatron-LM arguments (a string, ``@FILE``
+            or a list of words) or NeMo / Megatron-Bridge YAML (:mod:`trainsim.importers`):
+            the model and plan fields they set, under any given explicitly; the result's
+            ``inputs["import"]`` lists the settings ignored and the assumptions made.
 
     Returns:
         The StepResult; ``to_dict()`` embeds the resolved ``scenario`` and the
@@ -216,7 +221,8 @@ def simulate(model: str | ModelSpec | None = None, *, cluster: str | ClusterSpec
         OutOfMemoryError: when the plan does not fit, with the breakdown.
     """
     given = _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
-                           stragglers, perturbations, plan_fields)
+                           stragglers, perturbations, plan_fields,
+                           _job(megatron_args, nemo_config))
     return run_step(_scenario(scenario).merged(given), default_fidelity=defaults.STEP_FIDELITY,
                     cache=cache)
 
@@ -227,8 +233,19 @@ def _scenario(scenario: Scenario | str | None) -> Scenario:
     return scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
 
 
+def _job(megatron_args, nemo_config) -> dict[str, object]:
+    """The ``[import]`` table of the given job configuration (none given: empty)."""
+    if isinstance(megatron_args, (list, tuple)):
+        import shlex
+
+        megatron_args = shlex.join(map(str, megatron_args))
+    return {k: v for k, v in (("megatron_args", megatron_args), ("nemo_config", nemo_config))
+            if v is not None}
+
+
 def _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration, stragglers,
-                   perturbations, plan_fields: Mapping[str, object]) -> Scenario:
+                   perturbations, plan_fields: Mapping[str, object],
+                   job: Mapping[str, object] | None = None) -> Scenario:
     """The inputs given to a step function, as a Scenario (None = not given)."""
     if plan is not None and plan_fields:
         raise ValueError(f"plan: give a ParallelPlan or plan fields, not both "
@@ -241,7 +258,7 @@ def _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
             **perturbations.slow_ranks, **stragglers}})
     return Scenario(model=model, cluster=cluster, gpus=gpus, fidelity=fidelity,
                     calibration=calibration, overrides=dict(overrides or {}), plan=fields,
-                    perturbations=format_perturbations(perturbations))
+                    perturbations=format_perturbations(perturbations), job=dict(job or {}))
 
 
 def run_step(scenario: Scenario, *, default_fidelity: str,
@@ -258,6 +275,8 @@ def _simulate(step: resolve.ResolvedStep, cache: PricingCache | None = None) -> 
     result = simulate_step(step.model, step.cluster, step.plan, gpus=step.gpus,
                            fidelity=step.fidelity, perturbations=step.perturbations,
                            cache=cache)
+    if step.imported is not None:  # what the import ignored and assumed (trainsim.importers)
+        result.inputs["import"] = step.imported.notes()
     result.embedded = {"scenario": step.scenario.to_dict(), "trainsim_version": VERSION}
     return result
 
@@ -290,12 +309,14 @@ def failures(model: str | ModelSpec | None = None, *,
              policy: str | None = None, spare_nodes: int | None = None,
              responses: Responses | Mapping[str, Any] | None = None,
              seeds: int | None = None, seed: int | None = None,
+             megatron_args: str | list[str] | None = None, nemo_config: str | None = None,
              **plan_fields: Any) -> LongRunResult:
     """``trainsim failures``: simulate one step of ``model`` under the plan (as
     :func:`simulate`, at ``analytic`` fidelity by default), then the long run with
     failures (:func:`sim.longrun.simulate_long_run`).
 
-    Plan fields (``tp=8, pp=16, ...``) or ``plan`` as in :func:`simulate`. Long-run
+    Plan fields (``tp=8, pp=16, ...``), ``plan``, ``megatron_args`` or ``nemo_config`` as
+    in :func:`simulate`. Long-run
     inputs left at None come from ``scenario``'s ``[failures]`` table, else
     :data:`trainsim.defaults.FAILURES` (profile llama3-h100, checkpoint interval auto,
     sync saves, 100 seeds from seed 0); exactly one of ``days`` and ``tokens``.
@@ -314,7 +335,7 @@ def failures(model: str | ModelSpec | None = None, *,
                 "responses": None if responses is None else
                 responses if isinstance(responses, Mapping) else asdict(responses)}
     given = _step_scenario(model, cluster, gpus, plan, fidelity, overrides, calibration,
-                           None, None, plan_fields)
+                           None, None, plan_fields, _job(megatron_args, nemo_config))
     given = Scenario(**{**given.__dict__, "failures": {k: v for k, v in long_run.items()
                                                         if v is not None}})
     return run_failures(_scenario(scenario).merged(given))
@@ -331,7 +352,8 @@ def run_failures(scenario: Scenario) -> LongRunResult:
     result = simulate_long_run(cluster=step.cluster, gpus=step.gpus, model=step.model,
                                step=_simulate(step), **long_run)
     result.embedded = {"scenario": {**step.scenario.to_dict(), "failures": _plain(long_run)},
-                       "trainsim_version": VERSION}
+                       "trainsim_version": VERSION,
+                       **({"import": step.imported.notes()} if step.imported else {})}
     return result
 
 

@@ -9,9 +9,10 @@ scenario, and running it again gives the same result bit for bit.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hardware.spec import ClusterSpec
 from strategies.model_spec import ModelSpec
@@ -22,6 +23,7 @@ from trainsim.perturbations import format_perturbations, parse_perturbations
 from trainsim.plan_fields import plan_to_fields
 
 if TYPE_CHECKING:
+    from trainsim.importers import ImportedJob
     from trainsim.scenario import Scenario
 
 
@@ -36,6 +38,7 @@ class ResolvedStep:
         fidelity: step fidelity.
         perturbations: stragglers and heterogeneity.
         scenario: the resolved scenario a result embeds.
+        imported: the job imported from ``[import]`` (its notes go in the result), or None.
     """
 
     model: ModelSpec
@@ -45,6 +48,27 @@ class ResolvedStep:
     fidelity: str
     perturbations: Perturbations
     scenario: Scenario
+    imported: ImportedJob | None = None
+
+
+def imported_job(scenario: Scenario) -> ImportedJob | None:
+    """The job of the scenario's ``[import]`` table, or None without one. A model the
+    scenario names replaces the job's own.
+
+    Raises:
+        ValueError: a NeMo YAML whose SHA-256 differs from the recorded one, or one line
+            naming the job's setting that is unknown, refused or invalid.
+    """
+    if not scenario.job:
+        return None
+    from trainsim.importers import import_job
+
+    table = scenario.job
+    if table.get("nemo_config") is not None:
+        check_nemo_config_hash(table["nemo_config"], table.get("nemo_config_sha256"))
+    model = None if scenario.model is None else load_model_ref(scenario.model)
+    return import_job(megatron_args=table.get("megatron_args"),
+                      nemo_config=table.get("nemo_config"), gpus=scenario.gpus, model=model)
 
 
 def load_model_ref(ref: str | ModelSpec) -> ModelSpec:
@@ -108,13 +132,52 @@ def check_calibration_hash(path: str, expected: str | None) -> str:
     return actual
 
 
-def plan_of(scenario: Scenario) -> ParallelPlan:
-    """The scenario's plan with the defaults filled in (defaults.resolve_plan_fields).
+def check_nemo_config_hash(path: str, expected: str | None) -> str:
+    """The SHA-256 of an imported NeMo YAML, checked against ``expected`` when given.
+
+    Raises:
+        ValueError: unreadable file, or another hash than the scenario records.
+    """
+    try:
+        actual = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as problem:
+        raise ValueError(f"nemo_config: {str(path)!r} cannot be read ({problem.strerror}); "
+                         "give a NeMo or Megatron-Bridge YAML") from None
+    if expected is not None and actual != expected:
+        raise ValueError(f"nemo_config_sha256: {str(path)!r} has SHA-256 {actual[:12]}..., the "
+                         f"scenario records {expected[:12]}...; valid: the file the scenario "
+                         "was made with (or drop nemo_config_sha256)")
+    return actual
+
+
+def plan_of(scenario: Scenario, job: ImportedJob | None = None) -> ParallelPlan:
+    """The scenario's plan with the defaults filled in (defaults.resolve_plan_fields): its
+    own fields over those of the imported job (``job``, or the scenario's ``[import]``).
 
     Raises:
         ValueError: one line naming the plan field (or gpus).
     """
-    return ParallelPlan(**defaults.resolve_plan_fields(scenario.plan, gpus=scenario.gpus))
+    job = imported_job(scenario) if job is None else job
+    if job is None:
+        return ParallelPlan(**defaults.resolve_plan_fields(scenario.plan, gpus=scenario.gpus))
+    gpus = scenario.gpus if scenario.gpus is not None else job.gpus
+    return ParallelPlan(**defaults.resolve_plan_fields({**job.plan, **scenario.plan},
+                                                      gpus=gpus))
+
+
+def model_of(scenario: Scenario, job: ImportedJob | None = None) -> ModelSpec:
+    """The scenario's model: the one it names, else the imported job's.
+
+    Raises:
+        ValueError: no model at all, or a bad one (one line).
+    """
+    if scenario.model is not None:
+        return load_model_ref(scenario.model)
+    job = imported_job(scenario) if job is None else job
+    if job is not None and job.model is not None:
+        return job.model
+    raise ValueError("model: none given; give a model preset (e.g. llama3-8b), a model "
+                     "file, --megatron-args / --nemo-config, or a scenario that names one")
 
 
 def check_fits_cluster(gpus: int, cluster: ClusterSpec) -> None:
@@ -148,21 +211,21 @@ def resolve_step(scenario: Scenario, *, default_fidelity: str) -> ResolvedStep:
     Raises:
         ValueError: no model, or a bad model, cluster, plan or perturbation (one line).
     """
-    if scenario.model is None:
-        raise ValueError("model: none given; give a model preset (e.g. llama3-8b), a model "
-                         "file, or a scenario that names one")
-    model = load_model_ref(scenario.model)
+    job = imported_job(scenario)
+    model = model_of(scenario, job)
     cluster = cluster_spec(scenario)
-    plan = plan_of(scenario)
+    plan = plan_of(scenario, job)
     perturbations = perturbations_of(scenario)
     fidelity = default_fidelity if scenario.fidelity is None else scenario.fidelity
-    gpus = plan.world_size if scenario.gpus is None else scenario.gpus
+    gpus = scenario.gpus if scenario.gpus is not None else \
+        job.gpus if job is not None and job.gpus is not None else plan.world_size
     check_fits_cluster(max(gpus, plan.world_size), cluster)
     return ResolvedStep(model=model, cluster=cluster, plan=plan, gpus=gpus, fidelity=fidelity,
                         perturbations=perturbations,
                         scenario=resolved_scenario(scenario, plan=plan, gpus=gpus,
                                                    fidelity=fidelity,
-                                                   perturbations=perturbations))
+                                                   perturbations=perturbations),
+                        imported=job)
 
 
 def resolved_scenario(scenario: Scenario, *, plan: ParallelPlan, gpus: int, fidelity: str,
@@ -186,4 +249,19 @@ def resolved_scenario(scenario: Scenario, *, plan: ParallelPlan, gpus: int, fide
         overrides=dict(scenario.overrides),
         plan={k: v for k, v in plan_to_fields(plan).items() if v is not None},
         perturbations=format_perturbations(perturbations or Perturbations()),
-        failures=dict(scenario.failures if failures is None else failures))
+        failures=dict(scenario.failures if failures is None else failures),
+        job=resolved_import(scenario.job))
+
+
+def resolved_import(table: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``[import]`` table as a result records it: the Megatron-LM arguments themselves
+    (an ``@FILE`` read), or the NeMo YAML's absolute path and SHA-256."""
+    if not table:
+        return {}
+    if table.get("megatron_args") is not None:
+        from trainsim.importers.megatron_args import canonical_arguments
+
+        return {"megatron_args": canonical_arguments(table["megatron_args"])}
+    path = str(Path(table["nemo_config"]).resolve())
+    return {"nemo_config": path,
+            "nemo_config_sha256": check_nemo_config_hash(path, table.get("nemo_config_sha256"))}

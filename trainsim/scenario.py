@@ -8,6 +8,10 @@ A scenario::
     fidelity = "event"            # analytic | event | flow
     calibration = "cal.toml"      # optional (trainsim calibrate); calibration_sha256 pins it
 
+    [import]                      # optional: a real job's own configuration (trainsim.importers)
+    megatron_args = "@job.args"   # Megatron-LM arguments (or "@FILE"), or
+    # nemo_config = "job.yaml"    # a NeMo / Megatron-Bridge YAML; nemo_config_sha256 pins it
+
     [set]                         # cluster preset overrides, as --set key=value
     "nic.gbit_per_s" = 200
 
@@ -23,7 +27,8 @@ A scenario::
     seeds = 100
 
 Every key is optional; what a scenario leaves out comes from the command's flags, then
-the defaults (:mod:`trainsim.defaults`). Paths (model, cluster, calibration, failure
+the imported job (``[import]``: its model and plan fields; ``model`` and ``[plan]`` win),
+then the defaults (:mod:`trainsim.defaults`). Paths (model, cluster, calibration, failure
 profile) are relative to the scenario file. ``trainsim simulate``, ``failures`` and
 ``validate replay`` take ``--scenario FILE`` (flags given explicitly win); ``trainsim
 plan`` writes one per plan. A result JSON of ``simulate`` or ``failures`` is a scenario
@@ -50,7 +55,9 @@ from trainsim.plan_fields import BY_NAME, coerce, field_named
 
 #: Top-level keys of a scenario, in the order they are written.
 SCENARIO_KEYS = ("model", "cluster", "gpus", "fidelity", "calibration", "calibration_sha256",
-                 "set", "plan", "perturbations", "failures")
+                 "import", "set", "plan", "perturbations", "failures")
+#: Keys of the ``[import]`` table.
+IMPORT_KEYS = ("megatron_args", "nemo_config", "nemo_config_sha256")
 #: Step fidelities a scenario may name.
 FIDELITIES = ("analytic", "event", "flow")
 #: Keys of the ``[failures]`` table and the kinds of value they take.
@@ -75,6 +82,8 @@ class Scenario:
         plan: ParallelPlan fields.
         perturbations: ``{option: ["text", ...]}`` (trainsim.perturbations syntax).
         failures: inputs of the long run (:data:`FAILURE_KEYS`).
+        job: the ``[import]`` table (:data:`IMPORT_KEYS`): a job's Megatron-LM arguments or
+            NeMo YAML, read by :func:`trainsim.importers.import_job`.
     """
 
     model: Any = None
@@ -87,10 +96,11 @@ class Scenario:
     plan: Mapping[str, Any] = field(default_factory=dict)
     perturbations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     failures: Mapping[str, Any] = field(default_factory=dict)
+    job: Mapping[str, Any] = field(default_factory=dict)
 
     def merged(self, other: Scenario) -> Scenario:
         """This scenario with everything ``other`` gives on top (tables key by key; a new
-        calibration file drops the old file's hash)."""
+        calibration file drops the old file's hash; a new import replaces the old one)."""
         pick = {name: getattr(other, name) if getattr(other, name) is not None
                 else getattr(self, name) for name in ("model", "cluster", "gpus", "fidelity",
                                                       "calibration")}
@@ -100,13 +110,14 @@ class Scenario:
                         overrides={**self.overrides, **other.overrides},
                         plan={**self.plan, **other.plan},
                         perturbations={**self.perturbations, **other.perturbations},
-                        failures={**self.failures, **other.failures})
+                        failures={**self.failures, **other.failures},
+                        job=dict(other.job or self.job))
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as TOML/JSON data: given keys only, in :data:`SCENARIO_KEYS` order."""
         data = {"model": _name(self.model), "cluster": _name(self.cluster), "gpus": self.gpus,
                 "fidelity": self.fidelity, "calibration": self.calibration,
-                "calibration_sha256": self.calibration_sha256,
+                "calibration_sha256": self.calibration_sha256, "import": dict(self.job),
                 "set": dict(self.overrides), "plan": dict(self.plan),
                 "perturbations": {k: list(v) for k, v in self.perturbations.items()},
                 "failures": dict(self.failures)}
@@ -185,7 +196,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, where: str = "scenario",
     for key in ("model", "cluster", "fidelity", "calibration", "calibration_sha256"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{where}: {key}: {data[key]!r} is not valid; give a string")
-    for key in ("set", "plan", "perturbations", "failures"):
+    for key in ("import", "set", "plan", "perturbations", "failures"):
         if key in data and not isinstance(data[key], Mapping):
             raise ValueError(f"{where}: {key}: {data[key]!r} is not valid; give a table")
     gpus = data.get("gpus")
@@ -204,7 +215,8 @@ def scenario_from_dict(data: Mapping[str, Any], *, where: str = "scenario",
         plan={k: coerce(field_named(k, where=f"{where}: plan."), v, where=f"{where}: plan.")
               for k, v in data.get("plan", {}).items()},
         perturbations=_perturbations(data.get("perturbations", {}), where),
-        failures=_failures(data.get("failures", {}), where, base))
+        failures=_failures(data.get("failures", {}), where, base),
+        job=_import(data.get("import", {}), where, base))
     _check_resolves(scenario, where)
     return scenario
 
@@ -260,6 +272,26 @@ def _failures(table: Mapping[str, Any], where: str, base: Path | None) -> dict[s
     return out
 
 
+def _import(table: Mapping[str, Any], where: str, base: Path | None) -> dict[str, Any]:
+    """The ``[import]`` table checked, its paths made absolute (``@FILE`` included)."""
+    unknown = [k for k in table if k not in IMPORT_KEYS]
+    if unknown:
+        raise ValueError(f"{where}: import.{unknown[0]}: is not an import key; valid: "
+                         f"{', '.join(IMPORT_KEYS)}")
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: import.{key}: {value!r} is not valid; give a string")
+    out = dict(table)
+    args = out.get("megatron_args")
+    if isinstance(args, str) and "@" in args:
+        from trainsim.importers.megatron_args import relative_files
+
+        out["megatron_args"] = relative_files(args, base)
+    if "nemo_config" in out:
+        out["nemo_config"] = _path(out["nemo_config"], base)
+    return out
+
+
 def _check_resolves(scenario: Scenario, where: str) -> None:
     """Load what the scenario names, so a bad file fails now, naming itself."""
     from trainsim import resolve
@@ -267,6 +299,7 @@ def _check_resolves(scenario: Scenario, where: str) -> None:
     try:
         if scenario.model is not None:
             resolve.load_model_ref(scenario.model)
+        resolve.imported_job(scenario)
         if scenario.cluster is not None or scenario.overrides or scenario.calibration:
             resolve.cluster_spec(scenario)
         parse_perturbations(**scenario.perturbations)

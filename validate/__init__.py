@@ -17,7 +17,11 @@ Modules, one job each:
 * ``spans`` -- measured timelines beside their Program;
 * ``nccl_log`` -- nccl-tests stdout and the shared CSV tables;
 * ``calibrate`` -- fit the hardware model, write a calibration file;
-* ``compare`` -- simulate what a directory measured, report the error.
+* ``compare`` -- simulate what a directory measured, report the error;
+* ``published`` / ``published_stacks`` / ``published_memory`` / ``published_report`` /
+  ``calibrate_published`` -- published training runs (``data/published``) simulated as
+  their frameworks ran them, the error tables, the memory check, each preset's one
+  calibrated number.
 
 What it exports: nothing at package level; import the module you need. ``import
 validate`` loads no submodule and no torch.

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from sim.atomic_io import write_text_atomic
 from validate.published import evaluate, load_runs, summarize
 
 __all__ = ["README_BEGIN", "README_END", "PublishedReport", "build_report", "markdown",
@@ -144,7 +144,4 @@ def replace_readme_block(path: str | os.PathLike[str], block: str) -> None:
         raise ValueError(f"write-readme: {path} has no '{README_BEGIN}' ... '{README_END}' "
                          "block; add the two markers where the table goes")
     updated = text[:start] + block.rstrip("\n") + text[end + len(README_END):]
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(updated)
-    os.replace(temporary, path)
+    write_text_atomic(path, updated)

@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
 def failures(
     scenario: Optional[str] = options.scenario_option(),
     model: Optional[str] = options.model_option(),
+    megatron_args: Optional[str] = options.megatron_args_option(),
+    nemo_config: Optional[str] = options.nemo_config_option(),
     cluster: Optional[str] = options.cluster_option(),
     gpus: Optional[int] = options.gpus_option(),
     fidelity: Optional[str] = options.fidelity_option(defaults.FAILURES_FIDELITY),
@@ -60,7 +62,8 @@ def failures(
         failures={"days": days, "tokens": tokens, "profile": profile,
                   "checkpoint_interval": checkpoint_interval,
                   "checkpoint_mode": checkpoint_mode, "policy": policy,
-                  "spare_nodes": spare_nodes, "seeds": seeds, "seed": seed})
+                  "spare_nodes": spare_nodes, "seeds": seeds, "seed": seed},
+        megatron_args=megatron_args, nemo_config=nemo_config)
     if ("days" in chosen.failures) == ("tokens" in chosen.failures):
         raise UserError("days: give exactly one of --days or --tokens")
     try:

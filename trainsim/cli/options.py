@@ -142,9 +142,12 @@ def scenario_from_options(*, scenario: str | None, model: str | None = None,
                           fidelity: str | None = None, set_: Sequence[str] | None = None,
                           calibration: str | None = None, plan: Mapping[str, Any] | None = None,
                           perturbations: Mapping[str, Sequence[str]] | None = None,
-                          failures: Mapping[str, Any] | None = None) -> Scenario:
+                          failures: Mapping[str, Any] | None = None,
+                          megatron_args: str | None = None,
+                          nemo_config: str | None = None) -> Scenario:
     """The scenario a command runs: ``--scenario FILE`` (if given), then the options given
-    explicitly on top (each one wins; ``--set`` pairs win key by key).
+    explicitly on top (each one wins; ``--set`` pairs win key by key; ``--megatron-args`` /
+    ``--nemo-config`` replace the file's ``[import]``).
 
     Raises:
         ValueError: one line for a bad scenario file or option.
@@ -156,8 +159,22 @@ def scenario_from_options(*, scenario: str | None, model: str | None = None,
                      calibration=calibration, overrides=parse_overrides(set_),
                      plan=given_plan(plan or {}),
                      perturbations={k: tuple(v) for k, v in (perturbations or {}).items() if v},
-                     failures={k: v for k, v in (failures or {}).items() if v is not None})
+                     failures={k: v for k, v in (failures or {}).items() if v is not None},
+                     job=job_table(megatron_args, nemo_config))
     return base.merged(given)
+
+
+def job_table(megatron_args: str | None, nemo_config: str | None) -> dict[str, str]:
+    """The ``[import]`` table of ``--megatron-args`` / ``--nemo-config`` (at most one).
+
+    Raises:
+        ValueError: both given (one line).
+    """
+    if megatron_args is not None and nemo_config is not None:
+        raise ValueError("megatron-args: give --megatron-args or --nemo-config, not both")
+    if megatron_args is not None:
+        return {"megatron_args": megatron_args}
+    return {} if nemo_config is None else {"nemo_config": nemo_config}
 
 
 # --------------------------------------------------------------------------- common options
@@ -171,6 +188,19 @@ def scenario_option() -> Any:
 def model_option() -> Any:
     return typer.Option(None, help="Model preset, model TOML or Hugging Face config.json "
                         "(required unless the scenario names one).")
+
+
+def megatron_args_option() -> Any:
+    return typer.Option(None, "--megatron-args", help="A job's own Megatron-LM arguments "
+                        "(quoted, e.g. --megatron-args='--tensor-model-parallel-size 8 ...'), "
+                        "or @FILE of them: the model and plan come from the job; options "
+                        "given explicitly win.")
+
+
+def nemo_config_option() -> Any:
+    return typer.Option(None, "--nemo-config", help="A job's NeMo 1 launcher, NeMo 2 or "
+                        "Megatron-Bridge training YAML: the model and plan come from the job; "
+                        "options given explicitly win.")
 
 
 def cluster_option() -> Any:

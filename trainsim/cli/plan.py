@@ -30,7 +30,10 @@ def register(app: typer.Typer) -> None:
 
 @options.with_plan_options(search=True)
 def plan(
-    model: str = typer.Option(..., help="Model preset, model TOML or config.json."),
+    model: Optional[str] = typer.Option(None, help="Model preset, model TOML or config.json "
+                                        "(required unless --megatron-args / --nemo-config)."),
+    megatron_args: Optional[str] = options.megatron_args_option(),
+    nemo_config: Optional[str] = options.nemo_config_option(),
     cluster: str = typer.Option(defaults.CLUSTER, help="Cluster preset or preset TOML file."),
     gpus: Optional[int] = typer.Option(None, help="GPUs of the job (omit with --days to "
                                        "ask how many are needed)."),
@@ -58,6 +61,19 @@ def plan(
 
     check_choice("format", output_format, FORMATS)
     lists, fixed = options.search_lists(plan_options)
+    job, table = None, options.job_table(megatron_args, nemo_config)
+    if table:  # a real job: its model, GPUs and fixed fields; the layout is searched
+        from trainsim import resolve
+        from trainsim.importers.planning import fixed_fields
+        from trainsim.scenario import Scenario
+
+        job = resolve.imported_job(Scenario(model=model, gpus=gpus, job=table))
+        fixed = {**fixed_fields(job, fixed), **fixed}
+        gpus = gpus if gpus is not None else job.gpus
+        table = resolve.resolved_import(table)
+    if model is None and job is None:
+        raise UserError("model: give --model, --megatron-args or --nemo-config")
+    subject = model if model is not None else job.model
     seq_len = fixed.pop("seq_len", defaults.SEQ_LEN)
     global_batch = fixed.pop("global_batch", None)
     dtype = fixed.pop("dtype", "bf16")
@@ -73,15 +89,19 @@ def plan(
             if days is None or tokens is None:
                 raise UserError("gpus: give --gpus, or --tokens and --days to find the GPUs "
                                 "needed")
-            result = planner.gpus_needed(model, tokens=tokens, days=days,
+            result = planner.gpus_needed(subject, tokens=tokens, days=days,
                                          progress=progress_callback(bar), **common)
             _emit_needed(result, output_format)
             return
         if days is not None:
             raise UserError("days: give --days without --gpus (the question is how many "
                             "GPUs); with --gpus use --tokens for days to train")
-        report = planner.search(model, gpus=gpus, tokens=tokens, top=top, sort=sort,
+        report = planner.search(subject, gpus=gpus, tokens=tokens, top=top, sort=sort,
                                 progress=progress_callback(bar), **common)
+    if job is not None:
+        from trainsim.importers.planning import attach_import
+
+        attach_import(report.plans, table, model_given=model is not None)
     if emit_scenarios is not None:
         _write_scenarios(report, emit_scenarios)
     _emit_report(report, output_format)

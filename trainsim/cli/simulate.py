@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
 def simulate(
     scenario: Optional[str] = options.scenario_option(),
     model: Optional[str] = options.model_option(),
+    megatron_args: Optional[str] = options.megatron_args_option(),
+    nemo_config: Optional[str] = options.nemo_config_option(),
     cluster: Optional[str] = options.cluster_option(),
     gpus: Optional[int] = options.gpus_option(),
     fidelity: Optional[str] = options.fidelity_option(defaults.STEP_FIDELITY),
@@ -51,7 +53,8 @@ def simulate(
         set_=set_, calibration=calibration, plan=plan,
         perturbations={"straggler": straggler, "thermal": thermal,
                        "degraded_nic": degraded_nic, "flapping_link": flapping_link,
-                       "node_gpu": node_gpu})
+                       "node_gpu": node_gpu},
+        megatron_args=megatron_args, nemo_config=nemo_config)
     if trace and (chosen.fidelity or defaults.STEP_FIDELITY) == "analytic":
         raise UserError("trace: the analytic fidelity replays no ops; give --fidelity event "
                         "or flow to write a trace")
@@ -74,6 +77,13 @@ def simulate(
     print_step(result)
 
 
+def import_header(notes) -> str:
+    """One line on an imported job: where from, settings ignored, assumptions made."""
+    return (f"# imported from {notes['source']}: {len(notes['ignored'])} settings without "
+            f"effect on the step ignored, {len(notes['assumed'])} assumptions (listed in "
+            "--format json under inputs.import)")
+
+
 def print_step(result) -> None:
     """The header, the headline numbers, and the breakdown and memory per pipeline rank."""
     out = console()
@@ -83,6 +93,8 @@ def print_step(result) -> None:
                          calibration=resolved.get("calibration"),
                          overrides=resolved.get("set")))
     out.print(plan_header(result.inputs["plan"]))
+    if "import" in result.inputs:
+        out.print(import_header(result.inputs["import"]))
     rows = [("step time (s)", f"{result.step_time_s:.4f}"),
             ("tokens/s", f"{result.tokens_per_s:,.0f}"),
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),

@@ -90,10 +90,11 @@ def _program(example: Optional[str], program_file: Optional[str], source):
     from validate.program_io import load_program
 
     given = [name for name, value in (("example", example), ("program", program_file),
-                                      ("model", source.model)) if value]
+                                      ("model", source.model or source.job)) if value]
     if len(given) != 1:
         raise ValueError("program: give exactly one of --example NAME, --program FILE or "
-                         f"--model M (got {', '.join(given) or 'none'})")
+                         "--model M (or --megatron-args / --nemo-config) (got "
+                         f"{', '.join(given) or 'none'})")
     if example:
         return example_program(example)
     if program_file:
@@ -101,8 +102,9 @@ def _program(example: Optional[str], program_file: Optional[str], source):
     from strategies.plan import validate_plan
     from trainsim import resolve
 
-    spec = resolve.load_model_ref(source.model)
-    plan = resolve.plan_of(source)
+    job = resolve.imported_job(source)
+    spec = resolve.model_of(source, job)
+    plan = resolve.plan_of(source, job)
     validate_plan(plan, num_layers=spec.num_layers, num_heads=spec.num_heads,
                   num_kv_heads=spec.num_kv_heads,
                   num_experts=spec.moe.num_experts if spec.moe else 0, gpus=source.gpus)
@@ -126,6 +128,8 @@ def register(app: typer.Typer) -> None:
         scenario: Optional[str] = options.scenario_option(),
         model: Optional[str] = typer.Option(None, help="Model preset or file (with plan "
                                             "flags, or a scenario)."),
+        megatron_args: Optional[str] = options.megatron_args_option(),
+        nemo_config: Optional[str] = options.nemo_config_option(),
         cluster: Optional[str] = typer.Option(None, help="Preset of this hardware, recorded "
                                               "for calibrate and compare (e.g. dgx-h100)."),
         gpus: Optional[int] = typer.Option(None, help="GPUs (= dp*tp*pp*cp) with --model."),
@@ -150,7 +154,9 @@ def register(app: typer.Typer) -> None:
                              "86400]")
         check_output_dir("out", out)
         source = options.scenario_from_options(scenario=scenario, model=model,
-                                               cluster=cluster, gpus=gpus, plan=plan)
+                                               cluster=cluster, gpus=gpus, plan=plan,
+                                               megatron_args=megatron_args,
+                                               nemo_config=nemo_config)
         if isinstance(source.cluster, str):
             cluster = source.cluster  # recorded for calibrate and compare
         prog = _program(example, program, source)
@@ -175,7 +181,8 @@ def register(app: typer.Typer) -> None:
         task = {"task": "replay", "out": str(directory), "backend": chosen, "cluster": cluster,
                 "iterations": iterations, "warmup": warmup, "timeout_s": timeout_s,
                 "source": {"example": example, "program": program, "model": source.model,
-                           "gpus": source.gpus, "plan": dict(source.plan)}}
+                           "gpus": source.gpus, "plan": dict(source.plan),
+                           "import": dict(source.job)}}
         write_text_atomic(directory / "run.json", json.dumps(task, indent=1, sort_keys=True))
         if _run(task, nproc):
             return
