@@ -1,13 +1,16 @@
 """The edge where user files and numbers enter trainsim, checked once for every format.
 
 Every loader of a user file (preset, model, scenario, sweep spec, calibration, failure
-profile, Program JSON, measurement records, nccl-tests logs) reads it with
-:func:`read_input_text` (TOML and JSON ones with :func:`load_input`, which also parses)
+profile, Program JSON, measurement records, nccl-tests logs, Megatron-LM argument files,
+NeMo/Megatron-Bridge YAML) reads it with :func:`read_input_text` (TOML, JSON and YAML
+ones with :func:`load_input`, which also parses)
 and checks what it parsed with :func:`check_nesting`. So:
 
 * only regular files are read: a FIFO would block for ever, ``/dev/zero`` never ends and
   a directory is not a file; each is refused in one line, before anything is read;
-* a file is at most :data:`MAX_INPUT_BYTES` (no input of trainsim is near that);
+* a file is at most :data:`MAX_INPUT_BYTES` (no input of trainsim is near that); a
+  hand-written file parsed in pure Python (TOML, YAML, a file of command-line arguments)
+  at most :data:`MAX_TEXT_BYTES`, so parsing it takes seconds, not minutes;
 * parsed data is at most :data:`MAX_NESTING` levels deep and expands to at most
   :data:`MAX_NODES` values (a YAML alias "billion laughs" is a few hundred bytes that
   expand to billions of values);
@@ -32,6 +35,10 @@ except ModuleNotFoundError:  # Python 3.10
 
 #: Largest input file read, bytes (64 MiB; the largest shipped input is ~1 MiB).
 MAX_INPUT_BYTES = 64 * 2**20
+#: Largest hand-written input parsed in pure Python (TOML, YAML, argument files), bytes
+#: (256 KiB; the largest shipped one is ~8 KB, and PyYAML needs ~15 s for 256 KiB of
+#: ``[1,1,...]`` on a busy core).
+MAX_TEXT_BYTES = 256 * 2**10
 #: Deepest nesting of lists/tables accepted in parsed input.
 MAX_NESTING = 32
 #: Most values (scalars, lists, tables) parsed input may expand to, aliases followed.
@@ -107,29 +114,54 @@ def read_input_text(path: str | os.PathLike[str], *, what: str, hint: str,
 
 
 def load_input(path: str | os.PathLike[str], *, what: str, hint: str, syntax: str,
-               max_bytes: int = MAX_INPUT_BYTES) -> tuple[Any, str]:
-    """Read a TOML or JSON input file (:func:`read_input_text`), parse it and check its
-    nesting (:func:`check_nesting`); returns ``(data, text)``.
+               max_bytes: int | None = None) -> tuple[Any, str]:
+    """Read a TOML, JSON or YAML input file (:func:`read_input_text`), parse it and check
+    its nesting (:func:`check_nesting`); returns ``(data, text)``.
 
     Args:
-        syntax: ``"toml"`` or ``"json"``.
+        syntax: ``"toml"``, ``"json"`` or ``"yaml"`` (YAML: safe loading only).
+        max_bytes: refuse larger files (default: :data:`MAX_INPUT_BYTES` for JSON, which
+            machines write and a C parser reads; :data:`MAX_TEXT_BYTES` for TOML and YAML).
 
     Raises:
         ValueError: one line naming ``what``, the file and the problem: unreadable, not a
             regular file, too large, not UTF-8, a syntax error (with its position), or
             nested too deeply (the parser's own recursion, or :data:`MAX_NESTING`).
     """
+    if max_bytes is None:
+        max_bytes = MAX_INPUT_BYTES if syntax == "json" else MAX_TEXT_BYTES
     text = read_input_text(path, what=what, hint=hint, max_bytes=max_bytes)
     shown = repr(os.fspath(path))
     try:
-        data = tomllib.loads(text) if syntax == "toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as problem:
+        data = _parse(text, syntax)
+    except _SyntaxProblem as problem:
         first = " ".join(str(problem).split())
         raise ValueError(f"{what}: {shown} is not valid {syntax.upper()} ({first}); "
                          f"{hint}") from None
     except RecursionError:
         raise ValueError(f"{what}: {shown} nests too deeply; {hint}") from None
     return check_nesting(data, what=f"{what}: {shown}"), text
+
+
+class _SyntaxProblem(Exception):
+    """A parser's syntax error, whatever the parser."""
+
+
+def _parse(text: str, syntax: str) -> Any:
+    """``text`` parsed as ``syntax``; a syntax error is :class:`_SyntaxProblem`."""
+    if syntax == "yaml":
+        import yaml
+
+        try:
+            # The pure-Python loader: its recursion ends in RecursionError, where the C
+            # loader's could overflow the C stack on deeply nested input.
+            return yaml.safe_load(text)
+        except yaml.YAMLError as problem:
+            raise _SyntaxProblem(str(problem)) from None
+    try:
+        return tomllib.loads(text) if syntax == "toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as problem:
+        raise _SyntaxProblem(str(problem)) from None
 
 
 def check_nesting(data: Any, *, what: str, max_depth: int = MAX_NESTING,

@@ -178,22 +178,12 @@ def load_spec(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     Raises:
         ValueError: one line for a missing file, bad YAML or a bad spec.
     """
-    import yaml
+    from hardware.user_input import load_input
 
-    from hardware.user_input import check_nesting, read_input_text
-
-    text = read_input_text(path, what="spec", hint="give a sweep spec YAML file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as problem:
-        first = " ".join(str(problem).split())
-        raise ValueError(f"spec: {str(path)!r} is not valid YAML ({first})") from None
-    except RecursionError:
-        raise ValueError(f"spec: {str(path)!r} nests too deeply; give a spec of base, grid "
-                         "and scenarios") from None
-    # Aliases are followed when counting: a few hundred bytes of nested aliases would
-    # otherwise expand to billions of values when the scenarios are hashed.
-    check_nesting(data, what=f"spec: {str(path)!r}")
+    # load_input follows YAML aliases when counting values: a few hundred bytes of nested
+    # aliases would otherwise expand to billions of values when the scenarios are hashed.
+    data, _ = load_input(path, what="spec", syntax="yaml",
+                         hint="give a sweep spec YAML file of base, grid and scenarios")
     return expand_spec(data)
 
 
