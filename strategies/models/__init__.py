@@ -162,7 +162,7 @@ def model_sources(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
 def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
     """Check a :class:`ModelSpec` and return it unchanged.
 
-    Checks: positive sizes; ``num_kv_heads`` divides ``num_heads``; ``mlp``
+    Checks: positive sizes of at most :data:`MAX_MODEL_NUMBER`; ``num_kv_heads`` divides ``num_heads``; ``mlp``
     and ``norm`` are known kinds; for MoE: positive expert counts and sizes,
     ``top_k <= num_experts``, ``capacity_factor >= 0``, ``shared_experts >= 0``,
     ``0 <= first_dense_layers <= num_layers``, ``layer_frequency >= 1``.
@@ -179,6 +179,9 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{field}: {value!r} must be a positive integer{at}")
+        if value > MAX_MODEL_NUMBER:
+            raise ValueError(f"{field}: {value!r} is not valid{at}; give at most "
+                             f"{MAX_MODEL_NUMBER:,}")
     if spec.num_heads % spec.num_kv_heads:
         raise ValueError(
             f"num_kv_heads: {spec.num_kv_heads} does not divide num_heads {spec.num_heads}{at}; "
@@ -194,6 +197,9 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
             value = getattr(moe, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"moe.{field}: {value!r} must be a positive integer{at}")
+            if value > MAX_MODEL_NUMBER:
+                raise ValueError(f"moe.{field}: {value!r} is not valid{at}; give at most "
+                                 f"{MAX_MODEL_NUMBER:,}")
         for field in ("shared_experts", "first_dense_layers"):
             value = getattr(moe, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
