@@ -8,6 +8,7 @@ the same plan options (and ``--scenario``) as ``trainsim simulate``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -326,14 +327,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate every published training run in validate/data/published and print the
         step-time error per source (median, p90, bias, worst rows)."""
-        from validate.published_report import build_report, markdown, replace_readme_block
+        from validate.published_report import (build_report, markdown, readme_text,
+                                               replace_readme_block)
 
         check_choice("format", output_format, ("table", "json", "markdown"))
         check_choice("role", role, ("validation", "calibration", "all"))
         if worst < 0:
             raise typer.BadParameter(f"worst: {worst} is not valid; give a count >= 0")
-        if write_readme and output_format != "markdown":
-            raise typer.BadParameter("write-readme: needs --format markdown")
+        if write_readme is not None:
+            if output_format != "markdown":
+                raise typer.BadParameter("write-readme: needs --format markdown")
+            readme_text(write_readme)  # before the simulations: a bad file costs nothing
         with spinner(output_format == "table", "simulating the published runs..."):
             report = build_report(sources=source or None, role=role)
         if output_format == "markdown":
@@ -342,9 +346,12 @@ def register(app: typer.Typer) -> None:
                 replace_readme_block(write_readme, block)
             print(block, end="")
         elif output_format == "json":
-            print(json.dumps({"summary": report.summary.to_dict(orient="records"),
-                              "rows": report.rows.to_dict(orient="records"),
-                              "memory_fits": report.memory_fits}, indent=1, default=str))
+            # A statistic of no compared rows (a source whose runs are all out of scope)
+            # is NaN in the frame and null in JSON, which has no NaN.
+            print(json_text(_nan_as_null({
+                "summary": report.summary.to_dict(orient="records"),
+                "rows": report.rows.to_dict(orient="records"),
+                "memory_fits": report.memory_fits}), indent=1, default=str))
         else:
             _print_published(report, worst)
         if fit:
@@ -401,6 +408,17 @@ def register(app: typer.Typer) -> None:
                  for series, e in comm.items()),
                 title="communication fit: relative error of time (= of busbw)",
                 left=("series",)))
+
+
+def _nan_as_null(value: Any) -> Any:
+    """``value`` with every float NaN (pandas' missing value) replaced by None."""
+    if isinstance(value, dict):
+        return {key: _nan_as_null(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_nan_as_null(item) for item in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def _print_published(report, worst: int) -> None:
