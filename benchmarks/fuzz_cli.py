@@ -42,6 +42,8 @@ def main() -> None:
 
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     seconds: collections.Counter = collections.Counter()
+    cpu: collections.Counter = collections.Counter()
+    exit_codes: collections.Counter = collections.Counter()
     problems, slow = [], []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
@@ -55,8 +57,10 @@ def main() -> None:
             if outcome.problems or outcome.kind in ("internal", "traceback", "timeout"):
                 problems.append((outcome.kind, args, outcome.problems,
                                  outcome.err.strip().splitlines()[-1:]))
+            cpu[outcome.command] += outcome.cpu_seconds
+            exit_codes[outcome.code] += 1
             if outcome.seconds > SLOW_S:
-                slow.append((outcome.seconds, args))
+                slow.append((outcome.seconds, outcome.cpu_seconds, args))
             done = sum(sum(c.values()) for c in counts.values())
             if done % 500 == 0:
                 print(f"# {done} calls, {time.perf_counter() - start:.0f} s", file=sys.stderr,
@@ -78,17 +82,20 @@ def main() -> None:
     calls = sum(total.values())
     print(f"# trainsim CLI fuzz: {calls} calls, seed {options.seed}, "
           f"{time.perf_counter() - start:.0f} s\n")
-    print("| command | calls | " + " | ".join(KINDS) + " | mean s |")
-    print("|---" * (len(KINDS) + 3) + "|")
+    print("| command | calls | " + " | ".join(KINDS) + " | mean s | mean CPU s |")
+    print("|---" * (len(KINDS) + 4) + "|")
     for command in sorted(counts):
         c = counts[command]
         n = sum(c.values())
         print(f"| {command} | {n} | " + " | ".join(str(c[k]) for k in KINDS)
-              + f" | {seconds[command] / n:.3f} |")
-    print(f"| **all** | {calls} | " + " | ".join(str(total[k]) for k in KINDS) + " | |")
-    print(f"\n## calls over {SLOW_S:g} s: {len(slow)}")
-    for took, args in sorted(slow, reverse=True):
-        print(f"- {took:.1f} s: `trainsim {' '.join(args)}`")
+              + f" | {seconds[command] / n:.3f} | {cpu[command] / n:.3f} |")
+    print(f"| **all** | {calls} | " + " | ".join(str(total[k]) for k in KINDS) + " | | |")
+    print("\nexit codes: " + ", ".join(f"{code} x {n}" for code, n in
+                                       sorted(exit_codes.items(), key=str)))
+    print(f"\n## calls over {SLOW_S:g} s (wall clock; CPU seconds of this process): "
+          f"{len(slow)}")
+    for took, cpu_s, args in sorted(slow, reverse=True):
+        print(f"- {took:.1f} s ({cpu_s:.1f} s CPU): `trainsim {' '.join(args)}`")
     print(f"\n## problems: {len(problems)}")
     for kind, args, found, last in problems:
         print(f"- {kind}: `trainsim {' '.join(args)}` {found} {last}")

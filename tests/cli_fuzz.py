@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 
 from trainsim.plan_fields import PLAN_FIELDS
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "importers"
+
 #: Exit codes a command may end with (trainsim.cli.errors).
 EXIT_CODES = (0, 1, 2, 3)
 #: A call slower than this is reported (issue 17: "did not answer within 30 s").
@@ -71,6 +73,8 @@ class Outcome:
     err: str
     seconds: float
     problems: list[str] = field(default_factory=list)
+    #: CPU seconds of this process (a busy machine stretches ``seconds``, not this).
+    cpu_seconds: float = 0.0
 
     @property
     def command(self) -> str:
@@ -109,7 +113,7 @@ def run(args: list[str], *, timeout_s: float = 120.0) -> Outcome:
     out, err = io.StringIO(), io.StringIO()
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -129,7 +133,8 @@ def run(args: list[str], *, timeout_s: float = 120.0) -> Outcome:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     outcome = Outcome(list(args), code, out.getvalue(), err.getvalue(),
-                      time.perf_counter() - start)
+                      time.perf_counter() - start,
+                      cpu_seconds=time.process_time() - cpu_start)
     outcome.problems = check(outcome)
     return outcome
 
@@ -302,8 +307,116 @@ def collective_args(draw, paths):
     return args + _common(draw, paths)
 
 
+#: A small Megatron-LM job (flag -> value; None: a bare flag) the fuzz perturbs.
+JOB_FLAGS = {"--tensor-model-parallel-size": "2", "--pipeline-model-parallel-size": "1",
+             "--num-layers": "4", "--hidden-size": "1024", "--num-attention-heads": "16",
+             "--seq-length": "2048", "--max-position-embeddings": "2048",
+             "--micro-batch-size": "1", "--global-batch-size": "16", "--bf16": None,
+             "--swiglu": None, "--group-query-attention": None, "--num-query-groups": "4",
+             "--use-distributed-optimizer": None, "--recompute-granularity": "selective"}
+#: Flags added to the job: MoE, layouts, settings without effect, refused, unknown.
+JOB_EXTRA = {"--num-experts": ["8", "0", "3"], "--moe-router-topk": ["2", "0", "999"],
+             "--context-parallel-size": ["2"], "--num-layers-per-virtual-pipeline-stage":
+             ["1", "3"], "--ddp-bucket-size": ["40000000", "-1"], "--vocab-size": ["32000"],
+             "--kv-channels": ["64"], "--lr": ["3e-4", "nan"], "--hidden-dropout": ["0.1", "inf"],
+             "--use-sharp": [None], "--frobnicate": [None, "1"], "--seed": ["$SEED"],
+             "--moe-expert-capacity-factor": ["1.0", "nan", "1e308"]}
+
+
+def _job_args(draw, paths) -> str:
+    """A Megatron-LM command line: the small job with some values made hostile, flags
+    added or dropped; or an @FILE from the corpus (huge, a FIFO, malformed YAML ...)."""
+    if not _CALM[0] and _maybe(draw, 0.3):
+        return "@" + _pick(draw, [paths[k] for k in (
+            "args_ok.args", "args_huge.args", "args_bad_yaml.yaml", "args_alias_bomb.yaml",
+            "args_not_words.args", "fifo", "dev_zero", "directory", "missing")])
+    flags = dict(JOB_FLAGS)
+    for flag in draw(st.lists(st.sampled_from(sorted(JOB_FLAGS)), max_size=0 if _CALM[0]
+                              else 3, unique=True)):
+        if _maybe(draw, 0.3):
+            del flags[flag]
+        else:
+            flags[flag] = _pick(draw, INTS + FLOATS[:6] + [None])
+    for flag in draw(st.lists(st.sampled_from(sorted(JOB_EXTRA)), max_size=1 if _CALM[0]
+                              else 3, unique=True)):
+        flags[flag] = _pick(draw, JOB_EXTRA[flag][:1] if _CALM[0] else JOB_EXTRA[flag])
+    words = []
+    for flag, value in flags.items():
+        words += [flag] if value is None else [flag, value]
+    text = " ".join(w if w and " " not in w else repr(w) for w in words)
+    if _often(draw, 0.1):
+        text += " " + _pick(draw, ["'unclosed", "\\", "torchrun x.py", "--", "@" + paths["fifo"]])
+    return text
+
+
+#: NeMo YAML fixtures the fuzz perturbs (tests/fixtures/importers).
+NEMO_FIXTURES = ("nemo1_gpt3_175b.yaml", "nemo2_llama3_8b.yaml",
+                 "bridge_llama3_8b_sft_gb200_fp8_mx.yaml")
+#: Values a perturbed YAML key takes.
+YAML_VALUES = [0, -1, 10**100, 1e308, float("nan"), float("inf"), "abc", "", None, True,
+               [], [1, 2], {}, {"x": 1}, "${.missing}", "${multiply:2, x}", "${..}",
+               "\u00e9", 2**63, 1.5]
+
+
+def _nemo_config(draw, paths) -> str:
+    """A NeMo / Megatron-Bridge YAML: a fixture with a few keys given hostile values,
+    deleted or added (written into the scratch directory), or a malformed corpus file."""
+    import hashlib
+
+    import yaml
+
+    if not _CALM[0] and _maybe(draw, 0.3):
+        return _pick(draw, [paths[k] for k in (
+            "nemo_malformed.yaml", "nemo_alias_bomb.yaml", "nemo_deep.yaml",
+            "nemo_model_scalar.yaml", "nemo_trainer_list.yaml", "fifo", "dev_zero",
+            "directory", "missing", "existing_file")])
+    name = _pick(draw, NEMO_FIXTURES)
+    data = yaml.safe_load((FIXTURES / name).read_text(encoding="utf-8"))
+    for _ in range(0 if _CALM[0] else draw(st.integers(1, 4))):
+        node, key = _random_key(draw, data)
+        if node is None:
+            break
+        action = _pick(draw, ["value", "value", "value", "delete", "add"])
+        if action == "delete":
+            del node[key]
+        elif action == "add":
+            node[_pick(draw, ["frobnicate", None, 7, "num_layers_x"])] = _pick(draw, YAML_VALUES)
+        else:
+            node[key] = _pick(draw, YAML_VALUES)
+    text = yaml.safe_dump(data, sort_keys=False)
+    path = Path(paths["directory"]) / "nemo" / (
+        hashlib.sha256(text.encode()).hexdigest()[:16] + ".yaml")
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _random_key(draw, data):
+    """A (mapping, key) somewhere in ``data``, leaning to the sections the importer reads."""
+    node = data
+    for _ in range(4):
+        if not isinstance(node, dict) or not node:
+            return None, None
+        key = _pick(draw, list(node))
+        if isinstance(node[key], dict) and node[key] and _maybe(draw, 0.6):
+            node = node[key]
+            continue
+        return node, key
+    return (node, _pick(draw, list(node))) if isinstance(node, dict) and node else (None, None)
+
+
+def _job(draw, paths) -> list[str]:
+    """``--megatron-args`` or ``--nemo-config`` with its value."""
+    if draw(st.booleans()):
+        return ["--megatron-args", _job_args(draw, paths)]
+    return ["--nemo-config", _nemo_config(draw, paths)]
+
+
 def _step_args(draw, paths) -> list[str]:
     _start(draw)
+    if _maybe(draw, 0.2):
+        return _imported_step_args(draw, paths)
     if _CALM[0]:
         return _calm_step_args(draw, paths)
     args = []
@@ -341,6 +454,24 @@ def _calm_step_args(draw, paths) -> list[str]:
     for option in draw(st.lists(st.sampled_from(_CALM_PLAN), max_size=2, unique_by=tuple)):
         args += option
     fidelity = _pick(draw, ["analytic"] * 4 + ["event", "flow"])
+    return args + ["--fidelity", fidelity] + _common(draw, paths)
+
+
+def _imported_step_args(draw, paths) -> list[str]:
+    """A step of an imported job, with a few options given explicitly on top."""
+    args = _job(draw, paths)
+    if _maybe(draw, 0.5):
+        args += ["--gpus", _choose(draw, ["8", "16", "1024"], GPUS)]
+    if _maybe(draw, 0.2):
+        args += ["--model", _model(draw, paths)]
+    if _CALM[0]:
+        args += _pick(draw, [[], [], ["--tp", "4"], ["--recompute", "full"]])
+    else:
+        args += _plan_options(draw, search=False)
+    # A NeMo fixture is a full-size job (GPT-3 175B on 1,024 GPUs: ~20 s of CPU for one
+    # event-fidelity step, a documented long call); the fuzz prices those in closed form.
+    fidelity = "analytic" if "--nemo-config" in args else \
+        _pick(draw, ["analytic"] * 4 + ["event"])
     return args + ["--fidelity", fidelity] + _common(draw, paths)
 
 
@@ -388,9 +519,16 @@ def failures_args(draw, paths):
 @st.composite
 def plan_args(draw, paths):
     _start(draw)
-    args = ["plan", "--model", _model(draw, paths), "--gpus",
-            _choose(draw, ["8", "16", "32", "64"], GPUS)]
-    args += _batch(draw)
+    if _maybe(draw, 0.15):
+        # A NeMo fixture's own GPU count is up to 1,024: its top plans' event-fidelity
+        # confirmation is a documented long call, so the fuzz plans them on a few nodes.
+        args = ["plan", *_job(draw, paths)]
+        if "--nemo-config" in args or _maybe(draw, 0.5):
+            args += ["--gpus", _choose(draw, ["8", "16", "64"], GPUS)]
+    else:
+        args = ["plan", "--model", _model(draw, paths), "--gpus",
+                _choose(draw, ["8", "16", "32", "64"], GPUS)]
+        args += _batch(draw)
     args += ["--top", _choose(draw, ["1", "2", "3"], INTS)]
     args += ["--workers", _choose(draw, ["1"] * 8 + ["2"], ["0", "-1", "300"])]
     args += _plan_options(draw, search=True)
@@ -445,8 +583,23 @@ def hardware_args(draw, paths):
 @st.composite
 def validate_args(draw, paths):
     _start(draw)
-    which = _pick(draw, ["compare", "compare", "calibrate", "replay", "collectives", "gemm"])
+    which = _pick(draw, ["compare", "compare", "calibrate", "replay", "collectives", "gemm",
+                         "published"])
     directory = Path(paths["directory"])
+    if which == "published":
+        # Always one small source: the whole published set is a documented long call
+        # (~30 s of CPU: every published run simulated).
+        args = ["validate", "published", "--source", _pick(draw, [
+            "meta_llama3_paper", "deepseek_v3_report", "megatron_lm_2021", "nope", ""])]
+        if _maybe(draw, 0.3):
+            args += ["--role", _pick(draw, ["validation", "calibration", "all", "x"])]
+        if _maybe(draw, 0.3):
+            args += ["--worst", _pick(draw, INTS)]
+        output = _pick(draw, ["json", "table", "markdown", "x"])
+        if _maybe(draw, 0.3):
+            args += ["--write-readme", _pick(draw, [paths[k] for k in (
+                "existing_file", "fifo", "directory", "missing", "dev_zero")])]
+        return args + ["--format", output]
     runs = [paths[k] for k in ("replay_ok", "replay_span_no_end", "replay_span_bad_index",
                                "missing", "existing_file", "fifo")]
     if which == "compare":
@@ -486,7 +639,8 @@ def validate_args(draw, paths):
                               ["--program", paths["program_tiny.json"]],
                               ["--program", paths["program_int_shape.json"]],
                               ["--program", paths["fifo"]],
-                              ["--model", "llama3-8b", "--gpus", "8"]])
+                              ["--model", "llama3-8b", "--gpus", "8"],
+                              _job(draw, paths)])
         extra = []
         if _maybe(draw, 0.3):
             extra += ["--iterations", _pick(draw, INTS)]

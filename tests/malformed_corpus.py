@@ -102,6 +102,19 @@ def build_corpus(root: Path) -> dict[str, str]:
     spec.write_text("kind: collective\nbase: {op: all_reduce, size_bytes: 1048576}\n"
                     "grid:\n  nodes: [1, 2]\n", encoding="utf-8")
     cases["spec_ok.yaml"] = str(spec)
+    job = root / "args_ok.args"
+    job.write_text("# a small job\n--tensor-model-parallel-size 2 --num-layers 4 \\\n"
+                   "  --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \\\n"
+                   "  --max-position-embeddings 2048 --micro-batch-size 1 "
+                   "--global-batch-size 16 --bf16\n", encoding="utf-8")
+    cases["args_ok.args"] = str(job)
+    # An @FILE past the input edge's limit for argument files (hardware.user_input).
+    from hardware.user_input import MAX_TEXT_BYTES
+
+    huge = root / "args_huge.args"
+    line = "--num-layers 4 --hidden-size 1024\n"
+    huge.write_text(line * (MAX_TEXT_BYTES // len(line) + 1), encoding="utf-8")
+    cases["args_huge.args"] = str(huge)
     calibration = root / "cal_ok.toml"
     calibration.write_text('[fields]\n"scale_up.link_efficiency" = 0.8\n', encoding="utf-8")
     cases["cal_ok.toml"] = str(calibration)

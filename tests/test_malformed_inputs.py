@@ -113,6 +113,48 @@ CASES = [
     ("FIFO as scenario", "simulate --scenario {fifo}", ("FIFO",)),
     ("/dev/zero as cluster", "simulate --model llama3-8b --cluster {dev_zero} --gpus 8",
      ("FIFO",)),
+    # Importers: the job's own files pass the same edge (regular file, size, nesting)
+    ("FIFO as @FILE", "simulate --megatron-args @{fifo} --gpus 8", ("megatron-args", "FIFO")),
+    ("/dev/zero as @FILE", "simulate --megatron-args @{dev_zero} --gpus 8", ("FIFO",)),
+    ("directory as @FILE", "simulate --megatron-args @{directory} --gpus 8", ("directory",)),
+    ("huge @FILE", "plan --megatron-args @{args_huge.args} --gpus 8",
+     ("megatron-args", "262,144")),
+    ("@FILE not shell words", "simulate --megatron-args @{args_not_words.args} --gpus 8",
+     ("args_not_words.args", "shell words")),
+    ("@FILE YAML malformed", "failures --megatron-args @{args_bad_yaml.yaml} --gpus 8 "
+     "--days 1", ("args_bad_yaml.yaml", "not valid YAML")),
+    ("@FILE YAML alias bomb", "simulate --megatron-args @{args_alias_bomb.yaml} --gpus 8",
+     ("args_alias_bomb.yaml", "2,000,000")),
+    ("unknown Megatron flag", ["simulate", "--megatron-args", "@{args_ok.args} --frobnicate",
+                               "--gpus", "8"], ("--frobnicate", "not a Megatron-LM argument")),
+    ("shell variable in arguments", ["simulate", "--megatron-args",
+                                     "@{args_ok.args} --seq-length $SEQ", "--gpus", "8"],
+     ("--seq-length", "shell variable")),
+    ("100-digit layer count in arguments", ["simulate", "--megatron-args",
+                                            "@{args_ok.args} --num-layers " + "9" * 100,
+                                            "--gpus", "8"], ("--num-layers", "10,000,000")),
+    ("NaN capacity factor in arguments", ["simulate", "--megatron-args",
+                                          "@{args_ok.args} --num-experts 8 "
+                                          "--moe-expert-capacity-factor nan", "--gpus", "8"],
+     ("--moe-expert-capacity-factor", "finite")),
+    ("FIFO as NeMo config", "simulate --nemo-config {fifo} --gpus 8", ("FIFO",)),
+    ("/dev/zero as NeMo config", "plan --nemo-config {dev_zero} --gpus 8", ("FIFO",)),
+    ("NeMo config malformed", "simulate --nemo-config {nemo_malformed.yaml}",
+     ("nemo_malformed.yaml", "not valid YAML")),
+    ("NeMo config alias bomb", "failures --nemo-config {nemo_alias_bomb.yaml} --days 1",
+     ("nemo_alias_bomb.yaml", "2,000,000")),
+    ("NeMo config nested 1,500 deep", "simulate --nemo-config {nemo_deep.yaml}",
+     ("nemo_deep.yaml", "deep")),
+    ("NeMo model section a scalar", "simulate --nemo-config {nemo_model_scalar.yaml}",
+     ("model",)),
+    ("NeMo trainer a list", "simulate --nemo-config {nemo_trainer_list.yaml}",
+     ("trainer", "[1, 2]")),
+    ("NeMo config a directory", "validate replay --nemo-config {directory} --nproc 1 "
+     "--out {directory}/p4", ("nemo", "directory")),
+    ("FIFO as --write-readme", "validate published --source meta_llama3_paper --format "
+     "markdown --write-readme {fifo}", ("write-readme", "FIFO")),
+    ("README without markers", "validate published --source meta_llama3_paper --format "
+     "markdown --write-readme {existing_file}", ("write-readme", "markers")),
     ("one-rank collective", "collective all_reduce --gpus-per-node 1 --format json",
      ("at least 2 ranks",)),
     ("straggler 0:inf", "simulate --model llama3-8b --gpus 8 --straggler 0:inf", ("inf",)),
@@ -133,6 +175,34 @@ def _fill(arg: str, corpus: dict[str, str]) -> str:
         arg = arg.replace("{" + name + "}", path)
     assert "{" not in arg, arg
     return arg
+
+
+#: A NeMo 2 recipe with one part of the wrong shape: (where, value, words of the error).
+NEMO_SHAPES = [
+    (("data",), float("nan"), ("data", "section")),
+    (("optim",), [1, 2], ("optim", "section")),
+    (("model", "config"), "x", ("model.config", "section")),
+    (("trainer", "callbacks"), 3, ("trainer.callbacks", "list")),
+    (("trainer", "strategy", None), 4, ("trainer.strategy.None", "not a name")),
+    (("model", "config", 7), True, ("model.config.7", "not a name")),
+]
+
+
+@pytest.mark.parametrize("where,value,words", NEMO_SHAPES,
+                         ids=[".".join(map(str, w[0])) for w in NEMO_SHAPES])
+def test_nemo_parts_of_the_wrong_shape_are_one_line(capsys, tmp_path, where, value, words):
+    import yaml
+
+    data = yaml.safe_load((ROOT / "tests/fixtures/importers/nemo2_llama3_8b.yaml")
+                          .read_text(encoding="utf-8"))
+    node = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    _one_line(capsys, "simulate", "--nemo-config", str(config), "--model", "llama3-8b",
+              "--fidelity", "analytic", words=words)
 
 
 def test_trace_into_a_new_directory_is_written(capsys, tmp_path):
@@ -164,6 +234,20 @@ def test_any_exception_in_a_scenario_is_a_row(monkeypatch):
     monkeypatch.setitem(sweeps._RUNNERS, "step", broken)
     row = sweeps.run_scenario({"kind": "step", "model": "llama3-8b"})
     assert row == {"status": "error", "error": "ZeroDivisionError: division by zero"}
+
+
+def test_published_json_has_null_where_nothing_was_compared(capsys):
+    code, out, err = run_cli(capsys, "validate", "published", "--source",
+                             "deepseek_v3_report", "--format", "json")
+    assert code == 0, err
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    summary = json.loads(out, parse_constant=refuse)["summary"]
+    assert summary and all(row["compared"] == 0 for row in summary)  # out of scope
+    assert all(row["median_abs_error"] is None and row["worst_error"] is None
+               for row in summary)
 
 
 def test_duplicate_list_values_are_searched_once(capsys):
