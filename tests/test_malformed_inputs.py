@@ -55,6 +55,8 @@ CASES = [
      "--set gpu.sustained_fraction=1e-300", ("gpu.sustained_fraction", "1e-300")),
     ("failure rate no job survives", "failures --model llama3-8b --gpus 16 --days 1 "
      "--profile {profile_huge_rate.toml}", ("failures", "per run")),
+    ("failure rate no job survives, plan", "plan --model llama3-8b --gpus 16 --workers 1 "
+     "--profile {profile_huge_rate.toml}", ("failures", "per run")),
     ("days 1e308", "failures --model llama3-8b --gpus 16 --days 1e308", ("days", "36500")),
     ("collective on 1,000 nodes", "collective reduce --nodes 1_000", ("nodes", "8,000 ranks")),
     ("model 1e12 layers", "simulate --model {model_huge_layers.toml} --gpus 8",
@@ -67,6 +69,10 @@ CASES = [
      "--out {under_a_file}", ("out", "not a directory")),
     ("replay --out 300-char name", "validate replay --example tiny --nproc 4 "
      "--out {long_name}", ("out", "255 bytes")),
+    ("trace under a file, before simulating", "simulate --model llama3-8b --gpus 8 "
+     "--fidelity event --trace {under_a_file}", ("trace", "not a directory")),
+    ("emit-scenarios is a file", "plan --model llama3-8b --gpus 8 --workers 1 "
+     "--emit-scenarios {existing_file}", ("emit_scenarios", "is a file")),
     ("sweep --cache file", "sweep {spec_ok.yaml} --out {directory}/o.csv "
      "--cache {existing_file}", ("cache", "is a file")),
     ("sweep --cache under a file", "sweep {spec_ok.yaml} --out {directory}/o.csv "
@@ -248,6 +254,28 @@ def test_published_json_has_null_where_nothing_was_compared(capsys):
     assert summary and all(row["compared"] == 0 for row in summary)  # out of scope
     assert all(row["median_abs_error"] is None and row["worst_error"] is None
                for row in summary)
+
+
+def test_worker_processes_are_capped_by_the_work(monkeypatch, tmp_path):
+    """--workers 8 for 2 scenarios starts 2 processes, not 8."""
+    import concurrent.futures
+
+    from trainsim import sweeps
+
+    started = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, **options):
+            started.append(max_workers)
+            super().__init__(max_workers=max_workers, **options)
+
+    monkeypatch.setattr(sweeps, "ProcessPoolExecutor", Recording)
+    scenarios = sweeps.expand_spec({"kind": "collective",
+                                    "base": {"op": "all_reduce", "size_bytes": 1 << 20},
+                                    "grid": {"nodes": [1, 2]}})
+    result = sweeps.run_sweep(scenarios, tmp_path / "t.csv", workers=8)
+    assert len(result["frame"]) == 2
+    assert started and max(started) <= 2, started
 
 
 def test_duplicate_list_values_are_searched_once(capsys):
