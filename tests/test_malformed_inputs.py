@@ -161,6 +161,8 @@ CASES = [
      "markdown --write-readme {fifo}", ("write-readme", "FIFO")),
     ("README without markers", "validate published --source meta_llama3_paper --format "
      "markdown --write-readme {existing_file}", ("write-readme", "markers")),
+    ("alltoall smaller than one element per rank", "collective alltoall --gpus-per-node 8 "
+     "--min-bytes 8 --max-bytes 8 --format nccl-tests", ("max-bytes", "32 bytes")),
     ("one-rank collective", "collective all_reduce --gpus-per-node 1 --format json",
      ("at least 2 ranks",)),
     ("straggler 0:inf", "simulate --model llama3-8b --gpus 8 --straggler 0:inf", ("inf",)),
