@@ -73,6 +73,13 @@ class ComputeOp:
         causal: for attention, the kernel applies a causal mask (a ring-attention step off
             the diagonal of the context-parallel square does not).
         window: for attention, the sliding window in keys per query (0: none).
+        host_launches: kernels the CPU issues one by one for this op (PyTorch eager: a
+            Python call per kernel); 0: the host is not modelled or the op is replayed
+            from a CUDA graph. The cost model prices the CPU time
+            (``hardware.cost.CostModel.host_ns``).
+        host_sync: the CPU waits until this op has finished on the GPU before issuing
+            anything after it (a device-to-host copy it needs, e.g. Megatron-Core's
+            dropless token counts per expert).
     """
 
     name: str
@@ -90,6 +97,8 @@ class ComputeOp:
     impl: str = ""
     causal: bool = True
     window: int = 0
+    host_launches: int = 0
+    host_sync: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +121,8 @@ class CollectiveOp:
         deps: indices of earlier ops of the same rank this op waits for.
         axis: the parallelism the collective serves (one of :data:`AXES`, or ``""``
             outside a training step); reports attribute its time to that axis.
+        host_launches: kernels the CPU issues for it (an NCCL launch: 1); 0: the host
+            is not modelled.
     """
 
     name: str
@@ -125,6 +136,7 @@ class CollectiveOp:
     stream: str = COMM_STREAM
     deps: tuple[int, ...] = ()
     axis: str = ""
+    host_launches: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,8 +3,8 @@ pass (issue 17): exit code 0, 1, 2 or 3; on an error exactly one ``error:`` line
 stderr and no traceback; no fault of trainsim (``error: internal``); JSON output that
 parses, with no NaN, no infinity and no negative time.
 
-Used by ``tests/test_fuzz_cli.py`` (a few hundred calls by default, 10,000 under ``-m
-slow``) and ``benchmarks/fuzz_cli.py`` (the counted run of the issue note).
+Used by ``tests/test_fuzz_cli.py`` (a few hundred derandomized calls) and
+``benchmarks/fuzz_cli.py`` (10,000 calls, counted: the run of the issue note).
 
 Values mix what a user means (presets, sizes like ``16GiB``) with what a hostile user
 types (0, -0, 10^100, ``nan``, ``1e308``, unicode, 300-character names, FIFOs, files

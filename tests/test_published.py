@@ -66,10 +66,10 @@ def test_moe_models_within_todays_bounds(report):
     -48 %; FSDP-64 AutoModel +49 %), which moved the median from 15.6 % to 18.5 % and the
     p90 from 39.7 % to 42.1 %: the bounds follow, the bias bound stays."""
     moe = _line(report, "MoE models")
-    assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.19
-    assert moe["p90_abs_error"] <= 0.43
-    assert abs(moe["bias"]) <= 0.19
+    assert moe["compared"] >= 75
+    assert moe["median_abs_error"] <= 0.15
+    assert moe["p90_abs_error"] <= 0.40
+    assert abs(moe["bias"]) <= 0.175
 
 
 def test_whole_set_within_todays_bounds(report):
@@ -78,8 +78,8 @@ def test_whole_set_within_todays_bounds(report):
     test_moe_models_within_todays_bounds): within 5.5 %; the p90 (22.2 %) likewise."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.225
-    assert abs(every["bias"]) <= 0.055
+    assert every["p90_abs_error"] <= 0.21
+    assert abs(every["bias"]) <= 0.05
 
 
 def test_rows_not_compared_say_why_and_none_failed(report):
