@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["MEGATRON_BRIDGE_OFFLOAD", "StackSettings", "framework_defaults", "framework_kind",
-           "recompute_modules_of", "stack_settings"]
+           "recompute_modules_of", "stack_settings", "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
 _KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
@@ -146,6 +146,23 @@ def recompute_modules_of(detail: str) -> tuple[tuple[str, ...], list[str]]:
         elif module not in modules:
             modules.append(module)
     return tuple(modules), unknown
+
+
+def torchtitan_pipeline(text: str, pp: int) -> tuple[str, int]:
+    """The pipeline schedule and stages per rank a torchtitan row ran (``text``: its
+    citation and notes, which print the schedule, e.g. "PP schedule Interleaved 1F1B").
+
+    torchtitan (``torchtitan/parallelisms/pipelining_utils.py`` @9dec370,
+    ``generate_split_points``) builds one stage per rank for single-stage schedules
+    (``1F1B``, ``GPipe``) and, with no split points given, two stages per rank for the
+    looped multi-stage ones (``Interleaved1F1B``, ``LoopedBFS``); its
+    ``build_pipeline_schedule`` then runs as many micro-batches as there are stages in
+    total (``pipeline_parallel_microbatches`` unset). Returns ``(schedule, vpp)``:
+    ``("interleaved", 2)`` when the row prints an interleaved schedule, else ``("1f1b", 1)``.
+    """
+    if pp > 1 and "interleaved 1f1b" in text.lower():
+        return "interleaved", 2
+    return "1f1b", 1
 
 
 def _torchtitan_selective(detail: str, num_layers: int, pp: int) -> dict[str, object]:
