@@ -102,7 +102,8 @@ def test_each_preset_reproduces_its_calibration_rows():
     calibration rows within 1 % (the bisection resolution is 0.25 % of the fraction)."""
     models = load_models()
     chosen = calibration_rows()
-    assert set(chosen) >= {"dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72"}
+    assert set(chosen) >= {"dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72",
+                           "grand-teton-h100-96gb"}
     for preset, runs in chosen.items():
         assert runs, f"{preset}: no calibration row found"
         frame = evaluate(runs, models=models)
@@ -111,8 +112,9 @@ def test_each_preset_reproduces_its_calibration_rows():
         assert abs(frame["error"].median()) <= 0.01, (preset, frame["error"].median())
 
 
+# grand-teton-h100-96gb is not here: its H100s run at a 500 W power limit, not 700 W, and
+# it carries its own calibration (roles.toml; test_each_preset_reproduces_its_calibration_rows)
 @pytest.mark.parametrize("preset,like", [("hgx-h200", "dgx-h100"), ("gcp-a3-mega", "dgx-h100"),
-                                         ("grand-teton-h100-96gb", "dgx-h100"),
                                          ("dgx-h800", "dgx-h100"),
                                          ("dgx-a100-40gb", "dgx-a100")])
 def test_presets_with_the_same_gpu_share_its_calibration(preset, like):
