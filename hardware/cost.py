@@ -394,8 +394,12 @@ class CostModel:
 
     def _coefficients_of(self, kind: str, geometry: GroupGeometry, name: str,
                          protocol: str) -> "_Coefficients":
-        """The fixed ns and per-byte coefficients of one algorithm and protocol."""
-        key = (kind, geometry.group, name, protocol)
+        """The fixed ns and per-byte coefficients of one algorithm and protocol, once
+        per class of groups the machine's symmetry maps onto each other
+        (:meth:`hardware.topology.ClusterLayout.group_class`: equal prices by
+        construction), else per group."""
+        group_class = self.layout.group_class(geometry.group)
+        key = (kind, geometry.group if group_class is None else group_class, name, protocol)
         found = self._coefficients.get(key)
         if found is None:
             phases = self._reference_phases.get(key[:3])

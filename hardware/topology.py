@@ -79,6 +79,10 @@ class ClusterLayout:
         self.world_size = nodes * gpus_per_node
         self._nodes_per_domain = max(1, spec.scale_up.domain_gpus // spec.gpus_per_node)
         self._geometries: dict[tuple[int, ...], GroupGeometry] = {}
+        self._classes: dict[tuple[int, ...], bytes] = {}
+        #: False once a link's capacity differs from its kind's (scale_nic): then no
+        #: two groups are priced alike by symmetry (group_class returns None).
+        self.uniform_links = True
         self._build_links()
 
     # ----------------------------------------------------------------- placement
@@ -217,6 +221,8 @@ class ClusterLayout:
         if not 0 < fraction <= 1:
             raise ValueError(f"nic rate: {fraction!r} is not valid; give 0 < fraction <= 1")
         node, rail = self.node_of(rank), self.rail_of(rank)
+        self.uniform_links = False
+        self._classes.clear()
         for link in (self.nic_out_link(node, rail), self.nic_in_link(node, rail)):
             self.capacity_bytes_per_s[link] *= fraction
         return [r for r in range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
@@ -305,6 +311,53 @@ class ClusterLayout:
                 hops = max(hops, self.path(here[0], there[0]).switch_hops)
         found = GroupGeometry(key, domains, hops)
         self._geometries[key] = found
+        return found
+
+    def group_class(self, group: Sequence[int]) -> bytes | None:
+        """A key equal for two groups that the machine's symmetry maps onto each other
+        (None while a link runs at another rate than its kind's, :meth:`scale_nic`).
+
+        Each member, in communicator order, is described by its GPU index in its node
+        (its order among the group's GPU indices when every GPU has its own NIC) and
+        the order-preserving rank of its node, NVLink domain, leaf unit and spine
+        group among the group's own. Two groups with the same key are related by a
+        relabelling of nodes that keeps GPU indices, rails, domains, leaves and spine
+        groups, and their order: every transfer an algorithm builds on one maps onto
+        a transfer of the other, over links of the same kind and capacity (all links
+        of a kind are equal while :attr:`uniform_links`), in the same sorted orders.
+        So every alpha-beta price of a collective (its phases' steps, most loaded
+        link, NCCL ceilings) is the same for both: what lets a data-parallel group of
+        every pipeline rank be priced once (DESIGN.md principle 5).
+        """
+        if not self.uniform_links:
+            return None
+        key = tuple(group)
+        found = self._classes.get(key)
+        if found is not None:
+            return found
+        ranks = np.asarray(key, dtype=np.int64)
+        nodes = ranks // self.gpus_per_node
+        local = ranks % self.gpus_per_node
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            domains = ranks
+        else:
+            domains = nodes // self._nodes_per_domain
+        fabric = self.spec.fabric
+        units = nodes // fabric.nodes_per_leaf
+        spines = units // fabric.leaves_per_spine_group
+        # with one NIC per GPU every GPU index is its own rail and its own PXN relay
+        # (_gpu_on_rail), so GPU indices too are relabelled in order; else each
+        # index keeps its rail
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == self.gpus_per_node
+        relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
+            nodes, domains, units, spines)
+        columns = [] if one_nic_each else [local]
+        columns += [np.unique(values, return_inverse=True)[1].reshape(-1)
+                    for values in relabelled]
+        found = np.stack(columns).astype(np.int64).tobytes()
+        if len(self._classes) >= 65536:
+            self._classes.clear()
+        self._classes[key] = found
         return found
 
     def _gpu_on_rail(self, node: int, rail: int) -> int | None:
