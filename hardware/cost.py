@@ -256,6 +256,7 @@ class CostModel:
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
+        self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
@@ -327,9 +328,18 @@ class CostModel:
             ValueError: naming the field for an unknown kind, algorithm or protocol,
                 a negative size, or an algorithm this machine or group cannot run.
         """
+        # Hashing a 16,384-rank tuple costs more than a lookup should: callers that
+        # pass the same group object (every member's op of one collective) hit a table
+        # keyed by its identity (the group kept alive with the entry, so its id is its own).
+        fast_key = (kind, id(group), size_bytes, algorithm, protocol)
+        if type(group) is tuple:  # (a list could change under its identity)
+            known = self._choices_by_id.get(fast_key)
+            if known is not None and known[0] is group:
+                return known[1]
         key = (kind, tuple(group), size_bytes, algorithm, protocol)
         found = self._choices.get(key)
         if found is not None:
+            self._remember_choice(fast_key, group, found)
             return found
         candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm, protocol)
         if not candidates:
@@ -348,7 +358,17 @@ class CostModel:
                     f"here; valid: auto, {', '.join(PROTOCOLS)}")
             found = best
         self._choices[key] = found
+        self._remember_choice(fast_key, group, found)
         return found
+
+    def _remember_choice(self, fast_key: tuple, group: Sequence[int],
+                         found: CollectiveCost) -> None:
+        """Keep ``found`` under the identity of ``group``, a tuple (bounded)."""
+        if type(group) is not tuple:
+            return
+        if len(self._choices_by_id) >= 65536:
+            self._choices_by_id.clear()
+        self._choices_by_id[fast_key] = (group, found)
 
     def collective_plan(self, kind: str, group: Sequence[int], size_bytes: int,
                         algorithm: str = "auto", protocol: str = "auto") -> CommPlanLike:

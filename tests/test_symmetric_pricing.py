@@ -58,3 +58,29 @@ def test_degraded_link_breaks_symmetry():
     cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
     assert (cost.collective("all_reduce", (0, 8), 1 << 28).duration_ns
             > cost.collective("all_reduce", (1, 9), 1 << 28).duration_ns)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+def test_collective_sweep_one_representative_equals_every_rank(fidelity, monkeypatch):
+    """collective_sweep runs one representative for all ranks: the same table as the
+    program in which every rank issues the call."""
+    from sim import collective_bench
+    from strategies.ir import Program
+
+    cluster = load_cluster("gb200-nvl72")
+    sizes = [1 << 12, 1 << 22, 1 << 28]
+    kinds = ("all_reduce", "all_gather", "alltoall", "sendrecv", "broadcast")
+    reduced = {k: collective_bench.collective_sweep(k, cluster, nodes=20, gpus_per_node=4,
+                                                    sizes=sizes, fidelity=fidelity)
+               for k in kinds}
+
+    def full_program(*, ops_by_rank, world_size, name, represents):
+        op = ops_by_rank[0][0]
+        return Program(ops_by_rank={r: (op,) for r in range(world_size)},
+                       world_size=world_size, name=name)
+
+    monkeypatch.setattr(collective_bench, "Program", full_program)
+    for kind in kinds:
+        full = collective_bench.collective_sweep(kind, cluster, nodes=20, gpus_per_node=4,
+                                                 sizes=sizes, fidelity=fidelity)
+        assert full.equals(reduced[kind]), kind
