@@ -47,7 +47,8 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 import simpy
 
 from hardware.compute import ComputeModel
-from hardware.network import CommPlanLike, FlowFabric, NetworkModel, PhaseLike
+from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
+                              all_pairs_p2p_cap_s)
 from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
 from hardware.topology import ClusterLayout
 from hardware.units import seconds_to_ns
@@ -205,6 +206,8 @@ class _Coefficients(NamedTuple):
 def _p2p_only_cap_s(model: NetworkModel, plan: CommPlanLike, phase: PhaseLike) -> float:
     """Seconds a phase takes at its p2p channel ceilings alone (0: none): the part of
     its ceilings that does not depend on the size (bus ceilings are priced per size)."""
+    if getattr(phase.transfers, "all_pairs", False):
+        return all_pairs_p2p_cap_s(model, plan, phase.transfers)
     if not any(t.mode == "p2p" for t in phase.transfers):
         return 0.0
     cap = model.p2p_cap_bytes_per_s(plan.ranks)

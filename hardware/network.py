@@ -97,6 +97,26 @@ class CommPlanLike(Protocol):
     local_ranks: int
 
 
+#: Most flows one phase may start at flow fidelity (each costs a FlowRequest and its
+#: entries in the solver's arrays, a few hundred bytes: about 1 GB at this count).
+FLOWS_MAX = 4_000_000
+
+
+def all_pairs_p2p_cap_s(model: "NetworkModel", plan: CommPlanLike, transfers) -> float:
+    """Seconds an all-pairs exchange (strategies.collectives.plans.AllPairs) takes at
+    its send/recv channel ceilings alone: every transfer carries the same payload, so
+    the ceiling binds as soon as one pair crosses NVLink domains (0: none)."""
+    if transfers.mode != "p2p" or transfers.payload_bytes <= 0:
+        return 0.0
+    cap = model.p2p_cap_bytes_per_s(getattr(plan, "ranks", 2))
+    if math.isinf(cap):
+        return 0.0
+    domain = model.layout.domain_of
+    if len({domain(r) for r in transfers.group}) < 2:
+        return 0.0
+    return transfers.payload_bytes / cap
+
+
 class NetworkModel:
     """Paths, per-link weights and latencies shared by both fidelities.
 
@@ -240,6 +260,11 @@ class NetworkModel:
         gets ``payload x C / bus_bytes``, so all of them end together when it binds.
         A p2p transfer to another NVLink domain also gets :meth:`p2p_cap_bytes_per_s`.
         """
+        if getattr(phase.transfers, "all_pairs", False) and len(phase.transfers) > FLOWS_MAX:
+            raise ValueError(
+                f"fidelity: 'flow' would run {len(phase.transfers):,} flows at once (every one "
+                f"of {len(phase.transfers.group):,} ranks to every other); at most "
+                f"{FLOWS_MAX:,} fit in memory: use fidelity 'analytic' or fewer ranks")
         caps = [math.inf] * len(phase.transfers)
         bus_bytes = getattr(phase, "bus_bytes", 0.0)
         if bus_bytes > 0:
@@ -294,6 +319,10 @@ class NetworkModel:
     def phase_cap_s(self, plan: CommPlanLike, phase: PhaseLike,
                     size_bytes: float | None = None) -> float:
         """Seconds the phase takes at its transfers' rate ceilings alone (0: none)."""
+        transfers = phase.transfers
+        if getattr(transfers, "all_pairs", False) and not getattr(phase, "bus_bytes", 0.0):
+            # equal payloads: the p2p ceiling binds if any pair crosses NVLink domains
+            return all_pairs_p2p_cap_s(self, plan, transfers)
         worst = 0.0
         for transfer, cap in zip(phase.transfers, self.transfer_caps(plan, phase, size_bytes)):
             if not math.isinf(cap) and transfer.payload_bytes > 0:
@@ -326,6 +355,12 @@ class NetworkModel:
         cached = self._loads.get(id(phase))
         if cached is not None:
             return cached[1]
+        transfers = phase.transfers
+        if getattr(transfers, "all_pairs", False):  # every member to every other one
+            loads = {transfers.mode: self.layout.all_pairs_link_counts(transfers.group)
+                     * transfers.payload_bytes}
+            self._loads[id(phase)] = (phase, loads)
+            return loads
         links_by_mode: dict[str, list[int]] = {}
         bytes_by_mode: dict[str, list[float]] = {}
         for transfer in phase.transfers:

@@ -360,6 +360,103 @@ class ClusterLayout:
         self._classes[key] = found
         return found
 
+    def all_pairs_link_counts(self, group: Sequence[int]) -> np.ndarray:
+        """How many transfers of an exchange in which every member of ``group`` sends to
+        every other member cross each link (an array over :attr:`num_links`), counted
+        without listing the ``n (n - 1)`` pairs: the links of :meth:`path` split into
+        those set by the source and the rail it leaves by (its GPU port towards a PXN
+        relay, NIC egress, leaf and spine uplinks) and those set by the destination
+        (NIC ingress, leaf and spine downlinks), each crossed by as many pairs as
+        there are members on the other side that satisfy its condition (another
+        domain, another leaf unit, another spine group; inclusion-exclusion over the
+        group's own counts per domain, unit, spine group and rail). O(n x rails).
+        Equal to counting :meth:`path` over every pair (tests/test_symmetric_pricing.py).
+        """
+        spec = self.spec
+        ranks = np.asarray(tuple(group), dtype=np.int64)
+        n = ranks.size
+        counts = np.zeros(self.num_links)
+        if n < 2:
+            return counts
+        gpn, nics = self.gpus_per_node, spec.nic.count_per_node
+        node = ranks // gpn
+        local = ranks % gpn
+        rail = local * nics // spec.gpus_per_node
+        if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
+            domain = ranks
+        else:
+            domain = node // self._nodes_per_domain
+        fabric = spec.fabric
+        unit = node // fabric.nodes_per_leaf
+        spine = unit // fabric.leaves_per_spine_group
+
+        def label(*columns: np.ndarray) -> np.ndarray:
+            """Dense ids of the distinct tuples of ``columns`` (one per member)."""
+            stacked = np.stack(columns, axis=1)
+            return np.unique(stacked, axis=0, return_inverse=True)[1].reshape(-1)
+
+        def per_member(ids: np.ndarray) -> np.ndarray:
+            """Members sharing each member's id."""
+            return np.bincount(ids)[ids]
+
+        dom_id = label(domain)
+        same_domain = per_member(dom_id)
+        cross = n - same_domain                  # pairs of a member across domains
+        # NVLink: pairs inside a domain, GPU to GPU
+        np.add.at(counts, self._gpu_out + ranks, same_domain - 1)
+        np.add.at(counts, self._gpu_in + ranks, same_domain - 1)
+        cross_unit = cross - per_member(label(unit)) + per_member(label(domain, unit))
+        cross_spine = cross - per_member(label(spine)) + per_member(label(domain, spine))
+        two_tiers, three_tiers = self._leaf_up >= 0, self._spine_up >= 0
+        # destination side: the rail of the destination's GPU (rail-optimized: the
+        # rail the source picked; else the destination's own NIC), no relay after it
+        np.add.at(counts, self._nic_in + node * nics + rail, cross)
+        # (leaf_of: the unit's leaf of the member's rail, or the unit's one leaf)
+        dst_leaf = unit * nics + rail if fabric.topology == "rail-optimized" else unit
+        if two_tiers:
+            np.add.at(counts, self._leaf_down + dst_leaf, cross_unit)
+            if three_tiers:
+                np.add.at(counts, self._spine_down + spine, cross_spine)
+        if not spec.nic.gpudirect_rdma:
+            np.add.at(counts, self._host_h2d + ranks, cross)
+            np.add.at(counts, self._host_d2h + ranks, cross)
+        # source side
+        if fabric.topology != "rail-optimized":  # each member leaves by its own NIC
+            np.add.at(counts, self._nic_out + node * nics + rail, cross)
+            if two_tiers:
+                np.add.at(counts, self._leaf_up + dst_leaf, cross_unit)
+                if three_tiers:
+                    np.add.at(counts, self._spine_up + spine, cross_spine)
+            return counts
+        # rail-optimized: a member leaves by the destination's rail, over NVLink to
+        # the GPU on that rail first (PXN) when it is not its own
+        du = label(domain, unit)
+        unit_ids = label(unit)
+        for r in range(nics):
+            on_rail = (rail == r).astype(np.float64)
+            total = on_rail.sum()
+            if not total:
+                continue
+            in_domain = np.bincount(dom_id, weights=on_rail, minlength=dom_id.max() + 1)[dom_id]
+            to_rail = total - in_domain           # destinations on rail r elsewhere
+            in_unit = np.bincount(unit_ids, weights=on_rail)[unit_ids]
+            in_both = np.bincount(du, weights=on_rail)[du]
+            to_rail_unit = to_rail - in_unit + in_both
+            leaving = to_rail > 0
+            if spec.nic.gpudirect_rdma and gpn > 1:
+                relay = self._gpu_on_rail(0, r)
+                moves = leaving & (rail != r)
+                if relay is not None and moves.any():
+                    np.add.at(counts, self._gpu_out + ranks[moves], to_rail[moves])
+                    np.add.at(counts, self._gpu_in + node[moves] * gpn + relay,
+                              to_rail[moves])
+            np.add.at(counts, self._nic_out + node * nics + r, to_rail)
+            if two_tiers:
+                np.add.at(counts, self._leaf_up + unit * nics + r, to_rail_unit)
+        if three_tiers:
+            np.add.at(counts, self._spine_up + spine, cross_spine)
+        return counts
+
     def _gpu_on_rail(self, node: int, rail: int) -> int | None:
         """First used GPU of ``node`` whose NIC is ``rail`` (None if no used GPU is)."""
         nics, gpn = self.spec.nic.count_per_node, self.spec.gpus_per_node

@@ -84,3 +84,69 @@ def test_collective_sweep_one_representative_equals_every_rank(fidelity, monkeyp
         full = collective_bench.collective_sweep(kind, cluster, nodes=20, gpus_per_node=4,
                                                  sizes=sizes, fidelity=fidelity)
         assert full.equals(reduced[kind]), kind
+
+
+def _variants():
+    """Presets and variations of them that route differently: no GPUDirect (host
+    bounce), a non-rail fat tree, three tiers with small leaves, fewer NICs than GPUs,
+    NVLink domains spanning nodes, PCIe islands."""
+    from dataclasses import replace
+
+    h100 = load_cluster("dgx-h100")
+    small = replace(h100.fabric, nodes_per_leaf=2, leaves_per_spine_group=2, tiers=3)
+    yield "dgx-h100-small-leaves", replace(h100, fabric=small), 9, 8
+    yield "fat-tree", replace(h100, fabric=replace(small, topology="fat-tree")), 9, 8
+    yield "no-gpudirect", replace(h100, nic=replace(h100.nic, gpudirect_rdma=False),
+                                  fabric=small), 6, 8
+    yield "half-nodes", replace(h100, fabric=small), 7, 4
+    gb200 = load_cluster("gb200-nvl72")
+    yield "gb200", replace(gb200, fabric=replace(gb200.fabric, nodes_per_leaf=5,
+                                                 leaves_per_spine_group=3)), 40, 4
+    yield "polaris", load_cluster("polaris"), 24, 4
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_all_pairs_link_counts_equal_every_path(name, spec, nodes, gpn):
+    """Counting the links of an all-to-all without listing its pairs gives what
+    walking the path of every pair gives, for whole and scattered groups."""
+    import numpy as np
+
+    layout = ClusterLayout(spec, nodes, gpn)
+    rng = random.Random(3)
+    n = layout.world_size
+    groups = [tuple(range(n)), tuple(range(0, n, 3)), tuple(rng.sample(range(n), n // 2)),
+              tuple(rng.sample(range(n), 5)), (0, n - 1)]
+    for group in groups:
+        walked = np.zeros(layout.num_links)
+        for a in group:
+            for b in group:
+                if a != b:
+                    for link in layout.path(a, b).links:
+                        walked[link] += 1
+        np.testing.assert_array_equal(layout.all_pairs_link_counts(group), walked,
+                                      err_msg=f"{name} {group[:6]}")
+
+
+def test_large_alltoall_priced_from_counts_as_listed(monkeypatch):
+    """An all-to-all above the listing threshold (AllPairs) costs what the same
+    all-to-all with its transfers listed costs, and flow fidelity refuses one too
+    large for memory in one line."""
+    from strategies.collectives import algorithms
+
+    cluster = load_cluster("gb200-nvl72")
+    layout = ClusterLayout(cluster, 40, 4)
+    group = tuple(range(0, 160, 1))
+    sizes = (1 << 14, 1 << 20, 1 << 30)
+    listed = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    expected = {s: listed.collective("alltoall", group, s) for s in sizes}
+    monkeypatch.setattr(algorithms, "ALL_PAIRS_LISTED_MAX", 16)
+    counted = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    for s in sizes:
+        mine = counted.collective("alltoall", group, s)
+        assert mine.algorithm == expected[s].algorithm and mine.protocol == expected[s].protocol
+        assert mine.duration_ns == pytest.approx(expected[s].duration_ns, abs=1)
+    from sim.collective_bench import collective_sweep
+    monkeypatch.setattr("hardware.network.FLOWS_MAX", 1000)
+    with pytest.raises(ValueError, match="fidelity: 'flow' would run 25,440 flows"):
+        collective_sweep("alltoall", cluster, nodes=40, gpus_per_node=4, sizes=[1 << 20],
+                         fidelity="flow")
