@@ -58,7 +58,7 @@ import simpy
 
 from hardware.flow import FlowNetwork, FlowRequest
 from hardware.spec import PROTOCOLS, CommTuningSpec, node_bucket
-from hardware.topology import ClusterLayout
+from hardware.topology import TIERS, ClusterLayout
 from hardware.units import seconds_to_ns
 
 #: How a transfer is driven, which changes the bandwidth it reaches.
@@ -135,9 +135,8 @@ class NetworkModel:
         )
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
         self._loads: dict[int, tuple[PhaseLike, dict[str, np.ndarray]]] = {}
-        self._tier_names = ("nvlink", "pcie", "network")
-        self._tier_index = np.asarray(
-            [self._tier_names.index(t) for t in layout.link_tier], dtype=np.int64)
+        self._tier_names = TIERS
+        self._tier_index = layout.link_tier_index
         self._weights = {
             (tier, protocol, mode): self._weight(tier, protocol, mode)
             for tier in ("nvlink", "pcie", "network")
@@ -385,6 +384,16 @@ class NetworkModel:
         """
         if not phase.transfers:
             return 0.0
+        loads = self._payload_per_link(phase)
+        if len(loads) == 1:  # one mode: only the links it loads (same arithmetic)
+            (mode, payload), = loads.items()
+            used = np.flatnonzero(payload)
+            if not used.size:
+                return 0.0
+            weight_by_tier = np.asarray(
+                [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
+            wire = payload[used] * weight_by_tier[self._tier_index[used]]
+            return float((wire / self.layout.capacity_bytes_per_s[used]).max())
         wire = np.zeros(self.layout.num_links)
         for mode, payload in self._payload_per_link(phase).items():
             weight_by_tier = np.asarray(

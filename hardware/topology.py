@@ -32,6 +32,10 @@ import numpy as np
 from hardware.spec import ClusterSpec, GroupGeometry
 
 
+#: Link tiers, in the order :attr:`ClusterLayout.link_tier_index` numbers them.
+TIERS = ("nvlink", "pcie", "network")
+
+
 @dataclass(frozen=True, slots=True)
 class Path:
     """Links crossed by one transfer, and how far it travels.
@@ -148,10 +152,13 @@ class ClusterLayout:
         tiers: list[str] = []
         self._link_ranges: list[tuple[int, int, str]] = []
 
+        range_tiers: list[str] = []
+
         def add(label: str, count: int, capacity: float, tier: str) -> int:
             first = len(capacities)
             capacities.extend([capacity] * count)
             tiers.extend([tier] * count)
+            range_tiers.append(tier)
             self._link_ranges.append((first, count, label))
             return first
 
@@ -186,6 +193,10 @@ class ClusterLayout:
                 self._spine_down = add("spine_down", groups, spine_capacity, "network")
         self.capacity_bytes_per_s = np.asarray(capacities, dtype=np.float64)
         self.link_tier = tuple(tiers)
+        #: index of each link's tier in TIERS (an array, for vectorised pricing)
+        self.link_tier_index = np.repeat(
+            np.asarray([TIERS.index(tier) for tier in range_tiers], dtype=np.int64),
+            [count for _, count, _ in self._link_ranges])
 
     @property
     def num_links(self) -> int:
@@ -305,13 +316,28 @@ class ClusterLayout:
         for rank in sorted(key):
             by_domain.setdefault(self.domain_of(rank), []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
-        hops = 0
-        for here, there in zip(domains, domains[1:] + domains[:1]):
-            if here is not there:
-                hops = max(hops, self.path(here[0], there[0]).switch_hops)
-        found = GroupGeometry(key, domains, hops)
+        found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
         self._geometries[key] = found
         return found
+
+    def _ring_switch_hops(self, firsts: Sequence[int]) -> int:
+        """Most scale-out switches :meth:`path` crosses from the first member of each
+        domain to the first member of the next (and the last to the first): 0 for one
+        domain; else 1, 3 between leaf units (two tiers), 5 between spine groups
+        (three tiers). A path leaves and enters on one rail (rail-optimized) or each
+        end's own rail (a leaf per unit), so only the units and groups decide."""
+        if len(firsts) < 2:
+            return 0
+        fabric = self.spec.fabric
+        unit = np.asarray(firsts, dtype=np.int64) // self.gpus_per_node // fabric.nodes_per_leaf
+        following = np.roll(unit, -1)
+        hops = 1
+        if self._leaf_up >= 0 and (unit != following).any():
+            hops = 3
+            spine = unit // fabric.leaves_per_spine_group
+            if self._spine_up >= 0 and (spine != np.roll(spine, -1)).any():
+                hops = 5
+        return hops
 
     def group_class(self, group: Sequence[int]) -> bytes | None:
         """A key equal for two groups that the machine's symmetry maps onto each other
@@ -370,7 +396,7 @@ class ClusterLayout:
         there are members on the other side that satisfy its condition (another
         domain, another leaf unit, another spine group; inclusion-exclusion over the
         group's own counts per domain, unit, spine group and rail). O(n x rails).
-        Equal to counting :meth:`path` over every pair (tests/test_symmetric_pricing.py).
+        Equal to counting :meth:`path` over every pair (tests/test_speed_paths.py).
         """
         spec = self.spec
         ranks = np.asarray(tuple(group), dtype=np.int64)

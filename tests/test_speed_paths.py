@@ -1,4 +1,4 @@
-"""Collectives priced once per class of symmetric groups (ClusterLayout.group_class)
+"""Fast paths that must give what the slow ones give: collectives priced once per class
 cost what each group costs priced on its own, to the nanosecond."""
 
 from __future__ import annotations
@@ -150,3 +150,50 @@ def test_large_alltoall_priced_from_counts_as_listed(monkeypatch):
     with pytest.raises(ValueError, match="fidelity: 'flow' would run 25,440 flows"):
         collective_sweep("alltoall", cluster, nodes=40, gpus_per_node=4, sizes=[1 << 20],
                          fidelity="flow")
+
+
+def test_flow_link_bytes_summed_when_asked():
+    """FlowNetwork.link_bytes (summed per batch when read or when a batch ends) is the
+    payload delivered times each link's weight."""
+    import numpy as np
+    import simpy
+
+    from hardware.flow import FlowNetwork, FlowRequest
+
+    env = simpy.Environment()
+    network = FlowNetwork(env, np.asarray([1e9, 2e9, 1e9]))
+    seen = {}
+
+    def run():
+        first = network.transfer([FlowRequest((0, 1), (1.0, 2.0), 1e6)])
+        second = network.transfer([FlowRequest((1, 2), (1.0, 1.0), 3e6)])
+        yield first  # link 1 (2e9 B/s) shared at weights 2 and 1: both at 2e9/3 B/s
+        seen["first"] = network.link_bytes
+        yield second
+        seen["end"] = network.link_bytes
+
+    env.process(run())
+    env.run()
+    np.testing.assert_allclose(seen["first"], [1e6, 2e6 + 1e6, 1e6])
+    np.testing.assert_allclose(seen["end"], [1e6, 2e6 + 3e6, 3e6])
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_geometry_switch_hops_equal_walked_paths(name, spec, nodes, gpn):
+    """GroupGeometry.switch_hops (from leaf units and spine groups, vectorised) is the
+    most switches the paths between consecutive domains' first members cross, and
+    link_tier_index numbers link_tier."""
+    layout = ClusterLayout(spec, nodes, gpn)
+    assert [("nvlink", "pcie", "network")[i] for i in layout.link_tier_index] == \
+        list(layout.link_tier)
+    rng = random.Random(5)
+    for _ in range(150):
+        group = tuple(rng.sample(range(layout.world_size),
+                                 min(layout.world_size, rng.choice((2, 3, 9, 30)))))
+        by_domain: dict[int, list[int]] = {}
+        for rank in sorted(group):
+            by_domain.setdefault(layout.domain_of(rank), []).append(rank)
+        firsts = [by_domain[d][0] for d in sorted(by_domain)]
+        walked = max((layout.path(a, b).switch_hops
+                      for a, b in zip(firsts, firsts[1:] + firsts[:1]) if a != b), default=0)
+        assert layout.geometry(group).switch_hops == walked, group
