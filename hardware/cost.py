@@ -262,6 +262,7 @@ class CostModel:
         self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
+        self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
         self._p2p: dict[tuple[int, int, int], int] = {}
 
@@ -438,10 +439,20 @@ class CostModel:
             for ph in phases:
                 per_byte.append((model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES,
                                  getattr(ph, "bus_bytes", 0.0) / _REFERENCE_BYTES,
-                                 _p2p_only_cap_s(model, plan, ph) / _REFERENCE_BYTES))
+                                 self._p2p_cap_of(plan, ph) / _REFERENCE_BYTES))
             found = _Coefficients(fixed, tuple(per_byte), plan)
             self._coefficients[key] = found
         return found
+
+    def _p2p_cap_of(self, plan: CommPlanLike, phase: PhaseLike) -> float:
+        """:func:`_p2p_only_cap_s` of a reference phase, once for all the protocols that
+        share it (keyed by its identity; the phase kept alive with the entry)."""
+        key = (id(phase), plan.ranks)
+        found = self._p2p_caps.get(key)
+        if found is None or found[0] is not phase:
+            found = (phase, _p2p_only_cap_s(self.network, plan, phase))
+            self._p2p_caps[key] = found
+        return found[1]
 
     def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
                     protocol: str) -> tuple[list[str], GroupGeometry]:

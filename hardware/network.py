@@ -360,19 +360,30 @@ class NetworkModel:
                      * transfers.payload_bytes}
             self._loads[id(phase)] = (phase, loads)
             return loads
-        links_by_mode: dict[str, list[int]] = {}
-        bytes_by_mode: dict[str, list[float]] = {}
-        for transfer in phase.transfers:
-            links = self.links_of(transfer)
-            links_by_mode.setdefault(transfer.mode, []).extend(links)
-            bytes_by_mode.setdefault(transfer.mode, []).extend(
-                [transfer.payload_bytes] * len(links))
-        loads = {
-            mode: np.bincount(np.asarray(links_by_mode[mode], dtype=np.int64),
-                              weights=np.asarray(bytes_by_mode[mode]),
-                              minlength=self.layout.num_links)
-            for mode in links_by_mode
-        }
+        # per mode, the links of every transfer in numpy (ClusterLayout.paths_links:
+        # the entries in the order a walk over the transfers would list them, so each
+        # link's bytes add up in the same order)
+        by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        for t in transfers:
+            entry = by_mode.get(t.mode)
+            if entry is None:
+                entry = by_mode[t.mode] = ([], [], [])
+            entry[0].append(t.src)
+            entry[1].append(t.dst)
+            entry[2].append(t.payload_bytes)
+        layout = self.layout
+        loads = {}
+        for mode, (sources, destinations, payloads) in by_mode.items():
+            src = np.asarray(sources, dtype=np.int64)
+            dst = np.asarray(destinations, dtype=np.int64)
+            if mode == "nvls":  # the GPU's own NVLink ports (links_of)
+                which = np.repeat(np.arange(src.size), 2)
+                links = np.stack([layout.gpu_out_link(0) + src,
+                                  layout.gpu_in_link(0) + dst], axis=1).reshape(-1)
+            else:
+                which, links = layout.paths_links(src, dst)
+            loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
+                                      minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         return loads
 

@@ -386,6 +386,82 @@ class ClusterLayout:
         self._classes[key] = found
         return found
 
+    def paths_links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The links of :meth:`path` (default rail) for many transfers at once, in numpy:
+        ``(transfer index, link)`` entries ordered by transfer and, within one, in
+        the order :meth:`path` lists them (so sums over them add in the same order).
+        A transfer from a GPU to itself crosses nothing."""
+        spec = self.spec
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        index = np.arange(src.size, dtype=np.int64)
+        gpn, nics = self.gpus_per_node, spec.nic.count_per_node
+        src_node, dst_node = src // gpn, dst // gpn
+        src_rail = (src % gpn) * nics // spec.gpus_per_node
+        dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
+        if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
+            src_domain, dst_domain = src, dst
+        else:
+            src_domain = src_node // self._nodes_per_domain
+            dst_domain = dst_node // self._nodes_per_domain
+        moving = src != dst
+        inside = moving & (src_domain == dst_domain)
+        across = moving & (src_domain != dst_domain)
+        parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
+
+        def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
+            if mask.any():
+                parts.append((index[mask], position, links[mask]))
+
+        add(inside, 0, self._gpu_out + src)
+        add(inside, 1, self._gpu_in + dst)
+        fabric = spec.fabric
+        rail_mode = fabric.topology == "rail-optimized"
+        rail = dst_rail_own if rail_mode else src_rail
+        dst_rail = rail if rail_mode else dst_rail_own
+        relay_local = -(-rail * spec.gpus_per_node // nics)  # _gpu_on_rail
+
+        if not spec.nic.gpudirect_rdma:
+            add(across, 0, self._host_d2h + src)
+        elif gpn > 1:
+            relayed = across & (src_rail != rail) & (relay_local < gpn)
+            relay = src_node * gpn + relay_local
+            relayed &= relay != src
+            add(relayed, 1, self._gpu_out + src)
+            add(relayed, 2, self._gpu_in + relay)
+        add(across, 3, self._nic_out + src_node * nics + rail)
+        if self._leaf_up >= 0:
+            units = fabric.nodes_per_leaf
+            src_leaf = (src_node // units) * nics + rail if rail_mode else src_node // units
+            dst_leaf = (dst_node // units) * nics + dst_rail if rail_mode else dst_node // units
+            climbs = across & (src_leaf != dst_leaf)
+            add(climbs, 4, self._leaf_up + src_leaf)
+            if self._spine_up >= 0:
+                per_unit = nics if rail_mode else 1
+                src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
+                dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
+                crosses = climbs & (src_group != dst_group)
+                add(crosses, 5, self._spine_up + src_group)
+                add(crosses, 6, self._spine_down + dst_group)
+            add(climbs, 7, self._leaf_down + dst_leaf)
+        add(across, 8, self._nic_in + dst_node * nics + dst_rail)
+        if not spec.nic.gpudirect_rdma:
+            add(across, 9, self._host_h2d + dst)
+        elif gpn > 1:
+            dst_relay_local = -(-dst_rail * spec.gpus_per_node // nics)
+            relayed = across & (dst_rail_own != dst_rail) & (dst_relay_local < gpn)
+            relay = dst_node * gpn + dst_relay_local
+            relayed &= relay != dst
+            add(relayed, 10, self._gpu_out + relay)
+            add(relayed, 11, self._gpu_in + dst)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        transfers = np.concatenate([t for t, _, _ in parts])
+        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
+        links = np.concatenate([l for _, _, l in parts])
+        order = np.lexsort((positions, transfers))
+        return transfers[order], links[order]
+
     def all_pairs_link_counts(self, group: Sequence[int]) -> np.ndarray:
         """How many transfers of an exchange in which every member of ``group`` sends to
         every other member cross each link (an array over :attr:`num_links`), counted

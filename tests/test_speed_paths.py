@@ -197,3 +197,20 @@ def test_geometry_switch_hops_equal_walked_paths(name, spec, nodes, gpn):
         walked = max((layout.path(a, b).switch_hops
                       for a, b in zip(firsts, firsts[1:] + firsts[:1]) if a != b), default=0)
         assert layout.geometry(group).switch_hops == walked, group
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_paths_links_equal_path(name, spec, nodes, gpn):
+    """ClusterLayout.paths_links lists, per transfer and in order, the links of path()."""
+    import numpy as np
+
+    layout = ClusterLayout(spec, nodes, gpn)
+    rng = random.Random(11)
+    n = layout.world_size
+    src = [rng.randrange(n) for _ in range(3000)] + list(range(n))
+    dst = [rng.randrange(n) for _ in range(3000)] + list(range(n))
+    which, links = layout.paths_links(np.asarray(src), np.asarray(dst))
+    expected_which = [i for i, (a, b) in enumerate(zip(src, dst)) for _ in layout.path(a, b).links]
+    expected_links = [link for a, b in zip(src, dst) for link in layout.path(a, b).links]
+    assert which.tolist() == expected_which
+    assert links.tolist() == expected_links
