@@ -35,11 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.compute import ComputeModel
 from hardware.units import canonical_dtype
 from hardware.spec import ClusterSpec, GpuSpec
@@ -105,17 +100,27 @@ def load_calibration(path: str | Path) -> Calibration:
     Raises:
         ValueError: one line naming the file and the bad section, path or value.
     """
+    from hardware.user_input import load_input
+
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"calibration: file {str(path)!r} not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"calibration: {str(path)!r} is not valid TOML: {err}") from None
+    data, _ = load_input(path, what="calibration", syntax="toml",
+                         hint="give a calibration file written by trainsim calibrate")
     unknown = sorted(set(data) - set(_SECTIONS))
     if unknown:
         raise ValueError(f"calibration: section [{unknown[0]}] in {str(path)!r} is unknown; "
                          f"valid: {', '.join(_SECTIONS)}")
+    for section in _SECTIONS:
+        if section in data and not isinstance(data[section], dict):
+            raise ValueError(f"calibration: [{section}] in {str(path)!r} is "
+                             f"{data[section]!r}, not a table; valid: a table [{section}]")
+    for name, table in data.get("compute_tables", {}).items():
+        if not isinstance(table, dict):
+            raise ValueError(f"calibration: compute_tables.{name} in {str(path)!r} is "
+                             f"{table!r}, not a table; valid: a table with work and time_s")
+    for key, value in data.get("fields", {}).items():
+        if isinstance(value, dict):
+            raise ValueError(f"calibration: fields.{key} in {str(path)!r} is a table; valid: "
+                             'one number per field path, e.g. "scale_up.link_efficiency" = 0.8')
     fields = dict(data.get("fields", {}))
     tables = {}
     for name, table in data.get("compute_tables", {}).items():
@@ -228,6 +233,9 @@ def set_field(obj: Any, path: str, value: Any, *, _full: str | None = None) -> A
             raise ValueError(f"calibration: {full}: {head!r} is not a field; valid: "
                              f"{', '.join(n for n in names if n != 'sources')}")
         current = getattr(obj, head)
+        if not rest and (dataclasses.is_dataclass(current) or isinstance(current, Mapping)):
+            raise ValueError(f"calibration: {full}: is a table of fields, not a value; give "
+                             f"a field path below it, e.g. {full}.{_first_key(current)}")
         new = set_field(current, rest, value, _full=full) if rest else value
         if not rest and isinstance(current, (int, float)) and not isinstance(current, bool):
             new = type(current)(value) if isinstance(current, float) else value
@@ -237,10 +245,19 @@ def set_field(obj: Any, path: str, value: Any, *, _full: str | None = None) -> A
         if head not in obj and not growable:
             raise ValueError(f"calibration: {full}: {head!r} is not a key; valid: "
                              f"{', '.join(map(str, obj))}")
+        if not rest and isinstance(obj.get(head), Mapping):
+            raise ValueError(f"calibration: {full}: is a table of fields, not a value; give "
+                             f"a field path below it, e.g. {full}.{_first_key(obj[head])}")
         copy = dict(obj)
         copy[head] = set_field(obj[head], rest, value, _full=full) if rest else float(value)
         return copy
     raise ValueError(f"calibration: {full}: {head!r} goes below a value")
+
+
+def _first_key(node: Any) -> str:
+    if dataclasses.is_dataclass(node):
+        return next(f.name for f in dataclasses.fields(node) if f.name != "sources")
+    return str(next(iter(node), "..."))
 
 
 def get_field(obj: Any, path: str) -> Any:
@@ -283,10 +300,15 @@ def apply_calibration(spec: ClusterSpec, calibration: Calibration) -> ClusterSpe
     Raises:
         ValueError: a path that is not a field of the spec (one line).
     """
+    from hardware.catalog import check_cluster_spec
+
     sources = dict(spec.sources)
     for path, value in calibration.fields.items():
         spec = set_field(spec, path, _checked_value(path, value))
         sources[path] = f"calibration: {calibration.source or 'in memory'}"
+    # A calibration may not set what a preset may not (domain_gpus = 0, ...): the
+    # calibrated spec passes the preset schema, declared once in hardware.catalog.
+    check_cluster_spec(spec, where=f"calibration {calibration.source or 'in memory'}")
     return dataclasses.replace(spec, sources=sources)
 
 

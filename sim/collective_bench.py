@@ -108,7 +108,8 @@ def collective_sweep(kind: str, cluster: ClusterSpec, *, nodes: int, gpus_per_no
 
     Raises:
         ValueError: one line naming the field for an unknown op, algorithm,
-            dtype or fidelity, or a layout the cluster cannot hold.
+            dtype or fidelity, a layout the cluster cannot hold, or sizes that all
+            round down to nothing.
     """
     if kind not in COLLECTIVE_KINDS:
         raise ValueError(f"op: {kind!r} is not valid; valid: {', '.join(COLLECTIVE_KINDS)}")
@@ -122,6 +123,13 @@ def collective_sweep(kind: str, cluster: ClusterSpec, *, nodes: int, gpus_per_no
     ranks = layout.world_size
     group = tuple(range(ranks))
     type_bytes = TYPE_BYTES[dtype]
+    sizes = list(sizes)
+    smallest = type_bytes * (ranks if kind in _PER_RANK_SPLIT else 1)
+    if sizes and max(sizes) < smallest:
+        # Every size would round down to nothing: an empty table is no answer.
+        raise ValueError(f"max-bytes: {max(sizes)} is too small for {kind} of {dtype} over "
+                         f"{ranks} ranks; valid: at least {smallest} bytes (one element "
+                         "per rank)")
     rows = []
     for requested in sizes:
         count = _count(kind, requested, ranks, type_bytes)

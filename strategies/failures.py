@@ -387,8 +387,8 @@ def _profile_path(ref: str | os.PathLike[str]) -> Path:
         return PROFILES_DIR / f"{text}.toml"
     if text.endswith(".toml") or "/" in text or os.sep in text:
         path = Path(text).expanduser()
-        if path.is_file():
-            return path.resolve()
+        if path.exists():
+            return path.resolve()  # load_profile refuses what is not a regular file
         raise ValueError(f"profile: file {text!r} not found; give a built-in profile "
                          f"({', '.join(list_profiles())}) or an existing TOML file")
     raise ValueError(f"profile: {text!r} is not a profile; valid: {', '.join(list_profiles())}, "
@@ -501,12 +501,11 @@ def load_profile(profile: str | os.PathLike[str] | Mapping[str, Any] | FailurePr
     if not isinstance(profile, (str, os.PathLike)):
         raise ValueError(f"profile: {profile!r} is not valid; valid: "
                          f"{', '.join(list_profiles())}, a TOML file path or a dict")
+    from hardware.user_input import load_input
+
     path = _profile_path(profile)
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"profile: {str(path)!r} is not valid TOML ({exc})") from None
+    data, text = load_input(path, what="profile", syntax="toml", hint="give a built-in "
+                            f"profile ({', '.join(list_profiles())}) or a failure profile TOML")
     return profile_from_dict(data, default_name=path.stem, sources=source_comments(text))
 
 
@@ -753,7 +752,14 @@ def expected_goodput_exponential(*, interval_s: float, checkpoint_s: float, dete
     m = _number("mtbf_s", mtbf_s, strict=True, allow_inf=True)
     if math.isinf(m):
         return w / (w + c)
-    expected = math.exp(r / m) * (m + d) * math.expm1((w + c) / m)
+    try:
+        expected = math.exp(r / m) * (m + d) * math.expm1((w + c) / m)
+    except OverflowError:
+        # A job whose MTBF is far below a segment: the same formula in log space, whose
+        # goodput underflows to 0 instead of overflowing.
+        x = (w + c) / m
+        log_expected = r / m + math.log(m + d) + x + math.log1p(-math.exp(-x))
+        return math.exp(math.log(w) - log_expected)
     return w / expected
 
 

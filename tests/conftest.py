@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,52 @@ register(EagerOneFOneB())
 #: Published measurements the tests check against, kept in the repository
 #: (validate/data/*/SOURCES.md says where each comes from).
 DATA = Path(__file__).resolve().parents[1] / "validate" / "data"
+
+
+def _cpu_lock_files(tmp_path_factory) -> tuple[Path, Path]:
+    """The gate and the CPU lock files, shared by every pytest-xdist worker of the run
+    (their base temp directories share one parent)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return root / "cpu.gate", root / "cpu.lock"
+
+
+@pytest.fixture(autouse=True)
+def _shares_the_cpu(tmp_path_factory):
+    """Every test holds the CPU lock shared, so that :func:`cpu_to_itself` can wait for
+    the tests of the other workers to end. Passing the gate first gives an exclusive
+    request priority: no new test starts while one waits."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
+@contextlib.contextmanager
+def cpu_to_itself(tmp_path_factory):
+    """Hold the machine's CPUs alone (no test of another xdist worker runs meanwhile):
+    for real executions whose measured times a test compares with the simulation. Used
+    from module fixtures, which are set up before the test's shared lock is taken."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

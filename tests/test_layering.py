@@ -103,8 +103,11 @@ def test_simulator_runs_without_loading_torch():
 #: composes them and is the only door to them outside hardware/ (validate, which fits
 #: them to measurements, reads them too).
 PRICING_MODULES = {"hardware.compute", "hardware.network", "hardware.flow"}
-#: What strategies may read of hardware: specs, units and the TOML source reader.
-STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources"}
+#: What strategies may read of hardware: specs, units, the TOML source reader and the
+#: input edge (hardware.user_input: user files read and checked; the loaders of models and
+#: failure profiles use it).
+STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources",
+                       "hardware.user_input"}
 
 
 def _dotted_imports(path: Path) -> list[tuple[str, int]]:

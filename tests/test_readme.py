@@ -87,6 +87,9 @@ LONG = {
     "python benchmarks/analytic_sweep.py": "a benchmark of 10,000 plans (2.5 min)",
     "python benchmarks/plan_scale.py": "a benchmark (40 s)",
     "python benchmarks/failures_mc.py": "a benchmark (30 s)",
+    "python benchmarks/speed.py": "the speed figures of issue 16 (several minutes)",
+    "python benchmarks/fuzz_cli.py --calls 10000": "10,000 hostile CLI calls (about an "
+    "hour on one core)",
     "python notebooks/render.py": "executes the six notebooks (2.5 min)",
 }
 #: Files the README's examples read, from its blocks.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import cpu_to_itself, run_cli
 
 pytest.importorskip("torch")
 
@@ -25,13 +25,16 @@ STEP_TOLERANCE = 0.15
 
 @pytest.fixture(scope="module")
 def replay_dir(tmp_path_factory):
-    """`trainsim validate replay --example tiny --backend gloo --nproc 4` (6 iterations)."""
+    """`trainsim validate replay --example tiny --backend gloo --nproc 4` (6 iterations),
+    with the CPUs to itself: its measured step is compared with the simulation, and the
+    tests of another xdist worker running alongside would be part of that measurement."""
     out = tmp_path_factory.mktemp("replay") / "tiny"
     from trainsim.cli import main
 
     try:
-        main(["validate", "replay", "--example", "tiny", "--backend", "gloo", "--nproc", "4",
-              "--iterations", "6", "--warmup", "2", "--out", str(out)])
+        with cpu_to_itself(tmp_path_factory):
+            main(["validate", "replay", "--example", "tiny", "--backend", "gloo", "--nproc", "4",
+                  "--iterations", "6", "--warmup", "2", "--out", str(out)])
     except SystemExit as done:
         assert not done.code, f"replay failed with exit code {done.code}"
     return out

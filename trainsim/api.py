@@ -99,11 +99,45 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
                          f"max_nodes={nodes} (overrides {{'max_nodes': {nodes}}})")
     sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                         parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
+    check_collective_work(op, nodes * (spec.gpus_per_node if gpus_per_node is None
+                                       else gpus_per_node), len(sizes))
     return collective_sweep(op, spec, nodes=nodes,
                             gpus_per_node=spec.gpus_per_node if gpus_per_node is None
                             else gpus_per_node,
                             sizes=sizes, algorithm=algorithm, fidelity=fidelity, dtype=dtype,
                             on_row=on_row)
+
+
+#: Seconds of simulation one ``collective`` call may be estimated to take; beyond it the
+#: call is refused instead of running for many minutes (README: bounded runs).
+MAX_COLLECTIVE_ESTIMATE_S = 30.0
+#: Measured cost of one size of a collective, seconds per ranks^2 (the replay of every
+#: rank on this project's 2-core machine, rounded up: all_reduce on 4,096 ranks ~9 s,
+#: alltoall on 512 ranks ~8 s, whose transfers are ranks^2).
+_COLLECTIVE_S_PER_RANK2 = {"alltoall": 30e-6}
+_COLLECTIVE_S_PER_RANK2_OTHERS = 0.7e-6
+
+
+def check_collective_work(op: str, ranks: int, sizes: int) -> float:
+    """The estimated seconds a collective sweep takes to simulate, checked.
+
+    Raises:
+        ValueError: one rank (a collective over one rank moves nothing: its bandwidth
+            would be infinite), or an estimate over :data:`MAX_COLLECTIVE_ESTIMATE_S`
+            (one line saying what to lower).
+    """
+    if ranks < 2:
+        raise ValueError(f"gpus_per_node: a collective over {ranks} rank moves no data (its "
+                         "bandwidth is not a number); valid: at least 2 ranks (nodes x "
+                         "gpus_per_node)")
+    estimate = sizes * ranks ** 2 * _COLLECTIVE_S_PER_RANK2.get(
+        op, _COLLECTIVE_S_PER_RANK2_OTHERS)
+    if estimate > MAX_COLLECTIVE_ESTIMATE_S:
+        raise ValueError(f"nodes: {op} on {ranks:,} ranks over {sizes} sizes would take about "
+                         f"{estimate:,.0f} s to simulate; valid: at most "
+                         f"{MAX_COLLECTIVE_ESTIMATE_S:g} s: fewer nodes or sizes "
+                         "(--min-bytes, --max-bytes, --step-factor)")
+    return estimate
 
 
 def simulate_program(program: Program, *, cluster: str | ClusterSpec = defaults.CLUSTER,

@@ -143,13 +143,16 @@ def _one(kind: str, value: Any, bad: ValueError) -> Any:
 
 
 def search_values(field: PlanField, text: str) -> tuple:
-    """The values ``trainsim plan`` tries for a ``list`` field, from ``"1,2,4"``.
+    """The values ``trainsim plan`` tries for a ``list`` field, from ``"1,2,4"``, each
+    once, in the order given (``8,8,8`` is ``(8,)``: a repeated value would be searched,
+    counted and ranked as many times).
 
     Raises:
         ValueError: one line naming the field.
     """
-    return coerce(PlanField(**{**field.__dict__, "kind": "ints" if field.kind == "int"
-                               else "strs"}), text)
+    values = coerce(PlanField(**{**field.__dict__, "kind": "ints" if field.kind == "int"
+                                 else "strs"}), text)
+    return tuple(dict.fromkeys(values))
 
 
 def plan_to_fields(plan: ParallelPlan) -> dict[str, Any]:

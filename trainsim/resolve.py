@@ -138,11 +138,11 @@ def check_nemo_config_hash(path: str, expected: str | None) -> str:
     Raises:
         ValueError: unreadable file, or another hash than the scenario records.
     """
-    try:
-        actual = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as problem:
-        raise ValueError(f"nemo_config: {str(path)!r} cannot be read ({problem.strerror}); "
-                         "give a NeMo or Megatron-Bridge YAML") from None
+    from hardware.user_input import MAX_TEXT_BYTES, read_input_bytes
+
+    actual = hashlib.sha256(read_input_bytes(
+        path, what="nemo_config", hint="give a NeMo or Megatron-Bridge YAML",
+        max_bytes=MAX_TEXT_BYTES)).hexdigest()
     if expected is not None and actual != expected:
         raise ValueError(f"nemo_config_sha256: {str(path)!r} has SHA-256 {actual[:12]}..., the "
                          f"scenario records {expected[:12]}...; valid: the file the scenario "

@@ -50,11 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from trainsim.perturbations import PERTURBATION_OPTIONS, parse_perturbations
 from trainsim.plan_fields import BY_NAME, coerce, field_named
 
@@ -144,11 +139,11 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     Raises:
         ValueError: when the file cannot be read (one line naming it).
     """
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as problem:
-        raise ValueError(f"calibration: {str(path)!r} cannot be read ({problem.strerror}); "
-                         "give a calibration file written by trainsim calibrate") from None
+    from hardware.user_input import read_input_bytes
+
+    return hashlib.sha256(read_input_bytes(
+        path, what="calibration", hint="give a calibration file written by trainsim "
+        "calibrate")).hexdigest()
 
 
 # --------------------------------------------------------------------------- reading
@@ -160,27 +155,17 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     Raises:
         ValueError: one line naming the file, the field, the value and what is valid.
     """
+    from hardware.user_input import load_input
+
     source = Path(path)
     where = str(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as problem:
-        raise ValueError(f"scenario: {where!r} cannot be read ({problem.strerror}); give a "
-                         "scenario TOML or a result JSON") from None
+    data, _ = load_input(path, what="scenario", hint="give a scenario TOML or a result JSON",
+                         syntax="json" if source.suffix == ".json" else "toml")
     if source.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as problem:
-            raise ValueError(f"scenario: {where!r} is not valid JSON ({problem})") from None
         if not isinstance(data, Mapping) or not isinstance(data.get("scenario"), Mapping):
             raise ValueError(f"scenario: {where!r} has no 'scenario' object; give a result "
                              "JSON of trainsim simulate or failures, or a scenario TOML")
         data = data["scenario"]
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as problem:
-            raise ValueError(f"scenario: {where!r} is not valid TOML ({problem})") from None
     return scenario_from_dict(data, where=where, base_dir=source.parent)
 
 

@@ -59,14 +59,21 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pandas as pd
 
 from sim.atomic_io import write_bytes_atomic, write_text_atomic
+from sim.child_process import die_with_parent
 from trainsim import defaults
 from trainsim.plan_fields import PLAN_FIELDS
 from trainsim.sweep_checks import unchanged_axes
 
 BACKENDS = ("local", "ray")
 KINDS = ("step", "collective", "failures")
-#: Bumped when the meaning of a cached result changes (invalidates old caches).
-CACHE_VERSION = 1
+#: Bumped when the meaning or the layout of a cached result changes (invalidates old
+#: caches). 2: entries carry their scenario hash and a checksum of the result.
+CACHE_VERSION = 2
+#: Most scenarios one spec may expand to (the grid's product is checked before it is
+#: expanded: a 1e10-point grid is refused, not built in memory).
+MAX_SCENARIOS = 100_000
+#: Most local worker processes (each holds a simulator: ~150 MiB).
+MAX_WORKERS = 256
 #: Seconds between rewrites of the output table while a sweep runs.
 FLUSH_EVERY_S = 5.0
 
@@ -100,14 +107,28 @@ def expand_spec(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise ValueError(f"spec: {unknown[0]!r} is not a spec key; valid: kind, base, grid, "
                          "scenarios")
     kind = spec.get("kind", "step")
+    for section in ("base", "grid"):
+        if spec.get(section) is not None and not isinstance(spec[section], Mapping):
+            raise ValueError(f"{section}: {_short(spec[section])} is not valid; give a mapping "
+                             "of input names to values")
     base = dict(spec.get("base") or {})
     grid = dict(spec.get("grid") or {})
+    _check_values("base", base)
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise ValueError(f"grid: {key}: {values!r} is not valid; give a non-empty list")
+            raise ValueError(f"grid: {key}: {_short(values)} is not valid; give a non-empty "
+                             "list")
+    _check_values("grid", {f"{k}[{i}]": v for k, vs in grid.items() for i, v in enumerate(vs)},
+                  keys=grid)
     listed = spec.get("scenarios") or [{}]
     if not isinstance(listed, list) or not all(isinstance(s, Mapping) for s in listed):
         raise ValueError("scenarios: give a list of mappings")
+    for number, entry in enumerate(listed):
+        _check_values(f"scenarios[{number}]", entry)
+    count = len(listed) * math.prod(len(v) for v in grid.values())
+    if count > MAX_SCENARIOS:
+        raise ValueError(f"grid: the spec expands to {count:,} scenarios; valid: at most "
+                         f"{MAX_SCENARIOS:,} (split the sweep into several specs)")
     keys = list(grid)
     out = []
     for entry in listed:
@@ -116,6 +137,33 @@ def expand_spec(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             _check_inputs(scenario)
             out.append(scenario)
     return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_values(where: str, table: Mapping[Any, Any],
+                  keys: Mapping[Any, Any] | None = None) -> None:
+    """Keys are text; values are scalars or lists of scalars, numbers finite.
+
+    Raises:
+        ValueError: one line naming ``where``, the key and the value.
+    """
+    for key in (table if keys is None else keys):
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{where}: the key {key!r} is not valid; give input names as "
+                             "text (e.g. tp, nic.gbit_per_s)")
+    for key, value in table.items():
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"{where}: {key}: {item!r} is not finite; give a finite "
+                                 "number")
+            if item is not None and not isinstance(item, (str, int, float, bool)):
+                raise ValueError(f"{where}: {key}: {_short(value)} is not valid; give a "
+                                 "number, a string, a boolean or a list of them")
 
 
 def _check_inputs(scenario: Mapping[str, Any]) -> None:
@@ -135,18 +183,12 @@ def load_spec(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     Raises:
         ValueError: one line for a missing file, bad YAML or a bad spec.
     """
-    import yaml
+    from hardware.user_input import load_input
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as problem:
-        raise ValueError(f"spec: {str(path)!r} cannot be read ({problem.strerror}); give a "
-                         "YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as problem:
-        first = " ".join(str(problem).split())
-        raise ValueError(f"spec: {str(path)!r} is not valid YAML ({first})") from None
+    # load_input follows YAML aliases when counting values: a few hundred bytes of nested
+    # aliases would otherwise expand to billions of values when the scenarios are hashed.
+    data, _ = load_input(path, what="spec", syntax="yaml",
+                         hint="give a sweep spec YAML file of base, grid and scenarios")
     return expand_spec(data)
 
 
@@ -154,6 +196,47 @@ def scenario_hash(scenario: Mapping[str, Any]) -> str:
     """SHA-256 (hex) of the scenario's canonical JSON and :data:`CACHE_VERSION`."""
     text = json.dumps({"v": CACHE_VERSION, "s": scenario}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def _result_checksum(scenario_id: str, result: Mapping[str, Any]) -> str:
+    text = json.dumps({"id": scenario_id, "result": result}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cache_entry_text(scenario: Mapping[str, Any], scenario_id: str,
+                     result: Mapping[str, Any]) -> str:
+    """One cache file: the scenario, its hash, the result (key order kept: a resumed
+    table has the columns of a fresh one) and a SHA-256 over hash and result."""
+    return json.dumps({"scenario": scenario, "scenario_id": scenario_id, "result": result,
+                       "sha256": _result_checksum(scenario_id, result)}, default=str)
+
+
+def read_cache_entry(path: Path, scenario_id: str) -> tuple[dict | None, str | None]:
+    """``(result, None)`` of a cache file that passes its checks, else ``(None, what is
+    wrong)``: unreadable, not JSON, another scenario's entry, or a checksum that does not
+    match (a truncated, edited or copied file is never read as a result)."""
+    from hardware.user_input import read_input_text
+
+    try:
+        data = json.loads(read_input_text(path, what="cache", hint="recomputed"))
+    except (ValueError, RecursionError) as problem:  # JSONDecodeError is a ValueError
+        return None, f"cannot be read ({' '.join(str(problem).split())[:80]})"
+    if not isinstance(data, dict) or not isinstance(data.get("result"), dict):
+        return None, "is not a cache entry"
+    if data.get("scenario_id") != scenario_id:
+        return None, "holds another scenario's result"
+    if data.get("sha256") != _result_checksum(scenario_id, data["result"]):
+        return None, "fails its checksum"
+    return data["result"], None
+
+
+def _warn(line: str) -> None:
+    import warnings
+
+    warnings.warn(line, RuntimeWarning, stacklevel=3)
 
 
 # --------------------------------------------------------------------------- one scenario
@@ -222,9 +305,14 @@ def run_scenario(scenario: Mapping[str, Any]) -> dict[str, Any]:
         out = _RUNNERS[scenario["kind"]](inputs, overrides)
     except OutOfMemoryError as oom:
         return {"status": "out_of_memory", "error": str(oom).splitlines()[0]}
-    except (ValueError, KeyError, TypeError) as problem:
-        return {"status": "error", "error": f"{type(problem).__name__}: "
-                                            f"{str(problem).splitlines()[0] if str(problem) else ''}"}
+    except Exception as problem:  # noqa: BLE001 -- any failure is this scenario's row
+        # (README: "A failing scenario is a row"); the other scenarios go on.
+        text = str(problem).splitlines()[0] if str(problem) else ""
+        return {"status": "error", "error": f"{type(problem).__name__}: {text}"}
+    if any(isinstance(v, float) and not math.isfinite(v) for v in out.values()):
+        bad = next(k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v))
+        return {"status": "error", "error": f"InternalError: {bad} is {out[bad]!r}; a result "
+                                            "must be finite"}
     return {**out, "status": "ok", "error": None}
 
 
@@ -247,11 +335,13 @@ def map_local(func: Callable[[list], list], chunks: Sequence[list], workers: int
               ) -> Iterator[list]:
     """Yield ``func(chunk)`` for every chunk as it completes, on ``workers`` processes
     (in this process when ``workers`` is 1)."""
-    if workers <= 1 or len(chunks) <= 1:
+    workers = min(workers, len(chunks))  # never more processes than pieces of work
+    if workers <= 1:
         for chunk in chunks:
             yield func(chunk)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         pending = {pool.submit(func, chunk) for chunk in chunks}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -341,10 +431,25 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     return pd.read_parquet(target) if target.suffix == ".parquet" else pd.read_csv(target)
 
 
+def resolve_workers(workers: int | None) -> int:
+    """The worker count: ``workers``, or the CPUs when None.
+
+    Raises:
+        ValueError: not a whole number from 1 to :data:`MAX_WORKERS`.
+    """
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or not \
+            1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers: {workers!r} is not valid; give a whole number from 1 to "
+                         f"{MAX_WORKERS}")
+    return workers
+
+
 def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str] | None, *,
               backend: str = "local", workers: int | None = None, address: str | None = None,
               cache_dir: str | os.PathLike[str] | None = None, fresh: bool = False,
-              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[str, int, int], None] | None = None,
+              warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run ``scenarios`` and write the table to ``out`` (and return it).
 
     Args:
@@ -358,19 +463,20 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
         cache_dir: one JSON per scenario hash (default ``<out>.cache``).
         fresh: recompute everything (the cache is overwritten, not read).
         progress: ``callback(phase, done, total)``.
+        warn: ``callback(line)`` for a cache entry that fails its check (and is
+            recomputed); default: a :class:`RuntimeWarning`.
 
     Returns:
         ``{"frame", "scenarios", "computed", "cached", "failed", "unchanged_axes"}``
         (the inputs whose values changed no output: :mod:`trainsim.sweep_checks`).
 
     Raises:
-        ValueError: for an unknown backend, bad workers, or Ray missing.
+        ValueError: for an unknown backend, bad workers (more than
+            :data:`MAX_WORKERS`), or Ray missing.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not valid; valid: {', '.join(BACKENDS)}")
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} is not valid; give a whole number >= 1")
+    workers = resolve_workers(workers)
     scenarios = [dict(s) for s in scenarios]
     for s in scenarios:
         _check_inputs(s)
@@ -381,11 +487,16 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
         cache.mkdir(parents=True, exist_ok=True)
     hashes = [scenario_hash(s) for s in scenarios]
     results: dict[int, dict] = {}
+    say = warn or _warn
     if cache is not None and not fresh:
         for i, h in enumerate(hashes):
             path = cache / f"{h}.json"
             if path.exists():
-                results[i] = json.loads(path.read_text(encoding="utf-8"))["result"]
+                result, problem = read_cache_entry(path, h)
+                if problem is not None:
+                    say(f"sweep cache: {str(path)!r} {problem}; scenario {i} is recomputed")
+                    continue
+                results[i] = result
     cached = len(results)
     todo = [(i, s) for i, s in enumerate(scenarios) if i not in results]
     report = progress or (lambda phase, done, total: None)
@@ -398,9 +509,8 @@ def run_sweep(scenarios: Sequence[Mapping[str, Any]], out: str | os.PathLike[str
         for i, result in finished:
             results[i] = result
             if cache is not None:
-                write_text_atomic(cache / f"{hashes[i]}.json", json.dumps(
-                    {"scenario": scenarios[i], "result": result}, default=str))
-                # (key order kept: a resumed table has the columns of a fresh one)
+                write_text_atomic(cache / f"{hashes[i]}.json",
+                                  cache_entry_text(scenarios[i], hashes[i], result))
         report("scenarios", len(results), len(scenarios))
         if out is not None and time.monotonic() - last_flush > FLUSH_EVERY_S:
             write_table(results_frame(scenarios, results), out)

@@ -141,7 +141,7 @@ def read_inputs(paths: Sequence[str | Path], *, source: str | None = None) -> In
                     found.versions.setdefault("nccl_tests_nccl", set()).add(series.nccl_version)
             found.described.append(f"nccl-tests table {path}"
                                    + (f", source {source}" if source else ""))
-        elif path.is_file():
+        elif path.exists():  # read_nccl_tests refuses a FIFO, a device or a socket
             series = read_nccl_tests(path)
             found.comm += _series_points(series)
             found.described.append(f"nccl-tests log {path} ({series.kind}, {series.nodes} x "

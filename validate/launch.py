@@ -84,10 +84,52 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
     Raises:
         ValueError: ``nproc`` < 1.
     """
-    if nproc < 1:
-        raise ValueError(f"nproc: {nproc} is not valid; valid: an integer >= 1")
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= MAX_NPROC:
+        raise ValueError(f"nproc: {nproc!r} is not valid; valid: an integer from 1 to "
+                         f"{MAX_NPROC}")
     out = Path(task["out"])
     out.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_directory(out)  # held (and inherited by the ranks) until they end
+    try:
+        return _launch(task, nproc, out, grace_s)
+    finally:
+        os.close(lock)
+
+
+#: Most local ranks one launcher starts (each is a torch process: ~300 MiB).
+MAX_NPROC = 256
+#: The lock file of a measurement directory.
+LOCK_NAME = ".lock"
+
+
+def lock_run_directory(directory: Path) -> int:
+    """Take the directory's lock (``flock`` on ``DIR/.lock``) for this process and the
+    ranks it forks; returns the lock's file descriptor (closing it, or the end of every
+    process holding it, releases it). Two replays writing one directory would time each
+    other's ranks on the same cores and record that as data.
+
+    Raises:
+        ValueError: another process holds the lock (names its pid).
+    """
+    import fcntl
+
+    path = directory / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"out: {str(directory)!r} is being written by another measurement "
+                         f"(pid {holder}); wait for it to end, or give another directory") \
+            from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode("ascii"))
+    return fd
+
+
+def _launch(task: dict, nproc: int, out: Path, grace_s: float) -> int:
+    """:func:`launch_local` once the directory is locked."""
     task_path = out / ".launch-task.json"
     task_path.write_text(json.dumps(task, sort_keys=True))
     port = free_port()
@@ -104,14 +146,15 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
                    RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
         if forking:
-            proc = context.Process(target=_forked_rank, args=(str(task_path), env),
+            proc = context.Process(target=_forked_rank,
+                                   args=(str(task_path), env, os.getpid()),
                                    name=f"trainsim-rank{rank}")
             proc.start()
             procs.append(_Forked(proc))
         else:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "validate.worker", str(task_path)],
-                env=dict(os.environ, **env)))
+                env=dict(os.environ, **env, TRAINSIM_LAUNCHER_PID=str(os.getpid()))))
     failure = 0
     try:
         while True:
@@ -128,8 +171,12 @@ def launch_local(task: dict, nproc: int, *, grace_s: float = 5.0) -> int:
     return failure
 
 
-def _forked_rank(task_path: str, env: dict) -> None:
-    """Body of a forked rank: its environment, then the worker."""
+def _forked_rank(task_path: str, env: dict, launcher_pid: int) -> None:
+    """Body of a forked rank: die with the launcher (a killed launcher must not leave
+    ranks running beside the next run), its environment, then the worker."""
+    from sim.child_process import die_with_parent
+
+    die_with_parent(launcher_pid)
     os.environ.update(env)
     from validate.worker import main
 

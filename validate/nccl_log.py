@@ -15,6 +15,7 @@ from the caller.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,12 +130,11 @@ def read_nccl_tests(path: str | Path) -> NcclSeries:
     Raises:
         ValueError: the file is missing or not an nccl-tests stdout.
     """
+    from hardware.user_input import read_input_bytes
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise ValueError(f"nccl-tests: file {str(path)!r} not found") from None
-    return parse_nccl_tests(text, label=str(path))
+    data = read_input_bytes(path, what="nccl-tests", hint="give an nccl-tests stdout log")
+    return parse_nccl_tests(data.decode("utf-8", errors="replace"), label=str(path))
 
 
 def read_nccl_csv(path: str | Path, *, source_id: str | None = None) -> list[NcclSeries]:
@@ -144,14 +144,23 @@ def read_nccl_csv(path: str | Path, *, source_id: str | None = None) -> list[Ncc
     Raises:
         ValueError: missing columns, or ``source_id`` not in the file.
     """
+    import io
+
+    from hardware.user_input import read_input_text
+
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    text = read_input_text(path, what="nccl-tests", hint="give an nccl-tests CSV table")
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as problem:
+        raise ValueError(f"nccl-tests: {str(path)!r} is not a CSV table ({problem})") from None
     needed = {"source_id", "collective", "num_nodes", "gpus_per_node", "size_bytes",
               "oop_time_us"}
     if not rows or not needed <= set(rows[0]):
         raise ValueError(f"nccl-tests: {str(path)!r} lacks columns "
                          f"{', '.join(sorted(needed - set(rows[0] if rows else ())))}")
+    for line, row in enumerate(rows, start=2):
+        _check_csv_row(row, f"nccl-tests: {str(path)!r} line {line}")
     series: dict[tuple, NcclSeries] = {}
     for row in rows:
         if source_id is not None and row["source_id"] != source_id:
@@ -170,6 +179,38 @@ def read_nccl_csv(path: str | Path, *, source_id: str | None = None) -> list[Ncc
         raise ValueError(f"source: {source_id!r} is not in {str(path)!r}; valid: "
                          f"{', '.join(valid)}")
     return list(series.values())
+
+
+#: The columns of the shared CSV read as numbers: (kind, what is valid).
+_CSV_NUMBERS = {"num_nodes": (int, "a whole number >= 1"),
+                "gpus_per_node": (int, "a whole number >= 1"),
+                "size_bytes": (int, "a whole number >= 0"),
+                "oop_time_us": (float, "a finite number >= 0")}
+
+
+def _check_csv_row(row: dict, where: str) -> None:
+    """One row of the shared CSV: every column present (a short row has None), the
+    collective known, counts and times in range.
+
+    Raises:
+        ValueError: one line naming the file, the line, the column and the value.
+    """
+    if None in row or any(value is None for value in row.values()):
+        given = sum(value is not None for key, value in row.items() if key is not None) \
+            + len(row.get(None) or ())
+        raise ValueError(f"{where}: has {given} values for the header's "
+                         f"{len(row) - (None in row)} columns; valid: one value per column")
+    if row["collective"] not in COLLECTIVE_KINDS:
+        raise ValueError(f"{where}: collective: {row['collective']!r} is not valid; valid: "
+                         f"{', '.join(COLLECTIVE_KINDS)}")
+    for column, (kind, valid) in _CSV_NUMBERS.items():
+        try:
+            value = kind(row[column])
+        except ValueError:
+            value = None
+        low = 1 if column in ("num_nodes", "gpus_per_node") else 0
+        if value is None or not math.isfinite(value) or value < low:
+            raise ValueError(f"{where}: {column}: {row[column]!r} is not valid; give {valid}")
 
 
 def format_nccl_tests(rows, *, kind: str, hosts: list[str], gpus: list[str]) -> str:

@@ -131,17 +131,32 @@ def markdown(report: PublishedReport, *, worst: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_text(path: str | os.PathLike[str]) -> str:
+    """The text of a README that holds the generated block's markers, read through the
+    input edge (a regular file of text; a FIFO would block for ever).
+
+    Raises:
+        ValueError: one line naming ``write-readme``: the file is missing, not a regular
+            file, too large, or lacks the markers.
+    """
+    from hardware.user_input import read_input_text
+
+    text = read_input_text(path, what="write-readme",
+                           hint="give a Markdown file with the generated block's markers")
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"write-readme: {str(path)!r} has no '{README_BEGIN}' ... "
+                         f"'{README_END}' block; add the two markers where the table goes")
+    return text
+
+
 def replace_readme_block(path: str | os.PathLike[str], block: str) -> None:
     """Put ``block`` between the README's markers (atomically).
 
     Raises:
-        ValueError: the file lacks the markers.
+        ValueError: as :func:`readme_text`.
     """
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = readme_text(path)
     start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
-        raise ValueError(f"write-readme: {path} has no '{README_BEGIN}' ... '{README_END}' "
-                         "block; add the two markers where the table goes")
     updated = text[:start] + block.rstrip("\n") + text[end + len(README_END):]
-    write_text_atomic(path, updated)
+    write_text_atomic(Path(path), updated)

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from strategies.ir import CollectiveOp, ComputeOp, Program, RecvOp, SendOp
 from validate.program_io import load_program
-from validate.store import MeasurementStore
+from validate.store import MeasurementStore, check_fields
 
 #: An iteration slower than this multiple of the median step is an outlier.
 OUTLIER_FACTOR = 1.5
@@ -163,12 +163,44 @@ def load_measurements(directory: str | Path) -> Measurements:
         intervals = {}
         for rank in ranks:
             record = next(rec for rec in series[rank] if rec["iteration"] == number)
-            for span in record["spans"]:
-                intervals[(rank, int(span["index"]))] = (int(span["start_ns"]),
-                                                         int(span["end_ns"]))
+            intervals.update(_spans(record, rank, number, len(program.ops_by_rank[rank]),
+                                    store.root))
         iterations.append(intervals)
     env = {r: store.read_meta("env", rank=r) or {} for r in ranks}
     return Measurements(program, iterations, env, store.read_meta("run"))
+
+
+#: The fields of a span record (validate.worker writes them) and what each must be.
+SPAN_FIELDS = {"index": "index", "start_ns": "index", "end_ns": "index"}
+
+
+def _spans(record: dict, rank: int, iteration: int, ops: int,
+           root: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(rank, index): (start_ns, end_ns)}`` of one iteration record, checked: every op
+    of the rank exactly once, integer times, no span ending before it starts.
+
+    Raises:
+        ValueError: one line naming the record, the span and the field.
+    """
+    where = f"measurements: {str(root)!r}: rank {rank} iteration {iteration}"
+    out = {}
+    for position, span in enumerate(record["spans"]):
+        at = f"{where}: spans[{position}]"
+        if not isinstance(span, dict):
+            raise ValueError(f"{at}: {span!r:.60} is not a span object")
+        check_fields(span, SPAN_FIELDS, at)
+        if span["index"] >= ops:
+            raise ValueError(f"{at}: index: {span['index']} is not an op of rank {rank}; "
+                             f"valid: 0..{ops - 1}")
+        if span["end_ns"] < span["start_ns"]:
+            raise ValueError(f"{at}: end_ns: {span['end_ns']} is before start_ns "
+                             f"{span['start_ns']}; a span ends after it starts")
+        out[(rank, span["index"])] = (span["start_ns"], span["end_ns"])
+    if len(out) != ops:
+        missing = next(i for i in range(ops) if (rank, i) not in out)
+        raise ValueError(f"{where}: op {missing} has no span ({len(out)} of {ops} ops timed); "
+                         "resume the replay or give a complete run")
+    return out
 
 
 def measured_timeline(program: Program, intervals: Intervals):

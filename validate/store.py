@@ -19,6 +19,7 @@ loses only the measurement it was taking. Measurement files are never overwritte
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -126,12 +127,50 @@ def iteration_name(iteration: int) -> str:
     return f"iter{iteration:05d}"
 
 
+#: What each field of a measurement record must be (the schemas of the series, declared
+#: once): ``count`` a whole number >= 1, ``index`` >= 0, ``positive`` a finite number > 0,
+#: ``text`` a string.
+RECORD_FIELDS = {
+    "replay": {"iteration": "index", "spans": "list"},
+    "collectives": {"op": "text", "ranks": "count", "size_bytes": "index",
+                    "time_us": "positive", "nodes": "count", "gpus_per_node": "count"},
+    "compute": {"kind": "text", "dtype": "text", "work": "positive", "time_s": "positive"},
+}
+_KIND_WORDS = {"count": "a whole number >= 1", "index": "a whole number >= 0",
+               "positive": "a finite number > 0", "text": "a string", "list": "a list"}
+
+
+def check_fields(record: dict, fields: dict[str, str], where: str) -> dict:
+    """``record`` if every named field is present and of its kind (:data:`RECORD_FIELDS`).
+
+    Raises:
+        ValueError: ``"<where>: <field>: <value> is not valid; give ..."`` (one line).
+    """
+    for name, kind in fields.items():
+        value = record.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        whole = number and isinstance(value, int)
+        ok = {"count": whole and value >= 1, "index": whole and value >= 0,
+              "positive": number and math.isfinite(value) and value > 0,
+              "text": isinstance(value, str), "list": isinstance(value, list)}[kind]
+        if not ok:
+            shown = "missing" if name not in record else f"{value!r:.60} is not valid"
+            raise ValueError(f"{where}: {name}: {shown}; give {_KIND_WORDS[kind]}")
+    return record
+
+
 def _load(path: Path) -> dict:
+    from hardware.user_input import read_input_text
+
+    text = read_input_text(path, what="measurement", hint="it was not written by trainsim")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"measurement: {str(path)!r} is not a complete JSON record ({err}); "
                          "it was not written by trainsim") from None
     if not isinstance(data, dict):
         raise ValueError(f"measurement: {str(path)!r} is not a JSON object")
+    series = data.get("series")
+    if series in RECORD_FIELDS and path.parent.name == series:
+        check_fields(data, RECORD_FIELDS[series], f"measurement: {str(path)!r}")
     return data

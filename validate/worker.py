@@ -166,6 +166,10 @@ def _replay(task: dict, env: DistEnv, device, store: MeasurementStore, timeout_s
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the task file given as the only argument."""
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("TRAINSIM_LAUNCHER_PID", "").isdigit():  # started by launch_local
+        from sim.child_process import die_with_parent
+
+        die_with_parent(int(os.environ["TRAINSIM_LAUNCHER_PID"]))
     try:
         with open(argv[0], encoding="utf-8") as handle:
             task = json.load(handle)

@@ -39,11 +39,6 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.toml_sources import source_comments, table_headers
 from hardware.spec import (
     ALGORITHM_FAMILIES,
@@ -62,8 +57,11 @@ from hardware.spec import (
     ScaleUpSpec,
 )
 from hardware.units import GIB, GB
+# tomllib is re-exported: tests read pyproject.toml with it.
+from hardware.user_input import load_input, tomllib  # noqa: F401
 
 __all__ = [
+    "check_cluster_spec",
     "list_presets",
     "load_cluster",
     "parse_override",
@@ -94,12 +92,25 @@ PCIE_GB_PER_S_PER_LANE = {
 
 @dataclass(frozen=True)
 class _Field:
-    """One TOML leaf: its Python type, range check and whether it is required."""
+    """One TOML leaf: its Python type, range check, largest plausible value and whether
+    it is required.
+
+    ``high`` bounds every number far above any machine that exists or is announced, so a
+    typo (``hbm_gb = 1e308``) is refused here instead of overflowing a simulation.
+    """
 
     kind: type
     check: str = ""  # "", "positive", "nonnegative", "fraction", "at_least_1"
     choices: tuple = ()
     required: bool = True
+    high: float | None = None
+
+
+#: Smallest efficiency or fraction accepted: below it every time would exceed what a
+#: simulation can represent (1e-300 overflows), and no measured efficiency is near it.
+MIN_FRACTION = 1e-6
+#: Smallest positive rate or size accepted (a rate of 1e-300 GB/s overflows too).
+MIN_POSITIVE = 1e-6
 
 
 def _same(keys: tuple[str, ...], leaf: Any) -> dict[str, Any]:
@@ -107,10 +118,14 @@ def _same(keys: tuple[str, ...], leaf: Any) -> dict[str, Any]:
 
 
 _STR = _Field(str)
-_POS_INT = _Field(int, "positive")
-_POS = _Field(float, "positive")
+_POS_INT = _Field(int, "positive", high=1_000_000)
+_POS = _Field(float, "positive", high=1e9)
+#: Rates (GB/s, Gb/s, FLOP/s x 1e-9): far above any hardware, so a test may model free
+#: communication (1e21 GB/s), yet finite in every product the models form.
+_RATE = _Field(float, "positive", high=1e24)
 _FRAC = _Field(float, "fraction")
-_US = _Field(float, "nonnegative")
+#: Latencies in microseconds: up to one second.
+_US = _Field(float, "nonnegative", high=1e6)
 
 #: The TOML layout of a preset; a dict is a table, a _Field a value.
 SCHEMA: dict[str, Any] = {
@@ -121,33 +136,33 @@ SCHEMA: dict[str, Any] = {
     "max_nodes": _POS_INT,
     "gpu": {
         "name": _STR,
-        "peak_flops_per_s": _same(DTYPES, _Field(float, "positive", required=False)),
+        "peak_flops_per_s": _same(DTYPES, _Field(float, "positive", required=False, high=1e33)),
         "hbm_gb": _POS,
-        "hbm_gb_per_s": _POS,
+        "hbm_gb_per_s": _RATE,
         "matmul_profile": _STR,
         "matmul_peak_efficiency": _FRAC,
         "memory_efficiency": _FRAC,
         "kernel_launch_us": _US,
         "sustained_fraction": _Field(float, "fraction", required=False),
-        "sm_count": _Field(int, "nonnegative", required=False),
-        "memory_reserve_gib": _Field(float, "nonnegative", required=False),
+        "sm_count": _Field(int, "nonnegative", required=False, high=1_000_000),
+        "memory_reserve_gib": _Field(float, "nonnegative", required=False, high=1e6),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
         "domain_gpus": _POS_INT,
-        "nvlink_generation": _Field(int, "nonnegative", required=False),
-        "nvlink_links_per_gpu": _Field(int, "nonnegative", required=False),
-        "nvlink_gb_per_s_per_link": _Field(float, "nonnegative", required=False),
+        "nvlink_generation": _Field(int, "nonnegative", required=False, high=100),
+        "nvlink_links_per_gpu": _Field(int, "nonnegative", required=False, high=10_000),
+        "nvlink_gb_per_s_per_link": _Field(float, "nonnegative", required=False, high=1e24),
         "link_efficiency": _FRAC,
         "nvls": _Field(bool),
         "nvls_efficiency": _Field(float, "fraction", required=False),
         "pcie_generation": _POS_INT,
         "pcie_lanes": _POS_INT,
-        "pcie_gb_per_s": _Field(float, "positive", required=False),
+        "pcie_gb_per_s": _Field(float, "positive", required=False, high=1e24),
     },
     "nic": {
         "count_per_node": _POS_INT,
-        "gbit_per_s": _POS,
+        "gbit_per_s": _RATE,
         "kind": _Field(str, choices=NIC_KINDS),
         "gpudirect_rdma": _Field(bool),
         "link_efficiency": _FRAC,
@@ -157,7 +172,7 @@ SCHEMA: dict[str, Any] = {
         "tiers": _Field(int, choices=(1, 2, 3)),
         "nodes_per_leaf": _POS_INT,
         "leaves_per_spine_group": _POS_INT,
-        "oversubscription": _Field(float, "at_least_1"),
+        "oversubscription": _Field(float, "at_least_1", high=1e6),
         "switch_hop_latency_us": _US,
     },
     "comm": {
@@ -165,20 +180,24 @@ SCHEMA: dict[str, Any] = {
         "hop_latency_us": _same(TIERS, _same(PROTOCOLS, _US)),
         "protocol_efficiency": _same(TIERS, _same(PROTOCOLS, _FRAC)),
         "p2p_efficiency": _same(TIERS, _FRAC),
-        "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False)),
-        "ll_max_gb_per_s": _same(NODE_BUCKETS, _Field(float, "positive", required=False)),
+        "protocol_max_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
+                                                      high=2**60)),
+        "ll_max_gb_per_s": _same(NODE_BUCKETS, _Field(float, "positive", required=False,
+                                                      high=1e24)),
         "channel_max_gb_per_s": _same(ALGORITHM_FAMILIES, _same(PROTOCOLS, _same(
-            NODE_BUCKETS, _Field(float, "positive", required=False)))),
-        "rail_channels": _Field(int, "positive", required=False),
-        "domain_channels": _Field(int, "positive", required=False),
-        "collective_channels": _Field(int, "positive", required=False),
-        "channel_threshold_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False)),
-        "p2p_net_channel_gb_per_s": _Field(float, "nonnegative", required=False),
-        "p2p_net_channels_per_peer": _Field(int, "nonnegative", required=False),
-        "p2p_channels": _Field(int, "positive", required=False),
-        "p2p_peers_per_channel": _Field(int, "positive", required=False),
-        "net_step_overhead_us": _same(PROTOCOLS, _Field(float, "nonnegative", required=False)),
-        "tree_chunk_bytes": _Field(int, "nonnegative", required=False),
+            NODE_BUCKETS, _Field(float, "positive", required=False, high=1e24)))),
+        "rail_channels": _Field(int, "positive", required=False, high=1024),
+        "domain_channels": _Field(int, "positive", required=False, high=1024),
+        "collective_channels": _Field(int, "positive", required=False, high=1024),
+        "channel_threshold_bytes": _same(PROTOCOLS, _Field(int, "nonnegative", required=False,
+                                                           high=2**60)),
+        "p2p_net_channel_gb_per_s": _Field(float, "nonnegative", required=False, high=1e24),
+        "p2p_net_channels_per_peer": _Field(int, "nonnegative", required=False, high=1024),
+        "p2p_channels": _Field(int, "positive", required=False, high=1024),
+        "p2p_peers_per_channel": _Field(int, "positive", required=False, high=1024),
+        "net_step_overhead_us": _same(PROTOCOLS, _Field(float, "nonnegative", required=False,
+                                                        high=1e6)),
+        "tree_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**60),
     },
 }
 
@@ -279,8 +298,8 @@ def _locate(ref: str | os.PathLike[str], relative_to: Path | None) -> Path:
         path = Path(text).expanduser()
         if not path.is_absolute() and relative_to is not None:
             path = relative_to / path
-        if path.is_file():
-            return path.resolve()
+        if path.exists():
+            return path.resolve()  # read_input_text refuses what is not a regular file
         raise ValueError(f"cluster: file {str(path)!r} not found; give a preset name or a TOML file")
     raise ValueError(
         f"cluster: {text!r} is not a preset; valid: {', '.join(list_presets())} "
@@ -289,11 +308,8 @@ def _locate(ref: str | os.PathLike[str], relative_to: Path | None) -> Path:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"cluster: {path} is not valid TOML: {err}") from None
+    return load_input(path, what="cluster", syntax="toml",
+                      hint="give a preset name or a preset TOML file")
 
 
 def _resolve(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -434,13 +450,20 @@ def _coerce(value: object, field: _Field, path: str, where: str = "") -> Any:
     if field.choices and value not in field.choices:
         raise ValueError(f"{path}: {value!r} is not valid; valid: {', '.join(map(str, field.choices))}{suffix}")
     problem = {
-        "positive": (lambda v: v > 0, "must be > 0"),
-        "nonnegative": (lambda v: v >= 0, "must be >= 0"),
-        "fraction": (lambda v: 0 < v <= 1, "is outside (0, 1]; give an efficiency 0 < x <= 1"),
+        "positive": (lambda v: v > 0 and (kind is int or v >= MIN_POSITIVE),
+                     "must be > 0" + ("" if kind is int else f" (at least {MIN_POSITIVE:g})")),
+        "nonnegative": (lambda v: v >= 0 and (kind is int or v == 0 or v >= MIN_POSITIVE),
+                        "must be >= 0" + ("" if kind is int else
+                                          f" (0 or at least {MIN_POSITIVE:g})")),
+        "fraction": (lambda v: MIN_FRACTION <= v <= 1,
+                     f"is outside (0, 1]; give an efficiency {MIN_FRACTION:g} <= x <= 1"),
         "at_least_1": (lambda v: v >= 1, "is below 1; give a ratio >= 1 (1.0 = non-blocking)"),
     }.get(field.check)
     if problem and not problem[0](value):
         raise ValueError(f"{path}: {value!r} {problem[1]}{suffix}")
+    if field.high is not None and value > field.high:
+        raise ValueError(f"{path}: {value!r} is above {field.high:g}, the largest plausible "
+                         f"value; give a value <= {field.high:g}{suffix}")
     return value
 
 
@@ -571,6 +594,83 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
         ),
         sources=dict(sorted(sources.items())),
     )
+
+
+def check_cluster_spec(spec: ClusterSpec, *, where: str = "") -> ClusterSpec:
+    """``spec`` if a preset file could hold it: the same schema (types, ranges, largest
+    plausible values) and the same cross-field rules as :func:`load_cluster`, applied to
+    a spec built another way (a calibration file sets SI fields directly, and must not
+    set what a preset may not, e.g. ``scale_up.domain_gpus = 0``).
+
+    Raises:
+        ValueError: one line naming the field as a preset TOML key (``hbm_gb``,
+            ``kernel_launch_us``, ...), the value and what is valid, then ``where``.
+    """
+    try:
+        _build(_spec_data(spec), {})
+    except ValueError as problem:
+        raise ValueError(f"{problem}{f' ({where})' if where else ''}") from None
+    return spec
+
+
+def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
+    """The preset TOML data of ``spec``: the inverse of :func:`_build`'s unit conversion."""
+    us = 1e6
+    g, up, nic, fab, comm = spec.gpu, spec.scale_up, spec.nic, spec.fabric, spec.comm
+    scale_up = {"kind": up.kind, "domain_gpus": up.domain_gpus,
+                "nvlink_generation": up.nvlink_generation,
+                "nvlink_links_per_gpu": up.nvlink_links_per_gpu,
+                "nvlink_gb_per_s_per_link": up.nvlink_bytes_per_s_per_link / GB,
+                "link_efficiency": up.link_efficiency, "nvls": up.nvls,
+                "pcie_generation": up.pcie_generation, "pcie_lanes": up.pcie_lanes,
+                "pcie_gb_per_s": up.pcie_bytes_per_s / GB}
+    if up.nvls:
+        scale_up["nvls_efficiency"] = up.nvls_efficiency
+    return {
+        "name": spec.name, "description": spec.description,
+        "gpus_per_node": spec.gpus_per_node, "max_nodes": spec.max_nodes,
+        "gpu": {"name": g.name, "peak_flops_per_s": dict(g.peak_flops_per_s),
+                "hbm_gb": g.hbm_bytes / GB, "hbm_gb_per_s": g.hbm_bytes_per_s / GB,
+                "matmul_profile": g.matmul_profile,
+                "matmul_peak_efficiency": g.matmul_peak_efficiency,
+                "memory_efficiency": g.memory_efficiency,
+                "kernel_launch_us": g.kernel_launch_s * us,
+                "sustained_fraction": g.sustained_fraction, "sm_count": g.sm_count,
+                "memory_reserve_gib": g.memory_reserve_bytes / GIB},
+        "scale_up": scale_up,
+        "nic": {"count_per_node": nic.count_per_node, "gbit_per_s": nic.gbit_per_s,
+                "kind": nic.kind, "gpudirect_rdma": nic.gpudirect_rdma,
+                "link_efficiency": nic.link_efficiency},
+        "fabric": {"topology": fab.topology, "tiers": fab.tiers,
+                   "nodes_per_leaf": fab.nodes_per_leaf,
+                   "leaves_per_spine_group": fab.leaves_per_spine_group,
+                   "oversubscription": fab.oversubscription,
+                   "switch_hop_latency_us": fab.switch_hop_latency_s * us},
+        "comm": {"base_latency_us": {a: {p: v * us for p, v in t.items()}
+                                     for a, t in comm.base_latency_s.items()},
+                 "hop_latency_us": {a: {p: v * us for p, v in t.items()}
+                                    for a, t in comm.hop_latency_s.items()},
+                 "protocol_efficiency": {a: dict(t) for a, t in
+                                         comm.protocol_efficiency.items()},
+                 "p2p_efficiency": dict(comm.p2p_efficiency),
+                 "protocol_max_bytes": dict(comm.protocol_max_bytes),
+                 "ll_max_gb_per_s": {b: v / GB for b, v in
+                                     comm.ll_max_bus_bytes_per_s.items()},
+                 "channel_max_gb_per_s": {
+                     f: {p: {b: v / GB for b, v in t.items()} for p, t in by_proto.items()}
+                     for f, by_proto in comm.channel_max_bus_bytes_per_s.items()},
+                 "rail_channels": comm.rail_channels,
+                 "domain_channels": comm.domain_channels,
+                 "collective_channels": comm.collective_channels,
+                 "channel_threshold_bytes": dict(comm.channel_threshold_bytes),
+                 "p2p_net_channel_gb_per_s": comm.p2p_net_channel_bytes_per_s / GB,
+                 "p2p_net_channels_per_peer": comm.p2p_net_channels_per_peer,
+                 "p2p_channels": comm.p2p_channels,
+                 "p2p_peers_per_channel": comm.p2p_peers_per_channel,
+                 "net_step_overhead_us": {p: v * us for p, v in
+                                          comm.net_step_overhead_s.items()},
+                 "tree_chunk_bytes": comm.tree_chunk_bytes},
+    }
 
 
 def _plain(obj: Any) -> Any:

@@ -30,6 +30,20 @@ SECONDS_PER_DAY = 86400.0
 #: reported as unfinished).
 MAX_DAYS = 3650.0
 
+# Bounds of what one long run may simulate. The engine steps from failure to failure,
+# all seeds at once: its time is about (expected failures per run) x (3 ms + seeds x
+# 2.5 us) on this project's 2-core machine (54 days of Llama 3 405B's 16,384 GPUs, ~414
+# failures: 3 s for 1,000 seeds, 12 s for 10,000). Past these limits a run is refused
+# in one line instead of running for hours or for ever (days = 1e308).
+#: Longest horizon, days (100 years; also the largest max_days of a token run).
+MAX_HORIZON_DAYS = 36_500.0
+#: Most Monte-Carlo runs.
+MAX_SEEDS = 100_000
+#: Most failures one run may expect (horizon / job MTBF): ~5 min for one seed.
+MAX_FAILURES_PER_RUN = 100_000
+#: Most failures all runs together may expect (runs x failures per run): ~2.5 min.
+MAX_SIMULATED_FAILURES = 50_000_000
+
 
 @dataclass(frozen=True, kw_only=True)
 class LongRunSetup:
@@ -174,8 +188,8 @@ def prepare_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
         raise ValueError(f"days: give exactly one of days or tokens (got days={days!r}, "
                          f"tokens={tokens!r})")
     if days is not None:
-        days = positive("days", days)
-    max_days = positive("max_days", max_days)
+        days = at_most("days", positive("days", days), MAX_HORIZON_DAYS)
+    max_days = at_most("max_days", positive("max_days", max_days), MAX_HORIZON_DAYS)
     prof = fl.load_profile(profile)
     resp = fl.load_responses(responses)
     changes: dict[str, object] = {}
@@ -239,7 +253,41 @@ def prepare_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
     if resp.policy == "elastic" and units.gpus // gpus_per_replica < 2:
         raise ValueError(f"policy: 'elastic' needs at least 2 data-parallel replicas, the job "
                          f"has {units.gpus // gpus_per_replica}; valid: spares, wait")
-    return LongRunSetup(cluster=spec, units=units, profile=prof, responses=resp, costs=costs,
-                        gpus_per_replica=gpus_per_replica, days=days, tokens=tokens,
-                        step_time_s=step_time_s, tokens_per_step=tokens_per_step,
-                        max_days=max_days, model=model_name)
+    setup = LongRunSetup(cluster=spec, units=units, profile=prof, responses=resp, costs=costs,
+                         gpus_per_replica=gpus_per_replica, days=days, tokens=tokens,
+                         step_time_s=step_time_s, tokens_per_step=tokens_per_step,
+                         max_days=max_days, model=model_name)
+    expected_failures(setup)  # refuse a run too long to simulate now, not after hours
+    return setup
+
+
+def expected_failures(setup: LongRunSetup, seeds: int = 1) -> float:
+    """Failures ``seeds`` runs of ``setup`` expect over the horizon (horizon / MTBF each).
+
+    Raises:
+        ValueError: past :data:`MAX_FAILURES_PER_RUN` per run or
+            :data:`MAX_SIMULATED_FAILURES` for all runs (one line saying what to lower).
+    """
+    per_run = setup.horizon_s / setup.mtbf_s  # 0 when nothing fails (MTBF infinite)
+    horizon = f"{setup.horizon_s / SECONDS_PER_DAY:g} days"
+    if per_run > MAX_FAILURES_PER_RUN:
+        raise ValueError(f"days: the job expects {_count(per_run)} failures in {horizon} (MTBF "
+                         f"{setup.mtbf_s:.3g} s); valid: at most {MAX_FAILURES_PER_RUN:,} "
+                         "per run; give fewer days or a lower failure rate")
+    if per_run * seeds > MAX_SIMULATED_FAILURES:
+        raise ValueError(f"seeds: {seeds:,} runs of {_count(per_run)} expected failures each "
+                         f"exceed the {MAX_SIMULATED_FAILURES:,} failures one simulation may "
+                         f"take; valid: at most {int(MAX_SIMULATED_FAILURES // max(per_run, 1)):,}"
+                         " seeds here, or fewer days")
+    return per_run * seeds
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}" if value < 1e12 else f"{value:.3g}"
+
+
+def at_most(name: str, value: float, limit: float) -> float:
+    """``value`` if it is at most ``limit``, or a one-line ValueError naming ``name``."""
+    if value > limit:
+        raise ValueError(f"{name}: {value!r} is not valid; give at most {limit:g}")
+    return value

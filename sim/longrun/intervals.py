@@ -41,7 +41,7 @@ def scan(s: LongRunSetup, intervals: Sequence[float], seeds: int, seed: int) -> 
     good = goodput(runs)
     rows = []
     for i, interval in enumerate(grid):
-        st = summary(good[i])
+        st = summary(good[i], lower=0.0, upper=1.0)
         first, exact = analytic_goodput(s, interval)
         rows.append({"interval_s": interval, "goodput_mean": st["mean"],
                      "goodput_ci_lo": st["ci95"][0], "goodput_ci_hi": st["ci95"][1],

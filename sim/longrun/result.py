@@ -70,7 +70,7 @@ class LongRunResult:
         r, names = self.runs, self.class_names
         inter = r["interruptions"]
         total = inter.sum(axis=1)
-        by_cause = {name: summary(inter[:, i]) for i, name in enumerate(names)}
+        by_cause = {name: summary(inter[:, i], lower=0.0) for i, name in enumerate(names)}
         gh = {key: self._gpu_hours(r[key]) for key in
               ("lost_s", "detection_s", "restart_s", "wait_s")}
         lost_by_cause = {name: float(sum(gh[k][:, i].mean() for k in gh))
@@ -79,17 +79,17 @@ class LongRunResult:
         days_to_train = None
         if self.setup.tokens is not None:
             days = np.where(r["finished"], wall_days, np.nan)
-            days_to_train = {**summary(days), "unfinished_runs": int((~r["finished"]).sum()),
+            days_to_train = {**summary(days, lower=0.0), "unfinished_runs": int((~r["finished"]).sum()),
                              "failure_free_days": self.setup.target_work_s / SECONDS_PER_DAY,
                              "band": self.days_band()}
         first, exact = analytic_goodput(self.setup, self.checkpoint_interval_s)
         out = {
             "interruptions_mean": float(total.mean()),
-            "interruptions": summary(total),
+            "interruptions": summary(total, lower=0.0),
             "interruptions_by_cause": by_cause,
             "failures_absorbed_mean": float(r["absorbed"].sum(axis=1).mean()),
             "p_at_least_one_interruption": float((total > 0).mean()),
-            "goodput": summary(self.goodput()),
+            "goodput": summary(self.goodput(), lower=0.0, upper=1.0),
             "goodput_analytic": {"first_order": first,
                                  "exact": None if math.isnan(exact) else exact},
             "checkpoint_interval_s": self.checkpoint_interval_s,
@@ -99,7 +99,7 @@ class LongRunResult:
             "checkpoint_interval": dict(self.interval),
             "checkpoints_mean": float(r["checkpoints"].mean()),
             "mtbf_s": self.setup.mtbf_s,
-            "wall_days": summary(wall_days),
+            "wall_days": summary(wall_days, lower=0.0),
             "gpu_hours": {
                 "total": float(self._gpu_hours(r["wall_s"]).mean()),
                 "useful": float(self._gpu_hours(r["useful_s"]).mean()),

@@ -11,7 +11,15 @@ import pandas as pd
 
 from hardware.spec import ClusterSpec
 from sim.longrun.engine import run_engine
-from sim.longrun.inputs import MAX_DAYS, positive, positive_int, prepare_long_run
+from sim.longrun.inputs import (
+    MAX_DAYS,
+    MAX_SEEDS,
+    at_most,
+    expected_failures,
+    positive,
+    positive_int,
+    prepare_long_run,
+)
 from sim.longrun.intervals import SCAN_FACTORS, feasible, round_to_steps, scan
 from sim.longrun.result import LongRunResult
 from strategies import failures as fl
@@ -21,7 +29,7 @@ from strategies.model_spec import ModelSpec
 
 def _check_seeds(seeds: int, seed: int) -> None:
     """One-line errors for a bad number of runs or base seed."""
-    positive_int("seeds", seeds)
+    at_most("seeds", positive_int("seeds", seeds), MAX_SEEDS)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: {seed!r} is not valid; give a whole number >= 0")
 
@@ -85,6 +93,9 @@ def simulate_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
                          step_time_s=step_time_s, tokens_per_step=tokens_per_step,
                          checkpoint_bytes=checkpoint_bytes, gpus_per_replica=gpus_per_replica,
                          overrides=overrides, max_days=max_days)
+    scan_runs = 0 if requested != "auto" else len(scan_factors) * (
+        min(seeds, 200) if scan_seeds is None else positive_int("scan_seeds", scan_seeds))
+    expected_failures(s, seeds + scan_runs)
     yd = fl.young_daly_interval_s(s.costs.blocking_s, s.mtbf_s)
     info: dict[str, object] = {
         "requested": requested, "young_daly_s": yd,
@@ -135,6 +146,7 @@ def goodput_vs_interval(*, intervals: Sequence[float | str] | None = None, seeds
     """
     _check_seeds(seeds, seed)
     s = prepare_long_run(**kwargs)
+    expected_failures(s, seeds * (len(SCAN_FACTORS) if intervals is None else len(intervals)))
     if intervals is None:
         yd = fl.young_daly_interval_s(s.costs.blocking_s, s.mtbf_s)
         intervals = [yd * f for f in SCAN_FACTORS]

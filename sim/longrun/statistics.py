@@ -22,8 +22,14 @@ from strategies import failures as fl
 Z95 = 1.959963984540054
 
 
-def summary(x: np.ndarray) -> dict[str, object]:
-    """Mean, 95 % CI of the mean (normal approximation), sd and the 5th/95th percentiles."""
+def summary(x: np.ndarray, *, lower: float | None = None,
+            upper: float | None = None) -> dict[str, object]:
+    """Mean, 95 % CI of the mean (normal approximation), sd and the 5th/95th percentiles.
+
+    ``lower``/``upper``: the range the quantity lives in (0 for counts and times, [0, 1]
+    for goodput); the normal interval is clipped to it (a count's interval of [-0.08,
+    0.88] is [0, 0.88]: no run has fewer than 0 failures).
+    """
     x = np.asarray(x, dtype=float)
     x = x[np.isfinite(x)]
     if x.size == 0:
@@ -31,7 +37,12 @@ def summary(x: np.ndarray) -> dict[str, object]:
     mean = float(x.mean())
     sd = float(x.std(ddof=1)) if x.size > 1 else 0.0
     half = Z95 * sd / math.sqrt(x.size)
-    return {"mean": mean, "ci95": [mean - half, mean + half], "sd": sd,
+    low, high = mean - half, mean + half
+    if lower is not None:
+        low = max(low, lower)
+    if upper is not None:
+        high = min(high, upper)
+    return {"mean": mean, "ci95": [low, high], "sd": sd,
             "p05": float(np.percentile(x, 5)), "p95": float(np.percentile(x, 95)),
             "n": int(x.size)}
 

@@ -67,17 +67,12 @@ key, the bad value, the file and what is valid.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hardware.toml_sources import source_comments
+from hardware.user_input import load_input, read_input_text
 from strategies.model_spec import MLP_KINDS, NORM_KINDS, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["MODELS_DIR", "list_models", "load_model", "model_sources", "validate_model"]
@@ -120,6 +115,9 @@ _MOE: dict[str, tuple[type, Any, bool]] = {
     "router_group_topk": (int, "nonnegative", False),
 }
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+#: Largest size, count or ratio a model may give (10 million: 30x the largest vocabulary
+#: or width of any published model); beyond it every cost overflows into nonsense.
+MAX_MODEL_NUMBER = 10_000_000
 
 #: hidden_act values of Hugging Face configs and the MLP they mean.
 _HF_ACTIVATIONS = {
@@ -178,13 +176,13 @@ def model_sources(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
     path = _locate(name_or_path)
     if path.suffix.lower() == ".json":
         raise ValueError(f"model: {str(path)!r} is a Hugging Face config; only TOML model files carry # source: comments")
-    return source_comments(path.read_text(encoding="utf-8"))
+    return source_comments(_read(path))
 
 
 def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
     """Check a :class:`ModelSpec` and return it unchanged.
 
-    Checks: positive sizes; ``num_kv_heads`` divides ``num_heads``; ``mlp``
+    Checks: positive sizes of at most :data:`MAX_MODEL_NUMBER`; ``num_kv_heads`` divides ``num_heads``; ``mlp``
     and ``norm`` are known kinds; for MoE: positive expert counts and sizes,
     ``top_k <= num_experts``, ``capacity_factor >= 0``, ``shared_experts >= 0``,
     ``0 <= first_dense_layers <= num_layers``, ``layer_frequency >= 1``.
@@ -201,6 +199,9 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{field}: {value!r} must be a positive integer{at}")
+        if value > MAX_MODEL_NUMBER:
+            raise ValueError(f"{field}: {value!r} is not valid{at}; give at most "
+                             f"{MAX_MODEL_NUMBER:,}")
     if spec.num_heads % spec.num_kv_heads:
         raise ValueError(
             f"num_kv_heads: {spec.num_kv_heads} does not divide num_heads {spec.num_heads}{at}; "
@@ -227,6 +228,9 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
             value = getattr(moe, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"moe.{field}: {value!r} must be a positive integer{at}")
+            if value > MAX_MODEL_NUMBER:
+                raise ValueError(f"moe.{field}: {value!r} is not valid{at}; give at most "
+                                 f"{MAX_MODEL_NUMBER:,}")
         for field in ("shared_experts", "first_dense_layers"):
             value = getattr(moe, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -259,8 +263,8 @@ def _locate(ref: str | os.PathLike[str]) -> Path:
     path = Path(text).expanduser()
     looks_like_path = path.suffix.lower() in (".toml", ".json") or "/" in text or os.sep in text
     if looks_like_path:
-        if path.is_file():
-            return path.resolve()
+        if path.exists():
+            return path.resolve()  # _read refuses what is not a regular file
         raise ValueError(f"model: file {str(path)!r} not found; give a preset name, a .toml model file or a config.json")
     raise ValueError(
         f"model: {text!r} is not a preset; valid: {', '.join(list_models())} "
@@ -271,11 +275,15 @@ def _locate(ref: str | os.PathLike[str]) -> Path:
 # --------------------------------------------------------------------------- native TOML
 
 
+_HINT = "give a preset name, a .toml model file or a Hugging Face config.json"
+
+
+def _read(path: Path) -> str:
+    return read_input_text(path, what="model", hint=_HINT)
+
+
 def _load_toml(path: Path) -> ModelSpec:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"model: {path} is not valid TOML: {str(err).splitlines()[0]}") from None
+    data, _ = load_input(path, what="model", hint=_HINT, syntax="toml")
     where = f"in {path}"
     for key in data:
         if key not in ("moe", "mla") and key not in _TOP:
@@ -353,6 +361,9 @@ def _coerce(value: Any, spec: tuple[type, Any, bool], key: str, where: str) -> A
         raise ValueError(f"{key}: {value!r} must be > 0 {where}")
     elif check == "nonnegative" and value < 0:
         raise ValueError(f"{key}: {value!r} must be >= 0 {where}")
+    if kind in (int, float) and not value <= MAX_MODEL_NUMBER:  # also NaN, inf
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give at most "
+                         f"{MAX_MODEL_NUMBER:,}")
     return value
 
 
@@ -373,10 +384,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _load_hf(path: Path) -> ModelSpec:
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"model: {path} is not valid JSON: {err}") from None
+    cfg, _ = load_input(path, what="model", hint=_HINT, syntax="json")
     if not isinstance(cfg, dict):
         raise ValueError(f"model: {path} is not a JSON object; expected a Hugging Face config.json")
     where = f"in {path}"
@@ -399,7 +407,7 @@ def _load_hf(path: Path) -> ModelSpec:
             mlp="gelu",
             norm="layernorm",
             tied_embeddings=True,
-            dropout=float(cfg.get("resid_pdrop", 0.1) or 0) > 0,  # GPT-2 default 0.1
+            dropout=_hf_rate(cfg, "resid_pdrop", 0.1, where) > 0,  # GPT-2 default 0.1
             source=source,
         )
         return validate_model(spec, where=str(path))
@@ -470,7 +478,8 @@ def _load_hf(path: Path) -> ModelSpec:
         mlp=mlp,
         norm=norm,
         tied_embeddings=tied,
-        dropout=float(cfg.get("hidden_dropout", cfg.get("attention_dropout", 0.0)) or 0) > 0,
+        dropout=_hf_rate(cfg, "hidden_dropout" if "hidden_dropout" in cfg else
+                         "attention_dropout", 0.0, where) > 0,
         moe=moe,
         mla=mla,
         mtp_layers=_hf_int(cfg, "num_nextn_predict_layers", where, default=0, minimum=0),
@@ -480,6 +489,16 @@ def _load_hf(path: Path) -> ModelSpec:
 
 
 _MISSING = object()
+
+
+def _hf_rate(cfg: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """A dropout probability of a config (None or absent: ``default``)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give a probability 0 <= p <= 1")
+    return float(value)
 
 
 def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MISSING, minimum: int = 1) -> int:
@@ -492,6 +511,9 @@ def _hf_int(cfg: Mapping[str, Any], key: str, where: str, *, default: Any = _MIS
         raise ValueError(f"{key}: {value!r} must be an integer {where}")
     if value < minimum:
         raise ValueError(f"{key}: {value!r} must be >= {minimum} {where}")
+    if value > MAX_MODEL_NUMBER:
+        raise ValueError(f"{key}: {value!r} is not valid {where}; give at most "
+                         f"{MAX_MODEL_NUMBER:,}")
     return value
 
 

@@ -18,13 +18,14 @@ plan does not fit in memory); they never show a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
 import typer
 
 from trainsim.cli import collective, failures, hardware, plan, simulate, sweep, validate
-from trainsim.cli.errors import EXIT_USAGE, with_suggestion
+from trainsim.cli.errors import EXIT_USAGE, exit_code_for
 
 app = typer.Typer(
     name="trainsim",
@@ -42,7 +43,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the ``trainsim`` script: run the app, report user errors in one line.
 
     Exits 0 on success, 2 for bad input (one line on stderr), 3 when a plan does not fit
-    in memory, 130 when interrupted.
+    in memory, 1 for a failed measurement or a fault of trainsim (one line too:
+    trainsim.cli.errors.exit_code_for), 130 when interrupted.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if not args:
@@ -58,10 +60,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         message = problem.format_message() if hasattr(problem, "format_message") else problem
         print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except ValueError as problem:
-        message = str(problem).splitlines()[0] if str(problem) else type(problem).__name__
-        print(f"error: {with_suggestion(message)}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+    except BrokenPipeError:  # the reader of stdout went away (| head): not an error
+        try:  # Python would flush stdout again at exit and complain on stderr
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        sys.exit(0)
+    except Exception as problem:  # noqa: BLE001 -- one line for every failure, never a traceback
+        if os.environ.get("TRAINSIM_TRACEBACK"):
+            raise
+        code, message = exit_code_for(problem)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

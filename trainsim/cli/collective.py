@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import List, Optional
 
 import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice
+from trainsim.cli.errors import check_choice, json_text
 from trainsim.cli.output import comment, console, job_header, spinner, table
 
 FORMATS = ("table", "csv", "json", "nccl-tests")
@@ -52,7 +51,7 @@ def collective(
                             algorithm=algorithm, min_bytes=min_bytes, max_bytes=max_bytes,
                             step_factor=step_factor, fidelity=fidelity, dtype=dtype)
     if output_format == "json":
-        print(json.dumps(df.to_dict(orient="records"), indent=1))
+        print(json_text(df.to_dict(orient="records"), indent=1))
     elif output_format == "nccl-tests":
         print(nccl_tests_text(df, op, spec, nodes, gpus_per_node or spec.gpus_per_node,
                               step_factor), end="")

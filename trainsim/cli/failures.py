@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, List, Optional
 
@@ -10,7 +9,7 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import EXIT_OOM, UserError, check_choice
+from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, json_text
 from trainsim.cli.output import (comment, console, import_header, job_header, plan_header,
                                   spinner, table)
 
@@ -75,7 +74,7 @@ def failures(
         print(f"error: {oom}", file=sys.stderr)
         sys.exit(EXIT_OOM)
     if output_format == "json":
-        print(json.dumps(result.to_dict(), indent=1))
+        print(json_text(result.to_dict(), indent=1))
         return
     print_failures(result)
 

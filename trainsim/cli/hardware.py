@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import List, Optional
 
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice
+from trainsim.cli.errors import check_choice, json_text
 from trainsim.cli.output import comment, console, table
 
 FORMATS = ("table", "csv", "json")
@@ -36,7 +35,7 @@ def hardware_list(
     check_choice("format", output_format, FORMATS)
     df = api.hardware_list()
     if output_format == "json":
-        print(json.dumps(df.to_dict(orient="records"), indent=1))
+        print(json_text(df.to_dict(orient="records"), indent=1))
     elif output_format == "csv":
         print(df.to_csv(index=False), end="")
     else:
@@ -64,7 +63,7 @@ def hardware_show(
     check_choice("format", output_format, ("json", "table"))
     fields = preset_fields(preset, options.parse_overrides(set_))
     if output_format == "json":
-        print(json.dumps(preset_tree(fields), indent=1))
+        print(json_text(preset_tree(fields), indent=1))
         return
     out = console()
     comment(out, f"# {fields[0].value}: every field by the name --set takes, in the unit the "

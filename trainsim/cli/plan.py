@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -10,7 +9,7 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import UserError, check_choice
+from trainsim.cli.errors import UserError, check_choice, json_text
 from trainsim.cli.output import (comment, console, number, progress, progress_callback,
                                   table)
 
@@ -139,7 +138,7 @@ def _write_scenarios(report, directory: str) -> None:
 
 def _emit_report(report, output_format: str, currency: str) -> None:
     if output_format == "json":
-        print(json.dumps(report.plans, indent=1))
+        print(json_text(report.plans, indent=1))
         _print_counts(report, console(stderr=True))
         return
     frame = report.to_frame()
@@ -210,7 +209,7 @@ def _print_counts(report, out) -> None:
 
 def _emit_needed(result, output_format: str, currency: str) -> None:
     if output_format == "json":
-        print(json.dumps(result, indent=1))
+        print(json_text(result, indent=1))
         return
     frame = __import__("pandas").DataFrame(result["tried"])
     if output_format == "csv":

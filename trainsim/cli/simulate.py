@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, List, Optional
 
@@ -10,7 +9,7 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path
+from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path, json_text
 from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
                                   plan_header, spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
@@ -74,7 +73,7 @@ def simulate(
             result = run_step(chosen, default_fidelity=defaults.STEP_FIDELITY)
     except OutOfMemoryError as oom:
         if output_format == "json":
-            print(json.dumps({"error": "out_of_memory", "rank": oom.rank,
+            print(json_text({"error": "out_of_memory", "rank": oom.rank,
                               "capacity_bytes": oom.capacity_bytes,
                               "memory": oom.breakdown.to_dict()}, indent=1))
         print(f"error: {oom}", file=sys.stderr)
@@ -82,7 +81,7 @@ def simulate(
     # The result is printed first: a trace or report that cannot be written (too many
     # ranks asked for) then costs the user that file, never the simulation.
     if output_format == "json":
-        print(json.dumps(result.to_dict(), indent=1))
+        print(json_text(result.to_dict(), indent=1))
     else:
         print_step(result)
     if trace:

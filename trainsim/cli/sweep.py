@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from trainsim import defaults
-from trainsim.cli.errors import check_choice, check_output_path
+from trainsim.cli.errors import check_choice, check_output_dir, check_output_path
 from trainsim.cli.output import comment, console, progress, progress_callback
 
 
@@ -32,8 +32,10 @@ def sweep(
     from trainsim import sweeps
 
     check_choice("backend", backend, sweeps.BACKENDS)
+    sweeps.resolve_workers(workers)
     scenarios = sweeps.load_spec(spec)
     check_output_path("out", out)
+    check_output_dir("cache", cache if cache is not None else f"{out}.cache")
     err = console(stderr=True)
     kinds = sorted({s["kind"] for s in scenarios})
     comment(err, f"# {len(scenarios)} scenarios ({', '.join(kinds)}); where a scenario does not "
@@ -45,7 +47,9 @@ def sweep(
     with progress(True) as bar:
         summary = sweeps.run_sweep(scenarios, out, backend=backend, workers=workers,
                                    address=address, cache_dir=cache, fresh=fresh,
-                                   progress=progress_callback(bar))
+                                   progress=progress_callback(bar),
+                                   warn=lambda line: err.print(f"warning: {line}",
+                                                               markup=False, highlight=False))
     err.print(f"{summary['scenarios']} scenarios: {summary['computed']} computed, "
               f"{summary['cached']} from cache, {summary['failed']} failed -> {out}")
     for axis in summary["unchanged_axes"]:

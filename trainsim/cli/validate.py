@@ -8,6 +8,7 @@ the same plan options (and ``--scenario``) as ``trainsim simulate``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -15,11 +16,14 @@ from typing import Any, List, Optional
 import typer
 
 from trainsim.cli import options
-from trainsim.cli.errors import check_choice, check_output_path
+from trainsim.cli.errors import check_choice, check_output_dir, check_output_path, json_text
 from trainsim.cli.output import comment, console, spinner, table
 
 #: Exit code of ``validate compare`` past ``--tolerance`` (2 stays "bad input").
 EXIT_OUT_OF_TOLERANCE = 1
+#: Most iterations (and warm-up iterations) of a replay, and timed calls per point of a
+#: microbenchmark: a typo of 1e9 would run for years.
+MAX_ITERATIONS = 100_000
 
 
 def _split(text: str, field: str) -> list[str]:
@@ -33,6 +37,19 @@ def _sizes(text: str, field: str) -> list[int]:
     from hardware.units import parse_size_bytes
 
     return [parse_size_bytes(part, field=field) for part in _split(text, field)]
+
+
+def _check_counts(**counts: int) -> None:
+    """Timed calls, warm-up calls and nodes of a microbenchmark: in range.
+
+    Raises:
+        ValueError: one line naming the option.
+    """
+    for name, value in counts.items():
+        low = 0 if name == "warmup" else 1
+        if not low <= value <= MAX_ITERATIONS:
+            raise ValueError(f"{name}: {value} is not valid; give a whole number from {low} "
+                             f"to {MAX_ITERATIONS}")
 
 
 def _backend(backend: str) -> str:
@@ -129,9 +146,14 @@ def register(app: typer.Typer) -> None:
         from sim.atomic_io import write_text_atomic
         from validate.program_io import program_to_json
 
-        if iterations < 1 or warmup < 0:
+        if not 1 <= iterations <= MAX_ITERATIONS or not 0 <= warmup <= MAX_ITERATIONS:
             raise ValueError(f"iterations: {iterations} / warmup: {warmup} are not valid; "
-                             "valid: iterations >= 1, warmup >= 0")
+                             f"valid: 1 <= iterations <= {MAX_ITERATIONS}, 0 <= warmup <= "
+                             f"{MAX_ITERATIONS}")
+        if not 0 < timeout_s <= 86400:
+            raise ValueError(f"timeout_s: {timeout_s!r} is not valid; give seconds in (0, "
+                             "86400]")
+        check_output_dir("out", out)
         source = options.scenario_from_options(scenario=scenario, model=model,
                                                cluster=cluster, gpus=gpus, plan=plan,
                                                megatron_args=megatron_args,
@@ -202,6 +224,8 @@ def register(app: typer.Typer) -> None:
             check_choice("ops", op, MICROBENCH_OPS)
         sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                             parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
+        _check_counts(iters=iters, warmup=warmup, nodes=nodes)
+        check_output_dir("out", out)
         task = {"task": "collectives", "out": out, "backend": _backend(backend),
                 "ops": chosen_ops, "sizes": sizes, "type": dtype, "iters": iters,
                 "warmup": warmup, "nodes": nodes}
@@ -236,6 +260,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"shapes: {text!r} is not valid; give BxMxNxK with positive "
                                  "integers, e.g. 1x4096x4096x4096")
             gemm_shapes.append([int(p) for p in parts])
+        _check_counts(iters=iters, warmup=warmup)
+        check_output_dir("out", out)
         task = {"task": "gemm", "out": out, "backend": _backend(backend), "dtype": dtype,
                 "gemm_sizes": gemm_sizes, "gemm_shapes": gemm_shapes,
                 "copy_sizes": _sizes(copy_sizes, "copy-sizes"),
@@ -271,11 +297,13 @@ def register(app: typer.Typer) -> None:
         from validate.compare import compare as run_compare
 
         check_choice("format", output_format, ("table", "json"))
+        if trace is not None:
+            check_output_path("trace", f"{trace}.measured.json")
         result = run_compare(directory, calibration=calibration, cluster=cluster,
                              overrides=options.parse_overrides(set_), fidelity=fidelity,
                              tolerance=tolerance, trace_prefix=trace)
         if output_format == "json":
-            print(json.dumps(result, indent=1))
+            print(json_text(result, indent=1))
         else:
             _print_compare(result)
         if not result["within_tolerance"]:
@@ -299,14 +327,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate every published training run in validate/data/published and print the
         step-time error per source (median, p90, bias, worst rows)."""
-        from validate.published_report import build_report, markdown, replace_readme_block
+        from validate.published_report import (build_report, markdown, readme_text,
+                                               replace_readme_block)
 
         check_choice("format", output_format, ("table", "json", "markdown"))
         check_choice("role", role, ("validation", "calibration", "all"))
         if worst < 0:
             raise typer.BadParameter(f"worst: {worst} is not valid; give a count >= 0")
-        if write_readme and output_format != "markdown":
-            raise typer.BadParameter("write-readme: needs --format markdown")
+        if write_readme is not None:
+            if output_format != "markdown":
+                raise typer.BadParameter("write-readme: needs --format markdown")
+            readme_text(write_readme)  # before the simulations: a bad file costs nothing
         with spinner(output_format == "table", "simulating the published runs..."):
             report = build_report(sources=source or None, role=role)
         if output_format == "markdown":
@@ -315,9 +346,12 @@ def register(app: typer.Typer) -> None:
                 replace_readme_block(write_readme, block)
             print(block, end="")
         elif output_format == "json":
-            print(json.dumps({"summary": report.summary.to_dict(orient="records"),
-                              "rows": report.rows.to_dict(orient="records"),
-                              "memory_fits": report.memory_fits}, indent=1, default=str))
+            # A statistic of no compared rows (a source whose runs are all out of scope)
+            # is NaN in the frame and null in JSON, which has no NaN.
+            print(json_text(_nan_as_null({
+                "summary": report.summary.to_dict(orient="records"),
+                "rows": report.rows.to_dict(orient="records"),
+                "memory_fits": report.memory_fits}), indent=1, default=str))
         else:
             _print_published(report, worst)
         if fit:
@@ -352,7 +386,7 @@ def register(app: typer.Typer) -> None:
         result = run_calibrate(inputs, cluster=cluster, overrides=options.parse_overrides(set_),
                                out=out, source=source)
         if output_format == "json":
-            print(json.dumps({"out": out, "fields": result["fields"],
+            print(json_text({"out": out, "fields": result["fields"],
                               "residuals": result["residuals"],
                               "provenance": result["provenance"]}, indent=1, default=str))
             return
@@ -374,6 +408,17 @@ def register(app: typer.Typer) -> None:
                  for series, e in comm.items()),
                 title="communication fit: relative error of time (= of busbw)",
                 left=("series",)))
+
+
+def _nan_as_null(value: Any) -> Any:
+    """``value`` with every float NaN (pandas' missing value) replaced by None."""
+    if isinstance(value, dict):
+        return {key: _nan_as_null(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_nan_as_null(item) for item in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def _print_published(report, worst: int) -> None:
@@ -418,7 +463,7 @@ def _print_collectives(out: str, ops: list[str], output_format: str) -> None:
     store = MeasurementStore(out)
     rows = store.read_series("collectives").get(0, [])
     if output_format == "json":
-        print(json.dumps([r for r in rows if r["op"] in ops], indent=1))
+        print(json_text([r for r in rows if r["op"] in ops], indent=1))
         return
     env = [store.read_meta("env", rank=r) or {} for r in store.ranks()]
     hosts = [e.get("hostname", "?") for e in env]

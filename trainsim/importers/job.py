@@ -9,10 +9,16 @@ appears in the user's own file. :class:`ImportedJob` is what the mapping gives b
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from strategies.model_spec import ModelSpec
+
+#: Largest whole number a job's setting may give (10^15: no setting trainsim reads is
+#: near it, and products of a few such numbers stay far inside a float's range). Model
+#: sizes have the model schema's smaller bound (strategies.models.MAX_MODEL_NUMBER).
+MAX_WHOLE_NUMBER = 10**15
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,11 @@ class Settings:
         return setting.spelled if setting is not None else flag_of(name)
 
     def value(self, name: str, kind: Callable, default: Any = None, *,
-              minimum: int | None = None, choices: tuple = ()) -> Any:
+              minimum: int | None = None, maximum: int = MAX_WHOLE_NUMBER,
+              choices: tuple = ()) -> Any:
         """A setting checked for its type (``int``, ``float``, ``bool`` or ``str``), range
-        and choices; ``default`` when the job does not give it (or gives null).
+        and choices; ``default`` when the job does not give it (or gives null). A whole
+        number is at most ``maximum``; a number is finite.
 
         Raises:
             ValueError: one line naming the setting as the job spells it.
@@ -88,14 +96,17 @@ class Settings:
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{spelled}: {value!r} is not valid; give a whole number")
-            if minimum is not None and value < minimum:
-                raise ValueError(f"{spelled}: {value} is not valid; give a whole number >= "
-                                 f"{minimum}")
+            if (minimum is not None and value < minimum) or value > maximum:
+                low = "" if minimum is None else f">= {minimum} and "
+                raise ValueError(f"{spelled}: {value} is not valid; give a whole number "
+                                 f"{low}<= {maximum:,}")
         elif kind is float:
             try:
                 value = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"{spelled}: {value!r} is not valid; give a number") from None
+            if not math.isfinite(value):
+                raise ValueError(f"{spelled}: {value!r} is not valid; give a finite number")
         elif kind is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"{spelled}: {value!r} is not valid; give true or false")
@@ -106,8 +117,10 @@ class Settings:
                              f"{', '.join(map(str, choices))}")
         return value
 
-    def required(self, name: str, kind: Callable = int) -> Any:
-        """A setting Megatron-LM requires (a whole number >= 1 by default), checked.
+    def required(self, name: str, kind: Callable = int, *,
+                 maximum: int = MAX_WHOLE_NUMBER) -> Any:
+        """A setting Megatron-LM requires (a whole number in [1, ``maximum``] by default),
+        checked.
 
         Raises:
             ValueError: one line naming it when it is missing or invalid.
@@ -115,7 +128,7 @@ class Settings:
         if self.get(name) is None:
             raise ValueError(f"{self.spelled(name)}: missing from {self.source}; Megatron-LM "
                              "requires it (give it)")
-        return self.value(name, kind, minimum=1 if kind is int else None)
+        return self.value(name, kind, minimum=1 if kind is int else None, maximum=maximum)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
+from hardware.user_input import MAX_TEXT_BYTES, load_input, read_input_text
 from trainsim.importers.job import Setting, Settings
 from trainsim.importers.setting_kinds import is_ignored
 from trainsim.importers.megatron_flags import FLAGS, Flag, destination
@@ -40,6 +39,7 @@ _VARIABLE = re.compile(r"\$\{?\w+\}?")
 #: torchrun / torch.distributed.launch options that give the GPU count.
 _NPROC = ("--nproc_per_node", "--nproc-per-node")
 _NNODES = ("--nnodes",)
+_FILE_HINT = "give a file of Megatron-LM arguments"
 
 
 def read_arguments(arguments: str | Sequence[str], *,
@@ -65,14 +65,11 @@ def read_arguments(arguments: str | Sequence[str], *,
         path = Path(word[1:]).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
-        try:
-            content = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as problem:
-            why = getattr(problem, "strerror", None) or "not UTF-8 text"
-            raise ValueError(f"megatron-args: {str(path)!r} cannot be read ({why}); give a "
-                             "file of Megatron-LM arguments") from None
-        words += _yaml_words(content, path) if path.suffix.lower() in (".yaml", ".yml") \
-            else _words(content, str(path))
+        if path.suffix.lower() in (".yaml", ".yml"):
+            words += _yaml_words(path)
+        else:
+            words += _words(read_input_text(path, what="megatron-args", hint=_FILE_HINT,
+                                            max_bytes=MAX_TEXT_BYTES), str(path))
     return words, "Megatron-LM arguments"
 
 
@@ -83,13 +80,9 @@ def _words(text: str, where: str) -> list[str]:
         raise ValueError(f"megatron-args: {where} is not shell words ({problem})") from None
 
 
-def _yaml_words(content: str, path: Path) -> list[str]:
+def _yaml_words(path: Path) -> list[str]:
     """Flags of a ModelZoo-style YAML (``MODEL_ARGS: {--flag: value}``)."""
-    try:
-        data = yaml.safe_load(content)
-    except yaml.YAMLError as problem:
-        raise ValueError(f"megatron-args: {path} is not valid YAML "
-                         f"({str(problem).splitlines()[0]})") from None
+    data, _ = load_input(path, what="megatron-args", hint=_FILE_HINT, syntax="yaml")
     table = data.get("MODEL_ARGS", data) if isinstance(data, dict) else None
     if not isinstance(table, dict) or not all(str(k).startswith("--") for k in table):
         raise ValueError(f"megatron-args: {path} is not a mapping of --flags (or MODEL_ARGS: "

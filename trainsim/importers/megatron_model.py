@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from strategies.model_spec import MLASpec, ModelSpec, MoESpec
+from strategies.models import MAX_MODEL_NUMBER as _MAX, validate_model
 from trainsim.importers.job import Settings
 from trainsim.importers.patterns import moe_layout
 from trainsim.importers.setting_kinds import GPT2_VOCAB, KNOWN_TOKENIZERS
@@ -32,9 +33,9 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
     for name in ("num_layers", "hidden_size", "num_attention_heads"):
         if s.get(name) is None and s.shape_hint:
             raise ValueError(f"{s.spelled(name)}: missing from {s.source}; {s.shape_hint}")
-    layers = s.required("num_layers")
-    hidden = s.required("hidden_size")
-    heads = s.required("num_attention_heads")
+    layers = s.required("num_layers", maximum=_MAX)
+    hidden = s.required("hidden_size", maximum=_MAX)
+    heads = s.required("num_attention_heads", maximum=_MAX)
     swiglu = bool(s.value("swiglu", bool, False)) or bool(s.value("quick_geglu", bool,
                                                                     False))
     if s.value("squared_relu", bool, False):
@@ -44,14 +45,14 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
         notes.append(f"{s.spelled('squared_relu')}: priced as the two-matmul GELU MLP (its "
                      "activation kernel moves the same bytes)")
     if s.has("ffn_hidden_size") and s.get("ffn_hidden_size") is not None:
-        ffn = s.value("ffn_hidden_size", int, minimum=1)
+        ffn = s.value("ffn_hidden_size", int, minimum=1, maximum=_MAX)
     else:
         # arguments.py validate_args: 4h, or 2/3 of it rounded down to 64 for gated units
         ffn = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
         notes.append(f"{s.spelled('ffn_hidden_size')} not given: {ffn} (Megatron-LM's "
                      "default)")
     if s.has("kv_channels") and s.get("kv_channels") is not None:
-        head_dim = s.value("kv_channels", int, minimum=1)
+        head_dim = s.value("kv_channels", int, minimum=1, maximum=_MAX)
     elif hidden % heads:
         raise ValueError(f"{s.spelled('num_attention_heads')}: {heads} does not divide "
                          f"{s.spelled('hidden_size')} {hidden}; give {s.spelled('kv_channels')}")
@@ -59,7 +60,7 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
         head_dim = hidden // heads
     kv_heads = heads
     if s.value("group_query_attention", bool, False):
-        kv_heads = s.value("num_query_groups", int, 1, minimum=1)
+        kv_heads = s.value("num_query_groups", int, 1, minimum=1, maximum=_MAX)
     norm = s.value("normalization", str, "LayerNorm", choices=("LayerNorm", "RMSNorm"))
     dropout = max(s.value("hidden_dropout", float, 0.1),
                   s.value("attention_dropout", float, 0.1)) > 0
@@ -80,7 +81,7 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
     if mla is not None:
         # as the deepseek-v3 preset: the query/key width, keys and values on every head
         head_dim, kv_heads = mla.qk_nope_head_dim + mla.qk_rope_head_dim, heads
-    return ModelSpec(name=_model_name(s), num_layers=layers, hidden_size=hidden,
+    spec = ModelSpec(name=_model_name(s), num_layers=layers, hidden_size=hidden,
                      num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                      ffn_hidden_size=ffn, vocab_size=vocab,
                      mlp="swiglu" if swiglu else "gelu",
@@ -90,6 +91,9 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
                      dropout=dropout, moe=moe, mla=mla,
                      mtp_layers=s.value("mtp_num_layers", int, None, minimum=0) or 0,
                      source=s.source)
+    # The checks every model passes (sizes within the model schema's bound, kv heads
+    # dividing heads, top-k within the experts), with the job's own flags named above.
+    return validate_model(spec)
 
 
 def _model_name(s: Settings) -> str:
@@ -100,10 +104,10 @@ def _vocab(s: Settings, tp: int, notes: list[str]) -> int:
     """The padded vocabulary (Megatron ``_vocab_size_with_padding``: a multiple of
     ``--make-vocab-size-divisible-by`` x TP)."""
     if s.has("padded_vocab_size") and s.get("padded_vocab_size") is not None:
-        return s.value("padded_vocab_size", int, minimum=1)
+        return s.value("padded_vocab_size", int, minimum=1, maximum=_MAX)
     kind = s.value("tokenizer_type", str, None)
     if s.has("vocab_size") and s.get("vocab_size") is not None:
-        tokens = s.value("vocab_size", int, minimum=1)
+        tokens = s.value("vocab_size", int, minimum=1, maximum=_MAX)
         if kind == "NullTokenizer":
             tokens += 1  # the null tokenizer adds its end-of-document token
     elif kind in (None, "GPT2BPETokenizer"):
@@ -123,8 +127,9 @@ def _vocab(s: Settings, tp: int, notes: list[str]) -> int:
         tokens, why = known[0]
         notes.append(f"{s.spelled('tokenizer_model')} {s.get('tokenizer_model')!r}: {tokens} "
                      f"tokens ({why})")
-    tokens += s.value("vocab_extra_ids", int, 0, minimum=0)
-    multiple = s.value("make_vocab_size_divisible_by", int, 128, minimum=1) * tp
+    tokens += s.value("vocab_extra_ids", int, 0, minimum=0, maximum=_MAX)
+    multiple = s.value("make_vocab_size_divisible_by", int, 128, minimum=1,
+                       maximum=_MAX) * tp
     padded = math.ceil(tokens / multiple) * multiple
     notes.append(f"vocabulary {tokens} tokens padded to a multiple of {multiple} "
                  f"(make-vocab-size-divisible-by x TP): {padded}")
@@ -132,12 +137,13 @@ def _vocab(s: Settings, tp: int, notes: list[str]) -> int:
 
 
 def _moe_spec(s: Settings, layers: int, ffn: int, notes: list[str]) -> MoESpec | None:
-    experts = s.value("num_experts", int, None, minimum=0)
+    experts = s.value("num_experts", int, None, minimum=0, maximum=_MAX)
     if not experts:
         return None
-    expert_ffn = s.value("moe_ffn_hidden_size", int, None, minimum=1) or ffn
+    expert_ffn = s.value("moe_ffn_hidden_size", int, None, minimum=1, maximum=_MAX) or ffn
     shared = 0
-    shared_size = s.value("moe_shared_expert_intermediate_size", int, None, minimum=1)
+    shared_size = s.value("moe_shared_expert_intermediate_size", int, None, minimum=1,
+                          maximum=_MAX)
     if shared_size:
         if shared_size % expert_ffn:
             raise ValueError(f"{s.spelled('moe_shared_expert_intermediate_size')}: "
@@ -149,8 +155,8 @@ def _moe_spec(s: Settings, layers: int, ffn: int, notes: list[str]) -> MoESpec |
                                         flag=s.spelled("moe_layer_freq"))
     # group-limited routing (DeepSeek-V3's node-limited routing): a token's experts lie in
     # --moe-router-group-topk of --moe-router-num-groups expert groups
-    groups = s.value("moe_router_num_groups", int, None, minimum=1) or 0
-    group_topk = s.value("moe_router_group_topk", int, None, minimum=1) or 0
+    groups = s.value("moe_router_num_groups", int, None, minimum=1, maximum=_MAX) or 0
+    group_topk = s.value("moe_router_group_topk", int, None, minimum=1, maximum=_MAX) or 0
     if bool(groups) != bool(group_topk):
         given = "moe_router_num_groups" if groups else "moe_router_group_topk"
         missing = "moe_router_group_topk" if groups else "moe_router_num_groups"
@@ -158,7 +164,8 @@ def _moe_spec(s: Settings, layers: int, ffn: int, notes: list[str]) -> MoESpec |
                          f"{s.spelled(missing)} too")
     # the capacity (tokens dropped or padded) is a plan setting (megatron_config._moe):
     # the model routes dropless
-    return MoESpec(num_experts=experts, top_k=s.value("moe_router_topk", int, 2, minimum=1),
+    top_k = s.value("moe_router_topk", int, 2, minimum=1, maximum=_MAX)
+    return MoESpec(num_experts=experts, top_k=top_k,
                    expert_ffn_hidden_size=expert_ffn, shared_experts=shared,
                    capacity_factor=0.0, first_dense_layers=first_dense,
                    layer_frequency=frequency, router_groups=groups,

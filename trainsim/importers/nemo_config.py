@@ -33,8 +33,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
+from hardware.user_input import load_input
 from trainsim.importers.job import Setting, Settings
 from trainsim.importers.setting_kinds import is_ignored
 from trainsim.importers.megatron_flags import FLAGS
@@ -123,14 +122,8 @@ def settings_from_nemo(path: str | os.PathLike[str], *,
     file = Path(path).expanduser()
     if not file.is_absolute() and base_dir is not None:
         file = Path(base_dir) / file
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except OSError as problem:
-        raise ValueError(f"nemo-config: {str(file)!r} cannot be read ({problem.strerror}); "
-                         "give a NeMo or Megatron-Bridge YAML") from None
-    except yaml.YAMLError as problem:
-        raise ValueError(f"nemo-config: {file} is not valid YAML "
-                         f"({str(problem).splitlines()[0]})") from None
+    data, _ = load_input(file, what="nemo-config", syntax="yaml",
+                         hint="give a NeMo or Megatron-Bridge YAML")
     if isinstance(data, dict) and isinstance(data.get("training"), dict):
         data = data["training"]  # a composed launcher config
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
@@ -218,6 +211,9 @@ class _Reader:
         special = special or {}
         for key, raw in section.items():
             spelled = ".".join((*where, str(key)))
+            if not isinstance(key, str):
+                raise ValueError(f"{spelled}: the key {key!r} is not a name; give keys as "
+                                 "names (a null or numeric key is a typo)")
             if key in special:
                 special[key](self.resolve(raw, where, spelled), spelled)
                 continue
@@ -406,8 +402,10 @@ class _Reader:
             bytes_ = int(cap * 2**20)
             grad_bytes = 2 if sync in ("bf16", "fp16") else 4
             self.set("ddp_bucket_size", bytes_ // grad_bytes, f"{spelled}.bucket_cap_mb")
+        trainer = self.root.get("trainer")
+        precision = trainer.get("precision") if isinstance(trainer, dict) else None
         if apex and value.get("store_params") is not True and \
-                self.root.get("trainer", {}).get("precision") in ("bf16", "bf16-mixed"):
+                precision in ("bf16", "bf16-mixed"):
             # NeMo's MegatronGPTModel.setup_optimization: fp32 state with bf16 weights
             # stores the parameters' remainders
             self.set("apex_store_param_remainders", True, f"{spelled}.name")
@@ -538,22 +536,21 @@ class _Reader:
         root = self.root
         trainer, model = root["trainer"], root["model"]
         strategy = trainer["strategy"]
-        config = model.get("config") or {}
-        if not isinstance(config, dict):
-            raise ValueError("model.config: is not a section; give the model's config")
+        config = _section(model.get("config"), "model.config")
         parts: list[tuple[str, Any, tuple[str, ...]]] = [
             ("model", config, ("model", "config")),
             ("model", {k: v for k, v in strategy.items() if k not in ("ddp", "_target_")
-                       and not k.startswith("ckpt")}, ("trainer", "strategy"))]
-        self.ignored += [f"trainer.strategy.{k}" for k in strategy if k.startswith("ckpt")]
+                       and not str(k).startswith("ckpt")}, ("trainer", "strategy"))]
+        self.ignored += [f"trainer.strategy.{k}" for k in strategy
+                         if str(k).startswith("ckpt")]
         if isinstance(strategy.get("ddp"), dict):
             parts.append(("ddp", strategy["ddp"], ("trainer", "strategy", "ddp")))
-        data = root.get("data") or {}
+        data = _section(root.get("data"), "data")
         batch = ("micro_batch_size", "global_batch_size")
         parts.append(("train", {k: data[k] for k in batch if k in data}, ("data",)))
         parts.append(("dataset", {k: v for k, v in data.items() if k not in batch},
                       ("data",)))
-        optim = root.get("optim") or {}
+        optim = _section(root.get("optim"), "optim")
         if isinstance(optim.get("config"), dict):
             parts.append(("optimizer", optim["config"], ("optim", "config")))
         self.ignored += [f"optim.{k}" for k in optim if k != "config"]
@@ -565,7 +562,11 @@ class _Reader:
                 self.precision(plugin["precision"], ".".join((*where, "precision")))
                 parts.append(("mixed_precision", {k: v for k, v in plugin.items()
                                                   if k != "precision"}, where))
-        for i, callback in enumerate(trainer.get("callbacks") or []):
+        callbacks = trainer.get("callbacks") or []
+        if not isinstance(callbacks, list):
+            raise ValueError(f"trainer.callbacks: {callbacks!r} is not valid; give a list of "
+                             "callbacks")
+        for i, callback in enumerate(callbacks):
             where = ("trainer", "callbacks", str(i))
             if isinstance(callback, dict) and "CommOverlap" in str(callback.get("_target_")):
                 parts.append(("comm_overlap", callback, where))
@@ -579,6 +580,20 @@ class _Reader:
         hint = (f"the shape of model.config._target_ {config.get('_target_')!r} lives in "
                 "its class defaults, which trainsim does not import; give --model")
         return self.sections(parts, self.gpus(trainer), "NeMo 2 recipe", hint)
+
+
+def _section(value: Any, spelled: str) -> dict:
+    """A section of the file (``{}`` when absent or null).
+
+    Raises:
+        ValueError: a section that is a scalar or a list (one line naming it).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{spelled}: {value!r} is not valid; give a section (a mapping of "
+                         "keys)")
+    return value
 
 
 def _split_args(text: str) -> list[str]:
