@@ -214,3 +214,18 @@ def test_paths_links_equal_path(name, spec, nodes, gpn):
     expected_links = [link for a, b in zip(src, dst) for link in layout.path(a, b).links]
     assert which.tolist() == expected_which
     assert links.tolist() == expected_links
+
+
+def test_collective_work_estimate_follows_listed_transfers():
+    """The bound on `trainsim collective` follows what one representative lists: a
+    16k-rank all-to-all or sendrecv at analytic fidelity is allowed (priced in well
+    under a second), an all-reduce over 16,416 GB200s (1.2 M ring transfers per pass)
+    and every size of a 1,000-node reduce at flow fidelity are refused."""
+    from trainsim.api import check_collective_work
+
+    assert check_collective_work("alltoall", 16384, 3, domain_ranks=8) < 2
+    assert check_collective_work("sendrecv", 16384, 32, domain_ranks=8, fidelity="flow") < 10
+    with pytest.raises(ValueError, match="all_reduce on 16,416 ranks"):
+        check_collective_work("all_reduce", 16416, 1, domain_ranks=72)
+    with pytest.raises(ValueError, match="reduce on 8,000 ranks"):
+        check_collective_work("reduce", 8000, 32, domain_ranks=8, fidelity="flow")
