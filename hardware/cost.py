@@ -46,7 +46,7 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 import simpy
 
-from hardware.compute import ComputeModel
+from hardware.compute import HOST_ISSUE_S, ComputeModel
 from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
                               all_pairs_p2p_cap_s)
 from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
@@ -309,6 +309,19 @@ class CostModel:
         if conditions is not None and conditions.episodes:
             return stretched_ns(start_ns, duration, conditions.episodes)
         return duration
+
+    def host_ns(self, op) -> int:
+        """Nanoseconds of CPU time the rank's launching thread spends issuing ``op``: its
+        ``host_launches`` (kernels issued one by one from PyTorch eager mode, a lowering
+        fact) at :data:`hardware.compute.HOST_ISSUE_S` ``["eager"]`` each; 0 for an op
+        without any (the host not modelled, or replayed from a CUDA graph). The engine
+        and the closed form both start an op no earlier than its issue (the sum of the
+        rank's host times up to it, in program order, restarted after a
+        ``host_sync`` op ends)."""
+        launches = getattr(op, "host_launches", 0)
+        if not launches:
+            return 0
+        return seconds_to_ns(HOST_ISSUE_S["eager"] * launches)
 
     def _gpu_timer(self, gpu: GpuSpec) -> ComputeModel:
         """The roofline of another GPU generation, one per GPU spec."""

@@ -193,19 +193,32 @@ class OpPricer:
         return self.cost.p2p_ns(src, dst, size_bytes)
 
     def schedule(self, ops: Sequence[Op]) -> OpListCost:
-        """List-schedule ``ops`` (stream order and ``deps``) on one rank."""
+        """List-schedule ``ops`` (stream order and ``deps``) on one rank.
+
+        The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
+        CostModel.host_ns` each, from the list's start: the host is taken to be level
+        with the GPU when a layer's phase begins); an op starts no earlier than its
+        issue, and after a ``host_sync`` op the CPU waits for it to end. GPU time lost
+        waiting for the CPU on the compute stream counts as compute (the kernels run
+        at the host's pace). Without host costs nothing changes."""
         self.ops_scheduled += len(ops)
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
         cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
+        host = 0
+        host_ns = self.cost.host_ns
         for index, op in enumerate(ops):
             ready = stream_free.get(op.stream, 0)
             blocker = None
             for dep in op.deps:
                 if end[dep] > ready:
                     ready, blocker = end[dep], dep
+            host += host_ns(op)
+            starved = host - ready if host > ready else 0
             duration = self.duration_ns(op)
-            end[index] = ready + duration
+            end[index] = ready + starved + duration
+            if getattr(op, "host_sync", False) and end[index] > host:
+                host = end[index]
             if op.stream != COMPUTE_STREAM:
                 stream_free[op.stream] = end[index]
                 continue
@@ -213,6 +226,7 @@ class OpPricer:
             if waited > 0 and blocker is not None:
                 axis = getattr(ops[blocker], "axis", "")
                 cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + waited
+            cost.compute_ns += starved
             stream_free[COMPUTE_STREAM] = end[index]
             if isinstance(op, ComputeOp):
                 if op.kind == "optimizer":

@@ -11,6 +11,11 @@ all members at once; a send/recv pair starts when both sides have reached it.
 A span's start is when its rank issued the op (so time spent waiting for
 peers shows up in the span, as a CUDA-event measurement would show it).
 
+The host: when a rank's ops carry CPU costs (``host_launches``, ``host_sync``), one
+more process per rank stands for its launching CPU thread: it issues the ops in
+program order, each after its host time, and waits after a ``host_sync`` op until
+that op has ended; an op starts no earlier than its issue.
+
 Determinism: processes are created in (rank, stream) order and SimPy breaks
 ties between events scheduled for the same instant in creation order, so a
 run is identical for identical inputs.
@@ -118,6 +123,7 @@ class Engine:
         self._durations: dict[tuple[int, int | None], int] = {}
         self._throttled = {r for r, c in cost.ranks.items() if c.episodes}
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
+        self._issued: dict[int, list[simpy.Event]] = {}
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -137,6 +143,15 @@ class Engine:
             streams: dict[str, list[int]] = {}
             for index, op in enumerate(ops):
                 streams.setdefault(op.stream, []).append(index)
+            if any(getattr(op, "host_launches", 0) or getattr(op, "host_sync", False)
+                   for op in ops):
+                # the rank's CPU thread issues its ops in program order (module docstring)
+                syncs = {i for i, op in enumerate(ops) if getattr(op, "host_sync", False)}
+                for index in sorted(syncs - referenced):
+                    self._done[rank][index] = self.env.event()
+                self._referenced[rank] = referenced | syncs
+                self._issued[rank] = [self.env.event() for _ in ops]
+                self.env.process(self._host(rank))
             for stream in sorted(streams):
                 self.env.process(self._stream(rank, stream, streams[stream]))
         self.env.run()
@@ -170,10 +185,27 @@ class Engine:
             counts[name] = counts.get(name, 0) + 1
         return dict(sorted(counts.items()))
 
+    def _host(self, rank: int) -> Iterator[simpy.Event]:
+        """The rank's CPU thread: issues every op in program order, spending
+        :meth:`hardware.cost.CostModel.host_ns` on each, and after a ``host_sync`` op
+        waits until it has ended on the GPU (PyTorch's launch queue is otherwise
+        unbounded: the CPU runs ahead of the GPU)."""
+        ops = self.program.ops_by_rank[rank]
+        issued = self._issued[rank]
+        done = self._done[rank]
+        for index, op in enumerate(ops):
+            host_ns = self.cost.host_ns(op)
+            if host_ns:
+                yield self.env.timeout(host_ns)
+            issued[index].succeed()
+            if getattr(op, "host_sync", False) and not done[index].triggered:
+                yield done[index]
+
     def _stream(self, rank: int, stream: str, indices: list[int]) -> Iterator[simpy.Event]:
         ops = self.program.ops_by_rank[rank]
         done = self._done[rank]
         referenced = self._referenced[rank]
+        issued = self._issued.get(rank)
         position = 0
         while position < len(indices):
             index = indices[position]
@@ -182,8 +214,15 @@ class Engine:
                 pending = [done[d] for d in op.deps if not done[d].triggered]
                 if pending:
                     yield self.env.all_of(pending)
+            if issued is not None and not issued[index].triggered:
+                yield issued[index]
             duration = self._fixed_ns(op, rank, self.env.now)
-            if duration is not None:
+            if duration is not None and issued is not None:
+                # the next op's issue is known only when the CPU gets there: one at a time
+                yield self.env.timeout(duration)
+                self._record(rank, index, op, self.env.now - duration, self.env.now)
+                self._finished[rank] += 1
+            elif duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
                 # collective nobody else joins, when nothing contends) that
                 # nothing else waits on in between costs one event: their spans

@@ -70,6 +70,13 @@ class ComputeOp:
         gemm_groups: GEMMs of a grouped GEMM (routed experts); 1 otherwise.
         impl: for attention, the fused kernel (``hardware.spec.ATTENTION_IMPLS``; ``""``:
             the GPU's default).
+        host_launches: kernels the CPU issues one by one for this op (PyTorch eager: a
+            Python call per kernel); 0: the host is not modelled or the op is replayed
+            from a CUDA graph. The cost model prices the CPU time
+            (``hardware.cost.CostModel.host_ns``).
+        host_sync: the CPU waits until this op has finished on the GPU before issuing
+            anything after it (a device-to-host copy it needs, e.g. Megatron-Core's
+            dropless token counts per expert).
     """
 
     name: str
@@ -85,6 +92,8 @@ class ComputeOp:
     launches: int = 1
     gemm_groups: int = 1
     impl: str = ""
+    host_launches: int = 0
+    host_sync: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +116,8 @@ class CollectiveOp:
         deps: indices of earlier ops of the same rank this op waits for.
         axis: the parallelism the collective serves (one of :data:`AXES`, or ``""``
             outside a training step); reports attribute its time to that axis.
+        host_launches: kernels the CPU issues for it (an NCCL launch: 1); 0: the host
+            is not modelled.
     """
 
     name: str
@@ -120,6 +131,7 @@ class CollectiveOp:
     stream: str = COMM_STREAM
     deps: tuple[int, ...] = ()
     axis: str = ""
+    host_launches: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -233,6 +233,18 @@ class StepLowerer:
         self.etp = self.layout.expert_tp
         self.routing = moe_dispatch.plan_routed_load(model, plan)
         self.dispatch, self.combine, self.dispatch_backward = self._dispatcher()
+        #: routed experts per EP rank, and where the dropless dispatcher's host sync sits
+        #: (:meth:`_host_sync`)
+        moe = model.moe
+        self.local_experts = moe.num_experts // plan.ep if moe is not None else 0
+        padded = plan.moe_pad_to_capacity or (moe is not None and moe.capacity_factor > 0
+                                              and not plan.moe_capacity_factor)
+        capacity = moe is not None and (
+            (plan.moe_capacity_factor not in ("", "dropless"))
+            or (not plan.moe_capacity_factor and moe.capacity_factor > 0))
+        syncs = moe is not None and plan.host_issue != "off" and not padded
+        self.sync_before_permute = syncs and capacity
+        self.sync_before_dispatch = syncs and not capacity and (plan.ep > 1 or self.local_experts > 1)
 
     def _dispatcher(self) -> tuple[tuple[moe_dispatch.Transfer, ...], ...]:
         """The MoE dispatch, the combine, and the dispatch's direction in bf16 (the
@@ -319,7 +331,17 @@ class StepLowerer:
         key = self._key(b, f"{axis}.{kind}.{label}", group)
         return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
-                                  dtype="bf16", axis=axis))
+                                  dtype="bf16", axis=axis,
+                                  host_launches=self._collective_host_launches(axis)))
+
+    def _collective_host_launches(self, axis: str) -> int:
+        """CPU launches of one collective: an NCCL kernel issued from Python (1), or none
+        when the host is not modelled or the whole layer is a CUDA graph; under partial
+        graphs the TP/CP collectives inside the captured attention are replayed."""
+        mode = self.plan.host_issue
+        if mode in ("off", "graphed") or (mode == "partial" and axis in ("tp", "cp")):
+            return 0
+        return 1
 
     def _deps_after(self, b: _RankBuilder, *extra: int | None) -> tuple[int, ...]:
         return tuple(sorted({d for d in extra if d is not None and d >= 0}))
@@ -351,9 +373,30 @@ class StepLowerer:
         op = self._ops.get(key)
         if op is None:
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
-                            comm_sms=comm_sms)
+                            comm_sms=comm_sms,
+                            host_launches=host_launches(kernel, phase, self.plan.host_issue,
+                                                        self.local_experts))
             self._ops[key] = op
         return b.add(op)
+
+    def _host_sync(self, b: _RankBuilder, tag: str) -> None:
+        """Megatron-Core's dropless dispatcher copies the tokens per expert to the host
+        and synchronises (``MoEAlltoAllTokenDispatcher.preprocess``: ``cuda_sync_point``
+        ``before_ep_alltoall`` dropless, ``before_permutation_1`` with a capacity but no
+        padding; none with ``--moe-pad-expert-input-to-capacity``, whose shapes are
+        static; megatron/core/transformer/moe/token_dispatcher.py), so the all-to-all
+        splits and the grouped GEMM's ``m_splits`` are host lists: the CPU drains the GPU
+        queue once per MoE layer forward. Emitted only when the host is modelled."""
+        if self.plan.host_issue == "off" or self.model.moe is None:
+            return
+        op = self._ops.get(("host_sync", tag))
+        if op is None:
+            # int64 counts of every expert, device to host: one copy kernel
+            op = ComputeOp(name=f"moe.sync.{_MICROBATCH.sub('', tag)}", kind="memcpy",
+                           bytes=8.0 * self.model.moe.num_experts, stream=COMPUTE, phase="F",
+                           host_launches=1, host_sync=True)
+            self._ops[("host_sync", tag)] = op
+        b.add(op)
 
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
                        modules: frozenset[str] | None = None) -> None:
@@ -417,7 +460,11 @@ class StepLowerer:
                 self._reduced_matmul(b, kernel, where, f"{label}.shared")
             else:
                 self._emit_kernel(b, kernel, where, "F")
+            if kernel.name == "moe.route" and self.sync_before_permute:
+                self._host_sync(b, where)
             if kernel.name == "moe.permute":
+                if self.sync_before_dispatch:
+                    self._host_sync(b, where)
                 self._expert_comm(b, self.dispatch, f"l{layer}.dispatch.{tag}")
 
     def _moe_backward(self, b: _RankBuilder, layer: int, members: Sequence[costs.Kernel],
@@ -1217,8 +1264,45 @@ class StepLowerer:
                                  "dp", (done,))
 
 
+#: Kernels Megatron-Core's router launches per pass without ``--moe-router-fusion``
+#: (score function, top-k, routing map, probabilities, auxiliary-loss statistics): 72 in
+#: the forward (NVIDIA, "Optimizing DeepSeek-V3 Training Performance on GB200 NVL72",
+#: Megatron-LM docs/discussions/deepseek-v3-gb200-optimization, Section 2.1.4: "from 72
+#: to 31" with the fusion); assumption: as many autograd kernels in the backward.
+ROUTER_HOST_LAUNCHES = 72
+#: Kernels replayed from CUDA graphs under ``host_issue = "partial"`` (Megatron-Core
+#: ``--cuda-graph-scope attn moe_router moe_preprocess``, same document Section 2.3:
+#: attention, router, EP preprocess and shared experts captured; routed experts eager).
+_PARTIAL_GRAPH_PREFIXES = ("attn.", "moe.norm", "moe.router", "moe.route", "moe.shared.")
+
+
+def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
+    """Kernels the CPU issues one by one for ``kernel``'s ``phase`` under ``host_issue``
+    ``mode`` (:data:`strategies.plan.HOST_ISSUE_MODES`): none when off or graphed (or
+    captured by partial graphs); else its GPU kernels, the router's
+    :data:`ROUTER_HOST_LAUNCHES`, and for the routed experts one per local expert per
+    GEMM and per quantization: Transformer Engine's ``GroupedLinear`` (Megatron-Core
+    ``TEGroupedMLP``, ``--moe-grouped-gemm``) splits its input by ``m_splits`` and
+    quantizes and multiplies each expert's slice with its own call
+    (transformer_engine/pytorch/module/grouped_linear.py), a GEMM in the forward and
+    two (data and weight gradient) in the backward."""
+    if mode in ("off", "graphed"):
+        return 0
+    if mode == "partial" and kernel.name.startswith(_PARTIAL_GRAPH_PREFIXES):
+        return 0
+    launches = max(1, kernel.launches[0 if phase == "F" else 1])
+    if kernel.name == "moe.route":
+        return ROUTER_HOST_LAUNCHES
+    if kernel.expert and local_experts > 1 and (kernel.kind == "matmul"
+                                                or kernel.name.endswith(".quant")):
+        gemms = 2 if (phase == "B" and kernel.kind == "matmul") else 1
+        return launches * local_experts * gemms
+    return launches
+
+
 def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: str = "",
-               deps: tuple[int, ...] = (), comm_sms: int = 0) -> ComputeOp:
+               deps: tuple[int, ...] = (), comm_sms: int = 0,
+               host_launches: int = 0) -> ComputeOp:
     """The op of ``kernel``'s work in ``phase`` (``F`` forward, ``B`` whole backward, ``I``
     input gradient, ``W`` weight gradient): its FLOPs and bytes for that phase, the GPU
     kernels it stands for (:attr:`strategies.model_costs.Kernel.launches`), the GEMMs of a
@@ -1239,7 +1323,8 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps,
                      comm_sms=comm_sms, phase=phase, launches=max(1, launches),
                      gemm_groups=max(1, int(groups)),
-                     impl=attention_impl if kernel.kind == "attention" else "")
+                     impl=attention_impl if kernel.kind == "attention" else "",
+                     host_launches=host_launches)
 
 
 #: MLA's up projections (what ``--recompute-modules mla_up_proj`` re-runs).

@@ -43,6 +43,8 @@ ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 #: EP x expert-TP) and ``deepep`` (the flex dispatcher on DeepEP: a token crosses the
 #: network once per destination node, then NVLink; FP8 dispatch optional).
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
+#: How the CPU issues the step's kernels (``ParallelPlan.host_issue``).
+HOST_ISSUE_MODES = ("off", "eager", "partial", "graphed")
 #: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
 #: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
 SEARCH_KINDS = ("list", "fixed", "derived")
@@ -141,6 +143,14 @@ class ParallelPlan:
             the FP8 weight copies and saved inputs it holds).
         elementwise: ``fused`` (TE/Apex/jit-fused or torch.compile'd norms, activations,
             RoPE) or ``eager`` (PyTorch eager composites: more kernels, more HBM traffic).
+        host_issue: how the CPU issues kernels, for the host-bound time of small kernels:
+            ``off`` (the host is never the bottleneck: the CPU runs ahead), ``eager``
+            (PyTorch eager: the CPU issues every kernel, :data:`hardware.compute.
+            HOST_ISSUE_S`, and waits at the dropless MoE dispatcher's device-to-host
+            sync), ``partial`` (Megatron-Core/TE partial CUDA graphs ``--cuda-graph-scope
+            attn moe_router moe_preprocess``: attention and router replayed, the routed
+            experts and dispatch eager) or ``graphed`` (whole layers replayed; no host
+            cost).
         cross_entropy: the loss implementation: ``megatron`` (Megatron-Core's fp32
             vocab-parallel loss, its default), ``fused`` (gradient written into the bf16
             logits: TE ``--cross-entropy-fusion-impl te``, flash-attn's fused loss) or
@@ -251,6 +261,10 @@ class ParallelPlan:
     elementwise: str = _field("fused", "Norms, activations and RoPE as fused kernels or as "
                                        "eager PyTorch composites.",
                               choices=lambda: model_costs.ELEMENTWISE_MODES)
+    host_issue: str = _field("off", "How the CPU issues kernels: off (never the bottleneck), "
+                                    "eager, partial (CUDA graphs of attention and router) "
+                                    "or graphed.",
+                             choices=lambda: HOST_ISSUE_MODES)
     cross_entropy: str = _field("megatron", "Loss implementation: megatron (fp32 "
                                             "vocab-parallel), fused, or eager.",
                                 choices=lambda: model_costs.CROSS_ENTROPY_IMPLS)

@@ -454,6 +454,20 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         notes.append("DualPipe, FP8 dispatch, 1x128/128x128 FP8 scaling, RMSNorm, MLA "
                      "up-projection and SwiGLU recompute (arXiv 2412.19437 Sections 3.2.1, "
                      "3.3, 3.2.3, 3.3.2)")
+    kind = framework_kind(run.get("framework"), run.get("framework_version"))
+    if kind in ("megatron-core", "pytorch-fsdp") and "dualpipe" not in framework:
+        # PyTorch eager issues every kernel from the CPU and the dropless dispatcher syncs
+        # once per MoE layer (ParallelPlan.host_issue); NVIDIA's DeepSeek-V3 GB200 work
+        # (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization) added partial CUDA
+        # graphs (attention, router, preprocess) before its HybridEP rows
+        fields["host_issue"] = "partial" if "hybridep" in framework else "eager"
+        notes.append(f"host issue {fields['host_issue']} (the CPU launches "
+                     + ("the routed experts" if "hybridep" in framework else "every kernel")
+                     + "; dropless dispatch syncs per layer)")
+    if "tokendrop" in text or "token-drop" in text:
+        # NeMo's token-drop runs: capacity factor 1 with padding (static shapes, no sync)
+        fields.update(moe_capacity_factor="1.0", moe_pad_to_capacity=True)
+        notes.append("token drop: capacity factor 1.0, padded (printed 'tokendrop')")
     mtp = 1 if "w/ mtp" in text or "mtp module" in text else 0
     if mtp:
         model = replace(model, mtp_layers=mtp)
