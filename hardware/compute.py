@@ -399,12 +399,24 @@ def op_launches(op: ComputeOp) -> int:
 
 
 def attention_shape(op: ComputeOp) -> tuple[int, int]:
-    """``(head_dim, seq_len)`` of an attention op from its shape
-    ``(b, heads, kv_heads, s_q, s_k, d)`` (``s_q``: the queries one kernel loops over, a
-    context-parallel piece included), or the defaults when it has none."""
+    """``(head_dim, seq_len)`` an attention op's efficiency is read at, from its shape
+    ``(b, heads, kv_heads, s_q, s_k, d)``, or the defaults when it has none.
+
+    The table's lengths are square benchmarks (``s_q = s_k``) whose tile loops run over
+    the keys, so the length that matters is how many keys a query tile loops over: a
+    causal kernel is read at ``s_q`` (its own triangle, a context-parallel diagonal block
+    included), a kernel without mask (a ring-attention step off the diagonal) at ``s_k``,
+    and a sliding-window kernel (the op's ``window``) at the causal length whose mean
+    keys per query match the band's, ``min(length, 2 * window)`` (assumption: the loop
+    length decides, as it does between the table's lengths)."""
     shape = tuple(getattr(op, "shape", ()) or ())
-    if len(shape) == 6 and shape[3] > 0 and shape[5] > 0:
-        return int(shape[5]), int(shape[3])
+    if len(shape) == 6 and shape[3] > 0 and shape[4] > 0 and shape[5] > 0:
+        causal = bool(getattr(op, "causal", True))
+        seq_len = int(shape[3]) if causal else int(shape[4])
+        window = int(getattr(op, "window", 0) or 0)
+        if causal and window > 0:
+            seq_len = min(seq_len, 2 * window)
+        return int(shape[5]), seq_len
     return DEFAULT_ATTENTION_HEAD_DIM, DEFAULT_ATTENTION_SEQ_LEN
 
 

@@ -276,9 +276,10 @@ class _RankCosts:
     first_gather_ns: int = 0     # ZeRO-3: the gather the first layer waits for
 
 
-def _kind(lowerer: StepLowerer, part: int | str) -> str | bool:
-    """What a stage part's cost depends on: the edge's name, or whether the layer is MoE."""
-    return part if isinstance(part, str) else lowerer.model.is_moe_layer(part)
+def _kind(lowerer: StepLowerer, part: int | str) -> str | tuple[bool, int]:
+    """What a stage part's cost depends on: the edge's name, or the layer's kind (MoE or
+    dense, attention window: ``ModelSpec.layer_kind``)."""
+    return part if isinstance(part, str) else lowerer.model.layer_kind(part)
 
 
 #: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on (a dense
@@ -359,15 +360,16 @@ class AnalyticStepModel:
         self._flags = self._moe_flags()
 
     # ------------------------------------------------------------ shared keys
-    def _moe_flags(self) -> tuple[bool, ...]:
-        """``model.is_moe_layer`` of every layer (the kind of a layer part)."""
+    def _moe_flags(self) -> tuple[tuple[bool, int], ...]:
+        """``model.layer_kind`` of every layer (the kind of a layer part: MoE or dense,
+        attention window)."""
         model = self.lowerer.model
-        if model.moe is None:
-            return (False,) * model.num_layers
+        if model.moe is None and not model.sliding_window:
+            return ((False, 0),) * model.num_layers
         key = ("moe_flags", self.shared.model_key(model)) if self.shared else None
         flags = self.shared.get(key) if key else None
         if flags is None:
-            flags = tuple(model.is_moe_layer(layer) for layer in range(model.num_layers))
+            flags = tuple(model.layer_kind(layer) for layer in range(model.num_layers))
             if key:
                 self.shared.put(key, flags)
         return flags

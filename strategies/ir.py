@@ -70,6 +70,9 @@ class ComputeOp:
         gemm_groups: GEMMs of a grouped GEMM (routed experts); 1 otherwise.
         impl: for attention, the fused kernel (``hardware.spec.ATTENTION_IMPLS``; ``""``:
             the GPU's default).
+        causal: for attention, the kernel applies a causal mask (a ring-attention step off
+            the diagonal of the context-parallel square does not).
+        window: for attention, the sliding window in keys per query (0: none).
         host_launches: kernels the CPU issues one by one for this op (PyTorch eager: a
             Python call per kernel); 0: the host is not modelled or the op is replayed
             from a CUDA graph. The cost model prices the CPU time
@@ -92,6 +95,8 @@ class ComputeOp:
     launches: int = 1
     gemm_groups: int = 1
     impl: str = ""
+    causal: bool = True
+    window: int = 0
     host_launches: int = 0
     host_sync: bool = False
 

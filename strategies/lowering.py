@@ -283,9 +283,9 @@ class StepLowerer:
 
     # ------------------------------------------------------------------ kernels
     @lru_cache(maxsize=None)
-    def _layer_kernels(self, moe: bool) -> tuple[costs.Kernel, ...]:
+    def _layer_kernels(self, kind: tuple[bool, int]) -> tuple[costs.Kernel, ...]:
         plan = self.plan
-        layer = next(i for i in range(self.model.num_layers) if self.model.is_moe_layer(i) == moe)
+        layer = next(i for i in range(self.model.num_layers) if self.model.layer_kind(i) == kind)
         return tuple(costs.layer_kernels(
             self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
@@ -295,7 +295,7 @@ class StepLowerer:
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
-        return self._layer_kernels(self.model.is_moe_layer(layer))
+        return self._layer_kernels(self.model.layer_kind(layer))
 
     @lru_cache(maxsize=None)
     def _edge_kernels(self, which: str) -> tuple[costs.Kernel, ...]:
@@ -410,7 +410,12 @@ class StepLowerer:
                 members, whole = recomputed(block, members, modules)
                 if not whole:
                     for kernel in members:
-                        self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
+                        if kernel.kind == "attention" and self.plan.cp > 1:
+                            # the recomputed core runs the ring again (TE re-runs the
+                            # checkpointed DotProductAttention forward)
+                            self._ring_attention(b, kernel, f"{tag}.l{layer}", "F")
+                        else:
+                            self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
                     continue
             label = f"l{layer}.{block}.{tag}"
             if block == "moe":
@@ -633,23 +638,81 @@ class StepLowerer:
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
+    def _ring_steps(self, kernel: costs.Kernel
+                    ) -> tuple[tuple[costs.Kernel, ...], tuple[costs.Kernel, ...]]:
+        """:func:`strategies.model_costs.ring_attention_steps` of ``kernel``, one object
+        per kernel (the ops built from them are shared between micro-batches)."""
+        key = (id(kernel), "ring")
+        found = self._scaled_kernels.get(key)
+        if found is None:
+            found = costs.ring_attention_steps(kernel, self.plan.cp,
+                                               d_v=self.model.v_head_dim)
+            self._scaled_kernels[key] = found
+        return found
+
+    def _kv_block_bytes(self, kernel: costs.Kernel) -> float:
+        """Bytes of one rank's K/V block (bf16 ``b*(s/c)*g_l*(d_qk + d_v)``): what a ring
+        step sends, and the size of its dK/dV."""
+        b_, _, kv_heads, s_q, _, d_qk = kernel.shape
+        return b_ * s_q * kv_heads * (d_qk + self.model.v_head_dim) * ELEMENT_BYTES["bf16"]
+
     def _ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                         phase: str) -> None:
-        """Attention in cp pieces; piece i+1 needs the K/V block of ring step i."""
+        """Context-parallel attention as Transformer Engine runs it
+        (``AttnFuncWithCPAndKVP2P``, TransformerEngine
+        ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``).
+
+        Forward: ``cp`` steps (:func:`strategies.model_costs.ring_attention_steps`); step
+        ``i`` first issues the exchange that brings the K/V block of step ``i+1`` (after
+        the previous exchange: the host waits for it), then computes on the block the
+        previous exchange brought, then merges its output. Backward: step ``i`` sends
+        the K/V block it works on together with the dK/dV accumulated so far (step 0
+        the K/V alone, the last step the dK/dV alone: ``send_tensor[0]``/``[1]``, bf16
+        like K/V), which it may only do once step ``i-1``'s gradients are accumulated,
+        and accumulates its own gradients once the exchange has delivered the dK/dV they
+        add to -- so backward steps run one after another, each ``max(compute,
+        exchange)`` long. Sliding-window layers use TE's all-gather variant (the P2P ring
+        does not support a window, ``AttnFuncWithCPAndKVAllGather``): the whole K/V
+        all-gathered before the kernel, dK/dV reduce-scattered after its backward.
+        """
         cp = self.plan.cp
-        model = self.model
-        kv_bytes = (2 * self.tokens * model.num_kv_heads // self.plan.tp * model.head_dim
-                    * ELEMENT_BYTES["bf16"])
+        kv_bytes = self._kv_block_bytes(kernel)
+        group = b.groups['cp']
         start = b.last()
-        piece = self._scaled(kernel, 1.0 / cp)
+        if kernel.window:
+            if phase == "F":
+                gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
+                                          f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
+                self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
+                return
+            self._emit_kernel(b, kernel, tag, phase)
+            reduce = self._collective(b, "cp", "reduce_scatter", group, kv_bytes * cp,
+                                      f"{tag}.{phase}.dkv", "cp", self._deps_after(b, b.last()))
+            b.wait(reduce)
+            return
+        steps, merges = self._ring_steps(kernel)
         exchange = None
+        merged = start
         for step in range(cp):
-            deps = self._deps_after(b, exchange)
-            self._emit_kernel(b, piece, f"{tag}.cp{step}", phase, deps)
-            if step < cp - 1:
-                exchange = self._collective(b, "cp", "sendrecv", b.groups['cp'], kv_bytes,
-                                            f"{tag}.{phase}.kv{step}", "cp",
-                                            self._deps_after(b, start))
+            if phase == "F":
+                following = None
+                if step < cp - 1:
+                    following = self._collective(b, "cp", "sendrecv", group, kv_bytes,
+                                                 f"{tag}.{phase}.kv{step}", "cp",
+                                                 self._deps_after(b, start))
+                self._emit_kernel(b, steps[step], tag, phase, self._deps_after(b, exchange))
+                self._emit_kernel(b, merges[step], tag, phase)
+                exchange = following
+                continue
+            size = kv_bytes if step in (0, cp - 1) else 2 * kv_bytes
+            label = "kv" if step == 0 else "dkv" if step == cp - 1 else "kv_dkv"
+            following = self._collective(b, "cp", "sendrecv", group, size,
+                                         f"{tag}.{phase}.{label}{step}", "cp",
+                                         self._deps_after(b, merged, exchange))
+            self._emit_kernel(b, steps[step], tag, phase, self._deps_after(b, exchange))
+            merged = self._emit_kernel(b, merges[step], tag, phase,
+                                       self._deps_after(b, following))
+            exchange = following
 
     # ---------------------------------------------------------------- backward
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
@@ -1324,6 +1387,7 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      comm_sms=comm_sms, phase=phase, launches=max(1, launches),
                      gemm_groups=max(1, int(groups)),
                      impl=attention_impl if kernel.kind == "attention" else "",
+                     causal=kernel.causal, window=kernel.window,
                      host_launches=host_launches)
 
 

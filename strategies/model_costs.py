@@ -107,9 +107,11 @@ __all__ = [
     "ELEMENTWISE_MODES",
     "RECOMPUTE_MODULES",
     "activation_bytes_per_layer",
+    "banded_causal_pairs",
     "embedding_activation_bytes",
     "embedding_kernels",
     "resolve_fp8_recipe",
+    "ring_attention_steps",
     "fp8_weight_quant_kernel",
     "head_activation_bytes",
     "head_transient_bytes",
@@ -332,6 +334,10 @@ class Kernel:
             (``dp*cp/ep``), not the data-parallel one.
         launches: GPU kernels the op stands for in the forward and in the backward (an
             eager RMSNorm is 8 and 12 ATen kernels); each pays the launch gap.
+        causal: for attention, whether the kernel applies a causal mask (a ring-attention
+            step off the diagonal does not: :func:`ring_attention_steps`).
+        window: for attention, the sliding window (keys a query attends at most; 0: the
+            whole causal prefix).
     """
 
     name: str
@@ -349,6 +355,8 @@ class Kernel:
     params: int = 0
     expert: bool = False
     launches: tuple[int, int] = (1, 1)
+    causal: bool = True
+    window: int = 0
 
     @property
     def bwd_flops(self) -> float:
@@ -769,8 +777,13 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
 
     if model.mla is not None:
         g_l = a_l  # MLA expands keys and values to every head
+    window = model.attention_window(layer)
     core = _flash_core(micro_batch=micro_batch, heads=a_l, kv_heads=g_l, s_q=s_q, s_k=s_k,
-                       d_qk=model.qk_head_dim, d_v=model.v_head_dim, act=act, ea=ea)
+                       d_qk=model.qk_head_dim, d_v=model.v_head_dim, act=act, ea=ea,
+                       window=window)
+    if window and not flash_attention:
+        raise ValueError(f"flash_attention: False cannot run the {window}-token sliding "
+                         f"window of layer {layer}; valid: True (a fused windowed kernel)")
     cores = [core] if flash_attention else unfused_attention_kernels(
         micro_batch=micro_batch, heads=a_l, s_q=s_q, s_k=s_k, head_dim=d, dtype=act,
         dropout=dropout)
@@ -858,14 +871,42 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
     return kernels
 
 
+def banded_causal_pairs(seq_len: int, window: int = 0) -> float:
+    """Query-key pairs a causal mask keeps in one ``seq_len`` sequence when each query
+    attends at most its last ``window`` keys (0: the whole prefix), as the area of the
+    band ``0 <= q - k < w`` with ``w = min(window, s)``: ``s*w - w^2/2`` -- ``s^2/2`` without
+    a window (:data:`CAUSAL_FLOP_FRACTION` of the full square), the diagonal's half
+    tiles ignored as for the causal mask. A sliding-window flash kernel
+    (FlashAttention-2 ``window_size=(w-1, 0)``, cuDNN/Transformer Engine
+    ``window_size``) skips the key tiles outside the band the way a causal kernel skips
+    those above the diagonal, so its executed FLOPs are these pairs times ``2*(d_qk + d_v)``
+    per head.
+
+    Raises:
+        ValueError: a negative window or a non-positive length.
+    """
+    if seq_len <= 0 or window < 0:
+        raise ValueError(f"banded attention: seq_len {seq_len!r} must be > 0 and window "
+                         f"{window!r} >= 0 (0: no window)")
+    w = seq_len if window == 0 else min(window, seq_len)
+    return seq_len * w - CAUSAL_FLOP_FRACTION * w * w
+
+
 def _flash_core(*, micro_batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, d_qk: int,
-                d_v: int, act: str, ea: float) -> Kernel:
+                d_v: int, act: str, ea: float, window: int = 0) -> Kernel:
     """The fused causal attention kernel over local ``heads`` (``kv_heads`` key/value
     heads): scores ``QK^T`` over ``d_qk`` and ``PV`` over ``d_v`` dims
-    (``CAUSAL * 2*b*s_q*s_k*a*(d_qk + d_v)`` FLOPs: ``4*b*s_q*s_k*a*d`` when both are ``d``);
+    (``CAUSAL * 2*b*s_q*s_k*a*(d_qk + d_v)`` FLOPs: ``4*b*s_q*s_k*a*d`` when both are ``d``;
+    with a sliding ``window``, :func:`banded_causal_pairs` of the ``s_k`` sequence, the
+    rank's ``s_q/s_k`` share of them under context parallelism, replace the ``s_q*s_k/2``);
     it reads q, k, v and writes o and the fp32 log-sum-exp; its backward (2.5x) reads q, k,
-    v, o, do and the log-sum-exp and writes dq, dk, dv."""
-    flops = CAUSAL_FLOP_FRACTION * 2.0 * micro_batch * s_q * s_k * heads * (d_qk + d_v)
+    v, o, do and the log-sum-exp and writes dq, dk, dv -- with or without a window (the
+    band changes which tiles are visited, not what is read and written)."""
+    if window and window < s_k:
+        pairs = banded_causal_pairs(s_k, window) * s_q / s_k
+        flops = 2.0 * micro_batch * pairs * heads * (d_qk + d_v)
+    else:
+        flops = CAUSAL_FLOP_FRACTION * 2.0 * micro_batch * s_q * s_k * heads * (d_qk + d_v)
     q, o = micro_batch * s_q * heads * d_qk, micro_batch * s_q * heads * d_v
     k, v = micro_batch * s_k * kv_heads * d_qk, micro_batch * s_k * kv_heads * d_v
     lse_bytes = FP32_BYTES * micro_batch * heads * s_q
@@ -877,8 +918,97 @@ def _flash_core(*, micro_batch: int, heads: int, kv_heads: int, s_q: int, s_k: i
         bwd_input_flops=FLASH_BWD_FLOP_FACTOR * flops,
         bwd_input_bytes=ea * 2 * (q + o + k + v) + lse_bytes,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
-        selective_recompute=True,
+        selective_recompute=True, window=window,
     )
+
+
+def ring_attention_steps(core: Kernel, cp: int, *, d_v: int | None = None
+                         ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The ``cp`` steps of Transformer Engine's P2P ring attention for a causal ``core``
+    kernel of one context-parallel rank (:func:`layer_kernels`' ``attn.core`` with shape
+    ``(b, a, g, s/c, s, d_qk)``), and the merge kernel after each step.
+
+    As ``AttnFuncWithCPAndKVP2P`` runs it (TransformerEngine
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``):
+    the sequence is cut in ``2c`` chunks and rank ``r`` holds chunks ``r`` and
+    ``2c-1-r`` (load balancing, ``get_seq_chunk_ids_for_reordering_before_attn``), so
+    each step is half a ``(s/c) x (s/c)`` block: step 0 the causal diagonal block over
+    its own K/V (``s_q = s_k = s/c``), every later step a block without mask, either all
+    ``s/c`` queries over the first half of the K/V received (``s/(2c)`` keys, ranks
+    ``r >= step``) or the second half of the queries over all of it (the others). The
+    steps off the diagonal are priced as the first kind, the shorter key loop: the ring
+    advances at its slowest rank. FLOPs: each step ``1/c`` of ``core``'s (they sum to it
+    exactly); bytes: what each step's flash kernel reads and writes (q, the K/V block, o,
+    the log-sum-exp; twice that and the gradients backward).
+
+    Merge kernels (``attn.cp_merge``, elementwise, selective-recompute like the core):
+    forward, the output and log-sum-exp correction of each step
+    (``flash_attn_fwd_out_correction``, ``flash_attn_fwd_softmax_lse_correction``: read
+    the step's output and the running output, write it; the log-sum-exp in fp64 as
+    ``softmax_lse.to(torch.double)``); backward, the accumulation of the step's ``dq``
+    and ``dk``/``dv`` into the running gradients (``dq.add_``, ``dkv.add_``).
+
+    Args:
+        core: the rank's causal attention kernel (no sliding window: TE's P2P ring does
+            not run one).
+        cp: context-parallel size ``c`` (>= 2).
+        d_v: value head dim (None: ``core``'s ``d_qk``; MLA's differ).
+
+    Raises:
+        ValueError: a ``core`` that is not a causal attention kernel with that shape, a
+            window, or ``cp < 2``.
+    """
+    shape = tuple(core.shape)
+    if core.kind != "attention" or len(shape) != 6 or not core.causal or core.window:
+        raise ValueError(f"ring attention: kernel {core.name!r} is not a causal attention "
+                         "kernel without a window of shape (b, a, g, s/c, s, d)")
+    if not isinstance(cp, int) or cp < 2:
+        raise ValueError(f"cp: {cp!r} is not valid for ring attention; valid: an integer >= 2")
+    b, heads, kv_heads, s_q, s_k, d_qk = shape
+    if s_q % 2 or s_q * cp != s_k:
+        raise ValueError(f"ring attention: {s_q} queries per rank of a {s_k}-token sequence "
+                         f"with cp {cp} are not valid; valid: s/cp, an even number "
+                         "(Megatron-Core: seq_len divisible by 2*cp)")
+    d_v = d_qk if d_v is None else d_v
+    ea = ELEMENT_BYTES[core.dtype]
+    chunk = s_q // 2
+
+    def block(name: str, rows: int, keys: int, causal: bool) -> Kernel:
+        flops = (CAUSAL_FLOP_FRACTION if causal else 1.0) * 2.0 * b * rows * keys * heads * (
+            d_qk + d_v)
+        q, o = b * rows * heads * d_qk, b * rows * heads * d_v
+        k, v = b * keys * kv_heads * d_qk, b * keys * kv_heads * d_v
+        lse_bytes = FP32_BYTES * b * heads * rows
+        return Kernel(name=name, block="attention", kind="attention",
+                      shape=(b, heads, kv_heads, rows, keys, d_qk), dtype=core.dtype,
+                      fwd_flops=flops, fwd_bytes=ea * (q + o + k + v) + lse_bytes,
+                      bwd_input_flops=FLASH_BWD_FLOP_FACTOR * flops,
+                      bwd_input_bytes=ea * 2 * (q + o + k + v) + lse_bytes,
+                      bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+                      selective_recompute=True, causal=causal)
+
+    def merge(name: str, rows: int, keys: int, first: bool) -> Kernel:
+        out = b * rows * heads * d_v
+        lse = b * heads * rows
+        # forward: the first step's output is copied (read, write), later ones corrected
+        # into the running output (read both, write); the fp64 log-sum-exp likewise
+        fwd = ea * out * (2 if first else 3) + 8 * lse * (1 if first else 3) + FP32_BYTES * lse
+        dq, dkv = b * rows * heads * d_qk, b * keys * kv_heads * (d_qk + d_v)
+        return Kernel(name=name, block="attention", kind="elementwise",
+                      shape=(b * rows, heads * d_v), dtype=core.dtype,
+                      fwd_flops=(0.0 if first else 3.0) * out,
+                      fwd_bytes=fwd,
+                      bwd_input_flops=float(dq + dkv),
+                      bwd_input_bytes=3 * ea * (dq + dkv),
+                      bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+                      selective_recompute=True, launches=(1 if first else 2, 2))
+
+    steps = [block(f"{core.name}.cp0", s_q, s_q, True)]
+    merges = [merge("attn.cp_merge.cp0", s_q, s_q, True)]
+    for step in range(1, cp):
+        steps.append(block(f"{core.name}.cp{step}", s_q, chunk, False))
+        merges.append(merge(f"attn.cp_merge.cp{step}", s_q, chunk, False))
+    return tuple(steps), tuple(merges)
 
 
 def _mla_attention(model: ModelSpec, *, n: int, n_sp: int, tp: int, mm: str, em: float,

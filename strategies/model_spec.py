@@ -96,6 +96,17 @@ class ModelSpec:
         moe: mixture-of-experts layers, or None for a dense model.
         mla: multi-head latent attention, or None for multi-head/grouped-query attention
             (then ``num_kv_heads`` and ``head_dim`` describe it).
+        sliding_window: keys a query of a sliding-window (local) attention layer attends,
+            itself included (Hugging Face ``sliding_window``; Megatron-Core's ``window_size``
+            ``(left, 0)`` is ``left + 1``); 0: every layer attends to the whole causal
+            prefix. Mistral-7B-v0.1: 4096 on every layer; gpt-oss: 128 on every other
+            layer; Gemma 2: 4096 on every other layer, Gemma 3: 1024 on 5 of 6 layers.
+        full_attention_every: with ``sliding_window``, every this-many-th layer
+            (1-based: layers ``N, 2N, ...``) attends to the whole prefix and the others
+            to the window, as Megatron-Core's ``window_attn_skip_freq`` integer
+            (``megatron/core/transformer/utils.py`` ``is_layer_window_attention``:
+            ``layer_number % N != 0`` is windowed) and Hugging Face's ``layer_types``
+            of gpt-oss (2), Gemma 2 (2) and Gemma 3 (6); 0: every layer is windowed.
         mtp_layers: multi-token prediction modules trained beside the model (DeepSeek-V3
             report Section 2.2: one; each a transformer layer, a ``2h x h`` projection and
             two norms, sharing the embedding and the output head); not in the total.
@@ -117,6 +128,8 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     mtp_layers: int = 0
+    sliding_window: int = 0
+    full_attention_every: int = 0
     source: str = ""
 
     @property
@@ -128,6 +141,21 @@ class ModelSpec:
     def v_head_dim(self) -> int:
         """Per-head value width: ``head_dim``, or MLA's ``v_head_dim``."""
         return self.mla.v_head_dim if self.mla else self.head_dim
+
+    def attention_window(self, layer: int) -> int:
+        """Keys a query of layer ``layer`` (0-based) attends at most: the sliding window
+        of a windowed layer, 0 for a layer attending to the whole causal prefix (see
+        ``full_attention_every``)."""
+        if self.sliding_window <= 0:
+            return 0
+        if self.full_attention_every and (layer + 1) % self.full_attention_every == 0:
+            return 0
+        return self.sliding_window
+
+    def layer_kind(self, layer: int) -> tuple[bool, int]:
+        """What a layer's kernels depend on: ``(is MoE, attention window)``; layers of
+        one kind cost the same."""
+        return self.is_moe_layer(layer), self.attention_window(layer)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) is a mixture-of-experts layer."""

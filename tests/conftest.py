@@ -29,41 +29,38 @@ def _cpu_lock_files(tmp_path_factory) -> tuple[Path, Path]:
     return root / "cpu.gate", root / "cpu.lock"
 
 
+@contextlib.contextmanager
+def _cpu_lock(tmp_path_factory, mode: int):
+    """Hold the run's CPU lock in ``mode`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) across
+    pytest-xdist workers; nothing outside xdist. The gate is passed first, so a waiting
+    exclusive request keeps new shared ones out (no starvation)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, mode)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _shares_the_cpu(tmp_path_factory):
     """Every test holds the CPU lock shared, so that :func:`cpu_to_itself` can wait for
-    the tests of the other workers to end. Passing the gate first gives an exclusive
-    request priority: no new test starts while one waits."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
-    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
+    the tests of the other workers to end."""
+    with _cpu_lock(tmp_path_factory, fcntl.LOCK_SH):
         yield
 
 
-@contextlib.contextmanager
 def cpu_to_itself(tmp_path_factory):
-    """Hold the machine's CPUs alone (no test of another xdist worker runs meanwhile):
-    for real executions whose measured times a test compares with the simulation. Used
-    from module fixtures, which are set up before the test's shared lock is taken."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
-    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """A context that holds the machine's CPUs alone (no test of another xdist worker
+    runs meanwhile): for real executions whose measured times a test compares with the
+    simulation. Used from module fixtures, which are set up before the test's shared
+    lock is taken."""
+    return _cpu_lock(tmp_path_factory, fcntl.LOCK_EX)
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

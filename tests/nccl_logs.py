@@ -25,6 +25,7 @@ Errors are ``(simulated - measured) / measured`` of busbw.
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 import sys
 from collections import OrderedDict
@@ -236,12 +237,21 @@ def compare(log: Log) -> list[Row] | None:
     return rows
 
 
-@lru_cache(maxsize=1)
-def compared() -> tuple[tuple[Log, tuple[Row, ...] | None], ...]:
-    """Every log with its compared rows (None: not simulated)."""
+@lru_cache(maxsize=2)
+def compared(simulate: bool = True) -> tuple[tuple[Log, tuple[Row, ...] | None], ...]:
+    """Every log with its compared rows (None: not simulated). ``simulate=False`` gives
+    the rows that would be compared with no simulated value (nan): what test
+    parametrization needs, at collection time, without seconds of simulation in every
+    pytest-xdist worker."""
     out = []
     for log in load_logs():
-        rows = compare(log)
+        if simulate:
+            rows = compare(log)
+        elif system_of(log) is None or algorithm_of(log) is None:
+            rows = None
+        else:
+            rows = [Row(log, size, busbw, math.nan, "") for size, busbw in log.rows
+                    if busbw > 0]
         out.append((log, None if rows is None else tuple(rows)))
     return tuple(out)
 
@@ -254,10 +264,10 @@ def median_abs(errors) -> float:
 
 
 @lru_cache(maxsize=None)
-def category_rows(category: str) -> list[Row]:
-    """Rows of a category (see the module docstring)."""
+def category_rows(category: str, simulate: bool = True) -> list[Row]:
+    """Rows of a category (see the module docstring); ``simulate`` as :func:`compared`."""
     rows: list[Row] = []
-    for log, found in compared():
+    for log, found in compared(simulate):
         if not found or log.nodes < 2:
             continue
         if category == "sendrecv" and log.collective == "sendrecv":
@@ -307,12 +317,13 @@ class Series:
         return getattr(last, attr) / getattr(first, attr)
 
 
-@lru_cache(maxsize=1)
-def ring_series() -> list[Series]:
+@lru_cache(maxsize=2)
+def ring_series(simulate: bool = True) -> list[Series]:
     """Ring series (forced ring, or the report's Ring column) of one system, report,
-    collective and size at >= 2 multi-node counts, for sizes of at least 256 MiB."""
+    collective and size at >= 2 multi-node counts, for sizes of at least 256 MiB;
+    ``simulate`` as :func:`compared`."""
     by_key: dict[tuple, list[Row]] = {}
-    for log, found in compared():
+    for log, found in compared(simulate):
         if not found or _domains(log) < 2 or log.collective == "sendrecv":
             continue
         ring = ("nccl_algo=ring" in log.env.lower() or log.note.lower().startswith("ring"))

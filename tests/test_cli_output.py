@@ -119,3 +119,29 @@ def test_collective_table_fits_80_columns_with_its_constants_in_the_header(capsy
     assert "type float, redop sum, root -1" in words(out)
     first = next(line.split() for line in out.splitlines() if line.strip()[:1].isdigit())
     assert first[:2] == ["1024", "256"] and len(first) == 7  # type, redop, root left out
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_hardware_list_breaks_names_only_after_a_hyphen(capsys, monkeypatch, columns):
+    """At 80 columns a GPU name or fabric spans lines only after a hyphen: every piece of
+    one on a line starts at its start or after a hyphen and ends at a hyphen or its end;
+    at 120 they stay whole."""
+    from trainsim import api
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = run_cli(capsys, "hardware", "list")
+    assert code == 0, err
+    listed = api.hardware_list()
+    values = {*listed["gpu"], *listed["fabric"]}
+    cells = set(out.split())
+    def aligned(cell: str, value: str) -> bool:
+        return any((i == 0 or value[i - 1] == "-")
+                   and (i + len(cell) == len(value) or value[i + len(cell) - 1] == "-")
+                   for i in range(len(value)) if value.startswith(cell, i))
+
+    pieces = {cell for cell in cells for value in values
+              if len(cell) >= 4 and cell != value and cell in value}
+    for cell in pieces:  # a piece cut mid-word is no hyphen-aligned piece of any value
+        assert any(aligned(cell, value) for value in values), cell
+    assert ("rail-" in cells) == (columns < 100)
+    assert ("rail-optimized" in cells) == (columns >= 100)

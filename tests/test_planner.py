@@ -13,6 +13,7 @@ from trainsim import planner
 from trainsim.api import resolve_cluster
 from sim.step import simulate_step
 from strategies.models import load_model
+from strategies.plan import ParallelPlan
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,27 @@ def test_progress_reaches_the_total_when_the_bound_stops_the_search():
     for phase, done, total in seen:
         last[phase] = (done, total)
     assert all(done == total for done, total in last.values()), last
+
+
+def test_confirmation_stops_at_the_replay_budget(monkeypatch):
+    """Top plans are replayed at event fidelity in rank order while their layer passes
+    fit the budget; the rest keep their analytic time and say so."""
+    dense, _ = tiny_models()
+    kwargs = dict(cluster=resolve_cluster("dgx-h100"), gpus=16, seq_len=1024,
+                  global_batch=64, top=4, workers=1)
+    full = planner.search(dense, **kwargs)
+    assert full.counts["final_simulated"] == 4
+    assert {p["fidelity"] for p in full.plans} == {"event"}
+    monkeypatch.setattr(planner, "MAX_CONFIRM_LAYER_PASSES", 1)
+    capped = planner.search(dense, **kwargs)
+    assert capped.counts["final_simulated"] == 0
+    assert {p["fidelity"] for p in capped.plans} == {"analytic"}
+    assert [count for reason, count in capped.dropped.items()
+            if reason.startswith("kept at analytic")] == [4]
+
+
+def test_replay_layer_passes_is_two_per_layer_and_micro_batch():
+    dense, _ = tiny_models()
+    plan = ParallelPlan(tp=2, pp=2, dp=4, micro_batch=2, global_batch=64, seq_len=1024)
+    assert plan.num_microbatches == 8
+    assert planner.replay_layer_passes(dense, plan) == 2 * 8 * dense.num_layers

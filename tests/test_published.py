@@ -60,20 +60,25 @@ def test_dense_models_within_todays_bounds(report):
 
 def test_moe_models_within_todays_bounds(report):
     """Every MoE row but DeepSeek's EP 64 over 32 ranks is compared (41 before issue 15:
-    median 21 %, p90 59 %, bias +4 %, with +240 % rows cancelling -60 % ones)."""
+    median 21 %, p90 59 %, bias +4 %, with +240 % rows cancelling -60 % ones). Since
+    sliding-window layers are modelled (issue 12) the 11 gpt-oss rows are compared too
+    (75 -> 86 rows); they share the fine-grained MoE rows' under-prediction (-23 % to
+    -48 %; FSDP-64 AutoModel +49 %), which moved the 75 rows' median 14.0 %, p90 38.9 %,
+    bias -16.3 % to 15.5 %, 41.5 %, -17.5 %: the bounds follow by that much."""
     moe = _line(report, "MoE models")
-    assert moe["compared"] >= 75
-    assert moe["median_abs_error"] <= 0.15
-    assert moe["p90_abs_error"] <= 0.40
-    assert abs(moe["bias"]) <= 0.175
+    assert moe["compared"] >= 86
+    assert moe["median_abs_error"] <= 0.16
+    assert moe["p90_abs_error"] <= 0.42
+    assert abs(moe["bias"]) <= 0.18
 
 
 def test_whole_set_within_todays_bounds(report):
-    """Median and p90 as before issue 15; the bias is the dense rows' (within 3 %) plus
-    the MoE rows' under-prediction weighted by their share (75 of 475): within 5 %."""
+    """Median as before issue 15; the bias is the dense rows' (within 3 %) plus the MoE
+    rows' under-prediction weighted by their share (86 of 486 with the gpt-oss rows,
+    test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.21
+    assert every["p90_abs_error"] <= 0.22
     assert abs(every["bias"]) <= 0.05
 
 

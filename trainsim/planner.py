@@ -208,7 +208,7 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
-    kinds = [_layer_compute_s(model, cluster, model.is_moe_layer(i), *args)
+    kinds = [_layer_compute_s(model, cluster, model.layer_kind(i), *args)
              for i in range(model.num_layers)]
     per_microbatch = sum(total for total, _ in kinds) / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
@@ -225,19 +225,21 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
 _LAYER_CACHE: dict[tuple, tuple] = {}
 
 
-def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, moe: bool, *args) -> float:
+def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, kind: tuple[bool, int],
+                     *args) -> float:
     """(seconds of compute of one layer for one micro-batch: forward, backward and
     recompute; its ZB-H1 fill F + I - W), memoised: the specs are unhashable, so they are keyed by identity and kept alive in
     the cache entry (an id is never reused while its object lives)."""
-    key = (id(model), id(cluster), moe, *args)
+    key = (id(model), id(cluster), kind, *args)
     if key not in _LAYER_CACHE:
         if len(_LAYER_CACHE) > 100_000:
             _LAYER_CACHE.clear()
-        _LAYER_CACHE[key] = (model, cluster, _price_layer(model, cluster, moe, *args))
+        _LAYER_CACHE[key] = (model, cluster, _price_layer(model, cluster, kind, *args))
     return _LAYER_CACHE[key][2]
 
 
-def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch: int, seq_len: int,
+def _price_layer(model: ModelSpec, cluster: ClusterSpec, kind: tuple[bool, int],
+                 micro_batch: int, seq_len: int,
                  tp: int, cp: int, ep: int, sequence_parallel: bool, dtype: str,
                  flash_attention: bool, recompute: str, fp8_recipe: str, elementwise: str,
                  attention_impl: str) -> tuple[float, float]:
@@ -248,7 +250,7 @@ def _price_layer(model: ModelSpec, cluster: ClusterSpec, moe: bool, micro_batch:
 
     cost = CostModel(ClusterLayout(cluster, 1, 1), ALGORITHMS, fidelity="analytic")
     impl = "" if attention_impl == "auto" else attention_impl
-    layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
+    layer = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
     total = fill = 0.0
     for k in model_costs.layer_kernels(model, layer, micro_batch=micro_batch, seq_len=seq_len,
                                        tp=tp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
@@ -572,7 +574,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
               "out_of_memory": sum(v for k, v in dropped.items() if k.startswith("out of")),
               "dominated": sum(v for k, v in dropped.items() if k.startswith("dominated")),
               "feasible": len(rows), "simulated": len(rows) + dominated_late,
-              "final_simulated": min(top, len(rows)),
+              "final_simulated": 0,
               "bounded": len(ordered) - examined}
     if counts["bounded"]:
         dropped["bounded: step-time lower bound above the top plans' simulated time"] = \
@@ -586,12 +588,19 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
                          "wider search space")
     rows.sort(key=lambda row: _sort_key(row, sort))
     best = rows[:top]
-    if final_fidelity != rank_fidelity:
-        again = _parallel(_evaluate_chunk, spec, cspec, [r["_plan"] for r in best],
+    confirmed = _within_confirm_budget(spec, best) if final_fidelity != rank_fidelity else []
+    if confirmed:
+        again = _parallel(_evaluate_chunk, spec, cspec, [r["_plan"] for r in confirmed],
                           (final_fidelity,), workers,
-                          _ticker(report, f"confirming ({final_fidelity})", len(best)))
-        best = [_row(r["_plan"], res, fail, token_count, price, final_fidelity,
-                     ranked_step_time_s=r["step_time_s"]) for r, res in zip(best, again)]
+                          _ticker(report, f"confirming ({final_fidelity})", len(confirmed)))
+        redone = {id(r): _row(r["_plan"], res, fail, token_count, price, final_fidelity,
+                              ranked_step_time_s=r["step_time_s"])
+                  for r, res in zip(confirmed, again)}
+        best = [redone.get(id(r), r) for r in best]
+    counts["final_simulated"] = len(confirmed)
+    if final_fidelity != rank_fidelity and len(confirmed) < len(best):
+        reasons[f"kept at {rank_fidelity}: past the {final_fidelity} replay budget of "
+                f"{MAX_CONFIRM_LAYER_PASSES:,} layer passes"] = len(best) - len(confirmed)
     best.sort(key=lambda row: _sort_key(row, sort, median=True))
     for row in best:
         row["tied_with_best"] = bands_overlap(row, best[0])
@@ -714,6 +723,35 @@ def bands_overlap(row: Mapping, best: Mapping) -> bool:
     step time orders them)."""
     return (row["step_time_p10_s"] <= best["step_time_p90_s"]
             and best["step_time_p10_s"] <= row["step_time_p90_s"])
+
+
+#: Replay budget of a plan search's confirmation at the final fidelity, in layer passes
+#: (a forward or a backward of one layer on one micro-batch, summed over the pipeline;
+#: ~20 ops and ~0.5 ms of SimPy each on this 2-core machine): the top plans are
+#: confirmed in rank order while their passes add up to at most this, i.e. ~10 s of
+#: CPU. GPT-3 175B at global batch 2,048 on 64 GPUs (dp 2: 1,024 micro-batches) is
+#: 196,608 passes per plan, minutes of SimPy; the closed form the search ranked with
+#: equals the replay for every registered schedule (tests/test_fidelity.py), so a plan
+#: past the budget keeps its ranked time, and its row says which fidelity gave it.
+MAX_CONFIRM_LAYER_PASSES = 20_000
+
+
+def _within_confirm_budget(spec: ModelSpec, rows: list[dict]) -> list[dict]:
+    """The leading rows whose replays fit :data:`MAX_CONFIRM_LAYER_PASSES` together."""
+    chosen, passes = [], 0
+    for row in rows:
+        passes += replay_layer_passes(spec, row["_plan"])
+        if passes > MAX_CONFIRM_LAYER_PASSES:
+            break
+        chosen.append(row)
+    return chosen
+
+
+def replay_layer_passes(spec: ModelSpec, plan: ParallelPlan) -> int:
+    """Layer passes (a forward or a backward of one layer on one micro-batch) of the
+    event replay of ``plan``: 2 x micro-batches x layers -- what its op count and wall
+    time grow with (symmetry reduction simulates one rank per pipeline stage)."""
+    return 2 * plan.num_microbatches * spec.num_layers
 
 
 def _row(plan: ParallelPlan, result: dict, fail: dict, tokens: float | None,

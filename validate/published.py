@@ -159,12 +159,26 @@ ROUTER_GROUPS = {
 }
 
 
+#: Sliding-window attention of models.csv's models that use it (its columns do not print
+#: it): ``{model: (window tokens, every N-th layer full)}``.
+ATTENTION_WINDOWS = {
+    # openai/gpt-oss-{20b,120b} config.json: "sliding_window": 128 and "layer_types"
+    # alternating "sliding_attention", "full_attention" (sliding first; transformers
+    # GptOssConfig's default pattern); gpt-oss model card (arXiv 2508.10925), model
+    # architecture: attention alternates banded-window and dense layers, band 128 tokens
+    "gpt-oss-120b": (128, 2),
+    "gpt-oss-20b": (128, 2),
+}
+
+
 def model_from_row(row: Mapping[str, str]) -> ModelSpec:
     """A ModelSpec from one row of ``models.csv`` (multi-head latent attention from its
-    ``mla_*`` columns; group-limited routing from :data:`ROUTER_GROUPS`).
+    ``mla_*`` columns; group-limited routing from :data:`ROUTER_GROUPS`; sliding-window
+    layers from :data:`ATTENTION_WINDOWS`).
 
     Raises:
-        NotExpressible: for attention the cost model does not price yet (sliding window).
+        NotExpressible: a model whose notes print sliding-window layers that
+            :data:`ATTENTION_WINDOWS` does not list.
         ValueError: for an unknown activation.
     """
     key = row["model"]
@@ -175,8 +189,10 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
                       qk_nope_head_dim=int(row["mla_qk_nope_dim"]),
                       qk_rope_head_dim=int(row["mla_qk_rope_dim"]),
                       v_head_dim=int(row["mla_v_dim"]))
-    if "sliding-window" in row.get("notes", ""):
-        raise NotExpressible("sliding-window attention layers are not modelled")
+    window, full_every = ATTENTION_WINDOWS.get(key, (0, 0))
+    if "sliding-window" in row.get("notes", "") and not window:
+        raise NotExpressible("sliding-window attention layers without a window in "
+                             "ATTENTION_WINDOWS")
     activation = row["activation"]
     if activation not in MLP_OF_ACTIVATION:
         raise ValueError(f"activation: {activation!r} is not known; valid: "
@@ -202,6 +218,7 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
                      norm="layernorm" if key.startswith(LAYERNORM_PREFIXES) else "rmsnorm",
                      tied_embeddings=row.get("tied_embeddings") == "yes",
                      dropout=key.startswith(DROPOUT_PREFIXES), moe=moe, mla=mla,
+                     sliding_window=window, full_attention_every=full_every,
                      source=row.get("citation", ""))
 
 

@@ -17,6 +17,8 @@ A preset is a TOML file in this folder (``llama3-8b.toml`` is the preset
     norm = "rmsnorm"               # optional: layernorm | rmsnorm (default rmsnorm)
     tied_embeddings = false        # optional, default false
     mtp_layers = 0                 # optional: multi-token prediction modules (DeepSeek-V3: 1)
+    sliding_window = 0             # optional: keys a windowed layer's query attends (0: none)
+    full_attention_every = 0       # optional: every N-th layer (1-based) is full attention
 
     [moe]                          # optional: mixture-of-experts layers
     num_experts = 8                # required in [moe], > 0
@@ -47,6 +49,9 @@ A native model file is the same schema at any path. A Hugging Face
   ``rms_norm_eps`` means LayerNorm);
 * GPT-2 style (``n_embd``, ``n_layer``, ``n_head``, ``n_inner`` (None ->
   4 * n_embd), ``vocab_size``; gelu, layernorm, tied embeddings);
+* sliding-window attention: ``sliding_window`` (ignored when ``use_sliding_window`` is
+  false) on the layers ``layer_types`` marks ``sliding_attention`` (one full layer every N),
+  else Gemma 3's ``sliding_window_pattern``, Gemma 2's alternation, or every layer;
 * Mixtral MoE keys ``num_local_experts``, ``num_experts_per_tok`` (each expert
   of ``intermediate_size``);
 * DeepSeek MoE keys ``n_routed_experts``, ``num_experts_per_tok``,
@@ -95,6 +100,8 @@ _TOP: dict[str, tuple[type, Any, bool]] = {
     "tied_embeddings": (bool, "", False),
     "dropout": (bool, "", False),
     "mtp_layers": (int, "nonnegative", False),
+    "sliding_window": (int, "nonnegative", False),
+    "full_attention_every": (int, "nonnegative", False),
 }
 _MLA: dict[str, tuple[type, Any, bool]] = {
     "q_lora_rank": (int, "nonnegative", True),
@@ -214,6 +221,13 @@ def validate_model(spec: ModelSpec, *, where: str = "") -> ModelSpec:
     if not isinstance(spec.mtp_layers, int) or isinstance(spec.mtp_layers, bool) \
             or spec.mtp_layers < 0:
         raise ValueError(f"mtp_layers: {spec.mtp_layers!r} must be an integer >= 0{at}")
+    for field in ("sliding_window", "full_attention_every"):
+        value = getattr(spec, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{field}: {value!r} must be an integer >= 0{at} (0: none)")
+    if spec.full_attention_every and not spec.sliding_window:
+        raise ValueError(f"full_attention_every: {spec.full_attention_every} needs a "
+                         f"sliding_window{at}; valid: 0 without a window")
     if spec.mla is not None:
         for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             value = getattr(spec.mla, field)
@@ -342,6 +356,8 @@ def _load_toml(path: Path) -> ModelSpec:
         moe=moe,
         mla=mla,
         mtp_layers=top.get("mtp_layers", 0),
+        sliding_window=top.get("sliding_window", 0),
+        full_attention_every=top.get("full_attention_every", 0),
         source=top.get("source", f"model file {path}"),
     )
     return validate_model(spec, where=str(path))
@@ -483,12 +499,59 @@ def _load_hf(path: Path) -> ModelSpec:
         moe=moe,
         mla=mla,
         mtp_layers=_hf_int(cfg, "num_nextn_predict_layers", where, default=0, minimum=0),
+        **_hf_window(cfg, where),
         source=source,
     )
     return validate_model(spec, where=str(path))
 
 
 _MISSING = object()
+
+#: ``layer_types`` entries of Hugging Face configs (transformers ``configuration_utils``
+#: ``ALLOWED_LAYER_TYPES``) and whether the layer is windowed.
+_HF_LAYER_TYPES = {"full_attention": False, "sliding_attention": True}
+
+
+def _hf_window(cfg: Mapping[str, Any], where: str) -> dict[str, int]:
+    """``sliding_window`` and ``full_attention_every`` of a Hugging Face config: its
+    ``sliding_window`` (keys a query attends, itself included: transformers'
+    ``sliding_window_causal_mask_function`` keeps ``q - window < kv <= q``) unless
+    ``use_sliding_window`` is false (Qwen2/Qwen3 configs carry a window they do not use);
+    which layers use it from ``layer_types`` (gpt-oss, Gemma 2/3, transformers >= 4.53),
+    else Gemma 2's alternation (``sliding_window_pattern`` / every other layer) or, for
+    Mistral-style configs, every layer.
+
+    Raises:
+        ValueError: a ``layer_types`` entry that is not known, or a pattern that is not
+            one full layer every N (what Megatron-Core's ``window_attn_skip_freq`` and
+            :class:`~strategies.model_spec.ModelSpec` express).
+    """
+    window = cfg.get("sliding_window")
+    if window is None or cfg.get("use_sliding_window") is False:
+        return {}
+    window = _hf_int(cfg, "sliding_window", where)
+    types = cfg.get("layer_types")
+    if types is None:
+        if cfg.get("sliding_window_pattern") is not None:  # Gemma 3 before layer_types
+            every = _hf_int(cfg, "sliding_window_pattern", where)
+        elif str(cfg.get("model_type", "")) == "gemma2":
+            every = 2  # Gemma 2 alternates local and global layers, local first
+        else:
+            every = 0  # Mistral: every layer
+        return {"sliding_window": window, "full_attention_every": every}
+    if not isinstance(types, list) or any(t not in _HF_LAYER_TYPES for t in types):
+        raise ValueError(f"layer_types: {types!r} is not valid {where}; valid entries: "
+                         f"{', '.join(_HF_LAYER_TYPES)}")
+    windowed = [_HF_LAYER_TYPES[t] for t in types]
+    if all(windowed):
+        return {"sliding_window": window, "full_attention_every": 0}
+    if not any(windowed):
+        return {}
+    every = windowed.index(False) + 1
+    if any(windowed[i] != bool((i + 1) % every) for i in range(len(windowed))):
+        raise ValueError(f"layer_types: the pattern {types!r} is not one full-attention layer "
+                         f"every N {where}; valid: N-1 sliding layers then one full layer")
+    return {"sliding_window": window, "full_attention_every": every}
 
 
 def _hf_rate(cfg: Mapping[str, Any], key: str, default: float, where: str) -> float:

@@ -8,7 +8,7 @@ import typer
 
 from trainsim.cli import options
 from trainsim.cli.errors import check_choice, json_text
-from trainsim.cli.output import comment, console, table
+from trainsim.cli.output import comment, console, hyphen_wrapped, table
 
 FORMATS = ("table", "csv", "json")
 #: Columns of ``hardware list``'s table (the CSV and JSON have them all).
@@ -16,6 +16,10 @@ LIST_COLUMNS = {"name": "name", "gpu": "gpu", "gpus_per_node": "GPUs/\nnode",
                 "nvlink_domain_gpus": "NVLink\nGPUs", "nvlink_GBps_per_gpu": "NVLink\nGB/s",
                 "nvls": "NVLS", "nics_per_node": "NICs/\nnode", "nic_Gbps": "NIC\nGb/s",
                 "nic_kind": "NIC", "fabric": "fabric"}
+#: Console width that holds ``hardware list`` with whole GPU names and fabrics.
+_WIDE_LIST_COLUMNS = 100
+#: Shorter headers of a narrower console.
+_NARROW_HEADERS = {"nvlink_domain_gpus": "NVL\nGPUs", "nvlink_GBps_per_gpu": "NVL\nGB/s"}
 
 
 def register(app: typer.Typer) -> None:
@@ -39,10 +43,16 @@ def hardware_list(
     elif output_format == "csv":
         print(df.to_csv(index=False), end="")
     else:
-        rows = ([_cell(row[c]) for c in LIST_COLUMNS] for row in df.to_dict(orient="records"))
-        console().print(table(list(LIST_COLUMNS.values()), rows,
-                              left=("name", "gpu", "NVLS", "NIC", "fabric"),
-                              wrap=("gpu", "fabric"), gap=1))
+        out = console()
+        # Below 100 columns GPU names and fabrics break after a hyphen (never mid-word)
+        # and the NVLink headers shorten: the table then fits 80.
+        narrow = out.width < _WIDE_LIST_COLUMNS
+        headers = {**LIST_COLUMNS, **(_NARROW_HEADERS if narrow else {})}
+        rows = ([hyphen_wrapped(_cell(row[c]), 10) if narrow and c in ("gpu", "fabric")
+                 else _cell(row[c]) for c in headers]
+                for row in df.to_dict(orient="records"))
+        out.print(table(list(headers.values()), rows,
+                        left=("name", "gpu", "NVLS", "NIC", "fabric"), gap=1))
 
 
 def _cell(value) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import textwrap
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -68,6 +69,18 @@ def folded(name: str, longest: int = 8) -> str:
         return name
     cut = min(cuts, key=lambda i: (abs(2 * i - len(name)), i))
     return f"{name[:cut]}\n{name[cut + 1:]}"
+
+
+def hyphen_wrapped(text: str, width: int) -> str:
+    """``text`` on as many lines as it takes to keep each at most ``width`` characters,
+    broken only after a hyphen (``GB200-Blackwell-186GB`` -> ``GB200-`` / ``Blackwell-`` /
+    ``186GB``); a part longer than ``width`` stays whole."""
+    lines = [""]
+    for part in re.findall(r"[^-]*-|[^-]+$", text):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
 
 
 def number(value: Any, digits: int = 4) -> str:

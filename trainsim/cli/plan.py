@@ -154,7 +154,7 @@ def _emit_report(report, output_format: str, currency: str) -> None:
                  f"{i['global_batch']:,} sequences ({i['global_batch'] * i['seq_len'] / 2**20:.2f}"
                  f" Mi tokens), micro-batches per pipeline = global batch / (dp x mb); "
                  f"{fixed or 'DP gradient reduction overlapped with backward'}; ranked at "
-                 f"{i['ranking_fidelity']}, confirmed at {i['final_fidelity']} fidelity")
+                 f"{i['ranking_fidelity']}, {_confirmed(report)}")
     comment(out, f"# goodput {i['failure_goodput']:.3f} ({i['profile']}, Young-Daly "
                  f"{i['failure_checkpoint_interval_s'] / 60:.1f} min)"
                  + (f"; cost ({currency}) = GPU-hours x {i['price_per_gpu_hour']:g} "
@@ -193,6 +193,18 @@ def _band_columns(frame) -> dict:
             "days_band": span("days_to_train_p10", "days_to_train_p90"),
             "rank_tied": [f"{r}=" if t and r > 1 else str(r)
                           for t, r in zip(frame["tied_with_best"], frame["rank"])]}
+
+
+def _confirmed(report) -> str:
+    """Which plans the final fidelity confirmed (a plan search confirms within a replay
+    budget: trainsim.planner.MAX_CONFIRM_LAYER_PASSES)."""
+    i, done, shown = report.inputs, report.counts["final_simulated"], len(report.plans)
+    if i["final_fidelity"] == i["ranking_fidelity"]:
+        return "not confirmed (no finer fidelity)"
+    if done == shown:
+        return f"confirmed at {i['final_fidelity']} fidelity"
+    return (f"{done} of {shown} confirmed at {i['final_fidelity']} fidelity (replay budget; "
+            f"the others keep their {i['ranking_fidelity']} time, column fidelity in json/csv)")
 
 
 def _print_counts(report, out) -> None:

@@ -90,10 +90,46 @@ def model_from_settings(s: Settings, *, tp: int, notes: list[str]) -> ModelSpec:
                                                 False),
                      dropout=dropout, moe=moe, mla=mla,
                      mtp_layers=s.value("mtp_num_layers", int, None, minimum=0) or 0,
-                     source=s.source)
+                     **_window(s), source=s.source)
     # The checks every model passes (sizes within the model schema's bound, kv heads
     # dividing heads, top-k within the experts), with the job's own flags named above.
     return validate_model(spec)
+
+
+def _window(s: Settings) -> dict[str, int]:
+    """``sliding_window`` and ``full_attention_every`` of ``--window-size LEFT,RIGHT`` and
+    ``--window-attn-skip-freq N`` (Megatron-Core ``TransformerConfig.window_size`` /
+    ``window_attn_skip_freq``; ``megatron/core/transformer/utils.py``
+    ``is_layer_window_attention``: layer ``n`` (1-based) is windowed unless ``n % N == 0``).
+    A window ``(left, 0)`` lets a query see itself and ``left`` keys before it: ``left + 1``
+    keys; ``left = -1`` is no window.
+
+    Raises:
+        ValueError: a window that is not ``(left, 0)`` with ``left >= -1``, or a
+            per-layer list for ``--window-attn-skip-freq`` (one line naming the flag).
+    """
+    every = s.get("window_attn_skip_freq")  # read even alone: Megatron ignores it then
+    raw = s.get("window_size")
+    if raw is None:
+        return {}
+    spelled = s.spelled("window_size")
+    parts = raw.replace("(", "").replace(")", "").split(",") if isinstance(raw, str) else raw
+    try:
+        left, right = (int(str(p).strip()) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"{spelled}: {raw!r} is not valid; give LEFT,RIGHT (e.g. 128,0)"
+                         ) from None
+    if right != 0 or left < -1:
+        raise ValueError(f"{spelled}: {raw!r} is not valid; valid: LEFT,0 with LEFT >= -1 "
+                         "(a causal window; -1: none)")
+    if left == -1:
+        return {}
+    if every is not None and not (isinstance(every, int) or str(every).strip().isdigit()):
+        raise ValueError(f"{s.spelled('window_attn_skip_freq')}: {every!r} is not valid; "
+                         "give N (every N-th layer full attention): per-layer lists are "
+                         "not modelled")
+    return {"sliding_window": left + 1,
+            "full_attention_every": 0 if every is None else int(str(every).strip())}
 
 
 def _model_name(s: Settings) -> str:

@@ -122,8 +122,6 @@ _TP_OVERLAP = ("the plan overlaps all TP collectives with userbuffers or none of
 
 #: Settings refused when active: destination -> (inactive values, why).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "window_size": ((None,), "sliding-window attention is not modelled"),
-    "window_attn_skip_freq": ((None,), "sliding-window attention is not modelled"),
     "softmax_type": (("vanilla", None), "only the vanilla attention softmax is modelled"),
     "heterogeneous_layers_config_path": ((None,), "heterogeneous layers are not modelled"),
     "heterogeneous_layers_config_encoded_json": ((None,), "heterogeneous layers are not "
