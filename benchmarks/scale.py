@@ -1,4 +1,4 @@
-"""Scale benchmark: one training step from 8 to 16,384 GPUs at every fidelity.
+"""Scale benchmark: one training step from 64 to 65,536 GPUs at every fidelity.
 
 Prints one row per (model, GPUs, fidelity): the plan, the simulated step time,
 the wall time of the simulation, the SimPy events processed (``event`` and
@@ -11,6 +11,15 @@ Plans: ``llama3-405b`` at tp 8, pp 16 (fewer when the GPUs do not fill them), se
 8192; ``gpt3-175b`` at tp 8, pp 8, seq 2048; dp fills the GPUs; 16 micro-batches
 of one sequence per pipeline (at 16,384 GPUs, llama3-405b runs the issue's global
 batch of 2,048). Memory is not checked: this measures the simulator, not the plan.
+
+Beyond the preset's largest job (dgx-h100: 2,048 nodes, 16,384 GPUs) the preset's
+``max_nodes`` is raised to fit (rows above 16,384 GPUs): the fabric keeps its shape
+(two tiers; leaves of 32 nodes per rail), which is what the benchmark needs to
+measure cost against GPU count.
+
+After the table, the fitted exponent ``k`` of ``wall_s ~ gpus^k`` per model and
+fidelity (least squares on log-log, over the rows that finished): issue 16 asks that
+cost grow with distinct rank classes and layer shapes, never with GPU count (k near 0).
 
 The output format is stable (fixed columns; ``--csv`` writes the same rows) so
 runs can be compared. Usage::
@@ -58,7 +67,12 @@ def run_one(model: str, gpus: int, fidelity: str) -> dict:
     from sim.step import simulate_step
     from strategies.models import load_model
 
+    from dataclasses import replace
+
     spec, cluster = load_model(model), load_cluster("dgx-h100")
+    nodes = gpus // cluster.gpus_per_node
+    if nodes > cluster.max_nodes:  # beyond the preset: the same fabric, more of it
+        cluster = replace(cluster, max_nodes=nodes)
     plan = make_plan(gpus=gpus, **plan_for(model, gpus))
     start = time.perf_counter()
     result = simulate_step(spec, cluster, plan, fidelity=fidelity, check_memory=False)
@@ -81,6 +95,29 @@ def measure(model: str, gpus: int, fidelity: str, timeout_s: float) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def fitted_exponents(rows: list[dict]) -> list[tuple[tuple[str, str], float, int]]:
+    """Per (model, fidelity): the least-squares slope of log(wall_s) on log(gpus) over
+    the rows that finished (a float wall time), and how many rows it fits; groups with
+    fewer than two such rows are left out."""
+    import math
+
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for row in rows:
+        if isinstance(row["wall_s"], float) and row["wall_s"] > 0:
+            groups.setdefault((row["model"], row["fidelity"]), []).append(
+                (math.log(row["gpus"]), math.log(row["wall_s"])))
+    out = []
+    for key, points in groups.items():
+        if len(points) < 2:
+            continue
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        sxx = sum((x - mean_x) ** 2 for x, _ in points)
+        sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+        out.append((key, sxy / sxx, len(points)))
+    return out
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -93,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--fidelities", default=",".join(FIDELITIES))
-    parser.add_argument("--min-gpus", type=int, default=8)
-    parser.add_argument("--max-gpus", type=int, default=16384)
+    parser.add_argument("--min-gpus", type=int, default=64)
+    parser.add_argument("--max-gpus", type=int, default=65536)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--csv", help="also write the rows here (atomically, at the end)")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "GPUS", "FIDELITY"),
@@ -121,6 +158,10 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
                 print(" ".join(f"{_cell(row[c]):>13s}" for c in COLUMNS), flush=True)
             gpus *= 2
+    print()
+    print(f"{'model':>13s} {'fidelity':>13s} {'rows':>5s} {'exponent':>9s}  (wall_s ~ gpus^k)")
+    for (model, fidelity), k, count in fitted_exponents(rows):
+        print(f"{model:>13s} {fidelity:>13s} {count:>5d} {k:>9.3f}")
     if args.csv:
         import pandas as pd
 

@@ -47,7 +47,8 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 import simpy
 
 from hardware.compute import HOST_ISSUE_S, ComputeModel
-from hardware.network import CommPlanLike, FlowFabric, NetworkModel, PhaseLike
+from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
+                              all_pairs_p2p_cap_s)
 from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
 from hardware.topology import ClusterLayout
 from hardware.units import seconds_to_ns
@@ -205,6 +206,8 @@ class _Coefficients(NamedTuple):
 def _p2p_only_cap_s(model: NetworkModel, plan: CommPlanLike, phase: PhaseLike) -> float:
     """Seconds a phase takes at its p2p channel ceilings alone (0: none): the part of
     its ceilings that does not depend on the size (bus ceilings are priced per size)."""
+    if getattr(phase.transfers, "all_pairs", False):
+        return all_pairs_p2p_cap_s(model, plan, phase.transfers)
     if not any(t.mode == "p2p" for t in phase.transfers):
         return 0.0
     cap = model.p2p_cap_bytes_per_s(plan.ranks)
@@ -256,8 +259,10 @@ class CostModel:
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
+        self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
+        self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
         self._p2p: dict[tuple[int, int, int], int] = {}
 
@@ -340,9 +345,18 @@ class CostModel:
             ValueError: naming the field for an unknown kind, algorithm or protocol,
                 a negative size, or an algorithm this machine or group cannot run.
         """
+        # Hashing a 16,384-rank tuple costs more than a lookup should: callers that
+        # pass the same group object (every member's op of one collective) hit a table
+        # keyed by its identity (the group kept alive with the entry, so its id is its own).
+        fast_key = (kind, id(group), size_bytes, algorithm, protocol)
+        if type(group) is tuple:  # (a list could change under its identity)
+            known = self._choices_by_id.get(fast_key)
+            if known is not None and known[0] is group:
+                return known[1]
         key = (kind, tuple(group), size_bytes, algorithm, protocol)
         found = self._choices.get(key)
         if found is not None:
+            self._remember_choice(fast_key, group, found)
             return found
         candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm, protocol)
         if not candidates:
@@ -361,7 +375,17 @@ class CostModel:
                     f"here; valid: auto, {', '.join(PROTOCOLS)}")
             found = best
         self._choices[key] = found
+        self._remember_choice(fast_key, group, found)
         return found
+
+    def _remember_choice(self, fast_key: tuple, group: Sequence[int],
+                         found: CollectiveCost) -> None:
+        """Keep ``found`` under the identity of ``group``, a tuple (bounded)."""
+        if type(group) is not tuple:
+            return
+        if len(self._choices_by_id) >= 65536:
+            self._choices_by_id.clear()
+        self._choices_by_id[fast_key] = (group, found)
 
     def collective_plan(self, kind: str, group: Sequence[int], size_bytes: int,
                         algorithm: str = "auto", protocol: str = "auto") -> CommPlanLike:
@@ -407,8 +431,12 @@ class CostModel:
 
     def _coefficients_of(self, kind: str, geometry: GroupGeometry, name: str,
                          protocol: str) -> "_Coefficients":
-        """The fixed ns and per-byte coefficients of one algorithm and protocol."""
-        key = (kind, geometry.group, name, protocol)
+        """The fixed ns and per-byte coefficients of one algorithm and protocol, once
+        per class of groups the machine's symmetry maps onto each other
+        (:meth:`hardware.topology.ClusterLayout.group_class`: equal prices by
+        construction), else per group."""
+        group_class = self.layout.group_class(geometry.group)
+        key = (kind, geometry.group if group_class is None else group_class, name, protocol)
         found = self._coefficients.get(key)
         if found is None:
             phases = self._reference_phases.get(key[:3])
@@ -424,10 +452,20 @@ class CostModel:
             for ph in phases:
                 per_byte.append((model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES,
                                  getattr(ph, "bus_bytes", 0.0) / _REFERENCE_BYTES,
-                                 _p2p_only_cap_s(model, plan, ph) / _REFERENCE_BYTES))
+                                 self._p2p_cap_of(plan, ph) / _REFERENCE_BYTES))
             found = _Coefficients(fixed, tuple(per_byte), plan)
             self._coefficients[key] = found
         return found
+
+    def _p2p_cap_of(self, plan: CommPlanLike, phase: PhaseLike) -> float:
+        """:func:`_p2p_only_cap_s` of a reference phase, once for all the protocols that
+        share it (keyed by its identity; the phase kept alive with the entry)."""
+        key = (id(phase), plan.ranks)
+        found = self._p2p_caps.get(key)
+        if found is None or found[0] is not phase:
+            found = (phase, _p2p_only_cap_s(self.network, plan, phase))
+            self._p2p_caps[key] = found
+        return found[1]
 
     def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
                     protocol: str) -> tuple[list[str], GroupGeometry]:

@@ -120,7 +120,7 @@ class _Batch:
     """Flows submitted together; its event fires when all have finished."""
 
     __slots__ = ("event", "entry_flow", "entry_link", "entry_weight", "remaining",
-                 "caps", "done", "pattern")
+                 "caps", "done", "pattern", "payload", "num_links")
 
     def __init__(self, event: simpy.Event, requests: Sequence[FlowRequest]) -> None:
         self.event = event
@@ -133,6 +133,7 @@ class _Batch:
         self.entry_link = np.asarray(links, dtype=np.int64)
         self.entry_weight = np.asarray(weights, dtype=np.float64)
         self.remaining = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
+        self.payload = self.remaining.copy()
         self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
         # A flow that crosses no link (GPU to itself) is delivered at once.
         no_links = np.asarray([not r.links for r in requests], dtype=bool)
@@ -140,6 +141,14 @@ class _Batch:
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
                              self.entry_weight.tobytes(), self.caps.tobytes()))
+
+
+    def link_bytes(self) -> np.ndarray:
+        """Wire bytes this batch's flows have put on each link so far (payload
+        delivered, payload minus what remains, times each link's weight)."""
+        delivered = np.maximum(self.payload - self.remaining, 0.0)
+        return np.bincount(self.entry_link, weights=delivered[self.entry_flow] * self.entry_weight,
+                           minlength=self.num_links)
 
 
 class FlowNetwork:
@@ -164,12 +173,23 @@ class FlowNetwork:
         self._rate_cache: dict[tuple, list[np.ndarray]] = {}
         self.rate_solves = 0
         self.flows_completed = 0
-        self.link_bytes = np.zeros(self._capacity.size)
+        self._finished_link_bytes = np.zeros(self._capacity.size)
+
+    @property
+    def link_bytes(self) -> np.ndarray:
+        """Wire bytes every link has carried so far (delivered payload times each
+        link's weight), summed once per batch when asked or when the batch ends rather
+        than at every rate change."""
+        total = self._finished_link_bytes.copy()
+        for batch in self._batches:
+            total += batch.link_bytes()
+        return total
 
     def transfer(self, requests: Sequence[FlowRequest]) -> simpy.Event:
         """Start flows now; the returned event fires when the last one ends."""
         event = self._env.event()
         batch = _Batch(event, requests)
+        batch.num_links = self._capacity.size
         self._advance()
         if batch.done.all():
             event.succeed()
@@ -192,9 +212,6 @@ class FlowNetwork:
             if elapsed_s > 0:
                 moved = np.where(live, np.minimum(rates * elapsed_s, batch.remaining), 0.0)
                 batch.remaining -= moved
-                self.link_bytes += np.bincount(
-                    batch.entry_link, weights=moved[batch.entry_flow] * batch.entry_weight,
-                    minlength=self.link_bytes.size)
             slack = rates * (_COMPLETION_SLACK_NS / NS_PER_S)
             newly = live & (batch.remaining <= slack)
             if newly.any():
@@ -203,6 +220,7 @@ class FlowNetwork:
             if batch.done.all():
                 finished.append(batch)
         for batch in finished:
+            self._finished_link_bytes += batch.link_bytes()
             self._batches.remove(batch)
             batch.event.succeed()
 

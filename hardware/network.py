@@ -58,7 +58,7 @@ import simpy
 
 from hardware.flow import FlowNetwork, FlowRequest
 from hardware.spec import PROTOCOLS, CommTuningSpec, node_bucket
-from hardware.topology import ClusterLayout
+from hardware.topology import TIERS, ClusterLayout
 from hardware.units import seconds_to_ns
 
 #: How a transfer is driven, which changes the bandwidth it reaches.
@@ -97,6 +97,26 @@ class CommPlanLike(Protocol):
     local_ranks: int
 
 
+#: Most flows one phase may start at flow fidelity (each costs a FlowRequest and its
+#: entries in the solver's arrays, a few hundred bytes: about 1 GB at this count).
+FLOWS_MAX = 4_000_000
+
+
+def all_pairs_p2p_cap_s(model: "NetworkModel", plan: CommPlanLike, transfers) -> float:
+    """Seconds an all-pairs exchange (strategies.collectives.plans.AllPairs) takes at
+    its send/recv channel ceilings alone: every transfer carries the same payload, so
+    the ceiling binds as soon as one pair crosses NVLink domains (0: none)."""
+    if transfers.mode != "p2p" or transfers.payload_bytes <= 0:
+        return 0.0
+    cap = model.p2p_cap_bytes_per_s(getattr(plan, "ranks", 2))
+    if math.isinf(cap):
+        return 0.0
+    domain = model.layout.domain_of
+    if len({domain(r) for r in transfers.group}) < 2:
+        return 0.0
+    return transfers.payload_bytes / cap
+
+
 class NetworkModel:
     """Paths, per-link weights and latencies shared by both fidelities.
 
@@ -115,9 +135,8 @@ class NetworkModel:
         )
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
         self._loads: dict[int, tuple[PhaseLike, dict[str, np.ndarray]]] = {}
-        self._tier_names = ("nvlink", "pcie", "network")
-        self._tier_index = np.asarray(
-            [self._tier_names.index(t) for t in layout.link_tier], dtype=np.int64)
+        self._tier_names = TIERS
+        self._tier_index = layout.link_tier_index
         self._weights = {
             (tier, protocol, mode): self._weight(tier, protocol, mode)
             for tier in ("nvlink", "pcie", "network")
@@ -240,6 +259,11 @@ class NetworkModel:
         gets ``payload x C / bus_bytes``, so all of them end together when it binds.
         A p2p transfer to another NVLink domain also gets :meth:`p2p_cap_bytes_per_s`.
         """
+        if getattr(phase.transfers, "all_pairs", False) and len(phase.transfers) > FLOWS_MAX:
+            raise ValueError(
+                f"fidelity: 'flow' would run {len(phase.transfers):,} flows at once (every one "
+                f"of {len(phase.transfers.group):,} ranks to every other); at most "
+                f"{FLOWS_MAX:,} fit in memory: use fidelity 'analytic' or fewer ranks")
         caps = [math.inf] * len(phase.transfers)
         bus_bytes = getattr(phase, "bus_bytes", 0.0)
         if bus_bytes > 0:
@@ -294,6 +318,10 @@ class NetworkModel:
     def phase_cap_s(self, plan: CommPlanLike, phase: PhaseLike,
                     size_bytes: float | None = None) -> float:
         """Seconds the phase takes at its transfers' rate ceilings alone (0: none)."""
+        transfers = phase.transfers
+        if getattr(transfers, "all_pairs", False) and not getattr(phase, "bus_bytes", 0.0):
+            # equal payloads: the p2p ceiling binds if any pair crosses NVLink domains
+            return all_pairs_p2p_cap_s(self, plan, transfers)
         worst = 0.0
         for transfer, cap in zip(phase.transfers, self.transfer_caps(plan, phase, size_bytes)):
             if not math.isinf(cap) and transfer.payload_bytes > 0:
@@ -326,19 +354,36 @@ class NetworkModel:
         cached = self._loads.get(id(phase))
         if cached is not None:
             return cached[1]
-        links_by_mode: dict[str, list[int]] = {}
-        bytes_by_mode: dict[str, list[float]] = {}
-        for transfer in phase.transfers:
-            links = self.links_of(transfer)
-            links_by_mode.setdefault(transfer.mode, []).extend(links)
-            bytes_by_mode.setdefault(transfer.mode, []).extend(
-                [transfer.payload_bytes] * len(links))
-        loads = {
-            mode: np.bincount(np.asarray(links_by_mode[mode], dtype=np.int64),
-                              weights=np.asarray(bytes_by_mode[mode]),
-                              minlength=self.layout.num_links)
-            for mode in links_by_mode
-        }
+        transfers = phase.transfers
+        if getattr(transfers, "all_pairs", False):  # every member to every other one
+            loads = {transfers.mode: self.layout.all_pairs_link_counts(transfers.group)
+                     * transfers.payload_bytes}
+            self._loads[id(phase)] = (phase, loads)
+            return loads
+        # per mode, the links of every transfer in numpy (ClusterLayout.paths_links:
+        # the entries in the order a walk over the transfers would list them, so each
+        # link's bytes add up in the same order)
+        by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        for t in transfers:
+            entry = by_mode.get(t.mode)
+            if entry is None:
+                entry = by_mode[t.mode] = ([], [], [])
+            entry[0].append(t.src)
+            entry[1].append(t.dst)
+            entry[2].append(t.payload_bytes)
+        layout = self.layout
+        loads = {}
+        for mode, (sources, destinations, payloads) in by_mode.items():
+            src = np.asarray(sources, dtype=np.int64)
+            dst = np.asarray(destinations, dtype=np.int64)
+            if mode == "nvls":  # the GPU's own NVLink ports (links_of)
+                which = np.repeat(np.arange(src.size), 2)
+                links = np.stack([layout.gpu_out_link(0) + src,
+                                  layout.gpu_in_link(0) + dst], axis=1).reshape(-1)
+            else:
+                which, links = layout.paths_links(src, dst)
+            loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
+                                      minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         return loads
 
@@ -350,6 +395,16 @@ class NetworkModel:
         """
         if not phase.transfers:
             return 0.0
+        loads = self._payload_per_link(phase)
+        if len(loads) == 1:  # one mode: only the links it loads (same arithmetic)
+            (mode, payload), = loads.items()
+            used = np.flatnonzero(payload)
+            if not used.size:
+                return 0.0
+            weight_by_tier = np.asarray(
+                [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
+            wire = payload[used] * weight_by_tier[self._tier_index[used]]
+            return float((wire / self.layout.capacity_bytes_per_s[used]).max())
         wire = np.zeros(self.layout.num_links)
         for mode, payload in self._payload_per_link(phase).items():
             weight_by_tier = np.asarray(

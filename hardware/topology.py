@@ -32,6 +32,10 @@ import numpy as np
 from hardware.spec import ClusterSpec, GroupGeometry
 
 
+#: Link tiers, in the order :attr:`ClusterLayout.link_tier_index` numbers them.
+TIERS = ("nvlink", "pcie", "network")
+
+
 @dataclass(frozen=True, slots=True)
 class Path:
     """Links crossed by one transfer, and how far it travels.
@@ -79,6 +83,10 @@ class ClusterLayout:
         self.world_size = nodes * gpus_per_node
         self._nodes_per_domain = max(1, spec.scale_up.domain_gpus // spec.gpus_per_node)
         self._geometries: dict[tuple[int, ...], GroupGeometry] = {}
+        self._classes: dict[tuple[int, ...], bytes] = {}
+        #: False once a link's capacity differs from its kind's (scale_nic): then no
+        #: two groups are priced alike by symmetry (group_class returns None).
+        self.uniform_links = True
         self._build_links()
 
     # ----------------------------------------------------------------- placement
@@ -144,10 +152,13 @@ class ClusterLayout:
         tiers: list[str] = []
         self._link_ranges: list[tuple[int, int, str]] = []
 
+        range_tiers: list[str] = []
+
         def add(label: str, count: int, capacity: float, tier: str) -> int:
             first = len(capacities)
             capacities.extend([capacity] * count)
             tiers.extend([tier] * count)
+            range_tiers.append(tier)
             self._link_ranges.append((first, count, label))
             return first
 
@@ -182,6 +193,10 @@ class ClusterLayout:
                 self._spine_down = add("spine_down", groups, spine_capacity, "network")
         self.capacity_bytes_per_s = np.asarray(capacities, dtype=np.float64)
         self.link_tier = tuple(tiers)
+        #: index of each link's tier in TIERS (an array, for vectorised pricing)
+        self.link_tier_index = np.repeat(
+            np.asarray([TIERS.index(tier) for tier in range_tiers], dtype=np.int64),
+            [count for _, count, _ in self._link_ranges])
 
     @property
     def num_links(self) -> int:
@@ -217,6 +232,8 @@ class ClusterLayout:
         if not 0 < fraction <= 1:
             raise ValueError(f"nic rate: {fraction!r} is not valid; give 0 < fraction <= 1")
         node, rail = self.node_of(rank), self.rail_of(rank)
+        self.uniform_links = False
+        self._classes.clear()
         for link in (self.nic_out_link(node, rail), self.nic_in_link(node, rail)):
             self.capacity_bytes_per_s[link] *= fraction
         return [r for r in range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
@@ -299,13 +316,248 @@ class ClusterLayout:
         for rank in sorted(key):
             by_domain.setdefault(self.domain_of(rank), []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
-        hops = 0
-        for here, there in zip(domains, domains[1:] + domains[:1]):
-            if here is not there:
-                hops = max(hops, self.path(here[0], there[0]).switch_hops)
-        found = GroupGeometry(key, domains, hops)
+        found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
         self._geometries[key] = found
         return found
+
+    def _ring_switch_hops(self, firsts: Sequence[int]) -> int:
+        """Most scale-out switches :meth:`path` crosses from the first member of each
+        domain to the first member of the next (and the last to the first): 0 for one
+        domain; else 1, 3 between leaf units (two tiers), 5 between spine groups
+        (three tiers). A path leaves and enters on one rail (rail-optimized) or each
+        end's own rail (a leaf per unit), so only the units and groups decide."""
+        if len(firsts) < 2:
+            return 0
+        fabric = self.spec.fabric
+        unit = np.asarray(firsts, dtype=np.int64) // self.gpus_per_node // fabric.nodes_per_leaf
+        following = np.roll(unit, -1)
+        hops = 1
+        if self._leaf_up >= 0 and (unit != following).any():
+            hops = 3
+            spine = unit // fabric.leaves_per_spine_group
+            if self._spine_up >= 0 and (spine != np.roll(spine, -1)).any():
+                hops = 5
+        return hops
+
+    def group_class(self, group: Sequence[int]) -> bytes | None:
+        """A key equal for two groups that the machine's symmetry maps onto each other
+        (None while a link runs at another rate than its kind's, :meth:`scale_nic`).
+
+        Each member, in communicator order, is described by its GPU index in its node
+        (its order among the group's GPU indices when every GPU has its own NIC) and
+        the order-preserving rank of its node, NVLink domain, leaf unit and spine
+        group among the group's own. Two groups with the same key are related by a
+        relabelling of nodes that keeps GPU indices, rails, domains, leaves and spine
+        groups, and their order: every transfer an algorithm builds on one maps onto
+        a transfer of the other, over links of the same kind and capacity (all links
+        of a kind are equal while :attr:`uniform_links`), in the same sorted orders.
+        So every alpha-beta price of a collective (its phases' steps, most loaded
+        link, NCCL ceilings) is the same for both: what lets a data-parallel group of
+        every pipeline rank be priced once (DESIGN.md principle 5).
+        """
+        if not self.uniform_links:
+            return None
+        key = tuple(group)
+        found = self._classes.get(key)
+        if found is not None:
+            return found
+        ranks = np.asarray(key, dtype=np.int64)
+        nodes = ranks // self.gpus_per_node
+        local = ranks % self.gpus_per_node
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            domains = ranks
+        else:
+            domains = nodes // self._nodes_per_domain
+        fabric = self.spec.fabric
+        units = nodes // fabric.nodes_per_leaf
+        spines = units // fabric.leaves_per_spine_group
+        # with one NIC per GPU every GPU index is its own rail and its own PXN relay
+        # (_gpu_on_rail), so GPU indices too are relabelled in order; else each
+        # index keeps its rail
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == self.gpus_per_node
+        relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
+            nodes, domains, units, spines)
+        columns = [] if one_nic_each else [local]
+        columns += [np.unique(values, return_inverse=True)[1].reshape(-1)
+                    for values in relabelled]
+        found = np.stack(columns).astype(np.int64).tobytes()
+        if len(self._classes) >= 65536:
+            self._classes.clear()
+        self._classes[key] = found
+        return found
+
+    def paths_links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The links of :meth:`path` (default rail) for many transfers at once, in numpy:
+        ``(transfer index, link)`` entries ordered by transfer and, within one, in
+        the order :meth:`path` lists them (so sums over them add in the same order).
+        A transfer from a GPU to itself crosses nothing."""
+        spec = self.spec
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        index = np.arange(src.size, dtype=np.int64)
+        gpn, nics = self.gpus_per_node, spec.nic.count_per_node
+        src_node, dst_node = src // gpn, dst // gpn
+        src_rail = (src % gpn) * nics // spec.gpus_per_node
+        dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
+        if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
+            src_domain, dst_domain = src, dst
+        else:
+            src_domain = src_node // self._nodes_per_domain
+            dst_domain = dst_node // self._nodes_per_domain
+        moving = src != dst
+        inside = moving & (src_domain == dst_domain)
+        across = moving & (src_domain != dst_domain)
+        parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
+
+        def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
+            if mask.any():
+                parts.append((index[mask], position, links[mask]))
+
+        add(inside, 0, self._gpu_out + src)
+        add(inside, 1, self._gpu_in + dst)
+        fabric = spec.fabric
+        rail_mode = fabric.topology == "rail-optimized"
+        rail = dst_rail_own if rail_mode else src_rail
+        dst_rail = rail if rail_mode else dst_rail_own
+        relay_local = -(-rail * spec.gpus_per_node // nics)  # _gpu_on_rail
+
+        if not spec.nic.gpudirect_rdma:
+            add(across, 0, self._host_d2h + src)
+        elif gpn > 1:
+            relayed = across & (src_rail != rail) & (relay_local < gpn)
+            relay = src_node * gpn + relay_local
+            relayed &= relay != src
+            add(relayed, 1, self._gpu_out + src)
+            add(relayed, 2, self._gpu_in + relay)
+        add(across, 3, self._nic_out + src_node * nics + rail)
+        if self._leaf_up >= 0:
+            units = fabric.nodes_per_leaf
+            src_leaf = (src_node // units) * nics + rail if rail_mode else src_node // units
+            dst_leaf = (dst_node // units) * nics + dst_rail if rail_mode else dst_node // units
+            climbs = across & (src_leaf != dst_leaf)
+            add(climbs, 4, self._leaf_up + src_leaf)
+            if self._spine_up >= 0:
+                per_unit = nics if rail_mode else 1
+                src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
+                dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
+                crosses = climbs & (src_group != dst_group)
+                add(crosses, 5, self._spine_up + src_group)
+                add(crosses, 6, self._spine_down + dst_group)
+            add(climbs, 7, self._leaf_down + dst_leaf)
+        add(across, 8, self._nic_in + dst_node * nics + dst_rail)
+        if not spec.nic.gpudirect_rdma:
+            add(across, 9, self._host_h2d + dst)
+        elif gpn > 1:
+            dst_relay_local = -(-dst_rail * spec.gpus_per_node // nics)
+            relayed = across & (dst_rail_own != dst_rail) & (dst_relay_local < gpn)
+            relay = dst_node * gpn + dst_relay_local
+            relayed &= relay != dst
+            add(relayed, 10, self._gpu_out + relay)
+            add(relayed, 11, self._gpu_in + dst)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        transfers = np.concatenate([t for t, _, _ in parts])
+        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
+        links = np.concatenate([l for _, _, l in parts])
+        order = np.lexsort((positions, transfers))
+        return transfers[order], links[order]
+
+    def all_pairs_link_counts(self, group: Sequence[int]) -> np.ndarray:
+        """How many transfers of an exchange in which every member of ``group`` sends to
+        every other member cross each link (an array over :attr:`num_links`), counted
+        without listing the ``n (n - 1)`` pairs: the links of :meth:`path` split into
+        those set by the source and the rail it leaves by (its GPU port towards a PXN
+        relay, NIC egress, leaf and spine uplinks) and those set by the destination
+        (NIC ingress, leaf and spine downlinks), each crossed by as many pairs as
+        there are members on the other side that satisfy its condition (another
+        domain, another leaf unit, another spine group; inclusion-exclusion over the
+        group's own counts per domain, unit, spine group and rail). O(n x rails).
+        Equal to counting :meth:`path` over every pair (tests/test_speed_paths.py).
+        """
+        spec = self.spec
+        ranks = np.asarray(tuple(group), dtype=np.int64)
+        n = ranks.size
+        counts = np.zeros(self.num_links)
+        if n < 2:
+            return counts
+        gpn, nics = self.gpus_per_node, spec.nic.count_per_node
+        node = ranks // gpn
+        local = ranks % gpn
+        rail = local * nics // spec.gpus_per_node
+        if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
+            domain = ranks
+        else:
+            domain = node // self._nodes_per_domain
+        fabric = spec.fabric
+        unit = node // fabric.nodes_per_leaf
+        spine = unit // fabric.leaves_per_spine_group
+
+        def label(*columns: np.ndarray) -> np.ndarray:
+            """Dense ids of the distinct tuples of ``columns`` (one per member)."""
+            stacked = np.stack(columns, axis=1)
+            return np.unique(stacked, axis=0, return_inverse=True)[1].reshape(-1)
+
+        def per_member(ids: np.ndarray) -> np.ndarray:
+            """Members sharing each member's id."""
+            return np.bincount(ids)[ids]
+
+        dom_id = label(domain)
+        same_domain = per_member(dom_id)
+        cross = n - same_domain                  # pairs of a member across domains
+        # NVLink: pairs inside a domain, GPU to GPU
+        np.add.at(counts, self._gpu_out + ranks, same_domain - 1)
+        np.add.at(counts, self._gpu_in + ranks, same_domain - 1)
+        cross_unit = cross - per_member(label(unit)) + per_member(label(domain, unit))
+        cross_spine = cross - per_member(label(spine)) + per_member(label(domain, spine))
+        two_tiers, three_tiers = self._leaf_up >= 0, self._spine_up >= 0
+        # destination side: the rail of the destination's GPU (rail-optimized: the
+        # rail the source picked; else the destination's own NIC), no relay after it
+        np.add.at(counts, self._nic_in + node * nics + rail, cross)
+        # (leaf_of: the unit's leaf of the member's rail, or the unit's one leaf)
+        dst_leaf = unit * nics + rail if fabric.topology == "rail-optimized" else unit
+        if two_tiers:
+            np.add.at(counts, self._leaf_down + dst_leaf, cross_unit)
+            if three_tiers:
+                np.add.at(counts, self._spine_down + spine, cross_spine)
+        if not spec.nic.gpudirect_rdma:
+            np.add.at(counts, self._host_h2d + ranks, cross)
+            np.add.at(counts, self._host_d2h + ranks, cross)
+        # source side
+        if fabric.topology != "rail-optimized":  # each member leaves by its own NIC
+            np.add.at(counts, self._nic_out + node * nics + rail, cross)
+            if two_tiers:
+                np.add.at(counts, self._leaf_up + dst_leaf, cross_unit)
+                if three_tiers:
+                    np.add.at(counts, self._spine_up + spine, cross_spine)
+            return counts
+        # rail-optimized: a member leaves by the destination's rail, over NVLink to
+        # the GPU on that rail first (PXN) when it is not its own
+        du = label(domain, unit)
+        unit_ids = label(unit)
+        for r in range(nics):
+            on_rail = (rail == r).astype(np.float64)
+            total = on_rail.sum()
+            if not total:
+                continue
+            in_domain = np.bincount(dom_id, weights=on_rail, minlength=dom_id.max() + 1)[dom_id]
+            to_rail = total - in_domain           # destinations on rail r elsewhere
+            in_unit = np.bincount(unit_ids, weights=on_rail)[unit_ids]
+            in_both = np.bincount(du, weights=on_rail)[du]
+            to_rail_unit = to_rail - in_unit + in_both
+            leaving = to_rail > 0
+            if spec.nic.gpudirect_rdma and gpn > 1:
+                relay = self._gpu_on_rail(0, r)
+                moves = leaving & (rail != r)
+                if relay is not None and moves.any():
+                    np.add.at(counts, self._gpu_out + ranks[moves], to_rail[moves])
+                    np.add.at(counts, self._gpu_in + node[moves] * gpn + relay,
+                              to_rail[moves])
+            np.add.at(counts, self._nic_out + node * nics + r, to_rail)
+            if two_tiers:
+                np.add.at(counts, self._leaf_up + unit * nics + r, to_rail_unit)
+        if three_tiers:
+            np.add.at(counts, self._spine_up + spine, cross_spine)
+        return counts
 
     def _gpu_on_rail(self, node: int, rail: int) -> int | None:
         """First used GPU of ``node`` whose NIC is ``rail`` (None if no used GPU is)."""

@@ -100,6 +100,7 @@ class PricingCache:
         self.max_layouts = max_layouts
         self._entries: dict[tuple, tuple[ClusterSpec, object, CostModel, SharedPrices]] = {}
         self._cluster_dicts: dict[int, tuple[ClusterSpec, dict]] = {}
+        self._layouts: dict[tuple, tuple[ClusterSpec, ClusterLayout]] = {}
 
     def cluster_dict(self, cluster: ClusterSpec) -> dict:
         """``hardware.catalog.cluster_to_dict`` of ``cluster``, computed once per spec
@@ -108,6 +109,21 @@ class PricingCache:
         if entry is None:
             entry = (cluster, cluster_to_dict(cluster))
             self._cluster_dicts[id(cluster)] = entry
+        return entry[1]
+
+    def layout(self, cluster: ClusterSpec, gpus: int) -> ClusterLayout:
+        """``sim.step.job_layout(cluster, gpus)``, built once per spec and GPU count
+        (callers must not change it: no degraded links). The spec is held by
+        identity and kept alive with its entry."""
+        key = (id(cluster), gpus)
+        entry = self._layouts.get(key)
+        if entry is None:
+            from sim.step import job_layout  # (sim.step imports this module)
+
+            if len(self._layouts) >= self.max_layouts:
+                self._layouts.pop(next(iter(self._layouts)))
+            entry = (cluster, job_layout(cluster, gpus))
+            self._layouts[key] = entry
         return entry[1]
 
     def cost_model(self, layout: ClusterLayout, compute: ComputeTimer | None = None

@@ -235,8 +235,14 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             check_memory=check_memory, compute=compute), model, cluster, plan)
     if fidelity not in STEP_FIDELITIES:
         raise ValueError(f"fidelity: {fidelity!r} is not valid; valid: {', '.join(STEP_FIDELITIES)}")
-    layout = job_layout(cluster, plan.world_size)
     perturbations = perturbations or Perturbations()
+    # a closed-form evaluation with a shared cache and at most slow ranks (nothing that
+    # changes a link) reads the layout only: the cache's copy saves building the link
+    # arrays of every GPU for every plan of a sweep
+    layout = (cache.layout(cluster, plan.world_size)
+              if cache is not None and fidelity == "analytic"
+              and not stragglers and perturbations.only_slow_ranks()
+              else job_layout(cluster, plan.world_size))
     if stragglers:
         perturbations = replace(perturbations,
                                 slow_ranks={**perturbations.slow_ranks, **stragglers})

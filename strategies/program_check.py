@@ -83,7 +83,9 @@ def _check_peer(peer: object, rank: int, index: int, op: object, world_size: int
         )
 
 
-def _check_collective(op: CollectiveOp, rank: int, index: int, world_size: int) -> None:
+def _check_collective(op: CollectiveOp, rank: int, index: int, world_size: int,
+                      checked_groups: dict[int, tuple[Sequence[int], frozenset]] | None = None
+                      ) -> None:
     if op.kind not in COLLECTIVE_KINDS:
         raise _fail(rank, index, op, f"kind={op.kind!r} is unknown; valid kinds: {', '.join(COLLECTIVE_KINDS)}")
     if op.algorithm not in COLLECTIVE_ALGORITHMS:
@@ -92,6 +94,14 @@ def _check_collective(op: CollectiveOp, rank: int, index: int, world_size: int) 
             f"algorithm={op.algorithm!r} is unknown; valid algorithms: {', '.join(COLLECTIVE_ALGORITHMS)}",
         )
     _check_amount(op.size_bytes, rank, index, op, "size_bytes")
+    # every member of a collective holds the same group object: its members are
+    # checked once (keyed by identity, the group kept alive), so checking a
+    # collective over n ranks costs O(n), not O(n^2)
+    known = checked_groups.get(id(op.group)) if checked_groups is not None else None
+    if known is not None and known[0] is op.group:
+        seen = known[1]
+        _check_member(op, rank, index, seen)
+        return
     try:
         group = tuple(op.group)
     except TypeError:
@@ -111,6 +121,14 @@ def _check_collective(op: CollectiveOp, rank: int, index: int, world_size: int) 
                 f"group {_short(group)} (key {op.key!r}) lists rank {member} twice; give each rank once",
             )
         seen.add(member)
+    if checked_groups is not None:
+        checked_groups[id(op.group)] = (op.group, frozenset(seen))
+    _check_member(op, rank, index, seen)
+
+
+def _check_member(op: CollectiveOp, rank: int, index: int, seen: frozenset | set) -> None:
+    """The rank issuing ``op`` and its root belong to its (checked) group."""
+    group = op.group
     if rank not in seen:
         raise _fail(
             rank, index, op,
@@ -160,6 +178,7 @@ def _check_local(
     world_size: int,
     collective_ops: list[tuple[int, int, CollectiveOp]],
     p2p_ops: list[tuple[int, int, SendOp | RecvOp]],
+    checked_groups: dict | None = None,
 ) -> None:
     """Check each op on its own; collect collectives and sends/recvs for matching."""
     # Fast paths (exact types, plain comparisons) keep this loop cheap for
@@ -182,7 +201,7 @@ def _check_local(
                 _check_amount(size, rank, index, op, "size_bytes")
             p2p_ops.append((rank, index, op))
         elif isinstance(op, CollectiveOp):
-            _check_collective(op, rank, index, world_size)
+            _check_collective(op, rank, index, world_size, checked_groups)
             collective_ops.append((rank, index, op))
         elif isinstance(op, ComputeOp):
             if op.kind not in _COMPUTE_KINDS:
@@ -243,6 +262,8 @@ def _check_collectives(
         ref_sig = _signature(ref)
         for rank, index in holders[1:]:
             op = ops_by_rank[rank][index]
+            if op is ref:
+                continue
             sig = _signature(op)
             if sig != ref_sig:
                 field = next(f for f, a, b in zip(_SIGNATURE_FIELDS, sig, ref_sig) if a != b)
@@ -515,8 +536,9 @@ def check_program(program: Program, *, world_size: int | None = None) -> None:
     try:
         collective_ops: list = []
         p2p_ops: list = []
+        checked_groups: dict = {}
         for rank in ranks:
-            _check_local(rank, ops[rank], world_size, collective_ops, p2p_ops)
+            _check_local(rank, ops[rank], world_size, collective_ops, p2p_ops, checked_groups)
         collectives = _check_collectives(collective_ops, ops,
                                          reduced=program.represents is not None)
         recv_to_send = _check_p2p(p2p_ops, ops)

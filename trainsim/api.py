@@ -99,8 +99,12 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
                          f"max_nodes={nodes} (overrides {{'max_nodes': {nodes}}})")
     sizes = sweep_sizes(parse_size_bytes(min_bytes, field="min-bytes"),
                         parse_size_bytes(max_bytes, field="max-bytes"), step_factor)
-    check_collective_work(op, nodes * (spec.gpus_per_node if gpus_per_node is None
-                                       else gpus_per_node), len(sizes))
+    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
+    domain_ranks = (1 if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1
+                    else max(per_node, spec.scale_up.domain_gpus // spec.gpus_per_node
+                             * per_node))
+    check_collective_work(op, nodes * per_node, len(sizes), domain_ranks=domain_ranks,
+                          fidelity=fidelity)
     return collective_sweep(op, spec, nodes=nodes,
                             gpus_per_node=spec.gpus_per_node if gpus_per_node is None
                             else gpus_per_node,
@@ -111,15 +115,39 @@ def collective(op: str, *, cluster: str | ClusterSpec = defaults.CLUSTER, nodes:
 #: Seconds of simulation one ``collective`` call may be estimated to take; beyond it the
 #: call is refused instead of running for many minutes (README: bounded runs).
 MAX_COLLECTIVE_ESTIMATE_S = 30.0
-#: Measured cost of one size of a collective, seconds per ranks^2 (the replay of every
-#: rank on this project's 2-core machine, rounded up: all_reduce on 4,096 ranks ~9 s,
-#: alltoall on 512 ranks ~8 s, whose transfers are ranks^2).
-_COLLECTIVE_S_PER_RANK2 = {"alltoall": 30e-6}
-_COLLECTIVE_S_PER_RANK2_OTHERS = 0.7e-6
+#: Measured cost of a collective sweep on this project's 2-core machine (rounded up),
+#: per transfer its candidate plans list: building and pricing them once (every size
+#: after the first is priced from coefficients, hardware.cost), and at flow fidelity
+#: running them as flows for each size. One representative stands for all ranks
+#: (sim.collective_bench), so the cost follows the transfers: ranks x (ranks per
+#: NVLink domain + 1) per ring pass (its channels), about three passes' worth for an
+#: all-reduce's candidates (ring, tree, NVLS); ranks for sendrecv; ranks^2 for an
+#: all-to-all up to 512 ranks and ranks x rails above (counted, not listed).
+#: (all_reduce on 16,384 H100s 3.8 s, on 16,416 GB200s 32 s; alltoall on 512 ranks at
+#: flow 5.4 s per size.)
+_S_PER_TRANSFER = 9e-6
+_S_PER_FLOW = 16e-6
 
 
-def check_collective_work(op: str, ranks: int, sizes: int) -> float:
+def _listed_transfers(op: str, ranks: int, domain_ranks: int) -> int:
+    """Transfers the candidate plans of one collective list (see _S_PER_TRANSFER)."""
+    width = max(1, min(domain_ranks, ranks))
+    if op == "alltoall":
+        return ranks ** 2 if ranks <= 512 else ranks * width
+    if op == "sendrecv":
+        return ranks
+    return ranks * (width + 1) * (3 if op == "all_reduce" else 1)
+
+
+def check_collective_work(op: str, ranks: int, sizes: int, *, domain_ranks: int = 8,
+                          fidelity: str = "analytic") -> float:
     """The estimated seconds a collective sweep takes to simulate, checked.
+
+    Args:
+        op, ranks, sizes: the collective, its ranks and how many sizes it sweeps.
+        domain_ranks: ranks per NVLink domain (a ring runs that many channels).
+        fidelity: ``flow`` runs every size's transfers as flows; the others price
+            every size after the first from the first's coefficients.
 
     Raises:
         ValueError: one rank (a collective over one rank moves nothing: its bandwidth
@@ -130,8 +158,10 @@ def check_collective_work(op: str, ranks: int, sizes: int) -> float:
         raise ValueError(f"gpus_per_node: a collective over {ranks} rank moves no data (its "
                          "bandwidth is not a number); valid: at least 2 ranks (nodes x "
                          "gpus_per_node)")
-    estimate = sizes * ranks ** 2 * _COLLECTIVE_S_PER_RANK2.get(
-        op, _COLLECTIVE_S_PER_RANK2_OTHERS)
+    listed = _listed_transfers(op, ranks, domain_ranks)
+    estimate = listed * _S_PER_TRANSFER
+    if fidelity == "flow":
+        estimate += sizes * listed * _S_PER_FLOW
     if estimate > MAX_COLLECTIVE_ESTIMATE_S:
         raise ValueError(f"nodes: {op} on {ranks:,} ranks over {sizes} sizes would take about "
                          f"{estimate:,.0f} s to simulate; valid: at most "

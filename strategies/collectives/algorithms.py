@@ -22,7 +22,11 @@ from __future__ import annotations
 from typing import Callable
 
 from hardware.spec import GroupGeometry
-from strategies.collectives.plans import CommPlan, Phase, Transfer
+from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer
+
+#: Largest group whose all-to-all lists its n (n - 1) transfers (262,000 at 512);
+#: above it they are an :class:`AllPairs`, priced from per-link counts.
+ALL_PAIRS_LISTED_MAX = 512
 
 
 # ---------------------------------------------------------------------- rings
@@ -235,7 +239,10 @@ def direct_alltoall(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     of send/recv pairs (nccl-tests alltoall_perf; NCCL's p2p channels per peer)."""
     group, n = geometry.group, geometry.size
     share = size_bytes / n
-    transfers = tuple(Transfer(a, b, share, "p2p") for a in group for b in group if a != b)
+    if n > ALL_PAIRS_LISTED_MAX:  # n (n - 1) transfers: priced from counts per link
+        transfers = AllPairs(group, share, "p2p")
+    else:
+        transfers = tuple(Transfer(a, b, share, "p2p") for a in group for b in group if a != b)
     crosses = geometry.num_domains > 1
     return [Phase("alltoall", transfers, 0 if crosses else 1, 1 if crosses else 0,
                   geometry.switch_hops)]

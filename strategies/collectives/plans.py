@@ -9,6 +9,7 @@ concurrent, pipelined :class:`Transfer` objects; the algorithm builders
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: How a transfer is driven, which changes the bandwidth it reaches.
@@ -82,3 +83,63 @@ class CommPlan:
     ranks: int = 0
     domains: int = 0
     local_ranks: int = 0
+
+
+class AllPairs(Sequence):
+    """The transfers of an exchange in which every member of ``group`` sends
+    ``payload_bytes`` to every other member (a direct all-to-all), without listing
+    them: ``n (n - 1)`` Transfer objects for 16,384 ranks would take tens of GB.
+
+    A read-only sequence of :class:`Transfer` (source-major order, as a nested loop
+    over the group would list them), so anything that walks transfers still can;
+    the network model (hardware.network) prices it from counts per link instead
+    (:meth:`hardware.topology.ClusterLayout.all_pairs_link_counts`).
+
+    Attributes:
+        group: the members, in communicator order.
+        payload_bytes: bytes each member sends to each other member.
+        mode: how the transfers are driven (``p2p`` for NCCL's send/recv).
+    """
+
+    all_pairs = True
+
+    def __init__(self, group: tuple[int, ...], payload_bytes: float, mode: str = "p2p") -> None:
+        self.group = tuple(group)
+        self.payload_bytes = float(payload_bytes)
+        self.mode = mode
+
+    def __len__(self) -> int:
+        n = len(self.group)
+        return n * (n - 1)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self.group)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        src, k = divmod(index, n - 1)
+        dst = k + (k >= src)
+        return Transfer(self.group[src], self.group[dst], self.payload_bytes, self.mode)
+
+    def __iter__(self):
+        group, payload, mode = self.group, self.payload_bytes, self.mode
+        for a in group:
+            for b in group:
+                if a != b:
+                    yield Transfer(a, b, payload, mode)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AllPairs):
+            return (self.group, self.payload_bytes, self.mode) == (
+                other.group, other.payload_bytes, other.mode)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.group, self.payload_bytes, self.mode))
+
+    def __repr__(self) -> str:
+        return (f"AllPairs({len(self.group)} ranks, {self.payload_bytes:g} bytes each way, "
+                f"{self.mode})")

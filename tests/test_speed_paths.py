@@ -1,0 +1,231 @@
+"""Fast paths that must give what the slow ones give: collectives priced once per class
+cost what each group costs priced on its own, to the nanosecond."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hardware.catalog import load_cluster
+from hardware.cost import CostModel
+from hardware.topology import ClusterLayout
+from strategies.collectives.catalog import ALGORITHMS
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
+
+
+def _groups(layout: ClusterLayout, rng: random.Random) -> list[tuple[int, ...]]:
+    """Strided groups (data-parallel-like, every offset and stride) and random ones."""
+    n = layout.world_size
+    groups = []
+    for stride in (1, 2, 8, 16, 32):
+        for size in (2, 4, 8):
+            if stride * size > n:
+                continue
+            for offset in range(0, n - stride * (size - 1), max(1, n // 7)):
+                groups.append(tuple(range(offset, offset + stride * size, stride)))
+    for _ in range(20):
+        groups.append(tuple(rng.sample(range(n), rng.choice((2, 3, 5, 8)))))
+    return groups
+
+
+@pytest.mark.parametrize("cluster,nodes", [("dgx-h100", 32), ("gb200-nvl72", 40),
+                                           ("dgx-a100", 16), ("polaris", 24)])
+def test_class_prices_equal_own_prices(cluster, nodes):
+    spec = load_cluster(cluster)
+    layout = ClusterLayout(spec, min(nodes, spec.max_nodes), spec.gpus_per_node)
+    shared = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    rng = random.Random(7)
+    classes = set()
+    for group in _groups(layout, rng):
+        classes.add(layout.group_class(group))
+        for kind in KINDS:
+            for size in (4096, 1 << 20, 1 << 28):
+                alone = CostModel(layout, ALGORITHMS, fidelity="analytic")
+                assert shared.collective(kind, group, size) == alone.collective(kind, group, size), \
+                    (cluster, kind, group, size)
+    assert len(classes) < len(_groups(layout, random.Random(7)))  # some groups shared a class
+
+
+def test_degraded_link_breaks_symmetry():
+    spec = load_cluster("dgx-h100")
+    layout = ClusterLayout(spec, 4, 8)
+    assert layout.group_class((0, 8)) == layout.group_class((1, 9)) == layout.group_class((16, 24))
+    assert layout.group_class((0, 8)) != layout.group_class((0, 9))
+    layout.scale_nic(0, 0.5)
+    assert layout.group_class((0, 8)) is None
+    cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    assert (cost.collective("all_reduce", (0, 8), 1 << 28).duration_ns
+            > cost.collective("all_reduce", (1, 9), 1 << 28).duration_ns)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "flow"])
+def test_collective_sweep_one_representative_equals_every_rank(fidelity, monkeypatch):
+    """collective_sweep runs one representative for all ranks: the same table as the
+    program in which every rank issues the call."""
+    from sim import collective_bench
+    from strategies.ir import Program
+
+    cluster = load_cluster("gb200-nvl72")
+    sizes = [1 << 12, 1 << 22, 1 << 28]
+    kinds = ("all_reduce", "all_gather", "alltoall", "sendrecv", "broadcast")
+    reduced = {k: collective_bench.collective_sweep(k, cluster, nodes=20, gpus_per_node=4,
+                                                    sizes=sizes, fidelity=fidelity)
+               for k in kinds}
+
+    def full_program(*, ops_by_rank, world_size, name, represents):
+        op = ops_by_rank[0][0]
+        return Program(ops_by_rank={r: (op,) for r in range(world_size)},
+                       world_size=world_size, name=name)
+
+    monkeypatch.setattr(collective_bench, "Program", full_program)
+    for kind in kinds:
+        full = collective_bench.collective_sweep(kind, cluster, nodes=20, gpus_per_node=4,
+                                                 sizes=sizes, fidelity=fidelity)
+        assert full.equals(reduced[kind]), kind
+
+
+def _variants():
+    """Presets and variations of them that route differently: no GPUDirect (host
+    bounce), a non-rail fat tree, three tiers with small leaves, fewer NICs than GPUs,
+    NVLink domains spanning nodes, PCIe islands."""
+    from dataclasses import replace
+
+    h100 = load_cluster("dgx-h100")
+    small = replace(h100.fabric, nodes_per_leaf=2, leaves_per_spine_group=2, tiers=3)
+    yield "dgx-h100-small-leaves", replace(h100, fabric=small), 9, 8
+    yield "fat-tree", replace(h100, fabric=replace(small, topology="fat-tree")), 9, 8
+    yield "no-gpudirect", replace(h100, nic=replace(h100.nic, gpudirect_rdma=False),
+                                  fabric=small), 6, 8
+    yield "half-nodes", replace(h100, fabric=small), 7, 4
+    gb200 = load_cluster("gb200-nvl72")
+    yield "gb200", replace(gb200, fabric=replace(gb200.fabric, nodes_per_leaf=5,
+                                                 leaves_per_spine_group=3)), 40, 4
+    yield "polaris", load_cluster("polaris"), 24, 4
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_all_pairs_link_counts_equal_every_path(name, spec, nodes, gpn):
+    """Counting the links of an all-to-all without listing its pairs gives what
+    walking the path of every pair gives, for whole and scattered groups."""
+    import numpy as np
+
+    layout = ClusterLayout(spec, nodes, gpn)
+    rng = random.Random(3)
+    n = layout.world_size
+    groups = [tuple(range(n)), tuple(range(0, n, 3)), tuple(rng.sample(range(n), n // 2)),
+              tuple(rng.sample(range(n), 5)), (0, n - 1)]
+    for group in groups:
+        walked = np.zeros(layout.num_links)
+        for a in group:
+            for b in group:
+                if a != b:
+                    for link in layout.path(a, b).links:
+                        walked[link] += 1
+        np.testing.assert_array_equal(layout.all_pairs_link_counts(group), walked,
+                                      err_msg=f"{name} {group[:6]}")
+
+
+def test_large_alltoall_priced_from_counts_as_listed(monkeypatch):
+    """An all-to-all above the listing threshold (AllPairs) costs what the same
+    all-to-all with its transfers listed costs, and flow fidelity refuses one too
+    large for memory in one line."""
+    from strategies.collectives import algorithms
+
+    cluster = load_cluster("gb200-nvl72")
+    layout = ClusterLayout(cluster, 40, 4)
+    group = tuple(range(0, 160, 1))
+    sizes = (1 << 14, 1 << 20, 1 << 30)
+    listed = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    expected = {s: listed.collective("alltoall", group, s) for s in sizes}
+    monkeypatch.setattr(algorithms, "ALL_PAIRS_LISTED_MAX", 16)
+    counted = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    for s in sizes:
+        mine = counted.collective("alltoall", group, s)
+        assert mine.algorithm == expected[s].algorithm and mine.protocol == expected[s].protocol
+        assert mine.duration_ns == pytest.approx(expected[s].duration_ns, abs=1)
+    from sim.collective_bench import collective_sweep
+    monkeypatch.setattr("hardware.network.FLOWS_MAX", 1000)
+    with pytest.raises(ValueError, match="fidelity: 'flow' would run 25,440 flows"):
+        collective_sweep("alltoall", cluster, nodes=40, gpus_per_node=4, sizes=[1 << 20],
+                         fidelity="flow")
+
+
+def test_flow_link_bytes_summed_when_asked():
+    """FlowNetwork.link_bytes (summed per batch when read or when a batch ends) is the
+    payload delivered times each link's weight."""
+    import numpy as np
+    import simpy
+
+    from hardware.flow import FlowNetwork, FlowRequest
+
+    env = simpy.Environment()
+    network = FlowNetwork(env, np.asarray([1e9, 2e9, 1e9]))
+    seen = {}
+
+    def run():
+        first = network.transfer([FlowRequest((0, 1), (1.0, 2.0), 1e6)])
+        second = network.transfer([FlowRequest((1, 2), (1.0, 1.0), 3e6)])
+        yield first  # link 1 (2e9 B/s) shared at weights 2 and 1: both at 2e9/3 B/s
+        seen["first"] = network.link_bytes
+        yield second
+        seen["end"] = network.link_bytes
+
+    env.process(run())
+    env.run()
+    np.testing.assert_allclose(seen["first"], [1e6, 2e6 + 1e6, 1e6])
+    np.testing.assert_allclose(seen["end"], [1e6, 2e6 + 3e6, 3e6])
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_geometry_switch_hops_equal_walked_paths(name, spec, nodes, gpn):
+    """GroupGeometry.switch_hops (from leaf units and spine groups, vectorised) is the
+    most switches the paths between consecutive domains' first members cross, and
+    link_tier_index numbers link_tier."""
+    layout = ClusterLayout(spec, nodes, gpn)
+    assert [("nvlink", "pcie", "network")[i] for i in layout.link_tier_index] == \
+        list(layout.link_tier)
+    rng = random.Random(5)
+    for _ in range(150):
+        group = tuple(rng.sample(range(layout.world_size),
+                                 min(layout.world_size, rng.choice((2, 3, 9, 30)))))
+        by_domain: dict[int, list[int]] = {}
+        for rank in sorted(group):
+            by_domain.setdefault(layout.domain_of(rank), []).append(rank)
+        firsts = [by_domain[d][0] for d in sorted(by_domain)]
+        walked = max((layout.path(a, b).switch_hops
+                      for a, b in zip(firsts, firsts[1:] + firsts[:1]) if a != b), default=0)
+        assert layout.geometry(group).switch_hops == walked, group
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_paths_links_equal_path(name, spec, nodes, gpn):
+    """ClusterLayout.paths_links lists, per transfer and in order, the links of path()."""
+    import numpy as np
+
+    layout = ClusterLayout(spec, nodes, gpn)
+    rng = random.Random(11)
+    n = layout.world_size
+    src = [rng.randrange(n) for _ in range(3000)] + list(range(n))
+    dst = [rng.randrange(n) for _ in range(3000)] + list(range(n))
+    which, links = layout.paths_links(np.asarray(src), np.asarray(dst))
+    expected_which = [i for i, (a, b) in enumerate(zip(src, dst)) for _ in layout.path(a, b).links]
+    expected_links = [link for a, b in zip(src, dst) for link in layout.path(a, b).links]
+    assert which.tolist() == expected_which
+    assert links.tolist() == expected_links
+
+
+def test_collective_work_estimate_follows_listed_transfers():
+    """The bound on `trainsim collective` follows what one representative lists: a
+    16k-rank all-to-all or sendrecv at analytic fidelity is allowed (priced in well
+    under a second), an all-reduce over 16,416 GB200s (1.2 M ring transfers per pass)
+    and every size of a 1,000-node reduce at flow fidelity are refused."""
+    from trainsim.api import check_collective_work
+
+    assert check_collective_work("alltoall", 16384, 3, domain_ranks=8) < 2
+    assert check_collective_work("sendrecv", 16384, 32, domain_ranks=8, fidelity="flow") < 10
+    with pytest.raises(ValueError, match="all_reduce on 16,416 ranks"):
+        check_collective_work("all_reduce", 16416, 1, domain_ranks=72)
+    with pytest.raises(ValueError, match="reduce on 8,000 ranks"):
+        check_collective_work("reduce", 8000, 32, domain_ranks=8, fidelity="flow")
