@@ -23,9 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-#: Share of the calls each command gets (the cheap commands get more).
-COMMAND_SHARE = {"collective": 1500, "simulate": 2000, "failures": 1500, "plan": 1000,
-                 "sweep": 1000, "hardware": 1000, "validate": 2000}
 KINDS = ("ok", "usage", "oom", "failed", "internal", "traceback", "timeout", "bad-output")
 
 
@@ -39,7 +36,7 @@ def main() -> None:
 
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from cli_fuzz import COMMANDS, SLOW_S, run
+    from cli_fuzz import COMMANDS, SLOW_S, calls_per_command, run
     from malformed_corpus import build_corpus
 
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -68,11 +65,11 @@ def main() -> None:
                 print(f"# {done} calls, {time.perf_counter() - start:.0f} s", file=sys.stderr,
                       flush=True)
 
-        # Each command on its own, in the proportions of COMMAND_SHARE (a draw over all
-        # commands at once lets hypothesis dwell on the cheapest failures).
-        share = sum(COMMAND_SHARE.values())
+        # Each command on its own, in the proportions of cli_fuzz.COMMAND_SHARE (a draw
+        # over all commands at once lets hypothesis dwell on the cheapest failures).
+        per_command = calls_per_command(options.calls)
         for number, (name, strategy) in enumerate(COMMANDS.items()):
-            examples = round(options.calls * COMMAND_SHARE[name] / share)
+            examples = per_command[name]
             runner = seed(options.seed + number)(settings(
                 max_examples=examples, deadline=None, database=None,
                 phases=[Phase.generate], suppress_health_check=list(HealthCheck))(
