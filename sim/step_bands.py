@@ -11,10 +11,16 @@ run would measure, ``T * exp(L)``, with ``L`` the sum of three stated terms:
    ``s_k`` weighted by the component's share ``f_k`` of the step (:func:`band_shares`)::
 
        L_model ~ Normal(sum_k f_k b_k + b_0, sigma^2),
-       sigma^2 = s_0^2 + s_source^2 + sum_k f_k^2 s_k^2
+       sigma^2 = c^2 (s_0^2 + s_source^2 + sum_k f_k^2 s_k^2)
 
    so a TP-heavy FP8 plan gets another band than a DP-only BF16 one; ``s_source`` is
-   the spread between software stacks (sources), which a new job draws afresh.
+   the spread between software stacks (sources), which a new job draws afresh. ``c``
+   (``scale``) calibrates the spread on sources the fit did not see: the spreads fitted
+   in-sample are too narrow for a new software stack, and ``c`` is the cross-conformal
+   quantile of held-out normalized errors (leave one source out; Vovk, 'Cross-conformal
+   predictors', Ann. Math. Artif. Intell. 74, 2015; normalized scores as in Lei et al.,
+   'Distribution-free predictive inference for regression', JASA 2018, sec. 5.2), so
+   that the 80 % band covers 80 % of the rows of a source it was not fitted on.
 2. **Parameter uncertainty** of the hardware model: each preset's one fitted number,
    ``gpu.sustained_fraction``, is known to the standard error of its calibration fit
    (``sustained_fraction_se``, in log units of the compute time); it is sampled and
@@ -75,6 +81,8 @@ class BandModel:
         sigma_source: the spread of a software stack's own offset: the validation
             sources (frameworks, versions, recipes) differ by more than their rows'
             components explain, and a new job is a new draw of it.
+        scale: the cross-conformal factor on the model-error spread (module docstring),
+            1 = the in-sample fit as it is.
         overhead_reference_s: the fixed overhead's share is this over the step time.
         gpu_speed_cv: GPU-to-GPU speed spread (coefficient of variation, 1 = 100 %).
         sustained_fraction_se: per GPU name, the calibration fit's standard error
@@ -88,6 +96,7 @@ class BandModel:
     bias_0: float
     sigma_0: float
     sigma_source: float
+    scale: float
     overhead_reference_s: float
     gpu_speed_cv: float
     sustained_fraction_se: Mapping[str, float] = field(default_factory=dict)
@@ -110,6 +119,7 @@ class BandModel:
                        bias_0=float(data["constant"]["bias"]),
                        sigma_0=float(data["constant"]["sigma"]),
                        sigma_source=float(data["source"]["sigma"]),
+                       scale=float(data["calibration"]["scale"]),
                        overhead_reference_s=float(data["overhead_reference_s"]),
                        gpu_speed_cv=float(data["gpu_speed_cv"]["value"]),
                        sustained_fraction_se={g: float(v["sustained_fraction_se"])
@@ -168,8 +178,9 @@ def compute_share(shares: Mapping[str, float]) -> float:
 def model_terms(model: BandModel, shares: Mapping[str, float]) -> tuple[float, float]:
     """(mean, standard deviation) of the model-error term ``L_model`` (log units)."""
     mean = model.bias_0 + sum(shares[k] * model.bias[k] for k in COMPONENTS)
-    variance = model.sigma_0 ** 2 + model.sigma_source ** 2 + sum((shares[k] * model.sigma[k]) ** 2 for k in COMPONENTS)
-    return mean, math.sqrt(variance)
+    variance = (model.sigma_0 ** 2 + model.sigma_source ** 2
+                + sum((shares[k] * model.sigma[k]) ** 2 for k in COMPONENTS))
+    return mean, model.scale * math.sqrt(variance)
 
 
 def slowest_of_n(n: int, u: np.ndarray) -> np.ndarray:
