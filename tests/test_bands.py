@@ -229,3 +229,12 @@ def test_readme_states_the_coverage_the_test_measures(held_out):
         line = (f"| {source} | {int(row['rows'])} | {row['coverage']:.0%} | "
                 f"{row['median_width']:.0%} |")
         assert line in text, f"README should have the row {line!r}"
+
+
+def test_readme_states_the_stored_conformal_scale():
+    """The widening factor the README quotes is the one the band file holds (a refit
+    that moves it fails here until the README says the new one)."""
+    from sim.step_bands import load_band_model
+
+    scale = load_band_model().scale
+    assert f"widened by a factor ({scale:.2f} now)" in (ROOT / "README.md").read_text()
