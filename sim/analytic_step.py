@@ -340,12 +340,18 @@ class AnalyticStepModel:
             (stragglers), by pipeline rank.
         shared: prices shared with other plans on the same cost model (only the
             ordinary ranks' pricer uses them).
+        fast: count actions with the schedule's closed form
+            (:meth:`strategies.schedules.PipelineSchedule.action_counts`) and walk a
+            stage's parts from per-plan tables instead of building action lists and
+            looking each part up; False: the original walk over the lists (the
+            reference tests/test_fast_analytic.py compares with: same results).
     """
 
     def __init__(self, lowerer: StepLowerer, pricer: OpPricer,
                  stage_pricers: Mapping[int, OpPricer] | None = None,
-                 shared: SharedPrices | None = None) -> None:
+                 shared: SharedPrices | None = None, fast: bool = True) -> None:
         self.lowerer = lowerer
+        self.fast = fast
         self.pricer = pricer
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
@@ -382,6 +388,10 @@ class AnalyticStepModel:
         if found is None:
             found = (name, type(self.lowerer), self.shared.model_key(self.lowerer.model),
                      plan_fields(self.plan, name))
+            if name == "groups":
+                # a chunk held by several pipeline ranks (DualPipe) reduces its gradients
+                # over their copies too (StepLowerer's "grad" group): the schedule decides
+                found += (self.lowerer.chunk_copies,)
             self._keys[name] = found
         return found
 
@@ -435,13 +445,23 @@ class AnalyticStepModel:
                 tail.append(Action(s, "B", last))
         return work, tail
 
+    def _counts(self, p: int) -> dict[tuple, int]:
+        """How often each kind of action runs on pipeline rank ``p``
+        (:func:`_action_counts`), from the schedule's closed form when ``fast``."""
+        lowerer = self.lowerer
+        if not self.fast:
+            return _action_counts(lowerer.actions()[p])
+        plan = self.plan
+        return lowerer.schedule.action_counts(plan.pp, plan.num_microbatches, plan.vpp,
+                                              lowerer.overlap)[p]
+
     def _signature(self, p: int) -> tuple:
         """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
         lists overlap forwards with backwards each differ)."""
         lowerer, flags = self.lowerer, self._flags
         placement = lowerer.placement
         # (an overlapped pair is a "pair" kind among the row's memoised action counts)
-        paired = any(key[0] == "pair" for key in _action_counts(lowerer.actions()[p]))
+        paired = any(key[0] == "pair" for key in self._counts(p))
         return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
                 tuple((tuple(flags[layer] for layer in lowerer.stage_layers[s]),
                        placement.is_first(s), placement.is_last(s),
@@ -590,10 +610,12 @@ class AnalyticStepModel:
             self._phase_costs[key] = cost
         return cost
 
-    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action]) -> OpListCost:
+    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action] | dict
+                   ) -> OpListCost:
         """Compute and exposed communication of ``actions`` back to back (an overlapped
-        pair as one), each kind of action priced once and counted."""
-        counts = _action_counts(actions)
+        pair as one), each kind of action priced once and counted (``actions`` may be
+        their counts already, :func:`_action_counts`)."""
+        counts = actions if isinstance(actions, dict) else _action_counts(actions)
         total = OpListCost(exposed_ns={})
         for key, count in counts.items():
             cost = (self._pair_cost(pricer, p, *key[1:]) if key[0] == "pair"
@@ -606,7 +628,7 @@ class AnalyticStepModel:
     def _rank_costs(self, p: int) -> _RankCosts:
         pricer = self.stage_pricers.get(p, self.pricer)
         _, tail = self._rank_actions(p)
-        per_step = self._work_cost(pricer, p, self.lowerer.actions()[p])
+        per_step = self._work_cost(pricer, p, self._counts(p))
         gathers, first_gather = self._gathers_ns(pricer, p)
         return _RankCosts(per_step, self._work_cost(pricer, p, tail),
                           self._finish_cost(pricer, p, tail), gathers, first_gather)
@@ -672,7 +694,12 @@ class AnalyticStepModel:
         (StepLowerer.gathers_params), back to back: the data-parallel stream runs them
         while the rank waits for its first input, time the replay counts as exposed."""
         lowerer = self.lowerer
-        first = lowerer.actions()[p][0]
+        if self.fast:
+            plan = self.plan
+            first = lowerer.schedule.first_action(p, plan.pp, plan.num_microbatches,
+                                                  plan.vpp, lowerer.overlap)
+        else:
+            first = lowerer.actions()[p][0]
         if not lowerer.gathers_params(first.comp, first.microbatch):
             return 0
         pricer = self.stage_pricers.get(p, self.pricer)
@@ -861,7 +888,14 @@ class AnalyticStepModel:
         plan, lowerer = self.plan, self.lowerer
         schedule, placement = lowerer.schedule, lowerer.placement
         pairs: dict[tuple[int, int], int] = {}
-        for row in lowerer.actions():
+        if self.fast:
+            for p in range(plan.pp):
+                for key in self._counts(p):
+                    if key[0] == "pair" and key[1:3] not in pairs:
+                        holder = placement.rank_of(key[1])
+                        pricer = self.stage_pricers.get(holder, self.pricer)
+                        pairs[key[1:3]] = self._pair_cost(pricer, holder, *key[1:]).total_ns
+        for row in () if self.fast else lowerer.actions():
             for first, second in zip(row, row[1:]):
                 if first.overlap:
                     forward, backward = (first, second) if first.comp == "F" else (second, first)
@@ -912,7 +946,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                   layout: ClusterLayout, *, compute: ComputeTimer | None = None,
                   stragglers: Mapping[int, float] | None = None,
                   lowerer: StepLowerer | None = None,
-                  cache: PricingCache | None = None) -> AnalyticStep:
+                  cache: PricingCache | None = None, fast: bool = True) -> AnalyticStep:
     """Closed-form step of ``model`` under ``plan`` (module docstring).
 
     Args:
@@ -924,6 +958,8 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             the slowest replica.
         lowerer: a StepLowerer to reuse.
         cache: cost models to share with other evaluations.
+        fast: :class:`AnalyticStepModel`'s ``fast`` (False: the reference walk over
+            the action lists; the same result).
 
     Returns:
         :class:`AnalyticStep` of the slowest pipeline.
@@ -936,7 +972,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         cost = cache.cost_model(layout, compute)
         shared = cache.shared_prices(layout, compute)
     pricer = OpPricer(cost)
-    step = AnalyticStepModel(lowerer, pricer, shared=shared).run()
+    step = AnalyticStepModel(lowerer, pricer, shared=shared, fast=fast).run()
     if not stragglers:
         return step
     # the slowest rank of each (data-parallel replica, pipeline rank) sets its pace
@@ -952,7 +988,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for _, slow_ranks in sorted(replicas.items()):
         slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
-        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared).run()
+        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared, fast=fast).run()
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step
