@@ -363,6 +363,8 @@ class AnalyticStepModel:
         self._keys: dict[object, tuple] = {}
         self._kinds: dict[int, tuple] = {}
         self._grads: dict[object, tuple | None] = {}
+        self._tables: dict[tuple, tuple] = {}
+        self._kind_gathers: dict[tuple, int] = {}
         self._flags = self._moe_flags()
 
     # ------------------------------------------------------------ shared keys
@@ -659,6 +661,15 @@ class AnalyticStepModel:
             return 0, 0
         work, _ = self._rank_actions(p)
         total = first = 0
+        if self.fast:
+            for action in work:
+                repeats = self._gather_repeats(action.comp, action.stage)
+                if repeats:
+                    layers = self.lowerer.stage_layers[action.stage]
+                    total += self._layers_gather_ns(pricer, p, layers) * repeats
+                    for layer in layers if not first else ():
+                        first = first or self._kind_gather_ns(pricer, p, layer)
+            return total, first
         for action in work:
             repeats = self._gather_repeats(action.comp, action.stage)
             if not repeats:
@@ -703,10 +714,39 @@ class AnalyticStepModel:
         if not lowerer.gathers_params(first.comp, first.microbatch):
             return 0
         pricer = self.stage_pricers.get(p, self.pricer)
+        if self.fast:
+            return self._layers_gather_ns(pricer, p, lowerer.stage_layers[first.stage])
         total = 0
         for layer in lowerer.stage_layers[first.stage]:
             total += self._gather_ns(pricer, p, layer) or 0
         return total
+
+    def _kind_gather_ns(self, pricer: OpPricer, p: int, layer: int) -> int:
+        """:meth:`_gather_ns` of ``layer`` (0 for nothing), looked up by its kind in a
+        per-plan table."""
+        key = (id(pricer), p, self._flags[layer])
+        found = self._kind_gathers.get(key)
+        if found is None:
+            found = self._kind_gathers[key] = self._gather_ns(pricer, p, layer) or 0
+        return found
+
+    def _layers_gather_ns(self, pricer: OpPricer, p: int, layers: Sequence[int]) -> int:
+        """The parameter gathers of ``layers`` on rank ``p`` back to back (whole
+        nanoseconds: the sum of :meth:`_gather_ns` in any order), by kind."""
+        key = (id(pricer), p, tuple(layers))
+        found = self._kind_gathers.get(key)
+        if found is None:
+            flags, kinds = self._flags, {}
+            for layer in layers:
+                kind = flags[layer]
+                if kind in kinds:
+                    kinds[kind][1] += 1
+                else:
+                    kinds[kind] = [layer, 1]
+            found = sum(self._kind_gather_ns(pricer, p, layer) * count
+                        for layer, count in kinds.values())
+            self._kind_gathers[key] = found
+        return found
 
     def _gather_fill_delay_ns(self, t_p2p: int) -> int:
         """How much later micro-batch 0's forward leaves the last stage because layers
@@ -718,6 +758,8 @@ class AnalyticStepModel:
         if not lowerer.gathers_params("F", 0):
             return 0
         placement = lowerer.placement
+        if self.fast:
+            return self._gather_fill_delay_fast_ns(t_p2p)
         dp_free: dict[int, int] = {}
         gathered: dict[int, int] = {}
         for stage, layers in enumerate(lowerer.stage_layers):
@@ -739,6 +781,37 @@ class AnalyticStepModel:
                 cost = self._part_cost(pricer, p, part, "F").total_ns
                 waiting += cost
                 free += cost
+            if stage < last and lowerer._crosses(stage, stage + 1):
+                waiting += t_p2p
+                free += t_p2p
+        return waiting - free
+
+    def _gather_fill_delay_fast_ns(self, t_p2p: int) -> int:
+        """:meth:`_gather_fill_delay_ns` from per-plan tables (:meth:`_stage_table`,
+        :meth:`_kind_gather_ns`): the same sums, each part looked up once per plan."""
+        lowerer = self.lowerer
+        placement = lowerer.placement
+        holders = placement.rank_of_stage
+        dp_free: dict[int, int] = {}
+        gathered: dict[int, int] = {}
+        for stage, layers in enumerate(lowerer.stage_layers):
+            p = holders[stage]
+            pricer = self.stage_pricers.get(p, self.pricer)
+            free = dp_free.get(p, 0)
+            for layer in layers:
+                free += self._kind_gather_ns(pricer, p, layer)
+                gathered[layer] = free
+            dp_free[p] = free
+        waiting = free = 0
+        last = placement.num_chunks - 1  # micro-batch 0 runs the first route
+        for stage in range(last + 1):
+            p = holders[stage]
+            pricer = self.stage_pricers.get(p, self.pricer)
+            for part_cost, part, _ in self._stage_table(pricer, p, stage, "F"):
+                if not isinstance(part, str) and gathered[part] > waiting:
+                    waiting = gathered[part]
+                waiting += part_cost.total_ns
+                free += part_cost.total_ns
             if stage < last and lowerer._crosses(stage, stage + 1):
                 waiting += t_p2p
                 free += t_p2p
@@ -777,7 +850,13 @@ class AnalyticStepModel:
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
         placement = lowerer.placement
-        for action in actions:
+        if self.fast and not gathers:
+            # the same walk from per-plan tables of each stage's parts
+            dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
+            actions_left: Sequence[Action] = ()
+        else:
+            actions_left = actions
+        for action in actions_left:
             stage, comp = action.stage, action.comp
             layers = list(lowerer.stage_layers[stage])
             if comp == "F":
@@ -825,6 +904,83 @@ class AnalyticStepModel:
         cost.optimizer_ns = optimizer.optimizer_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
+
+    def _stage_table(self, pricer: OpPricer, p: int, stage: int, comp: str) -> tuple:
+        """The parts of one virtual stage's ``comp`` in the order the lowering runs them
+        (forward: embedding, layers, head; else head, layers reversed, embedding), each
+        as (its list schedule :meth:`_part_cost`, the part, its whole gradient bytes
+        :meth:`_part_grads` or None), once per plan."""
+        key = (id(pricer), stage, comp)
+        table = self._tables.get(key)
+        if table is None:
+            lowerer, placement = self.lowerer, self.lowerer.placement
+            if comp == "F":
+                parts = (["embedding"] if placement.is_first(stage) else [])
+                parts += list(lowerer.stage_layers[stage])
+                parts += ["head"] if placement.is_last(stage) else []
+            else:
+                parts = self._stage_parts(stage)
+            flags, by_kind, rows = self._flags, {}, []
+            for part in parts:
+                kind = part if isinstance(part, str) else flags[part]
+                entry = by_kind.get(kind)
+                if entry is None:
+                    entry = by_kind[kind] = (self._kind_cost(pricer, p, part, kind, comp),
+                                             self._part_grads(part))
+                rows.append((entry[0], part, entry[1]))
+            table = tuple(rows)
+            self._tables[key] = table
+        return table
+
+    def _walk_parts(self, pricer: OpPricer, p: int, actions: Sequence[Action], finish: bool,
+                    cost: OpListCost, pending: dict[int, dict[str, float]],
+                    used: dict[int, tuple[OpListCost, int]]) -> int:
+        """:meth:`_walk`'s loop over ``actions`` without parameter gathers, from
+        :meth:`_stage_table` (each part looked up once per plan, bucket fills by whole
+        part sums, each bucket's reduction priced once per size): adds to ``cost``,
+        ``pending`` and ``used`` what the loop adds; returns where the data-parallel
+        stream ends."""
+        lowerer, plan = self.lowerer, self.plan
+        bucket, overlap = plan.grad_bucket_bytes, plan.overlap_grad_reduce
+        dp_free = 0
+        total = cost.total_ns
+        compute = cost.compute_ns
+        reductions: dict[tuple[str, float], int | None] = {}
+        for action in actions:
+            stage, comp = action.stage, action.comp
+            table = self._stage_table(pricer, p, stage, comp)
+            reduce_now = (finish and comp in ("B", "W") and overlap
+                          and action.microbatch == lowerer.last_microbatch(stage))
+            grads = pending.setdefault(stage, {})
+            last = len(table) - 1
+            for index, (part_cost, part, sums) in enumerate(table):
+                total += part_cost.total_ns
+                compute += part_cost.compute_ns
+                if part_cost.exposed_ns:
+                    used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
+                if not reduce_now:
+                    continue
+                final = index == last
+                if sums is None:
+                    due = lowerer.fill_buckets(lowerer.part_kernels(part), grads, final)
+                else:  # _fill, inline
+                    due = []
+                    for group, added in zip(("dense", "expert"), sums):
+                        size = grads.get(group, 0.0) + added
+                        if size > 0 and (size >= bucket or final):
+                            due.append((group, size))
+                            size = 0.0
+                        grads[group] = size
+                for due_bucket in due:
+                    if due_bucket in reductions:
+                        duration = reductions[due_bucket]
+                    else:
+                        duration = reductions[due_bucket] = self._reduction_ns(
+                            pricer, p, *due_bucket)
+                    if duration is not None:
+                        dp_free = (dp_free if dp_free > total else total) + duration
+        cost.total_ns, cost.compute_ns = total, compute
+        return dp_free
 
     def run(self) -> AnalyticStep:
         """The step's time, per-rank ends and breakdown."""

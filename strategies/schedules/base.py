@@ -154,11 +154,7 @@ class PipelineSchedule:
         (tests/test_schedules.py checks it against :meth:`actions`); a schedule that
         starts otherwise overrides this."""
         self.check(pp, microbatches, vpp)
-        if overlap or self.pairs_own_actions:
-            return self.actions(pp, microbatches, vpp, overlap)[rank][0]
-        placement = self.placement(pp, vpp)
-        first = min(s for s in placement.stages_of(rank) if placement.on_route(s, 0))
-        return Action(first, "F", 0)
+        return _first_actions(self, pp, microbatches, vpp, bool(overlap))[rank]
 
     # ----------------------------------------------------------------- timing
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
@@ -283,6 +279,17 @@ def _action_counts(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: 
             for comp in comps:
                 rows[rank][("phase", stage, comp)] = through
     return tuple(rows)
+
+
+@lru_cache(maxsize=4096)
+def _first_actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
+                   overlap: bool) -> tuple[Action, ...]:
+    """PipelineSchedule.first_action of every rank."""
+    if overlap or schedule.pairs_own_actions:
+        return tuple(row[0] for row in _actions(schedule, pp, microbatches, vpp, overlap))
+    placement = schedule.placement(pp, vpp)
+    return tuple(Action(min(s for s in placement.stages_of(rank) if placement.on_route(s, 0)),
+                        "F", 0) for rank in range(pp))
 
 
 def count_actions(actions: Sequence[Action]) -> dict[tuple, int]:
