@@ -365,6 +365,7 @@ class AnalyticStepModel:
         self._grads: dict[object, tuple | None] = {}
         self._tables: dict[tuple, tuple] = {}
         self._kind_gathers: dict[tuple, int] = {}
+        self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
 
     # ------------------------------------------------------------ shared keys
@@ -685,6 +686,14 @@ class AnalyticStepModel:
         parameters (StepLowerer.gathers_params over the micro-batches on its route),
         counted once per (what decides gathering, placement, micro-batches, comp,
         stage) in a module table."""
+        found = self._repeats.get((comp, stage))
+        if found is not None:
+            return found
+        found = self._repeats[(comp, stage)] = self._gather_repeats_of(comp, stage)
+        return found
+
+    def _gather_repeats_of(self, comp: str, stage: int) -> int:
+        """:meth:`_gather_repeats` from the module table."""
         lowerer, plan = self.lowerer, self.plan
         placement, m = lowerer.placement, plan.num_microbatches
         # everything StepLowerer.gathers_params reads besides (comp, micro-batch)
