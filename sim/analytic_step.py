@@ -364,6 +364,7 @@ class AnalyticStepModel:
         self._kinds: dict[int, tuple] = {}
         self._grads: dict[object, tuple | None] = {}
         self._tables: dict[tuple, tuple] = {}
+        self._table_sums: dict[tuple, tuple] = {}
         self._kind_gathers: dict[tuple, int] = {}
         self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
@@ -867,6 +868,11 @@ class AnalyticStepModel:
             actions_left = actions
         for action in actions_left:
             stage, comp = action.stage, action.comp
+            if self.fast and not lowerer.gathers_params(comp, action.microbatch):
+                # (an action that gathers nothing: from the tables too)
+                dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
+                                           dp_free)
+                continue
             layers = list(lowerer.stage_layers[stage])
             if comp == "F":
                 parts = (["embedding"] if placement.is_first(stage) else []) + layers
@@ -939,19 +945,26 @@ class AnalyticStepModel:
                 rows.append((entry[0], part, entry[1]))
             table = tuple(rows)
             self._tables[key] = table
+            exposed: dict[int, list] = {}  # parts with exposed time, first seen first
+            for part_cost, _, _ in table:
+                if part_cost.exposed_ns:
+                    exposed.setdefault(id(part_cost), [part_cost, 0])[1] += 1
+            self._table_sums[key] = (sum(row[0].total_ns for row in table),
+                                     sum(row[0].compute_ns for row in table),
+                                     tuple((c, n) for c, n in exposed.values()))
         return table
 
     def _walk_parts(self, pricer: OpPricer, p: int, actions: Sequence[Action], finish: bool,
                     cost: OpListCost, pending: dict[int, dict[str, float]],
-                    used: dict[int, tuple[OpListCost, int]]) -> int:
+                    used: dict[int, tuple[OpListCost, int]], dp_free: int = 0) -> int:
         """:meth:`_walk`'s loop over ``actions`` without parameter gathers, from
         :meth:`_stage_table` (each part looked up once per plan, bucket fills by whole
-        part sums, each bucket's reduction priced once per size): adds to ``cost``,
+        part sums, each bucket's reduction priced once per size; an action that reduces
+        nothing adds its stage's sums at once, whole nanoseconds): adds to ``cost``,
         ``pending`` and ``used`` what the loop adds; returns where the data-parallel
-        stream ends."""
+        stream ends (``dp_free`` where it ends before)."""
         lowerer, plan = self.lowerer, self.plan
         bucket, overlap = plan.grad_bucket_bytes, plan.overlap_grad_reduce
-        dp_free = 0
         total = cost.total_ns
         compute = cost.compute_ns
         reductions: dict[tuple[str, float], int | None] = {}
@@ -961,6 +974,15 @@ class AnalyticStepModel:
             reduce_now = (finish and comp in ("B", "W") and overlap
                           and action.microbatch == lowerer.last_microbatch(stage))
             grads = pending.setdefault(stage, {})
+            if not reduce_now:
+                table_total, table_compute, exposed = self._table_sums[
+                    (id(pricer), stage, comp)]
+                total += table_total
+                compute += table_compute
+                for part_cost, count in exposed:
+                    used[id(part_cost)] = (part_cost,
+                                           used.get(id(part_cost), (0, 0))[1] + count)
+                continue
             last = len(table) - 1
             for index, (part_cost, part, sums) in enumerate(table):
                 total += part_cost.total_ns
