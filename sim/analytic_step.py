@@ -38,6 +38,15 @@ agree to the nanosecond (tests). With pipelines they differ by how waits inside
 the steady state and the drain overlap the reduction: under 1 % on the tested
 schedules, under 5 % with ZeRO-3, whose prefetch also runs through the bubbles.
 
+What a plan costs to price (issue 16): every distinct part (layer kind, edge) in
+each phase is list-scheduled once per :class:`PricingCache` for all plans that read
+it the same way (:mod:`sim.analytic_prices`); a plan itself builds no action list
+where the schedule has a closed form for its counts
+(:meth:`strategies.schedules.PipelineSchedule.action_counts`, ``first_action``: every
+schedule without F&B pairs) and walks its stages from per-plan tables of part prices
+and their sums (``fast``; ``fast=False`` is the reference walk over the lists,
+tests/test_fast_analytic.py checks both give the same result).
+
 Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
 (its TP/CP peers wait for them); the step is the slower of that pipeline and the
 others, as data parallelism synchronises them.
