@@ -166,8 +166,8 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     for parents in trees:
         for c in range(channels):
             for d, members in enumerate(domains):
-                width = len(members)
-                order = [members[(c + i) % width] for i in range(width)]
+                k = c % len(members)  # the domain's chain starting at member c
+                order = tuple(members[k:]) + tuple(members[:k])
                 for a, b in zip(order, order[1:]):
                     transfers += [Transfer(b, a, chunk), Transfer(a, b, chunk)]
                 if d in parents:
