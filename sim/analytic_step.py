@@ -699,7 +699,11 @@ class AnalyticStepModel:
         found = self._repeats.get((comp, stage))
         if found is not None:
             return found
-        found = self._repeats[(comp, stage)] = self._gather_repeats_of(comp, stage)
+        if self.fast:
+            found = self.lowerer.gathering_microbatches(comp, stage)
+        else:
+            found = self._gather_repeats_of(comp, stage)
+        self._repeats[(comp, stage)] = found
         return found
 
     def _gather_repeats_of(self, comp: str, stage: int) -> int:

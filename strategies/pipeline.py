@@ -58,6 +58,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from numbers import Rational, Real
 from typing import Mapping, NamedTuple, Sequence, Union
 
@@ -294,9 +295,10 @@ class StagePlacement:
         stages = len(self.rank_of_stage)
         object.__setattr__(self, "_stages", stages)
         object.__setattr__(self, "_chunks", stages // self.routes)
-        object.__setattr__(self, "_stages_of", tuple(
-            tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank)
-            for rank in range(self.pp)))
+        held: list[list[int]] = [[] for _ in range(self.pp)]
+        for stage, rank in enumerate(self.rank_of_stage):
+            held[rank].append(stage)
+        object.__setattr__(self, "_stages_of", tuple(map(tuple, held)))
 
     @property
     def num_stages(self) -> int:
@@ -381,6 +383,12 @@ def interleaved_placement(pp: int, vpp: int = 1) -> StagePlacement:
     """
     _check_pos_int("pp", pp)
     _check_pos_int("vpp", vpp)
+    return _interleaved_placement(pp, vpp)
+
+
+@lru_cache(maxsize=1024)
+def _interleaved_placement(pp: int, vpp: int) -> StagePlacement:
+    """interleaved_placement, built once per shape (a placement is immutable)."""
     return StagePlacement(pp, tuple(s % pp for s in range(pp * vpp)))
 
 
