@@ -373,7 +373,6 @@ class AnalyticStepModel:
         self._kinds: dict[int, tuple] = {}
         self._grads: dict[object, tuple | None] = {}
         self._tables: dict[tuple, tuple] = {}
-        self._table_sums: dict[tuple, tuple] = {}
         self._kind_gathers: dict[tuple, int] = {}
         self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
@@ -827,14 +826,29 @@ class AnalyticStepModel:
             dp_free[p] = free
         waiting = free = 0
         last = placement.num_chunks - 1  # micro-batch 0 runs the first route
+        flags = self._flags
         for stage in range(last + 1):
             p = holders[stage]
             pricer = self.stage_pricers.get(p, self.pricer)
-            for part_cost, part, _ in self._stage_table(pricer, p, stage, "F"):
-                if not isinstance(part, str) and gathered[part] > waiting:
-                    waiting = gathered[part]
-                waiting += part_cost.total_ns
-                free += part_cost.total_ns
+            if stage == 0:
+                cost_ns = self._part_cost(pricer, p, "embedding", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
+            kinds: dict[object, int] = {}  # a layer kind's forward, ns
+            for layer in lowerer.stage_layers[stage]:
+                kind = flags[layer]
+                cost_ns = kinds.get(kind)
+                if cost_ns is None:
+                    cost_ns = kinds[kind] = self._kind_cost(pricer, p, layer, kind,
+                                                            "F").total_ns
+                if gathered[layer] > waiting:
+                    waiting = gathered[layer]
+                waiting += cost_ns
+                free += cost_ns
+            if stage == last:
+                cost_ns = self._part_cost(pricer, p, "head", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
             if stage < last and lowerer._crosses(stage, stage + 1):
                 waiting += t_p2p
                 free += t_p2p
@@ -958,13 +972,6 @@ class AnalyticStepModel:
                 rows.append((entry[0], part, entry[1]))
             table = tuple(rows)
             self._tables[key] = table
-            exposed: dict[int, list] = {}  # parts with exposed time, first seen first
-            for part_cost, _, _ in table:
-                if part_cost.exposed_ns:
-                    exposed.setdefault(id(part_cost), [part_cost, 0])[1] += 1
-            self._table_sums[key] = (sum(row[0].total_ns for row in table),
-                                     sum(row[0].compute_ns for row in table),
-                                     tuple((c, n) for c, n in exposed.values()))
         return table
 
     def _walk_parts(self, pricer: OpPricer, p: int, actions: Sequence[Action], finish: bool,
@@ -983,19 +990,19 @@ class AnalyticStepModel:
         reductions: dict[tuple[str, float], int | None] = {}
         for action in actions:
             stage, comp = action.stage, action.comp
-            table = self._stage_table(pricer, p, stage, comp)
             reduce_now = (finish and comp in ("B", "W") and overlap
                           and action.microbatch == lowerer.last_microbatch(stage))
             grads = pending.setdefault(stage, {})
             if not reduce_now:
-                table_total, table_compute, exposed = self._table_sums[
-                    (id(pricer), stage, comp)]
-                total += table_total
-                compute += table_compute
-                for part_cost, count in exposed:
-                    used[id(part_cost)] = (part_cost,
-                                           used.get(id(part_cost), (0, 0))[1] + count)
+                # the parts' sums, kind by kind (whole ns): _phase_cost, whose exposed
+                # time is that of its parts times their counts
+                phase = self._phase_cost(pricer, p, stage, comp)
+                total += phase.total_ns
+                compute += phase.compute_ns
+                if phase.exposed_ns:
+                    used[id(phase)] = (phase, used.get(id(phase), (0, 0))[1] + 1)
                 continue
+            table = self._stage_table(pricer, p, stage, comp)
             last = len(table) - 1
             for index, (part_cost, part, sums) in enumerate(table):
                 total += part_cost.total_ns
