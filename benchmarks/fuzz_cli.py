@@ -36,9 +36,8 @@ def main() -> None:
 
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from cli_fuzz import COMMANDS, SLOW_S, run
+    from cli_fuzz import COMMANDS, SLOW_S, calls_per_command, run
     from malformed_corpus import build_corpus
-    from test_fuzz_cli import SLOW_EXAMPLES
 
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     seconds: collections.Counter = collections.Counter()
@@ -66,11 +65,11 @@ def main() -> None:
                 print(f"# {done} calls, {time.perf_counter() - start:.0f} s", file=sys.stderr,
                       flush=True)
 
-        # Each command on its own, in the proportions of the slow test (a draw over all
-        # commands at once lets hypothesis dwell on the cheapest failures).
-        share = sum(SLOW_EXAMPLES.values())
+        # Each command on its own, in the proportions of cli_fuzz.COMMAND_SHARE (a draw
+        # over all commands at once lets hypothesis dwell on the cheapest failures).
+        per_command = calls_per_command(options.calls)
         for number, (name, strategy) in enumerate(COMMANDS.items()):
-            examples = round(options.calls * SLOW_EXAMPLES[name] / share)
+            examples = per_command[name]
             runner = seed(options.seed + number)(settings(
                 max_examples=examples, deadline=None, database=None,
                 phases=[Phase.generate], suppress_health_check=list(HealthCheck))(

@@ -124,6 +124,33 @@ DEFAULT_ATTENTION_SEQ_LEN = 4096
 #: nothing beyond the GPU-side gap ``kernel_launch_s`` already priced, 0.
 HOST_ISSUE_S: Mapping[str, float] = {"eager": 10e-6, "compiled": 4e-6, "graphed": 0.0}
 
+#: CPU time of one eager PyTorch call that launches no kernel (``torch.empty`` from the
+#: caching allocator, a view, ``torch.split``), seconds, on the reference host (below).
+#: NVIDIA's DeepSeek-V3 GB200 guide (Megatron-LM docs/discussions/deepseek-v3-gb200-
+#: optimization, Section 2): "a simple ``torch.empty`` will not call any CUDA kernel, but
+#: it will generate a few microseconds of overhead on the host side". Assumption: 3 us,
+#: the Python, pybind and dispatcher layers of :data:`HOST_ISSUE_S`'s breakdown (~1 us
+#: each) without the backend launch and driver parts.
+HOST_CALL_S = 3e-6
+
+#: CPU time of one Transformer Engine module call (``te.Linear``/``LayerNormLinear``/
+#: ``GroupedLinear``/``DotProductAttention`` forward, or its autograd backward) beyond the
+#: kernels it launches, seconds, on the reference host: FP8 recipe/quantizer set-up,
+#: parameter and workspace checks, the custom autograd Function's context. TE issue 2053
+#: ("High CPU overhead on Grace systems", 2025-08) measured the CPU time of one BF16
+#: ``Linear`` forward (hidden 2048, 8192 tokens): ``torch.nn.Linear`` 37.08 us and
+#: ``te.Linear`` 99.66 us on GB200; the difference, 62.6 us on Grace, is 62.6 / 2.75 =
+#: 22.8 us on the reference host (:data:`HOST_CPU_FACTOR` of Grace).
+HOST_MODULE_S = 22.8e-6
+
+#: Host CPU time relative to the reference host, an Intel Xeon Platinum 8480C (DGX H100),
+#: by host CPU (``GpuSpec.host_cpu``). TE issue 2053 measured one ``torch.nn.Linear``
+#: forward's CPU time (PyTorch dispatch and one cuBLAS launch) at 13.48 us on DGX H100,
+#: 37.08 us on GB200 and 33.17 us on GH200 (both Grace): Grace 37.08 / 13.48 = 2.75.
+#: Assumption: DGX B200's Xeon Platinum 8570 (the same Sapphire/Emerald Rapids core
+#: family) and the AMD EPYC hosts run the framework at the reference speed.
+HOST_CPU_FACTOR: Mapping[str, float] = {"x86": 1.0, "grace": 37.08 / 13.48}
+
 #: Concurrent GEMMs of a grouped GEMM: Transformer Engine's ``GroupedLinear`` (Megatron-Core's
 #: ``TEGroupedMLP`` for ``--moe-grouped-gemm``) runs its per-expert cuBLAS GEMMs on the
 #: multi-stream pool of ``nvte_get_num_compute_streams()``, 4 streams

@@ -46,7 +46,8 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 import simpy
 
-from hardware.compute import HOST_ISSUE_S, ComputeModel
+from hardware.compute import (HOST_CALL_S, HOST_CPU_FACTOR, HOST_ISSUE_S, HOST_MODULE_S,
+                              ComputeModel)
 from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
                               all_pairs_p2p_cap_s)
 from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
@@ -256,6 +257,8 @@ class CostModel:
         self.network = NetworkModel(layout, layout.spec.comm)
         self.compute = compute if compute is not None else ComputeModel(layout.spec.gpu)
         self.ranks = dict(ranks or {})
+        #: the host CPU's time relative to the reference host (GpuSpec.host_cpu)
+        self._host_factor = HOST_CPU_FACTOR[layout.spec.gpu.host_cpu]
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
@@ -311,17 +314,25 @@ class CostModel:
         return duration
 
     def host_ns(self, op) -> int:
-        """Nanoseconds of CPU time the rank's launching thread spends issuing ``op``: its
-        ``host_launches`` (kernels issued one by one from PyTorch eager mode, a lowering
-        fact) at :data:`hardware.compute.HOST_ISSUE_S` ``["eager"]`` each; 0 for an op
-        without any (the host not modelled, or replayed from a CUDA graph). The engine
+        """Nanoseconds of CPU time the rank's launching thread spends issuing ``op``
+        (lowering facts, counted for PyTorch eager mode; 0 for an op without any: the
+        host not modelled, or replayed from a CUDA graph): its ``host_launches`` at
+        :data:`hardware.compute.HOST_ISSUE_S` ``["eager"]`` each, its ``host_calls``
+        (CPU-only framework calls) at :data:`~hardware.compute.HOST_CALL_S` and its
+        ``host_modules`` (Transformer Engine module calls) at
+        :data:`~hardware.compute.HOST_MODULE_S`, all times the host CPU's
+        :data:`~hardware.compute.HOST_CPU_FACTOR` (``GpuSpec.host_cpu``). The engine
         and the closed form both start an op no earlier than its issue (the sum of the
         rank's host times up to it, in program order, restarted after a
         ``host_sync`` op ends)."""
         launches = getattr(op, "host_launches", 0)
-        if not launches:
+        calls = getattr(op, "host_calls", 0)
+        modules = getattr(op, "host_modules", 0)
+        if not (launches or calls or modules):
             return 0
-        return seconds_to_ns(HOST_ISSUE_S["eager"] * launches)
+        seconds = (HOST_ISSUE_S["eager"] * launches + HOST_CALL_S * calls
+                   + HOST_MODULE_S * modules)
+        return seconds_to_ns(seconds * self._host_factor)
 
     def _gpu_timer(self, gpu: GpuSpec) -> ComputeModel:
         """The roofline of another GPU generation, one per GPU spec."""

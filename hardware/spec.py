@@ -34,6 +34,8 @@ def node_bucket(domains: int) -> str:
     return NODE_BUCKETS[min(max(domains, 1), 3) - 1]
 
 SCALE_UP_KINDS = ("nvswitch", "nvlink-mesh", "pcie")
+#: Host CPUs a GPU can be driven from (``GpuSpec.host_cpu``).
+HOST_CPUS = ("x86", "grace")
 NIC_KINDS = ("ib", "roce", "efa", "tcp")
 FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
@@ -74,6 +76,10 @@ class GpuSpec:
             communicator buffers, cuBLAS/Transformer Engine workspaces and the caching
             allocator's fragmentation. A plan fits when its memory plus this reserve
             is at most ``hbm_bytes``.
+        host_cpu: one of :data:`HOST_CPUS`, the CPU whose thread issues this GPU's
+            work (``x86``: Intel Xeon / AMD EPYC servers, ``grace``: NVIDIA Grace of a
+            GH200/GB200 superchip); it scales the framework's host time
+            (``hardware.compute.HOST_CPU_FACTOR``).
     """
 
     name: str
@@ -87,6 +93,7 @@ class GpuSpec:
     sustained_fraction: float = 1.0
     sm_count: int = 0
     memory_reserve_bytes: int = 1 << 30
+    host_cpu: str = "x86"
 
 
 @dataclass(frozen=True, kw_only=True)

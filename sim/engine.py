@@ -11,10 +11,11 @@ all members at once; a send/recv pair starts when both sides have reached it.
 A span's start is when its rank issued the op (so time spent waiting for
 peers shows up in the span, as a CUDA-event measurement would show it).
 
-The host: when a rank's ops carry CPU costs (``host_launches``, ``host_sync``), one
-more process per rank stands for its launching CPU thread: it issues the ops in
-program order, each after its host time, and waits after a ``host_sync`` op until
-that op has ended; an op starts no earlier than its issue.
+The host: when a rank's ops carry CPU costs (``host_launches``, ``host_calls``,
+``host_modules``, ``host_sync``), one more process per rank stands for its launching
+CPU thread: it issues the ops in program order, each after its host time, and waits
+after a ``host_sync`` op until that op has ended; an op starts no earlier than its
+issue.
 
 Determinism: processes are created in (rank, stream) order and SimPy breaks
 ties between events scheduled for the same instant in creation order, so a
@@ -143,7 +144,8 @@ class Engine:
             streams: dict[str, list[int]] = {}
             for index, op in enumerate(ops):
                 streams.setdefault(op.stream, []).append(index)
-            if any(getattr(op, "host_launches", 0) or getattr(op, "host_sync", False)
+            if any(getattr(op, "host_launches", 0) or getattr(op, "host_calls", 0)
+                   or getattr(op, "host_modules", 0) or getattr(op, "host_sync", False)
                    for op in ops):
                 # the rank's CPU thread issues its ops in program order (module docstring)
                 syncs = {i for i, op in enumerate(ops) if getattr(op, "host_sync", False)}

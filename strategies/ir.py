@@ -80,6 +80,13 @@ class ComputeOp:
         host_sync: the CPU waits until this op has finished on the GPU before issuing
             anything after it (a device-to-host copy it needs, e.g. Megatron-Core's
             dropless token counts per expert).
+        host_calls: CPU-side framework calls of this op that launch no kernel (tensor
+            allocations, views and splits: ``torch.empty``, ``torch.split``); priced like
+            ``host_launches`` by the cost model, 0 when the host is not modelled.
+        host_modules: Transformer Engine module calls of this op (``Linear``,
+            ``GroupedLinear``, ``DotProductAttention`` forward or backward entry: its
+            Python bookkeeping beyond the kernels it launches); 0 when the host is not
+            modelled or the op is replayed from a CUDA graph.
     """
 
     name: str
@@ -99,6 +106,8 @@ class ComputeOp:
     window: int = 0
     host_launches: int = 0
     host_sync: bool = False
+    host_calls: int = 0
+    host_modules: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -372,10 +372,10 @@ class StepLowerer:
         key = (id(kernel), name, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
+            host = (kernel, phase, self.plan.host_issue, self.local_experts)
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
-                            comm_sms=comm_sms,
-                            host_launches=host_launches(kernel, phase, self.plan.host_issue,
-                                                        self.local_experts))
+                            comm_sms=comm_sms, host_launches=host_launches(*host),
+                            host_calls=host_calls(*host), host_modules=host_modules(*host))
             self._ops[key] = op
         return b.add(op)
 
@@ -1381,9 +1381,56 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     return launches
 
 
+#: CPU-only framework calls per GEMM of Transformer Engine's ``GroupedLinear``: the
+#: ``torch.split`` view of its input and two ``torch.empty`` allocations per GEMM
+#: (TE issue 1499, a maintainer's answer: "CPU overheads of PyTorch ops, such as
+#: ``torch.split()`` and ``torch.empty()`` (2x ``num_gemms`` calls)").
+GROUPED_GEMM_HOST_CALLS = 3
+#: CPU-only calls per FP8 quantization (one ``.quant`` kernel): the quantized tensor's
+#: row-wise and column-wise data and scaling factors, "four tensors need to be allocated"
+#: (NVIDIA's DeepSeek-V3 GB200 guide, Megatron-LM docs/discussions/deepseek-v3-gb200-
+#: optimization, Section 2.1.2).
+QUANT_HOST_CALLS = 4
+#: Matmul kernels that are not Transformer Engine modules: Megatron-Core's router gating
+#: (``TopKRouter``, a torch GEMM), its own ``ColumnParallelLinear`` output layer and the
+#: unfused attention's torch batched GEMMs.
+_NON_TE_MATMULS = ("moe.router", "head.logits", "attn.scores", "attn.context")
+
+
+def host_calls(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
+    """CPU-only framework calls (allocations, views, splits) of ``kernel``'s ``phase``
+    under ``host_issue`` ``mode``, wherever :func:`host_launches` counts launches:
+    :data:`GROUPED_GEMM_HOST_CALLS` per routed-expert GEMM and
+    :data:`QUANT_HOST_CALLS` per quantization kernel; 0 otherwise."""
+    launches = host_launches(kernel, phase, mode, local_experts)
+    if not launches:
+        return 0
+    if kernel.name.endswith(".quant"):
+        return QUANT_HOST_CALLS * launches
+    if kernel.expert and kernel.kind == "matmul":
+        return GROUPED_GEMM_HOST_CALLS * launches
+    return 0
+
+
+def host_modules(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
+    """Transformer Engine module calls of ``kernel``'s ``phase`` under ``host_issue``
+    ``mode`` (each priced at ``hardware.compute.HOST_MODULE_S``): one for a TE linear
+    layer's or fused attention's forward (``F``) and its autograd backward (``B``, ``I``;
+    a deferred weight-gradient ``W`` is a bare GEMM), one per ``GroupedLinear`` call for
+    the routed experts; none for the torch GEMMs of :data:`_NON_TE_MATMULS`, for other
+    kernels, or where no launch is issued from the CPU."""
+    if phase == "W" or not host_launches(kernel, phase, mode, local_experts):
+        return 0
+    if kernel.kind == "attention" or (kernel.kind == "matmul"
+                                      and kernel.name not in _NON_TE_MATMULS):
+        return 1
+    return 0
+
+
 def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: str = "",
                deps: tuple[int, ...] = (), comm_sms: int = 0,
-               host_launches: int = 0) -> ComputeOp:
+               host_launches: int = 0, host_calls: int = 0,
+               host_modules: int = 0) -> ComputeOp:
     """The op of ``kernel``'s work in ``phase`` (``F`` forward, ``B`` whole backward, ``I``
     input gradient, ``W`` weight gradient): its FLOPs and bytes for that phase, the GPU
     kernels it stands for (:attr:`strategies.model_costs.Kernel.launches`), the GEMMs of a
@@ -1406,7 +1453,8 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      gemm_groups=max(1, int(groups)),
                      impl=attention_impl if kernel.kind == "attention" else "",
                      causal=kernel.causal, window=kernel.window,
-                     host_launches=host_launches)
+                     host_launches=host_launches, host_calls=host_calls,
+                     host_modules=host_modules)
 
 
 #: MLA's up projections (what ``--recompute-modules mla_up_proj`` re-runs).

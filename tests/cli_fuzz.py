@@ -31,6 +31,18 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "importers"
 
 #: Exit codes a command may end with (trainsim.cli.errors).
 EXIT_CODES = (0, 1, 2, 3)
+#: Share of the calls each command gets in a long run (the cheap commands get more).
+COMMAND_SHARE = {"collective": 1500, "simulate": 2000, "failures": 1500, "plan": 1000,
+                 "sweep": 1000, "hardware": 1000, "validate": 2000}
+
+
+def calls_per_command(total: int) -> dict[str, int]:
+    """``total`` calls split over the commands in the proportions of
+    :data:`COMMAND_SHARE` (rounded per command)."""
+    share = sum(COMMAND_SHARE.values())
+    return {name: round(total * part / share) for name, part in COMMAND_SHARE.items()}
+
+
 #: A call slower than this is reported (issue 17: "did not answer within 30 s").
 SLOW_S = 30.0
 

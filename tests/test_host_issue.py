@@ -119,3 +119,54 @@ def test_analytic_equals_event_for_one_moe_rank_with_host_issue():
     assert analytic.step_time_s > off.step_time_s
     # one micro-batch: each phase starts with the CPU level with the GPU in both
     assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.02)
+
+
+def test_cpu_only_calls_and_te_module_calls_closed_form():
+    """Beyond kernel launches the CPU pays, per op: TE's module call (forward and
+    backward entry) and, for the routed experts, the split view and two allocations of
+    each GroupedLinear GEMM and the four allocations of each quantization."""
+    from hardware.compute import HOST_CALL_S, HOST_MODULE_S
+    from strategies.lowering import GROUPED_GEMM_HOST_CALLS, QUANT_HOST_CALLS
+    lowerer = StepLowerer(_model(), _plan(ep=4))  # 2 local experts
+    fwd = {op.name.split(".F")[0]: op for op in lowerer.phase_ops(0, 0, "F")
+           if isinstance(op, ComputeOp)}
+    bwd = {op.name.split(".B")[0]: op for op in lowerer.phase_ops(0, 0, "B")
+           if isinstance(op, ComputeOp)}
+    gate_up = fwd["moe.experts.gate_up"]
+    assert (gate_up.host_calls, gate_up.host_modules) == (GROUPED_GEMM_HOST_CALLS * 2, 1) == (6, 1)
+    assert bwd["moe.experts.gate_up"].host_calls == GROUPED_GEMM_HOST_CALLS * 4  # dgrad + wgrad
+    assert fwd["moe.experts.gate_up.quant"].host_calls == QUANT_HOST_CALLS * 2 == 8
+    assert fwd["moe.experts.gate_up.quant"].host_modules == 0
+    assert fwd["attn.qkv"].host_modules == fwd["attn.core"].host_modules == 1
+    assert bwd["attn.qkv"].host_modules == 1
+    # the router's gating GEMM is a torch GEMM, not a TE module; norms call none
+    assert fwd["moe.router"].host_modules == 0 and fwd["attn.norm"].host_calls == 0
+    cost = _cost()
+    expected = (HOST_ISSUE_S["eager"] * gate_up.host_launches + HOST_CALL_S * 6 + HOST_MODULE_S)
+    assert cost.host_ns(gate_up) == round(expected * 1e9)
+    # partial graphs: the captured attention costs the CPU nothing at all
+    partial = {op.name.split(".F")[0]: op for op in StepLowerer(
+        _model(), _plan(ep=4, host_issue="partial")).phase_ops(0, 0, "F")
+        if isinstance(op, ComputeOp)}
+    assert partial["attn.qkv"].host_modules == partial["attn.qkv"].host_calls == 0
+    assert partial["moe.experts.gate_up"].host_modules == 1
+
+
+def test_grace_host_scales_every_host_cost_by_its_measured_factor():
+    """TE issue 2053: one torch.nn.Linear forward costs 37.08 us of CPU on GB200 (Grace)
+    and 13.48 us on DGX H100 (Xeon 8480C); the GB200 preset's host is Grace."""
+    from hardware.compute import HOST_CPU_FACTOR
+    assert HOST_CPU_FACTOR["grace"] == pytest.approx(2.75, abs=0.01)
+    grace = CostModel(job_layout(load_cluster("gb200-nvl72"), 8), ALGORITHMS,
+                      fidelity="event")
+    assert load_cluster("gb200-nvl72").gpu.host_cpu == "grace"
+    assert load_cluster("dgx-b200").gpu.host_cpu == "x86"
+    op = ComputeOp(name="op", kind="elementwise", bytes=1e3, host_launches=2, host_calls=3,
+                   host_modules=1)
+    x86 = _cost().host_ns(op)
+    assert grace.host_ns(op) == pytest.approx(x86 * HOST_CPU_FACTOR["grace"], abs=1)
+
+
+def test_bad_host_cpu_is_a_one_line_error():
+    with pytest.raises(ValueError, match="host_cpu"):
+        load_cluster("dgx-h100", {"gpu.host_cpu": "z80"})

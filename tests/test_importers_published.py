@@ -100,7 +100,10 @@ def test_qwen3_long_context_run_from_its_arguments(catalog):
         "tp_comm_overlap": ("userbuffers", "async"),
         "cross_entropy": ("fused", "megatron"),
         "grad_bucket_bytes": (160_000_000, 40_000_000),
-        "layers_per_stage": ((2,) + (3,) * 30 + (2,), None)}
+        "layers_per_stage": ((2,) + (3,) * 30 + (2,), None),
+        # the host's kernel issue is not modelled for an imported job (the plan's
+        # default); published.py runs Megatron-Core MoE rows eager (no CUDA graphs)
+        "host_issue": ("off", "eager")}
     # the embedding and loss counted as layers: the split published.py balances into
     assert stage_layer_counts(94, theirs.plan) == ours.layers_per_stage
     _same_shape(job.model, theirs.model)  # the vocabulary 151,936 included

@@ -64,12 +64,15 @@ def test_moe_models_within_todays_bounds(report):
     sliding-window layers are modelled (issue 12) the 11 gpt-oss rows are compared too
     (75 -> 86 rows); they share the fine-grained MoE rows' under-prediction (-23 % to
     -48 %; FSDP-64 AutoModel +49 %), which moved the 75 rows' median 14.0 %, p90 38.9 %,
-    bias -16.3 % to 15.5 %, 41.5 %, -17.5 %: the bounds follow by that much."""
+    bias -16.3 % to 15.5 %, 41.5 %, -17.5 %. The host's CPU time per op beyond kernel
+    launches (TE module calls, CPU-only torch calls of grouped GEMMs and quantizations,
+    the Grace host factor; Megatron-Bridge GB200 rows on partial CUDA graphs) measured
+    15.4 %, 37.4 %, -14.2 %: the bounds tighten to that."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
     assert moe["median_abs_error"] <= 0.16
-    assert moe["p90_abs_error"] <= 0.42
-    assert abs(moe["bias"]) <= 0.18
+    assert moe["p90_abs_error"] <= 0.38
+    assert abs(moe["bias"]) <= 0.15
 
 
 def test_whole_set_within_todays_bounds(report):

@@ -476,10 +476,16 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         # PyTorch eager issues every kernel from the CPU and the dropless dispatcher syncs
         # once per MoE layer (ParallelPlan.host_issue); NVIDIA's DeepSeek-V3 GB200 work
         # (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization) added partial CUDA
-        # graphs (attention, router, preprocess) before its HybridEP rows
-        fields["host_issue"] = "partial" if "hybridep" in framework else "eager"
+        # graphs (attention, router, preprocess) before its HybridEP rows, and Megatron-
+        # Bridge's MoE performance configs capture them on GB200 (Grace hosts)
+        # (scripts/performance/configs/qwen/qwen3_workload_base_configs.py: every GB200
+        # preset sets cuda_graph_impl "transformer_engine", cuda_graph_scope moe_router,
+        # moe_preprocess and mostly attn; the x86 B200/H100 FP8 presets set none)
+        partial = "hybridep" in framework or ("megatron-bridge" in framework
+                                              and run.get("gpu") == "GB200")
+        fields["host_issue"] = "partial" if partial else "eager"
         notes.append(f"host issue {fields['host_issue']} (the CPU launches "
-                     + ("the routed experts" if "hybridep" in framework else "every kernel")
+                     + ("the routed experts" if partial else "every kernel")
                      + "; dropless dispatch syncs per layer)")
     if "tokendrop" in text or "token-drop" in text:
         # NeMo's token-drop runs: capacity factor 1 with padding (static shapes, no sync)

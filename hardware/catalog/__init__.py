@@ -45,6 +45,7 @@ from hardware.spec import (
     DTYPES,
     NODE_BUCKETS,
     FABRIC_TOPOLOGIES,
+    HOST_CPUS,
     NIC_KINDS,
     PROTOCOLS,
     SCALE_UP_KINDS,
@@ -146,6 +147,7 @@ SCHEMA: dict[str, Any] = {
         "sustained_fraction": _Field(float, "fraction", required=False),
         "sm_count": _Field(int, "nonnegative", required=False, high=1_000_000),
         "memory_reserve_gib": _Field(float, "nonnegative", required=False, high=1e6),
+        "host_cpu": _Field(str, choices=HOST_CPUS, required=False),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
@@ -542,6 +544,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             sustained_fraction=gpu.get("sustained_fraction", 1.0),
             sm_count=gpu.get("sm_count", 0),
             memory_reserve_bytes=int(round(gpu.get("memory_reserve_gib", 1.0) * GIB)),
+            host_cpu=gpu.get("host_cpu", "x86"),
         ),
         scale_up=ScaleUpSpec(
             kind=up["kind"],
@@ -636,7 +639,8 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                 "memory_efficiency": g.memory_efficiency,
                 "kernel_launch_us": g.kernel_launch_s * us,
                 "sustained_fraction": g.sustained_fraction, "sm_count": g.sm_count,
-                "memory_reserve_gib": g.memory_reserve_bytes / GIB},
+                "memory_reserve_gib": g.memory_reserve_bytes / GIB,
+                "host_cpu": g.host_cpu},
         "scale_up": scale_up,
         "nic": {"count_per_node": nic.count_per_node, "gbit_per_s": nic.gbit_per_s,
                 "kind": nic.kind, "gpudirect_rdma": nic.gpudirect_rdma,
