@@ -285,10 +285,18 @@ class _RankCosts:
     first_gather_ns: int = 0     # ZeRO-3: the gather the first layer waits for
 
 
-def _kind(lowerer: StepLowerer, part: int | str) -> str | tuple[bool, int]:
+def _kind(lowerer: StepLowerer, part: int | str, layer_kind: object = None) -> object:
     """What a stage part's cost depends on: the edge's name, or the layer's kind (MoE or
-    dense, attention window: ``ModelSpec.layer_kind``)."""
-    return part if isinstance(part, str) else lowerer.model.layer_kind(part)
+    dense, attention window: ``ModelSpec.layer_kind``, or ``layer_kind`` when given) and,
+    when it differs from the plan's mode, its recompute mode: with ``recompute = "full"``
+    and ``recompute_layers = N`` the first N layers of a virtual stage re-run their
+    forward in the backward and the others do not (StepLowerer.recompute_of), so the two
+    are priced apart."""
+    if isinstance(part, str):
+        return part
+    kind = lowerer.model.layer_kind(part) if layer_kind is None else layer_kind
+    mode = lowerer.recompute_of(part)
+    return kind if mode == lowerer.plan.recompute else (kind, mode)
 
 
 #: Part groups (StepLowerer._groups) a layer's or edge's own ops may run on (a dense
@@ -431,7 +439,8 @@ class AnalyticStepModel:
         if found is None:
             counts: dict[object, list] = {}
             for part in self._stage_parts(stage):
-                kind = part if isinstance(part, str) else self._flags[part]
+                kind = _kind(self.lowerer, part,
+                             None if isinstance(part, str) else self._flags[part])
                 entry = counts.setdefault(kind, [part, 0])
                 entry[1] += 1
             found = self._kinds[stage] = tuple((kind, first, count)

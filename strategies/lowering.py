@@ -63,6 +63,13 @@ UB_PIPELINE_SPLITS = 4
 #: SMs the pipelined reduce-scatter kernels hold while the GEMM chunks run (NeMo's H100
 #: userbuffer configurations: ``proj_fprop`` / ``fc2_fprop`` ``num_sm`` 16-24).
 UB_PIPELINE_COMM_SMS = 24
+#: TP modes of PyTorch DTensor (torch.distributed.tensor.parallel, torchtitan): the
+#: all-gather of a column-parallel GEMM's input is the forward of a DTensor redistribute
+#: and autograd saves its output for the weight gradient, so the backward does not
+#: gather the input again (Megatron-LM saves only the local shard and re-gathers it).
+DTENSOR_TP = ("dtensor", "symmetric_memory")
+#: TP modes that micro-pipeline each TP collective with its GEMM.
+PIPELINED_TP = ("userbuffers", "symmetric_memory")
 #: Bytes of the gradient norm's partial sum all-reduced over the optimizer shards (fp32).
 GRAD_NORM_BYTES = 4
 #: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
@@ -214,6 +221,9 @@ class StepLowerer:
         self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
         self.tokens = plan.micro_batch * plan.seq_len // plan.cp
         self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
+        # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
+        # float8 (:meth:`_gathered_matmul`)
+        self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
         if plan.sequence_parallel and plan.tp > 1:
             self.pp_message_bytes = self.act_bytes // plan.tp
         else:
@@ -564,14 +574,21 @@ class StepLowerer:
         (Transformer Engine's ring exchange, TE ``ring_exchange`` method), the GEMM
         runs in ``tp`` chunks: chunk 0 on the local shard at once, chunk ``c`` after the
         ring's step ``c - 1`` brought the next shard (a send/recv of ``1/tp`` of the
-        activations on the copy engines, no SMs taken from the GEMM); otherwise the
-        all-gather blocks the compute stream first."""
+        activations on the copy engines, no SMs taken from the GEMM; PyTorch AsyncTP's
+        ``fused_all_gather_matmul`` does the same: torch/distributed/_symmetric_memory
+        ``_pipelined_all_gather_and_consume`` copies each peer's shard and multiplies
+        it as it lands); otherwise the all-gather blocks the compute stream first."""
         plan = self.plan
         size = self._tp_input_bytes(kernel)
+        if phase == "F" and self._fp8_tp_gather:
+            # torchao Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan's
+            # apply_tp with float8, torchao/float8/float8_tensor_parallel.py): the input
+            # is cast to float8 before the all-gather, which moves 1 byte per element
+            size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
             return
-        if plan.tp_comm_overlap != "userbuffers":
+        if plan.tp_comm_overlap not in PIPELINED_TP:
             self._tp_collective(b, "all_gather", size, label)
             self._emit_kernel(b, kernel, tag, phase)
             return
@@ -606,17 +623,24 @@ class StepLowerer:
         reduce-scatter on the TP stream while the next chunk computes on the SMs the
         communication kernel leaves (:data:`UB_PIPELINE_COMM_SMS`)."""
         plan = self.plan
-        if not (plan.sequence_parallel and plan.tp_comm_overlap == "userbuffers"):
+        if not (plan.sequence_parallel and plan.tp_comm_overlap in PIPELINED_TP):
             self._emit_kernel(b, kernel, tag, "F")
             self._tp_collective(b, "reduce_scatter" if plan.sequence_parallel else "all_reduce",
                                 self.act_bytes, label)
             return
-        chunk = self._scaled(kernel, 1.0 / UB_PIPELINE_SPLITS)
+        if plan.tp_comm_overlap == "symmetric_memory":
+            # PyTorch AsyncTP's fused_matmul_reduce_scatter
+            # (torch/distributed/_symmetric_memory _pipelined_produce_and_all2all): one
+            # GEMM chunk per destination rank, each copied to its peer by the copy
+            # engine while the next computes (no SMs held)
+            splits, comm_sms = plan.tp, 0
+        else:
+            splits, comm_sms = UB_PIPELINE_SPLITS, UB_PIPELINE_COMM_SMS
+        chunk = self._scaled(kernel, 1.0 / splits)
         last = None
-        for split in range(UB_PIPELINE_SPLITS):
-            done = self._emit_kernel(b, chunk, f"{tag}.split{split}", "F",
-                                     comm_sms=UB_PIPELINE_COMM_SMS)
-            last = self._tp_collective(b, "reduce_scatter", self.act_bytes / UB_PIPELINE_SPLITS,
+        for split in range(splits):
+            done = self._emit_kernel(b, chunk, f"{tag}.split{split}", "F", comm_sms=comm_sms)
+            last = self._tp_collective(b, "reduce_scatter", self.act_bytes / splits,
                                        f"{label}.split{split}", "tp", (done,))
         b.wait(last)
 
@@ -748,7 +772,7 @@ class StepLowerer:
         if phase == "W" or not self.plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
             return
-        if phase == "I" or self.plan.tp_comm_overlap != "userbuffers":
+        if phase == "I" or self.plan.tp_comm_overlap not in PIPELINED_TP:
             self._gathered_matmul(b, kernel, tag, label, phase)
             return
         self._gathered_matmul(b, kernel, tag, label, "I")
@@ -766,20 +790,22 @@ class StepLowerer:
         plan = self.plan
         size = self._tp_input_bytes(kernel)
         reduce_kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
-        if plan.tp_comm_overlap == "none":
-            if phase != "I" and plan.sequence_parallel:
+        # DTensor TP keeps the gathered input (DTENSOR_TP): nothing to gather again
+        regather = plan.sequence_parallel and plan.tp_comm_overlap not in DTENSOR_TP
+        if plan.tp_comm_overlap in ("none", "dtensor"):
+            if phase != "I" and regather:
                 self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, phase)
             if phase != "W":
                 self._tp_collective(b, reduce_kind, size, label)
             return
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
-            if plan.sequence_parallel:
+            if regather:
                 self._tp_collective(b, "all_gather", size, f"{label}.input")
             self._emit_kernel(b, kernel, tag, "W")
             return
         gathered = None
-        if phase == "B" and plan.sequence_parallel:
+        if phase == "B" and regather:
             gathered = self._tp_collective(b, "all_gather", size, f"{label}.input",
                                            "tp", self._deps_after(b, b.last()))
         dgrad = self._emit_kernel(b, kernel, tag, "I")

@@ -32,7 +32,7 @@ PLAN_DTYPES = ("bf16", "fp8", "fp16", "fp32")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
-TP_COMM_OVERLAPS = ("none", "async", "userbuffers")
+TP_COMM_OVERLAPS = ("none", "async", "userbuffers", "dtensor", "symmetric_memory")
 PS_PLACEMENTS = ("dedicated", "colocated")
 #: Fused attention implementations a plan can name; ``auto`` is Transformer Engine's own
 #: choice for the GPU (hardware.compute.DEFAULT_ATTENTION_IMPL).
@@ -131,7 +131,12 @@ class ParallelPlan:
             collective blocks the compute stream: Megatron-LM 2021), ``async``
             (Megatron-Core: the column-parallel backward's input all-gather and
             gradient reduce-scatter overlap its GEMMs) or ``userbuffers`` (Transformer
-            Engine pipelines every TP collective with its GEMM: ``--tp-comm-overlap``).
+            Engine pipelines every TP collective with its GEMM: ``--tp-comm-overlap``);
+            PyTorch DTensor TP (torchtitan): ``dtensor`` (every collective blocks, and
+            the column-parallel backward reuses the gathered input autograd saved
+            instead of gathering it again) or ``symmetric_memory`` (torchtitan's
+            AsyncTP: each all-gather/GEMM and GEMM/reduce-scatter pair micro-pipelined
+            over symmetric memory with copy-engine transfers).
         recompute_layers: with ``recompute = "full"``, recompute only this many layers
             of each virtual stage (Megatron ``--recompute-method block
             --recompute-num-layers``); 0 = all of them.
@@ -246,8 +251,11 @@ class ParallelPlan:
                                     choices=lambda: GRAD_REDUCE_DTYPES)
     tp_comm_overlap: str = _field("async", "TP communication against compute: none (blocking), "
                                            "async (Megatron-Core's overlapped column-parallel "
-                                           "backward) or userbuffers (TE pipelines every TP "
-                                           "collective with its GEMM).",
+                                           "backward), userbuffers (TE pipelines every TP "
+                                           "collective with its GEMM), dtensor (PyTorch "
+                                           "DTensor TP: blocking, gathered input saved for "
+                                           "the backward) or symmetric_memory (PyTorch "
+                                           "AsyncTP: micro-pipelined over symmetric memory).",
                                   choices=lambda: TP_COMM_OVERLAPS)
     recompute_layers: int = _field(0, "With full recompute: layers of each virtual stage to "
                                       "recompute (0 = all; Megatron --recompute-num-layers).",

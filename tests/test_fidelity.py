@@ -29,6 +29,15 @@ EXACT = [
     dict(model="mixtral-8x7b", gpus=64, tp=2, ep=8, seq_len=4096, global_batch=64),
     dict(model="llama2-7b", gpus=16, tp=2, seq_len=2048, global_batch=32, micro_batch=2,
          recompute="selective"),
+    # block recompute of some layers: recomputed and kept layers are priced apart
+    # (Megatron-LM --recompute-method block --recompute-num-layers 3)
+    dict(model="llama2-7b", gpus=16, tp=2, seq_len=2048, global_batch=32, recompute="full",
+         recompute_layers=3),
+    # PyTorch DTensor TP, blocking and micro-pipelined over symmetric memory (torchtitan)
+    dict(model="llama3-8b", gpus=16, tp=8, seq_len=4096, global_batch=16, zero=3,
+         tp_comm_overlap="dtensor"),
+    dict(model="llama3-8b", gpus=16, tp=8, seq_len=4096, global_batch=16, zero=3,
+         tp_comm_overlap="symmetric_memory", dtype="fp8", fp8_recipe="torchao"),
 ]
 
 

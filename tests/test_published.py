@@ -53,9 +53,9 @@ def test_the_set_spans_sources_generations_and_dtypes(report):
 def test_dense_models_within_todays_bounds(report):
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
-    assert dense["median_abs_error"] <= 0.07
-    assert dense["p90_abs_error"] <= 0.18
-    assert abs(dense["bias"]) <= 0.03
+    assert dense["median_abs_error"] <= 0.065
+    assert dense["p90_abs_error"] <= 0.17
+    assert abs(dense["bias"]) <= 0.025
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -105,7 +105,8 @@ def test_each_preset_reproduces_its_calibration_rows():
     calibration rows within 1 % (the bisection resolution is 0.25 % of the fraction)."""
     models = load_models()
     chosen = calibration_rows()
-    assert set(chosen) >= {"dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72"}
+    assert set(chosen) >= {"dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72",
+                           "grand-teton-h100-96gb"}
     for preset, runs in chosen.items():
         assert runs, f"{preset}: no calibration row found"
         frame = evaluate(runs, models=models)
@@ -114,8 +115,9 @@ def test_each_preset_reproduces_its_calibration_rows():
         assert abs(frame["error"].median()) <= 0.01, (preset, frame["error"].median())
 
 
+# grand-teton-h100-96gb is not here: its H100s run at a 500 W power limit, not 700 W, and
+# it carries its own calibration (roles.toml; test_each_preset_reproduces_its_calibration_rows)
 @pytest.mark.parametrize("preset,like", [("hgx-h200", "dgx-h100"), ("gcp-a3-mega", "dgx-h100"),
-                                         ("grand-teton-h100-96gb", "dgx-h100"),
                                          ("dgx-h800", "dgx-h100"),
                                          ("dgx-a100-40gb", "dgx-a100")])
 def test_presets_with_the_same_gpu_share_its_calibration(preset, like):
@@ -153,3 +155,34 @@ def test_torchtitan_selective_checkpointing_is_its_own_policy(row_id, expected):
     run = next(r for r in load_runs(sources=["pytorch_torchtitan"]) if r.row_id == row_id)
     plan = scenario_for(run, load_models(), load_nemo_recipes()).plan
     assert {name: getattr(plan, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize("row_id, expected", [
+    # Table 5: "PP schedule 1F1B" and "Interleaved 1F1B"; torchtitan's 2 stages per rank
+    # for looped schedules, one micro-batch per stage of the local batch of 32
+    ("tt_t5_1", {"schedule": "1f1b", "vpp": 1, "micro_batch": 4,
+                 "tp_comm_overlap": "symmetric_memory"}),
+    ("tt_t5_2", {"schedule": "interleaved", "vpp": 2, "micro_batch": 2,
+                 "tp_comm_overlap": "symmetric_memory"}),
+    # Table 4: 2D without and with AsyncTP
+    ("tt_t4_1", {"schedule": "1f1b", "tp_comm_overlap": "dtensor"}),
+    ("tt_t4_2", {"schedule": "1f1b", "tp_comm_overlap": "symmetric_memory"}),
+])
+def test_torchtitan_rows_run_their_printed_schedule_and_tp(row_id, expected):
+    """A torchtitan row runs the pipeline schedule and TP mode it prints."""
+    from validate.published import load_nemo_recipes, load_runs, scenario_for
+    run = next(r for r in load_runs(sources=["pytorch_torchtitan"]) if r.row_id == row_id)
+    plan = scenario_for(run, load_models(), load_nemo_recipes()).plan
+    assert {name: getattr(plan, name) for name in expected} == expected
+
+
+def test_torchtitan_within_todays_bounds(report):
+    """torchtitan (issue 12): the printed schedules, DTensor TP / AsyncTP, torchao float8
+    all-gathers and the 500 W Grand Teton calibration took it from median 11.6 %,
+    p90 29.0 %, bias -7.9 % (28 rows) to 3.5 %, 17.4 %, -3.9 % (26 validation rows); the
+    rest is mostly the context-parallel rows (Tables 2 and 6)."""
+    line = _line(report, "pytorch_torchtitan")
+    assert line["compared"] >= 26
+    assert line["median_abs_error"] <= 0.05
+    assert line["p90_abs_error"] <= 0.19
+    assert abs(line["bias"]) <= 0.05

@@ -45,7 +45,8 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import MLASpec, ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
-from validate.published_stacks import framework_defaults, framework_kind, stack_settings
+from validate.published_stacks import (framework_defaults, framework_kind, stack_settings,
+                                       torchtitan_pipeline)
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
@@ -358,17 +359,25 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     if model.moe is None:
         ep = 1
     micro = run.integer("micro_batch")
-    if micro is None and "torchtitan" in run.get("framework").lower():
+    vpp = run.integer("vpp", 1) or 1
+    schedule = "interleaved" if vpp > 1 else "1f1b"
+    is_torchtitan = "torchtitan" in run.get("framework").lower()
+    if is_torchtitan and pp > 1 and vpp == 1:
+        # the schedule the row prints, with torchtitan's default stages per rank
+        schedule, vpp = torchtitan_pipeline(run.get("citation") + " " + run.get("notes"), pp)
+        if vpp > 1:
+            assumptions.append(f"{vpp} stages per rank (torchtitan's default for the printed "
+                               "interleaved schedule)")
+    if micro is None and is_torchtitan:
         # torchtitan accumulates no gradients: a rank's local batch is one micro-batch,
         # split over the pipeline's stages when there is one (its default
-        # pipeline_parallel_microbatches)
+        # pipeline_parallel_microbatches: the total number of stages, pp * vpp)
         local = run.integer("global_batch_seqs") // dp
-        micro = max(1, local // (pp * (run.integer("vpp", 1) or 1))) if pp > 1 else local
+        micro = max(1, local // (pp * vpp)) if pp > 1 else local
         assumptions.append(f"micro-batch {micro} (torchtitan: the local batch)")
     if micro is None:
         micro = 1
         assumptions.append("micro-batch 1 (not printed)")
-    vpp = run.integer("vpp", 1) or 1
     defaults = framework_defaults(run.get("framework"), run.get("framework_version"))
     fsdp = run.integer("fsdp", 0) or 0
     if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP
@@ -394,7 +403,7 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     fields = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro,
                   global_batch=run.integer("global_batch_seqs"), seq_len=run.integer("seq_len"),
                   recompute=recompute, recompute_layers=recompute_layers,
-                  schedule="interleaved" if vpp > 1 else "1f1b", dtype=run.get("dtype"),
+                  schedule=schedule, dtype=run.get("dtype"),
                   sequence_parallel=tp > 1, **defaults)
     stack = stack_settings(run.fields, fields, recipe, num_layers=model.num_layers)
     fields.update(stack.fields)

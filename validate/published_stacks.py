@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["MEGATRON_BRIDGE_OFFLOAD", "StackSettings", "framework_defaults", "framework_kind",
-           "recompute_modules_of", "stack_settings"]
+           "recompute_modules_of", "stack_settings", "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
 _KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
@@ -90,8 +90,11 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     * torchtitan: FSDP2 with ``mixed_precision_reduce = "float32"``; SDPA's flash backend
       (FlashAttention-2); torchao float8; without ``torch.compile`` eager RMSNorm, SwiGLU,
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
-      DTensor TP collectives blocking (AsyncTP is opt-in).
-    * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8.
+      DTensor TP (``tp_comm_overlap = "dtensor"``: collectives block the compute
+      stream, the column-parallel backward reuses the gathered input autograd saved;
+      AsyncTP is opt-in, :func:`stack_settings`).
+    * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
+      DTensor TP.
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
@@ -108,11 +111,11 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
                 "attention_impl": "fa1", "fp8_recipe": "te-linear", "elementwise": "eager",
                 "cross_entropy": "fused"}
     if kind == "torchtitan":
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
                 "cross_entropy": "eager"}
     if kind == "pytorch-fsdp":
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "fp8_recipe": "torchao", "cross_entropy": "eager"}
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
@@ -146,6 +149,23 @@ def recompute_modules_of(detail: str) -> tuple[tuple[str, ...], list[str]]:
         elif module not in modules:
             modules.append(module)
     return tuple(modules), unknown
+
+
+def torchtitan_pipeline(text: str, pp: int) -> tuple[str, int]:
+    """The pipeline schedule and stages per rank a torchtitan row ran (``text``: its
+    citation and notes, which print the schedule, e.g. "PP schedule Interleaved 1F1B").
+
+    torchtitan (``torchtitan/parallelisms/pipelining_utils.py`` @9dec370,
+    ``generate_split_points``) builds one stage per rank for single-stage schedules
+    (``1F1B``, ``GPipe``) and, with no split points given, two stages per rank for the
+    looped multi-stage ones (``Interleaved1F1B``, ``LoopedBFS``); its
+    ``build_pipeline_schedule`` then runs as many micro-batches as there are stages in
+    total (``pipeline_parallel_microbatches`` unset). Returns ``(schedule, vpp)``:
+    ``("interleaved", 2)`` when the row prints an interleaved schedule, else ``("1f1b", 1)``.
+    """
+    if pp > 1 and "interleaved 1f1b" in text.lower():
+        return "interleaved", 2
+    return "1f1b", 1
 
 
 def _torchtitan_selective(detail: str, num_layers: int, pp: int) -> dict[str, object]:
@@ -183,6 +203,12 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
     if kind == "torchtitan" and "compile" in (framework + notes_text).lower():
         fields.update(elementwise="fused", cross_entropy="fused")
         notes.append("torch.compile: fused elementwise kernels and loss")
+        if int(plan_fields.get("tp", 1)) > 1 and "asynctp" in notes_text.lower().replace(" ", ""):
+            # torchtitan enable_async_tensor_parallel: torch._inductor's micro-pipeline TP
+            # pass rewrites the TP all-gather/matmul and matmul/reduce-scatter pairs into
+            # torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+            fields["tp_comm_overlap"] = "symmetric_memory"
+            notes.append("AsyncTP (printed): TP collectives micro-pipelined over symmetric memory")
     if kind == "megatron-core" and row.get("dtype") == "fp8":
         gpu = row.get("gpu", "")
         if gpu in ("B200", "GB200") and ("MXFP8" in notes_text or "FP8-MX" in notes_text):
