@@ -845,7 +845,7 @@ class AnalyticStepModel:
                 free += cost_ns
             kinds: dict[object, int] = {}  # a layer kind's forward, ns
             for layer in lowerer.stage_layers[stage]:
-                kind = flags[layer]
+                kind = _kind(lowerer, layer, flags[layer])
                 cost_ns = kinds.get(kind)
                 if cost_ns is None:
                     cost_ns = kinds[kind] = self._kind_cost(pricer, p, layer, kind,
@@ -973,7 +973,7 @@ class AnalyticStepModel:
                 parts = self._stage_parts(stage)
             flags, by_kind, rows = self._flags, {}, []
             for part in parts:
-                kind = part if isinstance(part, str) else flags[part]
+                kind = _kind(lowerer, part, None if isinstance(part, str) else flags[part])
                 entry = by_kind.get(kind)
                 if entry is None:
                     entry = by_kind[kind] = (self._kind_cost(pricer, p, part, kind, comp),
