@@ -303,6 +303,9 @@ def _kind(lowerer: StepLowerer, part: int | str, layer_kind: object = None) -> o
 #: model's only the first three).
 _PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
 _COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
+#: AnalyticStepModel._rank_actions by (placement, split backward, micro-batches, rank,
+#: the lowering's last_microbatch).
+_RANK_ACTIONS: dict[tuple, tuple] = {}
 #: AnalyticStepModel._gather_repeats: gathering actions per (what decides, placement,
 #: micro-batches, comp, stage).
 _REPEATS: dict[tuple, int] = {}
@@ -447,13 +450,20 @@ class AnalyticStepModel:
                                                for kind, (first, count) in counts.items())
         return found
 
-    def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
+    def _rank_actions(self, p: int) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
         backward actions of the last micro-batch through each of its stages, in the
         order the rank runs them."""
         lowerer = self.lowerer
-        stages = list(lowerer.placement.stages_of(p))
         split = lowerer.schedule.split_backward
+        # (what decides them: the placement, split backwards and the micro-batch count,
+        # through StepLowerer.last_microbatch; immutable, so shared by plans)
+        key = (lowerer.placement, split, self.plan.num_microbatches, p,
+               type(lowerer).last_microbatch)
+        found = _RANK_ACTIONS.get(key)
+        if found is not None:
+            return found
+        stages = list(lowerer.placement.stages_of(p))
         work = [Action(s, "F", 0) for s in stages]
         tail = []
         for s in reversed(stages):
@@ -464,7 +474,11 @@ class AnalyticStepModel:
             else:
                 work.append(Action(s, "B", 0))
                 tail.append(Action(s, "B", last))
-        return work, tail
+        found = (tuple(work), tuple(tail))
+        if len(_RANK_ACTIONS) >= 65536:
+            _RANK_ACTIONS.clear()
+        _RANK_ACTIONS[key] = found
+        return found
 
     def _counts(self, p: int) -> dict[tuple, int]:
         """How often each kind of action runs on pipeline rank ``p``
