@@ -364,7 +364,11 @@ class NetworkModel:
         # the entries in the order a walk over the transfers would list them, so each
         # link's bytes add up in the same order)
         by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
-        for t in transfers:
+        modes = {t.mode for t in transfers}
+        if len(modes) == 1:  # (the common case: the same lists, built column by column)
+            by_mode[modes.pop()] = ([t.src for t in transfers], [t.dst for t in transfers],
+                                    [t.payload_bytes for t in transfers])
+        for t in transfers if not by_mode else ():
             entry = by_mode.get(t.mode)
             if entry is None:
                 entry = by_mode[t.mode] = ([], [], [])

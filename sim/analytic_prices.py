@@ -72,9 +72,11 @@ _NOT_IN_PARTS = frozenset({
     "optimizer_impl", "store_param_remainders", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) does not read
-#: (its layers, embedding and head are keyed on their own).
+#: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
+#: micro_batch and seq_len, shape activations, never the parameters it updates).
 _NOT_IN_OPTIMIZER = frozenset({
-    "global_batch", "recompute", "recompute_layers", "recompute_modules",
+    "global_batch", "micro_batch", "seq_len", "recompute", "recompute_layers",
+    "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "store_param_remainders"})
 #: What places a rank's groups and picks what runs on its data-parallel group: the

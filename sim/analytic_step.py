@@ -38,6 +38,15 @@ agree to the nanosecond (tests). With pipelines they differ by how waits inside
 the steady state and the drain overlap the reduction: under 1 % on the tested
 schedules, under 5 % with ZeRO-3, whose prefetch also runs through the bubbles.
 
+What a plan costs to price (issue 16): every distinct part (layer kind, edge) in
+each phase is list-scheduled once per :class:`PricingCache` for all plans that read
+it the same way (:mod:`sim.analytic_prices`); a plan itself builds no action list
+where the schedule has a closed form for its counts
+(:meth:`strategies.schedules.PipelineSchedule.action_counts`, ``first_action``: every
+schedule without F&B pairs) and walks its stages from per-plan tables of part prices
+and their sums (``fast``; ``fast=False`` is the reference walk over the lists,
+tests/test_fast_analytic.py checks both give the same result).
+
 Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
 (its TP/CP peers wait for them); the step is the slower of that pipeline and the
 others, as data parallelism synchronises them.
@@ -294,6 +303,9 @@ def _kind(lowerer: StepLowerer, part: int | str, layer_kind: object = None) -> o
 #: model's only the first three).
 _PART_GROUPS = ("tp", "cp", "ep", "etp", "ep_etp", "ep_rail", "ep_local")
 _COUNTS: dict[int, tuple[Sequence[Action], dict[tuple, int]]] = {}
+#: AnalyticStepModel._rank_actions by (placement, split backward, micro-batches, rank,
+#: the lowering's last_microbatch).
+_RANK_ACTIONS: dict[tuple, tuple] = {}
 #: AnalyticStepModel._gather_repeats: gathering actions per (what decides, placement,
 #: micro-batches, comp, stage).
 _REPEATS: dict[tuple, int] = {}
@@ -348,12 +360,18 @@ class AnalyticStepModel:
             (stragglers), by pipeline rank.
         shared: prices shared with other plans on the same cost model (only the
             ordinary ranks' pricer uses them).
+        fast: count actions with the schedule's closed form
+            (:meth:`strategies.schedules.PipelineSchedule.action_counts`) and walk a
+            stage's parts from per-plan tables instead of building action lists and
+            looking each part up; False: the original walk over the lists (the
+            reference tests/test_fast_analytic.py compares with: same results).
     """
 
     def __init__(self, lowerer: StepLowerer, pricer: OpPricer,
                  stage_pricers: Mapping[int, OpPricer] | None = None,
-                 shared: SharedPrices | None = None) -> None:
+                 shared: SharedPrices | None = None, fast: bool = True) -> None:
         self.lowerer = lowerer
+        self.fast = fast
         self.pricer = pricer
         self.stage_pricers = dict(stage_pricers or {})
         self.plan = lowerer.plan
@@ -365,6 +383,9 @@ class AnalyticStepModel:
         self._keys: dict[object, tuple] = {}
         self._kinds: dict[int, tuple] = {}
         self._grads: dict[object, tuple | None] = {}
+        self._tables: dict[tuple, tuple] = {}
+        self._kind_gathers: dict[tuple, int] = {}
+        self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
 
     # ------------------------------------------------------------ shared keys
@@ -390,6 +411,10 @@ class AnalyticStepModel:
         if found is None:
             found = (name, type(self.lowerer), self.shared.model_key(self.lowerer.model),
                      plan_fields(self.plan, name))
+            if name == "groups":
+                # a chunk held by several pipeline ranks (DualPipe) reduces its gradients
+                # over their copies too (StepLowerer's "grad" group): the schedule decides
+                found += (self.lowerer.chunk_copies,)
             self._keys[name] = found
         return found
 
@@ -425,13 +450,20 @@ class AnalyticStepModel:
                                                for kind, (first, count) in counts.items())
         return found
 
-    def _rank_actions(self, p: int) -> tuple[list[Action], list[Action]]:
+    def _rank_actions(self, p: int) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
         """One micro-batch's actions of rank ``p`` (all its virtual stages), and the
         backward actions of the last micro-batch through each of its stages, in the
         order the rank runs them."""
         lowerer = self.lowerer
-        stages = list(lowerer.placement.stages_of(p))
         split = lowerer.schedule.split_backward
+        # (what decides them: the placement, split backwards and the micro-batch count,
+        # through StepLowerer.last_microbatch; immutable, so shared by plans)
+        key = (lowerer.placement, split, self.plan.num_microbatches, p,
+               type(lowerer).last_microbatch)
+        found = _RANK_ACTIONS.get(key)
+        if found is not None:
+            return found
+        stages = list(lowerer.placement.stages_of(p))
         work = [Action(s, "F", 0) for s in stages]
         tail = []
         for s in reversed(stages):
@@ -442,7 +474,21 @@ class AnalyticStepModel:
             else:
                 work.append(Action(s, "B", 0))
                 tail.append(Action(s, "B", last))
-        return work, tail
+        found = (tuple(work), tuple(tail))
+        if len(_RANK_ACTIONS) >= 65536:
+            _RANK_ACTIONS.clear()
+        _RANK_ACTIONS[key] = found
+        return found
+
+    def _counts(self, p: int) -> dict[tuple, int]:
+        """How often each kind of action runs on pipeline rank ``p``
+        (:func:`_action_counts`), from the schedule's closed form when ``fast``."""
+        lowerer = self.lowerer
+        if not self.fast:
+            return _action_counts(lowerer.actions()[p])
+        plan = self.plan
+        return lowerer.schedule.action_counts(plan.pp, plan.num_microbatches, plan.vpp,
+                                              lowerer.overlap)[p]
 
     def _signature(self, p: int) -> tuple:
         """Ranks with equal signatures do equal work (symmetry of the stages; ranks whose
@@ -450,7 +496,7 @@ class AnalyticStepModel:
         lowerer, flags = self.lowerer, self._flags
         placement = lowerer.placement
         # (an overlapped pair is a "pair" kind among the row's memoised action counts)
-        paired = any(key[0] == "pair" for key in _action_counts(lowerer.actions()[p]))
+        paired = any(key[0] == "pair" for key in self._counts(p))
         return (self.stage_pricers.get(p, self.pricer).speed, p if paired else None,
                 tuple((tuple(flags[layer] for layer in lowerer.stage_layers[s]),
                        placement.is_first(s), placement.is_last(s),
@@ -599,10 +645,12 @@ class AnalyticStepModel:
             self._phase_costs[key] = cost
         return cost
 
-    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action]) -> OpListCost:
+    def _work_cost(self, pricer: OpPricer, p: int, actions: Sequence[Action] | dict
+                   ) -> OpListCost:
         """Compute and exposed communication of ``actions`` back to back (an overlapped
-        pair as one), each kind of action priced once and counted."""
-        counts = _action_counts(actions)
+        pair as one), each kind of action priced once and counted (``actions`` may be
+        their counts already, :func:`_action_counts`)."""
+        counts = actions if isinstance(actions, dict) else _action_counts(actions)
         total = OpListCost(exposed_ns={})
         for key, count in counts.items():
             cost = (self._pair_cost(pricer, p, *key[1:]) if key[0] == "pair"
@@ -615,7 +663,7 @@ class AnalyticStepModel:
     def _rank_costs(self, p: int) -> _RankCosts:
         pricer = self.stage_pricers.get(p, self.pricer)
         _, tail = self._rank_actions(p)
-        per_step = self._work_cost(pricer, p, self.lowerer.actions()[p])
+        per_step = self._work_cost(pricer, p, self._counts(p))
         gathers, first_gather = self._gathers_ns(pricer, p)
         return _RankCosts(per_step, self._work_cost(pricer, p, tail),
                           self._finish_cost(pricer, p, tail), gathers, first_gather)
@@ -646,6 +694,15 @@ class AnalyticStepModel:
             return 0, 0
         work, _ = self._rank_actions(p)
         total = first = 0
+        if self.fast:
+            for action in work:
+                repeats = self._gather_repeats(action.comp, action.stage)
+                if repeats:
+                    layers = self.lowerer.stage_layers[action.stage]
+                    total += self._layers_gather_ns(pricer, p, layers) * repeats
+                    for layer in layers if not first else ():
+                        first = first or self._kind_gather_ns(pricer, p, layer)
+            return total, first
         for action in work:
             repeats = self._gather_repeats(action.comp, action.stage)
             if not repeats:
@@ -661,6 +718,18 @@ class AnalyticStepModel:
         parameters (StepLowerer.gathers_params over the micro-batches on its route),
         counted once per (what decides gathering, placement, micro-batches, comp,
         stage) in a module table."""
+        found = self._repeats.get((comp, stage))
+        if found is not None:
+            return found
+        if self.fast:
+            found = self.lowerer.gathering_microbatches(comp, stage)
+        else:
+            found = self._gather_repeats_of(comp, stage)
+        self._repeats[(comp, stage)] = found
+        return found
+
+    def _gather_repeats_of(self, comp: str, stage: int) -> int:
+        """:meth:`_gather_repeats` from the module table."""
         lowerer, plan = self.lowerer, self.plan
         placement, m = lowerer.placement, plan.num_microbatches
         # everything StepLowerer.gathers_params reads besides (comp, micro-batch)
@@ -681,14 +750,48 @@ class AnalyticStepModel:
         (StepLowerer.gathers_params), back to back: the data-parallel stream runs them
         while the rank waits for its first input, time the replay counts as exposed."""
         lowerer = self.lowerer
-        first = lowerer.actions()[p][0]
+        if self.fast:
+            plan = self.plan
+            first = lowerer.schedule.first_action(p, plan.pp, plan.num_microbatches,
+                                                  plan.vpp, lowerer.overlap)
+        else:
+            first = lowerer.actions()[p][0]
         if not lowerer.gathers_params(first.comp, first.microbatch):
             return 0
         pricer = self.stage_pricers.get(p, self.pricer)
+        if self.fast:
+            return self._layers_gather_ns(pricer, p, lowerer.stage_layers[first.stage])
         total = 0
         for layer in lowerer.stage_layers[first.stage]:
             total += self._gather_ns(pricer, p, layer) or 0
         return total
+
+    def _kind_gather_ns(self, pricer: OpPricer, p: int, layer: int) -> int:
+        """:meth:`_gather_ns` of ``layer`` (0 for nothing), looked up by its kind in a
+        per-plan table."""
+        key = (id(pricer), p, self._flags[layer])
+        found = self._kind_gathers.get(key)
+        if found is None:
+            found = self._kind_gathers[key] = self._gather_ns(pricer, p, layer) or 0
+        return found
+
+    def _layers_gather_ns(self, pricer: OpPricer, p: int, layers: Sequence[int]) -> int:
+        """The parameter gathers of ``layers`` on rank ``p`` back to back (whole
+        nanoseconds: the sum of :meth:`_gather_ns` in any order), by kind."""
+        key = (id(pricer), p, tuple(layers))
+        found = self._kind_gathers.get(key)
+        if found is None:
+            flags, kinds = self._flags, {}
+            for layer in layers:
+                kind = flags[layer]
+                if kind in kinds:
+                    kinds[kind][1] += 1
+                else:
+                    kinds[kind] = [layer, 1]
+            found = sum(self._kind_gather_ns(pricer, p, layer) * count
+                        for layer, count in kinds.values())
+            self._kind_gathers[key] = found
+        return found
 
     def _gather_fill_delay_ns(self, t_p2p: int) -> int:
         """How much later micro-batch 0's forward leaves the last stage because layers
@@ -700,6 +803,8 @@ class AnalyticStepModel:
         if not lowerer.gathers_params("F", 0):
             return 0
         placement = lowerer.placement
+        if self.fast:
+            return self._gather_fill_delay_fast_ns(t_p2p)
         dp_free: dict[int, int] = {}
         gathered: dict[int, int] = {}
         for stage, layers in enumerate(lowerer.stage_layers):
@@ -721,6 +826,52 @@ class AnalyticStepModel:
                 cost = self._part_cost(pricer, p, part, "F").total_ns
                 waiting += cost
                 free += cost
+            if stage < last and lowerer._crosses(stage, stage + 1):
+                waiting += t_p2p
+                free += t_p2p
+        return waiting - free
+
+    def _gather_fill_delay_fast_ns(self, t_p2p: int) -> int:
+        """:meth:`_gather_fill_delay_ns` from per-plan tables (:meth:`_stage_table`,
+        :meth:`_kind_gather_ns`): the same sums, each part looked up once per plan."""
+        lowerer = self.lowerer
+        placement = lowerer.placement
+        holders = placement.rank_of_stage
+        dp_free: dict[int, int] = {}
+        gathered: dict[int, int] = {}
+        for stage, layers in enumerate(lowerer.stage_layers):
+            p = holders[stage]
+            pricer = self.stage_pricers.get(p, self.pricer)
+            free = dp_free.get(p, 0)
+            for layer in layers:
+                free += self._kind_gather_ns(pricer, p, layer)
+                gathered[layer] = free
+            dp_free[p] = free
+        waiting = free = 0
+        last = placement.num_chunks - 1  # micro-batch 0 runs the first route
+        flags = self._flags
+        for stage in range(last + 1):
+            p = holders[stage]
+            pricer = self.stage_pricers.get(p, self.pricer)
+            if stage == 0:
+                cost_ns = self._part_cost(pricer, p, "embedding", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
+            kinds: dict[object, int] = {}  # a layer kind's forward, ns
+            for layer in lowerer.stage_layers[stage]:
+                kind = _kind(lowerer, layer, flags[layer])
+                cost_ns = kinds.get(kind)
+                if cost_ns is None:
+                    cost_ns = kinds[kind] = self._kind_cost(pricer, p, layer, kind,
+                                                            "F").total_ns
+                if gathered[layer] > waiting:
+                    waiting = gathered[layer]
+                waiting += cost_ns
+                free += cost_ns
+            if stage == last:
+                cost_ns = self._part_cost(pricer, p, "head", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
             if stage < last and lowerer._crosses(stage, stage + 1):
                 waiting += t_p2p
                 free += t_p2p
@@ -759,8 +910,19 @@ class AnalyticStepModel:
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
         placement = lowerer.placement
-        for action in actions:
+        if self.fast and not gathers:
+            # the same walk from per-plan tables of each stage's parts
+            dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
+            actions_left: Sequence[Action] = ()
+        else:
+            actions_left = actions
+        for action in actions_left:
             stage, comp = action.stage, action.comp
+            if self.fast and not lowerer.gathers_params(comp, action.microbatch):
+                # (an action that gathers nothing: from the tables too)
+                dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
+                                           dp_free)
+                continue
             layers = list(lowerer.stage_layers[stage])
             if comp == "F":
                 parts = (["embedding"] if placement.is_first(stage) else []) + layers
@@ -807,6 +969,92 @@ class AnalyticStepModel:
         cost.optimizer_ns = optimizer.optimizer_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
+
+    def _stage_table(self, pricer: OpPricer, p: int, stage: int, comp: str) -> tuple:
+        """The parts of one virtual stage's ``comp`` in the order the lowering runs them
+        (forward: embedding, layers, head; else head, layers reversed, embedding), each
+        as (its list schedule :meth:`_part_cost`, the part, its whole gradient bytes
+        :meth:`_part_grads` or None), once per plan."""
+        key = (id(pricer), stage, comp)
+        table = self._tables.get(key)
+        if table is None:
+            lowerer, placement = self.lowerer, self.lowerer.placement
+            if comp == "F":
+                parts = (["embedding"] if placement.is_first(stage) else [])
+                parts += list(lowerer.stage_layers[stage])
+                parts += ["head"] if placement.is_last(stage) else []
+            else:
+                parts = self._stage_parts(stage)
+            flags, by_kind, rows = self._flags, {}, []
+            for part in parts:
+                kind = _kind(lowerer, part, None if isinstance(part, str) else flags[part])
+                entry = by_kind.get(kind)
+                if entry is None:
+                    entry = by_kind[kind] = (self._kind_cost(pricer, p, part, kind, comp),
+                                             self._part_grads(part))
+                rows.append((entry[0], part, entry[1]))
+            table = tuple(rows)
+            self._tables[key] = table
+        return table
+
+    def _walk_parts(self, pricer: OpPricer, p: int, actions: Sequence[Action], finish: bool,
+                    cost: OpListCost, pending: dict[int, dict[str, float]],
+                    used: dict[int, tuple[OpListCost, int]], dp_free: int = 0) -> int:
+        """:meth:`_walk`'s loop over ``actions`` without parameter gathers, from
+        :meth:`_stage_table` (each part looked up once per plan, bucket fills by whole
+        part sums, each bucket's reduction priced once per size; an action that reduces
+        nothing adds its stage's sums at once, whole nanoseconds): adds to ``cost``,
+        ``pending`` and ``used`` what the loop adds; returns where the data-parallel
+        stream ends (``dp_free`` where it ends before)."""
+        lowerer, plan = self.lowerer, self.plan
+        bucket, overlap = plan.grad_bucket_bytes, plan.overlap_grad_reduce
+        total = cost.total_ns
+        compute = cost.compute_ns
+        reductions: dict[tuple[str, float], int | None] = {}
+        for action in actions:
+            stage, comp = action.stage, action.comp
+            reduce_now = (finish and comp in ("B", "W") and overlap
+                          and action.microbatch == lowerer.last_microbatch(stage))
+            grads = pending.setdefault(stage, {})
+            if not reduce_now:
+                # the parts' sums, kind by kind (whole ns): _phase_cost, whose exposed
+                # time is that of its parts times their counts
+                phase = self._phase_cost(pricer, p, stage, comp)
+                total += phase.total_ns
+                compute += phase.compute_ns
+                if phase.exposed_ns:
+                    used[id(phase)] = (phase, used.get(id(phase), (0, 0))[1] + 1)
+                continue
+            table = self._stage_table(pricer, p, stage, comp)
+            last = len(table) - 1
+            for index, (part_cost, part, sums) in enumerate(table):
+                total += part_cost.total_ns
+                compute += part_cost.compute_ns
+                if part_cost.exposed_ns:
+                    used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
+                if not reduce_now:
+                    continue
+                final = index == last
+                if sums is None:
+                    due = lowerer.fill_buckets(lowerer.part_kernels(part), grads, final)
+                else:  # _fill, inline
+                    due = []
+                    for group, added in zip(("dense", "expert"), sums):
+                        size = grads.get(group, 0.0) + added
+                        if size > 0 and (size >= bucket or final):
+                            due.append((group, size))
+                            size = 0.0
+                        grads[group] = size
+                for due_bucket in due:
+                    if due_bucket in reductions:
+                        duration = reductions[due_bucket]
+                    else:
+                        duration = reductions[due_bucket] = self._reduction_ns(
+                            pricer, p, *due_bucket)
+                    if duration is not None:
+                        dp_free = (dp_free if dp_free > total else total) + duration
+        cost.total_ns, cost.compute_ns = total, compute
+        return dp_free
 
     def run(self) -> AnalyticStep:
         """The step's time, per-rank ends and breakdown."""
@@ -870,7 +1118,14 @@ class AnalyticStepModel:
         plan, lowerer = self.plan, self.lowerer
         schedule, placement = lowerer.schedule, lowerer.placement
         pairs: dict[tuple[int, int], int] = {}
-        for row in lowerer.actions():
+        if self.fast:
+            for p in range(plan.pp):
+                for key in self._counts(p):
+                    if key[0] == "pair" and key[1:3] not in pairs:
+                        holder = placement.rank_of(key[1])
+                        pricer = self.stage_pricers.get(holder, self.pricer)
+                        pairs[key[1:3]] = self._pair_cost(pricer, holder, *key[1:]).total_ns
+        for row in () if self.fast else lowerer.actions():
             for first, second in zip(row, row[1:]):
                 if first.overlap:
                     forward, backward = (first, second) if first.comp == "F" else (second, first)
@@ -921,7 +1176,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                   layout: ClusterLayout, *, compute: ComputeTimer | None = None,
                   stragglers: Mapping[int, float] | None = None,
                   lowerer: StepLowerer | None = None,
-                  cache: PricingCache | None = None) -> AnalyticStep:
+                  cache: PricingCache | None = None, fast: bool = True) -> AnalyticStep:
     """Closed-form step of ``model`` under ``plan`` (module docstring).
 
     Args:
@@ -933,6 +1188,8 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             the slowest replica.
         lowerer: a StepLowerer to reuse.
         cache: cost models to share with other evaluations.
+        fast: :class:`AnalyticStepModel`'s ``fast`` (False: the reference walk over
+            the action lists; the same result).
 
     Returns:
         :class:`AnalyticStep` of the slowest pipeline.
@@ -945,7 +1202,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         cost = cache.cost_model(layout, compute)
         shared = cache.shared_prices(layout, compute)
     pricer = OpPricer(cost)
-    step = AnalyticStepModel(lowerer, pricer, shared=shared).run()
+    step = AnalyticStepModel(lowerer, pricer, shared=shared, fast=fast).run()
     if not stragglers:
         return step
     # the slowest rank of each (data-parallel replica, pipeline rank) sets its pace
@@ -961,7 +1218,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for _, slow_ranks in sorted(replicas.items()):
         slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
-        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared).run()
+        candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared, fast=fast).run()
         if candidate.step_ns > step.step_ns:
             step = candidate
     return step

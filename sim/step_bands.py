@@ -248,21 +248,44 @@ def step_band(step_s: float, shares: Mapping[str, float], *, gpus: int, gpu_name
     if gpus < 1:
         raise ValueError(f"gpus: {gpus!r} is not valid; give 1 or more")
     model = model or load_band_model()
-    rng = np.random.default_rng(seed)
-    normal = rng.standard_normal((2, samples))
-    order = rng.permutation(samples)  # stratified draws of the slowest GPU, paired at random
+    normal, _ = _draws(seed, samples)
     mean, sigma = model_terms(model, shares)
     f_compute = compute_share(shares)
     se = model.sustained_fraction_se.get(gpu_name, model.default_se)
     calibration_n = model.calibration_gpus.get(gpu_name, 1)
     cv = model.gpu_speed_cv
-    reference = 1 + cv * float(slowest_of_n(calibration_n, np.array([0.5]))[0])
-    slow = (1 + cv * _slowest_grid(int(gpus), samples)[order]) / reference
+    slow, slow_median = _slow_factor(int(gpus), calibration_n, cv, seed, samples)
     compute_factor = np.exp(se * normal[1]) * slow
     log_ratio = mean + sigma * normal[0] + np.log1p(f_compute * (compute_factor - 1))
     ratios = np.sort(np.exp(log_ratio))
-    p10, p50, p90 = (float(step_s * np.quantile(ratios, q)) for q in QUANTILES)
+    # (one call for the three quantiles: the same numbers as one call each)
+    p10, p50, p90 = (float(step_s * q) for q in np.quantile(ratios, QUANTILES))
     terms = {"model_bias": mean, "model_sigma": sigma, "sustained_fraction_se": se,
-             "gpu_speed_cv": cv, "slow_of_n_median": float(np.median(slow)),
+             "gpu_speed_cv": cv, "slow_of_n_median": slow_median,
              "compute_share": f_compute}
     return StepBand(p10, p50, p90, ratios, terms)
+
+
+@lru_cache(maxsize=16)
+def _draws(seed: int, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The band's random draws for ``seed``: standard normals (2 x samples) and the
+    permutation pairing the stratified slowest-GPU draws, drawn once per seed (the same
+    generator calls, in the same order, as drawing them per band)."""
+    rng = np.random.default_rng(seed)
+    normal = rng.standard_normal((2, samples))
+    order = rng.permutation(samples)  # stratified draws of the slowest GPU, paired at random
+    normal.flags.writeable = False
+    order.flags.writeable = False
+    return normal, order
+
+
+@lru_cache(maxsize=1024)
+def _slow_factor(gpus: int, calibration_n: int, cv: float, seed: int, samples: int
+                 ) -> tuple[np.ndarray, float]:
+    """The slowest-GPU factor on the compute share of each draw, relative to the
+    calibration runs' (module docstring, term 3), and its median; once per job size."""
+    _, order = _draws(seed, samples)
+    reference = 1 + cv * float(slowest_of_n(calibration_n, np.array([0.5]))[0])
+    slow = (1 + cv * _slowest_grid(gpus, samples)[order]) / reference
+    slow.flags.writeable = False
+    return slow, float(np.median(slow))

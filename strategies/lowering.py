@@ -829,6 +829,24 @@ class StepLowerer:
         return (plan.zero in (1, 2) and self._gather_in_forward() and comp == "F"
                 and microbatch == 0)
 
+    def gathering_microbatches(self, comp: str, stage: int) -> int:
+        """How many of the step's ``comp`` actions of ``stage`` gather their layers'
+        parameters: :meth:`gathers_params` over the micro-batches on the stage's route,
+        in closed form (ZeRO-3: every one; ZeRO-1/2 with overlapped gathers: micro-batch
+        0's forward where its route passes; tests/test_fast_analytic.py checks it
+        against the sum)."""
+        plan = self.plan
+        placement, m = self.placement, plan.num_microbatches
+        if type(self).gathers_params is not StepLowerer.gathers_params:  # (a subclass's)
+            return sum(self.gathers_params(comp, j) for j in range(m)
+                       if placement.on_route(stage, j))
+        if plan.dp * plan.cp == 1:
+            return 0
+        if plan.zero == 3:
+            return placement.microbatches_through(stage, m)
+        return int(plan.zero in (1, 2) and self._gather_in_forward() and comp == "F"
+                   and placement.on_route(stage, 0))
+
     def _gather_in_forward(self) -> bool:
         """ZeRO-1/2 gathers the updated parameters in the next step's first forward
         (``overlap_param_gather``), except for chunks held by several pipeline ranks

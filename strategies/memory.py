@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Protocol, Sequence
 
 from hardware.units import ELEMENT_BYTES, GIB
@@ -259,7 +259,13 @@ class MemoryBreakdown:
 
     def to_dict(self) -> dict[str, float]:
         """Every field plus ``total_bytes``, bytes."""
-        return {**asdict(self), "total_bytes": self.total_bytes}
+        # (the fields are floats: dataclasses.asdict's recursive copy gives the same dict)
+        values = self.__dict__
+        return {**{name: values[name] for name in _BREAKDOWN_FIELDS},
+                "total_bytes": self.total_bytes}
+
+
+_BREAKDOWN_FIELDS = tuple(f.name for f in fields(MemoryBreakdown))
 
 
 class OutOfMemoryError(ValueError):

@@ -1439,13 +1439,29 @@ def layer_types(model: ModelSpec, layers: Sequence[int]) -> dict[int, int]:
     Raises:
         ValueError: a layer out of range.
     """
+    try:
+        key = (id(model), tuple(layers))
+        entry = _LAYER_TYPES.get(key)
+    except TypeError:  # unhashable entries: checked (and refused) below
+        key, entry = None, None
+    if entry is not None and entry[0] is model:
+        return dict(entry[1])
     first: dict[bool, int] = {}
     counts: dict[int, int] = {}
     for layer in layers:
         _check_layer(model, layer)
         representative = first.setdefault(model.is_moe_layer(layer), layer)
         counts[representative] = counts.get(representative, 0) + 1
+    if key is not None:
+        if len(_LAYER_TYPES) >= 65536:
+            _LAYER_TYPES.clear()
+        _LAYER_TYPES[key] = (model, dict(counts))  # the entry keeps the model alive
     return counts
+
+
+#: layer_types by (model identity, layers); each entry keeps its model alive, so an id
+#: names one model while it can be looked up.
+_LAYER_TYPES: dict[tuple, tuple] = {}
 
 
 def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int = 1,

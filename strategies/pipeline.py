@@ -58,6 +58,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from numbers import Rational, Real
 from typing import Mapping, NamedTuple, Sequence, Union
 
@@ -289,11 +290,20 @@ class StagePlacement:
         if len(self.rank_of_stage) % self.routes:
             raise ValueError(f"routes={self.routes} is invalid; valid: a divisor of the "
                              f"{len(self.rank_of_stage)} stages")
+        # derived once (the closed-form step model asks these per part and plan); not
+        # fields, so equality, hashing and the repr stay those of the three fields
+        stages = len(self.rank_of_stage)
+        object.__setattr__(self, "_stages", stages)
+        object.__setattr__(self, "_chunks", stages // self.routes)
+        held: list[list[int]] = [[] for _ in range(self.pp)]
+        for stage, rank in enumerate(self.rank_of_stage):
+            held[rank].append(stage)
+        object.__setattr__(self, "_stages_of", tuple(map(tuple, held)))
 
     @property
     def num_stages(self) -> int:
         """Global virtual stages ``S``."""
-        return len(self.rank_of_stage)
+        return self._stages
 
     @property
     def stages_per_rank(self) -> int:
@@ -303,7 +313,7 @@ class StagePlacement:
     @property
     def num_chunks(self) -> int:
         """Distinct model chunks: the stages of one route (``S / routes``)."""
-        return self.num_stages // self.routes
+        return self._chunks
 
     def chunk_of(self, stage: int) -> int:
         """The model chunk stage ``stage`` runs (``stage % num_chunks``).
@@ -311,8 +321,9 @@ class StagePlacement:
         Raises:
             ValueError: for a stage outside ``0 .. S-1``.
         """
-        self.rank_of(stage)  # validates the stage
-        return stage % self.num_chunks
+        if type(stage) is not int or not 0 <= stage < self._stages:
+            self.rank_of(stage)  # raises for an invalid stage
+        return stage % self._chunks
 
     def is_first(self, stage: int) -> bool:
         """``stage`` is the first of its route (it embeds the input tokens)."""
@@ -336,7 +347,7 @@ class StagePlacement:
         Raises:
             ValueError: for a stage outside ``0 .. S-1``.
         """
-        if not _is_int(stage) or not 0 <= stage < self.num_stages:
+        if type(stage) is not int and not _is_int(stage) or not 0 <= stage < self._stages:
             raise ValueError(f"stage={stage!r} is invalid; valid: 0 .. {self.num_stages - 1}")
         return self.rank_of_stage[stage]
 
@@ -346,9 +357,9 @@ class StagePlacement:
         Raises:
             ValueError: for a rank outside ``0 .. pp-1``.
         """
-        if not _is_int(rank) or not 0 <= rank < self.pp:
+        if type(rank) is not int and not _is_int(rank) or not 0 <= rank < self.pp:
             raise ValueError(f"rank={rank!r} is invalid; valid: 0 .. {self.pp - 1} (pp={self.pp})")
-        return tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank)
+        return self._stages_of[rank]
 
     def edges(self) -> tuple[tuple[int, int], ...]:
         """``(rank, next rank)`` of every stage boundary inside a route that crosses
@@ -372,6 +383,12 @@ def interleaved_placement(pp: int, vpp: int = 1) -> StagePlacement:
     """
     _check_pos_int("pp", pp)
     _check_pos_int("vpp", vpp)
+    return _interleaved_placement(pp, vpp)
+
+
+@lru_cache(maxsize=1024)
+def _interleaved_placement(pp: int, vpp: int) -> StagePlacement:
+    """interleaved_placement, built once per shape (a placement is immutable)."""
     return StagePlacement(pp, tuple(s % pp for s in range(pp * vpp)))
 
 

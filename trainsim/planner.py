@@ -208,8 +208,14 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
-    kinds = [_layer_compute_s(model, cluster, model.layer_kind(i), *args)
-             for i in range(model.num_layers)]
+    # each layer kind priced once; the sums below stay in layer order (same floats)
+    priced: dict[tuple[bool, int], tuple] = {}
+    kinds = []
+    for kind in _layer_kinds(model):
+        found = priced.get(kind)
+        if found is None:
+            found = priced[kind] = _layer_compute_s(model, cluster, kind, *args)
+        kinds.append(found)
     per_microbatch = sum(total for total, _ in kinds) / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
     if plan.pp == 1:
@@ -223,6 +229,19 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
 
 
 _LAYER_CACHE: dict[tuple, tuple] = {}
+_KINDS_CACHE: dict[int, tuple] = {}
+
+
+def _layer_kinds(model: ModelSpec) -> tuple[tuple[bool, int], ...]:
+    """``model.layer_kind`` of every layer, memoised by the spec's identity (kept alive
+    in the entry, so an id is never reused while it can be looked up)."""
+    entry = _KINDS_CACHE.get(id(model))
+    if entry is None or entry[0] is not model:
+        if len(_KINDS_CACHE) > 1000:
+            _KINDS_CACHE.clear()
+        entry = (model, tuple(model.layer_kind(i) for i in range(model.num_layers)))
+        _KINDS_CACHE[id(model)] = entry
+    return entry[1]
 
 
 def _layer_compute_s(model: ModelSpec, cluster: ClusterSpec, kind: tuple[bool, int],

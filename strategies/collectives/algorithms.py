@@ -45,9 +45,11 @@ def _ring_transfers(geometry: GroupGeometry, edge_bytes: float) -> list[Transfer
     for d, members in enumerate(domains):
         following = domains[(d + 1) % len(domains)]
         width = len(members)
+        members = tuple(members)
         for c in range(channels):
             if width > 1:
-                order = [members[(c + i) % width] for i in range(width)]
+                k = c % width  # the domain's ring starting at member c (a rotation)
+                order = members[k:] + members[:k]
                 transfers += [Transfer(a, b, per_channel) for a, b in zip(order, order[1:])]
                 transfers.append(Transfer(order[-1], order[0], per_channel))  # PXN hand-over
             transfers.append(Transfer(members[c], following[c], per_channel))
@@ -164,8 +166,8 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     for parents in trees:
         for c in range(channels):
             for d, members in enumerate(domains):
-                width = len(members)
-                order = [members[(c + i) % width] for i in range(width)]
+                k = c % len(members)  # the domain's chain starting at member c
+                order = tuple(members[k:]) + tuple(members[:k])
                 for a, b in zip(order, order[1:]):
                     transfers += [Transfer(b, a, chunk), Transfer(a, b, chunk)]
                 if d in parents:

@@ -76,6 +76,9 @@ class PipelineSchedule:
     split_backward: ClassVar[bool] = False
     searched_by_default: ClassVar[bool] = True
     vpp_choices: ClassVar[tuple[int, ...]] = (1,)
+    #: Its own lists overlap forwards with backwards (F&B pairs, DualPipe): then what
+    #: runs depends on the lists, and :meth:`action_counts` counts them.
+    pairs_own_actions: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ shape
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
@@ -121,6 +124,37 @@ class PipelineSchedule:
         """
         self.check(pp, microbatches, vpp)  # before the cache: True == 1 there
         return _actions(self, pp, microbatches, vpp, bool(overlap))
+
+    def action_counts(self, pp: int, microbatches: int, vpp: int = 1, overlap: bool = False
+                      ) -> tuple[dict[tuple, int], ...]:
+        """How often each kind of action runs on each pipeline rank (index = rank):
+        ``("phase", stage, comp)`` or, for an overlapped pair, ``("pair", forward stage,
+        backward stage, backward comp)``, memoised.
+
+        Without overlapped pairs (``overlap`` off and a schedule whose lists pair
+        nothing, :attr:`pairs_own_actions`) every micro-batch on a stage's route runs
+        that stage's forward and backward (I and W when :attr:`split_backward`) once
+        (any pipeline schedule: Narayanan et al. 2021, §2; Qi et al. 2024, §2), so the
+        counts follow from the placement without building the lists; otherwise they
+        are counted in :meth:`actions` (tests/test_schedules.py checks the closed form
+        against the lists for every registered schedule).
+
+        Raises:
+            ValueError: for a shape :meth:`check` rejects.
+        """
+        self.check(pp, microbatches, vpp)
+        return _action_counts(self, pp, microbatches, vpp, bool(overlap))
+
+    def first_action(self, rank: int, pp: int, microbatches: int, vpp: int = 1,
+                     overlap: bool = False) -> Action:
+        """The first action of pipeline rank ``rank``. Without overlapped pairs every
+        registered schedule starts a rank with the forward of micro-batch 0 through
+        its first stage on route 0 (it has no input to work on before that: Narayanan
+        et al. 2021, §2.2; Qi et al. 2024, Fig. 3), so the lists are not built
+        (tests/test_schedules.py checks it against :meth:`actions`); a schedule that
+        starts otherwise overrides this."""
+        self.check(pp, microbatches, vpp)
+        return _first_actions(self, pp, microbatches, vpp, bool(overlap))[rank]
 
     # ----------------------------------------------------------------- timing
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
@@ -227,6 +261,54 @@ def _actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int, o
     if overlap and not any(a.overlap for row in rows for a in row):
         rows = pair_forwards_with_backwards(rows, schedule.placement(pp, vpp))
     return tuple(tuple(row) for row in rows)
+
+
+@lru_cache(maxsize=4096)
+def _action_counts(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
+                   overlap: bool) -> tuple[dict[tuple, int], ...]:
+    """PipelineSchedule.action_counts (the returned dicts must not be changed)."""
+    if overlap or schedule.pairs_own_actions:
+        return tuple(count_actions(row)
+                     for row in _actions(schedule, pp, microbatches, vpp, overlap))
+    placement = schedule.placement(pp, vpp)
+    comps = ("F", "I", "W") if schedule.split_backward else ("F", "B")
+    rows: list[dict[tuple, int]] = [{} for _ in range(pp)]
+    for stage, rank in enumerate(placement.rank_of_stage):
+        through = placement.microbatches_through(stage, microbatches)
+        if through:
+            for comp in comps:
+                rows[rank][("phase", stage, comp)] = through
+    return tuple(rows)
+
+
+@lru_cache(maxsize=4096)
+def _first_actions(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
+                   overlap: bool) -> tuple[Action, ...]:
+    """PipelineSchedule.first_action of every rank."""
+    if overlap or schedule.pairs_own_actions:
+        return tuple(row[0] for row in _actions(schedule, pp, microbatches, vpp, overlap))
+    placement = schedule.placement(pp, vpp)
+    return tuple(Action(min(s for s in placement.stages_of(rank) if placement.on_route(s, 0)),
+                        "F", 0) for rank in range(pp))
+
+
+def count_actions(actions: Sequence[Action]) -> dict[tuple, int]:
+    """How often each kind of action runs in ``actions``: ``("phase", stage, comp)``
+    or ``("pair", forward stage, backward stage, backward comp)`` for an overlapped
+    pair (the pair's two actions, forward first), in order of first appearance."""
+    counts: dict[tuple, int] = {}
+    index = 0
+    while index < len(actions):
+        action = actions[index]
+        if action.overlap:
+            forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
+            key = ("pair", forward.stage, backward.stage, backward.comp)
+            index += 2
+        else:
+            key = ("phase", action.stage, action.comp)
+            index += 1
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequence[int],

@@ -119,6 +119,7 @@ class DualPipe(PipelineSchedule):
     source = "DeepSeek-AI 2024, arXiv 2412.19437, Section 3.2.1; deepseek-ai/DualPipe"
     split_backward = True
     searched_by_default = False
+    pairs_own_actions = True
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
         for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
@@ -155,6 +156,7 @@ class DualPipeV(PipelineSchedule):
     source = "deepseek-ai/DualPipe (DualPipeV); Qi et al. 2024 (cut-in-half DualPipe)"
     split_backward = True
     searched_by_default = False
+    pairs_own_actions = True
     vpp_choices = (2,)
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
