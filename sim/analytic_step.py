@@ -69,6 +69,7 @@ from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import PipelineTiming
+from strategies.schedules.base import count_actions
 from strategies.plan import ParallelPlan
 
 COMPUTE_STREAM = "compute"
@@ -312,25 +313,13 @@ _REPEATS: dict[tuple, int] = {}
 
 
 def _action_counts(actions: Sequence[Action]) -> dict[tuple, int]:
-    """How often each kind of action runs in ``actions``: ``("phase", stage, comp)``
-    or ``("pair", forward stage, backward stage, backward comp)`` for an overlapped
-    pair, in order of first appearance. Memoised for immutable rows (a schedule's
-    memoised lists; the entry keeps the row alive, so its id names it)."""
+    """:func:`strategies.schedules.base.count_actions` of ``actions``, memoised for
+    immutable rows (a schedule's memoised lists; the entry keeps the row alive, so its
+    id names it)."""
     entry = _COUNTS.get(id(actions)) if isinstance(actions, tuple) else None
     if entry is not None and entry[0] is actions:
         return entry[1]
-    counts: dict[tuple, int] = {}
-    index = 0
-    while index < len(actions):
-        action = actions[index]
-        if action.overlap:
-            forward, backward = sorted(actions[index:index + 2], key=lambda a: a.comp != "F")
-            key = ("pair", forward.stage, backward.stage, backward.comp)
-            index += 2
-        else:
-            key = ("phase", action.stage, action.comp)
-            index += 1
-        counts[key] = counts.get(key, 0) + 1
+    counts = count_actions(actions)
     if isinstance(actions, tuple):
         if len(_COUNTS) >= 4096:
             _COUNTS.clear()
