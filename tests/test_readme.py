@@ -49,7 +49,6 @@ SLOW = {
         "needs the replay",
     "trainsim plan --model llama3-8b --gpus 64 --tp 1,2 --pp 1,2,4 --zero 1,3 --schedule "
     "1f1b,zb-h1": "a plan search",
-    "trainsim sweep spec.yaml --out results.csv --backend ray": "starts Ray",
     "python benchmarks/collective_scale.py": "a benchmark",
     "trainsim failures --model llama3-405b --gpus 16128 --tp 8 --pp 14 --seq-len 8192 "
     "--global-batch 2016 --recompute full --days 54 --profile llama3-h100 "
@@ -91,6 +90,8 @@ LONG = {
     "python benchmarks/fuzz_cli.py --calls 10000": "10,000 hostile CLI calls (about an "
     "hour on one core)",
     "python notebooks/render.py": "executes the six notebooks (2.5 min)",
+    "trainsim sweep spec.yaml --out results.csv --backend ray": "starts a local Ray (25-50 s); "
+    "tests/test_sweep.py runs the same sweep on Ray and compares it with the local table",
 }
 #: Files the README's examples read, from its blocks.
 _FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:toml|yaml|json))\s*$")
