@@ -202,3 +202,14 @@ def test_replay_layer_passes_is_two_per_layer_and_micro_batch():
     plan = ParallelPlan(tp=2, pp=2, dp=4, micro_batch=2, global_batch=64, seq_len=1024)
     assert plan.num_microbatches == 8
     assert planner.replay_layer_passes(dense, plan) == 2 * 8 * dense.num_layers
+
+
+def test_a_price_past_the_bound_is_refused_before_any_work(capsys):
+    """A price of 1e308 per GPU-hour made the cost infinite (not JSON; found by the
+    10,000-call fuzz run): refused in one line naming the bound."""
+    code, out, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8",
+                             "--workers", "1", "--tokens", "1T", "--price-per-gpu-hour",
+                             "1e308", "--format", "json")
+    assert code == 2 and out == ""
+    assert err.startswith("error: price_per_gpu_hour: 1e+308 is not valid")
+    assert f"at most {planner.MAX_PRICE_PER_GPU_HOUR:g}" in err and err.count("\n") == 1

@@ -481,13 +481,21 @@ class PlanReport:
                 "inputs": self.inputs}
 
 
-def _positive_number(name: str, value, *, integer: bool = False):
+#: Largest price of a GPU-hour a plan search takes (in the user's currency): a million,
+#: ~10^5 x any cloud list price; past it a cost of 10^8 GPU-hours overflows the float
+#: range into infinity.
+MAX_PRICE_PER_GPU_HOUR = 1e6
+
+
+def _positive_number(name: str, value, *, integer: bool = False,
+                     maximum: float | None = None):
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) \
         or (integer and not float(value).is_integer()) or not value > 0 \
-        or not math.isfinite(value)
+        or not math.isfinite(value) or (maximum is not None and value > maximum)
     if bad:
+        most = "" if maximum is None else f" and at most {maximum:g}"
         raise ValueError(f"{name}: {value!r} is not valid; give a "
-                         f"{'whole number' if integer else 'number'} > 0")
+                         f"{'whole number' if integer else 'number'} > 0{most}")
     return int(value) if integer else float(value)
 
 
@@ -545,7 +553,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
         raise ValueError("sort: 'cost' needs tokens and a price per GPU-hour")
     token_count = None if tokens is None else parse_tokens(tokens)
     price = None if price_per_gpu_hour is None else _positive_number(
-        "price_per_gpu_hour", price_per_gpu_hour)
+        "price_per_gpu_hour", price_per_gpu_hour, maximum=MAX_PRICE_PER_GPU_HOUR)
     global_batch = defaults.global_batch(seq_len, gpus) if global_batch is None \
         else _positive_number("global_batch", global_batch, integer=True)
     space = space or SearchSpace()
