@@ -40,6 +40,7 @@ def _fuzz(command: str, corpus: dict[str, str], examples: int, *,
     call()
 
 
+@pytest.mark.slow  # ~20 s of CLI calls: the whole suite, not the inner loop
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_command_survives_hostile_options(command, corpus):
     _fuzz(command, corpus, DEFAULT_EXAMPLES[command])

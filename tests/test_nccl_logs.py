@@ -21,6 +21,9 @@ import pytest
 
 import nccl_logs as logs
 
+# Every held-out nccl-tests log simulated (~7 s): the whole suite's, not the inner loop's.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 0.10
 #: (category, source) pairs that miss the 10 % median, and why.
 KNOWN_MISSES = {

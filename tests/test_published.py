@@ -26,6 +26,10 @@ from validate.calibrate_published import calibration_rows
 from validate.published import evaluate, load_models, summarize
 from validate.published_report import README_BEGIN, README_END, build_report, markdown
 
+# The whole published set simulated once (~30 s on two cores): CI's whole suite runs it,
+# the inner loop (-m "not slow") leaves it out; run it after any physics change.
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: GPU generation of each published GPU name.
 GENERATIONS = {"A100-80GB": "Ampere", "A100-40GB": "Ampere", "H100-SXM": "Hopper",

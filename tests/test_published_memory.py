@@ -11,6 +11,10 @@ import pytest
 from validate import published_memory as M
 from validate.published import PublishedRun
 
+# Every published configuration's memory (~10 s): with the published step times, the whole
+# suite's, not the inner loop's.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def memory_rows():

@@ -5,6 +5,8 @@ file applied, and its busbw is compared with the measured busbw line by line."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import statistics
 from pathlib import Path
 
@@ -46,9 +48,10 @@ def calibrations(tmp_path_factory):
         if key not in made:
             csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"
             out = folder / f"{source}-{cluster}-{len(made)}.toml"
-            try:
-                main(["calibrate", str(csv_path), "--source", source, "--cluster", cluster,
-                      *extra, "--out", str(out)])
+            try:  # its table is not the output a test reads
+                with contextlib.redirect_stdout(io.StringIO()):
+                    main(["calibrate", str(csv_path), "--source", source, "--cluster",
+                          cluster, *extra, "--out", str(out)])
             except SystemExit as done:
                 assert not done.code, f"calibrate exited with {done.code}"
             made[key] = out
@@ -56,6 +59,7 @@ def calibrations(tmp_path_factory):
     return make
 
 
+@pytest.mark.slow  # fits and replays published logs (~11 s in all): the whole suite's
 @pytest.mark.parametrize("source, cluster, extra", SOURCES)
 def test_calibration_reproduces_published_busbw(calibrations, source, cluster, extra):
     csv_path = DATA / "nccl" / "nccl_tests_measurements.csv"

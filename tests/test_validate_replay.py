@@ -16,6 +16,9 @@ import pytest
 
 from conftest import cpu_to_itself, run_cli
 
+# Real executions (gloo ranks, microbenchmarks; ~15 s): the whole suite, not the inner loop.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 #: Stated tolerance of the Must-show (issue 6): step-time error of the calibrated
