@@ -53,9 +53,16 @@ class PipelineTiming:
     rank_comm_wait: tuple[int, ...] = ()
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+def check_positive_shape(pp: object, microbatches: object, vpp: object) -> None:
+    """``pp``, ``microbatches`` and ``vpp`` must be ints >= 1 (what every schedule asks
+    before its own rules).
+
+    Raises:
+        ValueError: one line naming the first field that is not.
+    """
+    for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
 
 
 class PipelineSchedule:
@@ -89,9 +96,7 @@ class PipelineSchedule:
         Raises:
             ValueError: naming ``pp``, ``microbatches`` or ``vpp``.
         """
-        _positive_int("pp", pp)
-        _positive_int("microbatches", microbatches)
-        _positive_int("vpp", vpp)
+        check_positive_shape(pp, microbatches, vpp)
         if vpp != 1:
             raise ValueError(f"vpp={vpp} is invalid for schedule={self.name!r}; valid: vpp=1 "
                              "(virtual stages need an interleaved or V-shaped schedule)")
@@ -341,3 +346,18 @@ def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequen
     starts = tuple(sum(t_f[:r]) + r * t_comm for r in range(pp))
     waits = (2 * (pp - 1) * t_comm,) + (0,) * (pp - 1)
     return PipelineTiming(makespan, tuple(ends), starts, waits)
+
+
+class OneFOneBFamily(PipelineSchedule):
+    """A schedule of the 1F1B family (GPipe, 1F1B, interleaved): its step in closed form
+    (:func:`one_f_one_b_timing`) unless forwards and backwards overlap in pairs, which
+    only the list replay times."""
+
+    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
+               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
+               t_fb: Mapping[tuple[int, int], int] | None = None,
+               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
+        if overlap:  # overlapped pairs: no closed form, replay the lists
+            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
+                                  t_i)
+        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)

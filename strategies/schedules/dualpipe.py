@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 
 from strategies.pipeline import Action, StagePlacement, dual_placement, v_placement
-from strategies.schedules.base import PipelineSchedule
+from strategies.schedules.base import PipelineSchedule, check_positive_shape
 
 
 def dualpipe_row(rank: int, pp: int, microbatches: int, *, v_shape: bool) -> list[Action]:
@@ -122,9 +122,7 @@ class DualPipe(PipelineSchedule):
     pairs_own_actions = True
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
-        for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+        check_positive_shape(pp, microbatches, vpp)
         if vpp != 1:
             raise ValueError(f"vpp={vpp} is invalid for schedule='dualpipe'; valid: vpp=1 (each "
                              "rank holds one chunk of each direction; 'dualpipe-v' has vpp=2)")
@@ -160,9 +158,7 @@ class DualPipeV(PipelineSchedule):
     vpp_choices = (2,)
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
-        for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+        check_positive_shape(pp, microbatches, vpp)
         if vpp != 2:
             raise ValueError(f"vpp={vpp} is invalid for schedule='dualpipe-v'; valid: vpp=2 "
                              "(two chunks per rank in a V)")

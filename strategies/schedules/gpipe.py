@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 from strategies.pipeline import Action
-from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+from strategies.schedules.base import OneFOneBFamily
 
 
-class GPipe(PipelineSchedule):
+class GPipe(OneFOneBFamily):
     """All ``m`` forwards, then all ``m`` backwards, on every rank. Its bubble equals
     1F1B's, ``(p - 1) / (m + p - 1)``, but a rank holds every micro-batch's
     activations at once."""
@@ -21,15 +19,6 @@ class GPipe(PipelineSchedule):
     def rank_actions(self, rank: int, pp: int, microbatches: int, vpp: int) -> list[Action]:
         return ([Action(rank, "F", j) for j in range(microbatches)]
                 + [Action(rank, "B", j) for j in range(microbatches)])
-
-    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
-               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
-               t_fb: Mapping[tuple[int, int], int] | None = None,
-               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
-        if overlap:  # overlapped pairs: no closed form, replay the lists
-            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
-                                  t_i)
-        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:

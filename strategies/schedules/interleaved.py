@@ -3,13 +3,11 @@ arXiv 2104.04473, §2.2)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 from strategies.pipeline import Action
-from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+from strategies.schedules.base import OneFOneBFamily, check_positive_shape
 
 
-class Interleaved(PipelineSchedule):
+class Interleaved(OneFOneBFamily):
     """Each rank holds ``v >= 2`` model chunks (rank ``r``: stages ``r, r + p, ...``),
     which cuts the bubble to ``(p - 1) / (v m + p - 1)`` at the price of ``v`` times
     the point-to-point traffic and ``1 + (p - 1) / (p v)`` times 1F1B's activations
@@ -21,9 +19,7 @@ class Interleaved(PipelineSchedule):
     vpp_choices = (2, 4)
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
-        for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+        check_positive_shape(pp, microbatches, vpp)
         if vpp < 2:
             raise ValueError(f"vpp={vpp} is invalid for schedule='interleaved'; valid: vpp >= 2 "
                              "(use '1f1b' for vpp=1)")
@@ -65,15 +61,6 @@ class Interleaved(PipelineSchedule):
             out.append(action(k, "B"))
         out += [action(k, "B") for k in range(total - warmup, total)]
         return out
-
-    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
-               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
-               t_fb: Mapping[tuple[int, int], int] | None = None,
-               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
-        if overlap:  # overlapped pairs: no closed form, replay the lists
-            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
-                                  t_i)
-        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:

@@ -3,13 +3,11 @@ arXiv 2104.04473, §2.2; Harlap et al. 2018 for PipeDream)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 from strategies.pipeline import Action
-from strategies.schedules.base import PipelineSchedule, PipelineTiming, one_f_one_b_timing
+from strategies.schedules.base import OneFOneBFamily
 
 
-class OneFOneB(PipelineSchedule):
+class OneFOneB(OneFOneBFamily):
     """Rank ``r`` runs ``min(p - r - 1, m)`` warm-up forwards, then alternates one
     forward and one backward, then drains the backwards: the bubble of GPipe,
     ``(p - 1) / (m + p - 1)``, holding at most ``p - r`` micro-batches."""
@@ -27,15 +25,6 @@ class OneFOneB(PipelineSchedule):
             out.append(Action(rank, "B", k))
         out += [Action(rank, "B", j) for j in range(m - warmup, m)]  # cool-down
         return out
-
-    def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
-               t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
-               t_fb: Mapping[tuple[int, int], int] | None = None,
-               overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
-        if overlap:  # overlapped pairs: no closed form, replay the lists
-            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
-                                  t_i)
-        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:

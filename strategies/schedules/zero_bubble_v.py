@@ -12,7 +12,7 @@ per-chunk pass times ``F = I`` and ``W <= F`` the first rank idles ``(p - 1)(F +
 from __future__ import annotations
 
 from strategies.pipeline import Action, StagePlacement, v_placement
-from strategies.schedules.base import PipelineSchedule
+from strategies.schedules.base import PipelineSchedule, check_positive_shape
 
 
 class ZeroBubbleV(PipelineSchedule):
@@ -31,9 +31,7 @@ class ZeroBubbleV(PipelineSchedule):
     vpp_choices = (2,)
 
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
-        for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 1")
+        check_positive_shape(pp, microbatches, vpp)
         if vpp != 2:
             raise ValueError(f"vpp={vpp} is invalid for schedule='zb-v'; valid: vpp=2 (two "
                              "chunks per rank in a V)")
