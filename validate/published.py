@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -415,6 +416,11 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
                     stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])
 
 
+#: A row's notes naming a token-drop (capacity-factor) run: "tokendrop" or "token-drop",
+#: but not the "token-dropless" of Megatron-Bridge's page note on its dropless benchmarks.
+_TOKEN_DROP = re.compile(r"token-?drop(?!less)")
+
+
 def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object],
                   recipe: Mapping[str, str] | None, recipes: Sequence[Mapping[str, str]] = ()
                   ) -> tuple[ModelSpec, list[str]]:
@@ -496,7 +502,7 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         notes.append(f"host issue {fields['host_issue']} (the CPU launches "
                      + ("the routed experts" if partial else "every kernel")
                      + "; dropless dispatch syncs per layer)")
-    if "tokendrop" in text or "token-drop" in text:
+    if _TOKEN_DROP.search(text):
         # NeMo's token-drop runs: capacity factor 1 with padding (static shapes, no sync)
         fields.update(moe_capacity_factor="1.0", moe_pad_to_capacity=True)
         notes.append("token drop: capacity factor 1.0, padded (printed 'tokendrop')")
