@@ -131,9 +131,11 @@ def markdown(report: PublishedReport, *, worst: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_text(path: str | os.PathLike[str]) -> str:
-    """The text of a README that holds the generated block's markers, read through the
-    input edge (a regular file of text; a FIFO would block for ever).
+def readme_text(path: str | os.PathLike[str], begin: str = README_BEGIN,
+                end: str = README_END) -> str:
+    """The text of a README that holds a generated block's markers (``begin`` ... ``end``,
+    by default the published-accuracy block), read through the input edge (a regular file
+    of text; a FIFO would block for ever).
 
     Raises:
         ValueError: one line naming ``write-readme``: the file is missing, not a regular
@@ -143,20 +145,22 @@ def readme_text(path: str | os.PathLike[str]) -> str:
 
     text = read_input_text(path, what="write-readme",
                            hint="give a Markdown file with the generated block's markers")
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
-        raise ValueError(f"write-readme: {str(path)!r} has no '{README_BEGIN}' ... "
-                         f"'{README_END}' block; add the two markers where the table goes")
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"write-readme: {str(path)!r} has no '{begin}' ... "
+                         f"'{end}' block; add the two markers where the table goes")
     return text
 
 
-def replace_readme_block(path: str | os.PathLike[str], block: str) -> None:
-    """Put ``block`` between the README's markers (atomically).
+def replace_readme_block(path: str | os.PathLike[str], block: str, begin: str = README_BEGIN,
+                         end: str = README_END) -> None:
+    """Put ``block`` (which starts with ``begin`` and ends with ``end``) in place of the
+    README's block between those markers (atomically).
 
     Raises:
         ValueError: as :func:`readme_text`.
     """
-    text = readme_text(path)
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    updated = text[:start] + block.rstrip("\n") + text[end + len(README_END):]
+    text = readme_text(path, begin, end)
+    start, stop = text.find(begin), text.find(end)
+    updated = text[:start] + block.rstrip("\n") + text[stop + len(end):]
     write_text_atomic(Path(path), updated)
