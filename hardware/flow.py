@@ -27,6 +27,10 @@ import simpy
 
 from hardware.units import NS_PER_S
 
+#: Request lists whose arrays FlowNetwork keeps (a step has a few hundred distinct
+#: phases; a caller building a new list per transfer only refills the cache).
+_TEMPLATES_MAX = 4096
+
 #: A flow whose remaining bytes would take less than this (ns) is complete.
 _COMPLETION_SLACK_NS = 1e-3
 
@@ -38,6 +42,7 @@ def max_min_rates(
     num_flows: int,
     capacity: np.ndarray,
     flow_cap: np.ndarray | None = None,
+    multiplicity: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (payload bytes/s) of flows sharing capacitated links.
 
@@ -52,23 +57,50 @@ def max_min_rates(
         capacity: capacity of every link, bytes/s.
         flow_cap: optional rate ceiling of every flow (inf: none), a private link
             of the flow in the progressive filling.
+        multiplicity: optional number of identical flows each flow stands for (a
+            *flow class*: that many flows crossing the same links with the same
+            weights and ceiling); default 1 each. The rate returned is that of one
+            flow of the class.
 
     Returns:
         Array of ``num_flows`` rates; a flow that crosses no link gets its ceiling
         (``inf`` without one).
+
+    Flow classes (why a class of ``m`` identical flows is one flow of weight
+    ``m * w`` on each of its links): in progressive filling (Bertsekas & Gallager
+    §6.5.2) every unfrozen flow grows at the common level ``r``; a flow freezes
+    when one of its links saturates or its ceiling is reached. Two flows with the
+    same links, weights and ceiling are therefore unfrozen or frozen at the same
+    iterations and always hold the same rate ``r_c``. A link ``l`` crossed by the
+    ``m_c`` flows of class ``c`` thus carries ``sum_c m_c * w_lc * r_c`` in the
+    expanded problem; writing each class once with weight ``m_c * w_lc`` gives the
+    same constraint, the same saturation level at every iteration
+    (``remaining_l / sum_c m_c * w_lc`` over unfrozen classes) and the same freezing
+    sets, hence the same rates. The only difference is the order of a
+    floating-point sum (``m * w`` once instead of ``w`` added ``m`` times), which
+    moves a rate by a few ulps (tests/test_network.py compares both on random
+    topologies to 1e-12 relative).
+
+    Only the links some flow crosses enter the arrays (a 16,384-GPU fabric has
+    ~66,000 links, a step's flows cross a few thousand): the per-link sums add
+    the same entries in the same order, so the rates are bit-for-bit those of the
+    uncompressed problem.
     """
     caps = (np.full(num_flows, np.inf) if flow_cap is None
             else np.asarray(flow_cap, dtype=np.float64))
     rates = caps.copy()
     if entry_flow.size == 0:
         return rates
-    remaining = capacity.astype(np.float64).copy()
+    used_links, entry_link = np.unique(entry_link, return_inverse=True)
+    remaining = np.asarray(capacity, dtype=np.float64)[used_links]
+    if multiplicity is not None:
+        entry_weight = entry_weight * np.asarray(multiplicity, dtype=np.float64)[entry_flow]
     frozen = np.zeros(num_flows, dtype=bool)
     has_links = np.zeros(num_flows, dtype=bool)
     has_links[entry_flow] = True
     frozen[~has_links] = True
     active = np.ones(entry_flow.size, dtype=bool)
-    num_links = capacity.size
+    num_links = used_links.size
     while active.any():
         link_weight = np.bincount(
             entry_link[active], weights=entry_weight[active], minlength=num_links
@@ -99,6 +131,35 @@ def max_min_rates(
     return rates
 
 
+def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
+                 num_flows: int, flow_cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group identical flows (same links in the same order, same weights, same
+    ceiling) into classes for :func:`max_min_rates`' ``multiplicity``.
+
+    Entries must be grouped by flow (all entries of a flow contiguous, flows in
+    ascending order), as :class:`_Batch` lays them out.
+
+    Returns:
+        ``(class_of_flow, first_flow_of_class)``: the class of every flow, and for
+        each class (in order of first appearance) its first flow.
+    """
+    starts = np.searchsorted(entry_flow, np.arange(num_flows + 1))
+    links, weights = entry_link.tolist(), entry_weight.tolist()
+    caps = flow_cap.tolist()
+    seen: dict[tuple, int] = {}
+    class_of = np.empty(num_flows, dtype=np.int64)
+    first: list[int] = []
+    for flow in range(num_flows):
+        a, b = starts[flow], starts[flow + 1]
+        key = (tuple(links[a:b]), tuple(weights[a:b]), caps[flow])
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = len(first)
+            first.append(flow)
+        class_of[flow] = found
+    return class_of, np.asarray(first, dtype=np.int64)
+
+
 @dataclass(frozen=True, slots=True)
 class FlowRequest:
     """One transfer to push through the network.
@@ -116,14 +177,23 @@ class FlowRequest:
     max_rate: float = float("inf")
 
 
-class _Batch:
-    """Flows submitted together; its event fires when all have finished."""
+class _Template:
+    """The arrays of one list of requests, built once: the fabric hands the same list
+    for every run of the same phase (hardware.network.FlowFabric caches them), and a
+    step runs each phase hundreds of times.
 
-    __slots__ = ("event", "entry_flow", "entry_link", "entry_weight", "remaining",
-                 "caps", "done", "pattern", "payload", "num_links")
+    Identical flows of the list (same links, weights and ceiling: the same transfer
+    of symmetric groups that meet on the same links) form one *flow class*
+    (:func:`flow_classes`); the solver sees a class once, weighted by how many of its
+    flows are still running (:func:`max_min_rates`' ``multiplicity``).
+    """
 
-    def __init__(self, event: simpy.Event, requests: Sequence[FlowRequest]) -> None:
-        self.event = event
+    __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
+                 "no_links", "pattern", "class_of", "classes", "class_entry_flow",
+                 "class_entry_link", "class_entry_weight", "class_caps")
+
+    def __init__(self, requests: Sequence[FlowRequest]) -> None:
+        self.requests = requests  # keeps the list alive: its id keys the cache
         flows, links, weights = [], [], []
         for index, request in enumerate(requests):
             flows.extend([index] * len(request.links))
@@ -132,16 +202,62 @@ class _Batch:
         self.entry_flow = np.asarray(flows, dtype=np.int64)
         self.entry_link = np.asarray(links, dtype=np.int64)
         self.entry_weight = np.asarray(weights, dtype=np.float64)
-        self.remaining = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
-        self.payload = self.remaining.copy()
+        self.payload = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
         self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
         # A flow that crosses no link (GPU to itself) is delivered at once.
-        no_links = np.asarray([not r.links for r in requests], dtype=bool)
-        self.done = (self.remaining <= 0) | no_links
+        self.no_links = np.asarray([not r.links for r in requests], dtype=bool)
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
                              self.entry_weight.tobytes(), self.caps.tobytes()))
+        self.class_of, first = flow_classes(self.entry_flow, self.entry_link,
+                                            self.entry_weight, len(requests), self.caps)
+        self.classes = first.size
+        if self.classes < len(requests):
+            # the entries of each class's first flow, renumbered by class
+            keep = np.zeros(len(requests), dtype=bool)
+            keep[first] = True
+            keep_entries = keep[self.entry_flow]
+            self.class_entry_flow = self.class_of[self.entry_flow[keep_entries]]
+            self.class_entry_link = self.entry_link[keep_entries]
+            self.class_entry_weight = self.entry_weight[keep_entries]
+            self.class_caps = self.caps[first]
 
+
+class _Batch:
+    """Flows submitted together; its event fires when all have finished."""
+
+    __slots__ = ("event", "template", "entry_flow", "entry_link", "entry_weight", "remaining",
+                 "caps", "done", "pattern", "payload", "num_links")
+
+    def __init__(self, event: simpy.Event, template: _Template) -> None:
+        self.event = event
+        self.template = template
+        self.entry_flow = template.entry_flow
+        self.entry_link = template.entry_link
+        self.entry_weight = template.entry_weight
+        self.payload = template.payload
+        self.remaining = template.payload.copy()
+        self.caps = template.caps
+        self.done = (self.remaining <= 0) | template.no_links
+        self.pattern = template.pattern
+
+    def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                               np.ndarray | None]:
+        """This batch's part of the rate problem: ``(entry_flow, entry_link,
+        entry_weight, caps, multiplicity, class_of)`` over its flow classes, the
+        finished flows left out (``multiplicity`` and ``class_of`` None when every
+        class is one flow: then the problem is over the flows themselves)."""
+        template = self.template
+        if template.classes == self.done.size:
+            keep = ~self.done[self.entry_flow]
+            return (self.entry_flow[keep], self.entry_link[keep], self.entry_weight[keep],
+                    self.caps, None, None)
+        multiplicity = np.bincount(template.class_of[~self.done],
+                                   minlength=template.classes).astype(np.float64)
+        keep = multiplicity[template.class_entry_flow] > 0
+        return (template.class_entry_flow[keep], template.class_entry_link[keep],
+                template.class_entry_weight[keep], template.class_caps, multiplicity,
+                template.class_of)
 
     def link_bytes(self) -> np.ndarray:
         """Wire bytes this batch's flows have put on each link so far (payload
@@ -171,6 +287,7 @@ class FlowNetwork:
         self._last_update_ns = 0
         self._generation = 0
         self._rate_cache: dict[tuple, list[np.ndarray]] = {}
+        self._templates: dict[int, _Template] = {}
         self.rate_solves = 0
         self.flows_completed = 0
         self._finished_link_bytes = np.zeros(self._capacity.size)
@@ -188,7 +305,12 @@ class FlowNetwork:
     def transfer(self, requests: Sequence[FlowRequest]) -> simpy.Event:
         """Start flows now; the returned event fires when the last one ends."""
         event = self._env.event()
-        batch = _Batch(event, requests)
+        found = self._templates.get(id(requests))
+        if found is None or found.requests is not requests:
+            if len(self._templates) >= _TEMPLATES_MAX:
+                self._templates.clear()
+            found = self._templates[id(requests)] = _Template(requests)
+        batch = _Batch(event, found)
         batch.num_links = self._capacity.size
         self._advance()
         if batch.done.all():
@@ -232,20 +354,31 @@ class FlowNetwork:
         if cached is not None:
             self._rates = cached
             return
-        flows, links, weights, caps, offsets = [], [], [], [], [0]
+        flows, links, weights, caps, mults, offsets = [], [], [], [], [], [0]
+        parts = []
+        weighted = False
         for batch in self._batches:
-            keep = ~batch.done[batch.entry_flow]
-            flows.append(batch.entry_flow[keep] + offsets[-1])
-            links.append(batch.entry_link[keep])
-            weights.append(batch.entry_weight[keep])
-            caps.append(batch.caps)
-            offsets.append(offsets[-1] + batch.remaining.size)
+            entry_flow, entry_link, entry_weight, batch_caps, mult, class_of = batch.problem()
+            flows.append(entry_flow + offsets[-1])
+            links.append(entry_link)
+            weights.append(entry_weight)
+            caps.append(batch_caps)
+            mults.append(mult)
+            weighted |= mult is not None
+            parts.append(class_of)
+            offsets.append(offsets[-1] + batch_caps.size)
+        multiplicity = None
+        if weighted:
+            multiplicity = np.concatenate([np.ones(c.size) if m is None else m
+                                           for m, c in zip(mults, caps)])
         rates = max_min_rates(
             np.concatenate(flows), np.concatenate(links), np.concatenate(weights),
-            offsets[-1], self._capacity, np.concatenate(caps),
+            offsets[-1], self._capacity, np.concatenate(caps), multiplicity,
         )
         self.rate_solves += 1
-        self._rates = [rates[offsets[i]:offsets[i + 1]] for i in range(len(self._batches))]
+        self._rates = [rates[offsets[i]:offsets[i + 1]] if class_of is None
+                       else rates[offsets[i]:offsets[i + 1]][class_of]
+                       for i, class_of in enumerate(parts)]
         self._rate_cache[key] = self._rates
 
     def _reschedule(self) -> None:

@@ -50,23 +50,29 @@ def rank_breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
     Exposed time of an axis = |covered U axis| - |covered|, where covered is
     compute, optimizer and the axes attributed before it (AXES_IN_ORDER).
     """
-    df = timeline.to_dataframe()
-    axis = df["axis"].to_numpy()
+    # columns once, spans grouped by rank once (the breakdown does not depend on the
+    # spans' order: _merge sorts)
+    cols = timeline.columns("rank", "start_ns", "end_ns", "category", "kind", "axis")
+    order = np.argsort(cols["rank"], kind="stable")
+    by_rank = {k: v[order] for k, v in cols.items()}
+    ranks_sorted = by_rank["rank"]
+    is_compute_all = by_rank["category"] == "compute"
+    is_opt_all = (by_rank["kind"] == "optimizer") & is_compute_all
     result = {}
     for rank in ranks:
-        mine = (df["rank"] == rank).to_numpy()
-        starts = df["start_ns"].to_numpy()[mine]
-        ends = df["end_ns"].to_numpy()[mine]
-        category = df["category"].to_numpy()[mine]
-        is_opt = (df["kind"].to_numpy()[mine] == "optimizer") & (category == "compute")
-        is_compute = (category == "compute") & ~is_opt
+        lo, hi = np.searchsorted(ranks_sorted, [rank, rank + 1])
+        starts = by_rank["start_ns"][lo:hi]
+        ends = by_rank["end_ns"][lo:hi]
+        is_opt = is_opt_all[lo:hi]
+        is_compute = is_compute_all[lo:hi] & ~is_opt
         compute = _merge(starts[is_compute], ends[is_compute])
         covered = _join(compute, _merge(starts[is_opt], ends[is_opt]))
         row = {"compute": _length(compute) / 1e9,
                "optimizer": (_length(covered) - _length(compute)) / 1e9}
-        rank_axis = axis[mine]
+        category_compute = is_compute_all[lo:hi]
+        rank_axis = by_rank["axis"][lo:hi]
         for name in AXES_IN_ORDER:
-            chosen = (category != "compute") & (rank_axis == name)
+            chosen = ~category_compute & (rank_axis == name)
             joined = _join(covered, _merge(starts[chosen], ends[chosen]))
             row[f"exposed_{name}"] = (_length(joined) - _length(covered)) / 1e9
             covered = joined

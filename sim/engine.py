@@ -125,6 +125,7 @@ class Engine:
         self._throttled = {r for r, c in cost.ranks.items() if c.episodes}
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
         self._issued: dict[int, list[simpy.Event]] = {}
+        self._complete: dict[int, set[int]] = {}
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -137,8 +138,10 @@ class Engine:
         for rank in self.program.ranks():
             ops = self.program.ops_by_rank[rank]
             referenced = {d for op in ops for d in op.deps}
-            # Only ops that others wait for need an event; the rest are counted.
-            self._done[rank] = {d: self.env.event() for d in sorted(referenced)}
+            # Only ops that others wait for are tracked, and an event is made only
+            # when one waits for an op not yet finished (_wait_for); the rest are counted.
+            self._done[rank] = {}
+            self._complete[rank] = set()
             self._referenced[rank] = referenced
             self._finished[rank] = 0
             streams: dict[str, list[int]] = {}
@@ -149,8 +152,6 @@ class Engine:
                    for op in ops):
                 # the rank's CPU thread issues its ops in program order (module docstring)
                 syncs = {i for i, op in enumerate(ops) if getattr(op, "host_sync", False)}
-                for index in sorted(syncs - referenced):
-                    self._done[rank][index] = self.env.event()
                 self._referenced[rank] = referenced | syncs
                 self._issued[rank] = [self.env.event() for _ in ops]
                 self.env.process(self._host(rank))
@@ -194,18 +195,35 @@ class Engine:
         unbounded: the CPU runs ahead of the GPU)."""
         ops = self.program.ops_by_rank[rank]
         issued = self._issued[rank]
-        done = self._done[rank]
+        complete = self._complete[rank]
         for index, op in enumerate(ops):
             host_ns = self.cost.host_ns(op)
             if host_ns:
                 yield self.env.timeout(host_ns)
             issued[index].succeed()
-            if getattr(op, "host_sync", False) and not done[index].triggered:
-                yield done[index]
+            if getattr(op, "host_sync", False) and index not in complete:
+                yield self._wait_for(rank, index)
+
+    def _wait_for(self, rank: int, index: int) -> simpy.Event:
+        """The event that fires when op ``index`` of ``rank`` (not finished yet) ends,
+        made on first demand (most ops others depend on have ended by the time they
+        are needed: making an event for each would cost a SimPy event apiece)."""
+        waiting = self._done[rank]
+        event = waiting.get(index)
+        if event is None:
+            event = waiting[index] = self.env.event()
+        return event
+
+    def _finish(self, rank: int, index: int) -> None:
+        """Op ``index`` of ``rank`` has ended: release whoever waits for it."""
+        self._complete[rank].add(index)
+        event = self._done[rank].pop(index, None)
+        if event is not None:
+            event.succeed()
 
     def _stream(self, rank: int, stream: str, indices: list[int]) -> Iterator[simpy.Event]:
         ops = self.program.ops_by_rank[rank]
-        done = self._done[rank]
+        complete = self._complete[rank]
         referenced = self._referenced[rank]
         issued = self._issued.get(rank)
         position = 0
@@ -213,8 +231,10 @@ class Engine:
             index = indices[position]
             op = ops[index]
             if op.deps:
-                pending = [done[d] for d in op.deps if not done[d].triggered]
-                if pending:
+                pending = [self._wait_for(rank, d) for d in op.deps if d not in complete]
+                if len(pending) == 1:
+                    yield pending[0]
+                elif pending:
                     yield self.env.all_of(pending)
             if issued is not None and not issued[index].triggered:
                 yield issued[index]
@@ -249,8 +269,8 @@ class Engine:
                 started = yield from self._execute(rank, op)
                 self._record(rank, index, op, started, self.env.now)
                 self._finished[rank] += 1
-            if index in done:
-                done[index].succeed()
+            if index in referenced:
+                self._finish(rank, index)
             position += 1
 
     def _fixed_ns(self, op: Op, rank: int, start_ns: int) -> int | None:

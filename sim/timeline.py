@@ -301,6 +301,32 @@ class Timeline:
             total += cur_end - cur_start
         return total
 
+    def columns(self, *names: str) -> dict[str, "np.ndarray"]:
+        """Chosen columns of :data:`COLUMNS` as numpy arrays (ints for ``rank``,
+        ``start_ns``, ``end_ns``, ``op_id``; floats for ``bytes``, ``flops``; object
+        arrays of text otherwise), in append order: for order-free reductions (the
+        step breakdown) that need no DataFrame."""
+        import numpy as np
+
+        where = {"start_ns": 0, "rank": 1, "stream": 2, "op": 3, "end_ns": 4, "kind": 5,
+                 "category": 6, "bytes": 7, "flops": 8, "op_id": 9, "axis": 10}
+        types = {"start_ns": np.int64, "rank": np.int64, "end_ns": np.int64,
+                 "op_id": np.int64, "bytes": np.float64, "flops": np.float64}
+        out = {}
+        for name in names:
+            if name not in where:
+                raise ValueError(f"columns: {name!r} is not a column; valid: "
+                                 f"{', '.join(where)}")
+            index = where[name]
+            values = [row[index] for row in self._rows]
+            if name in types:
+                out[name] = np.array(values, dtype=types[name])
+            else:
+                array = np.empty(len(values), dtype=object)
+                array[:] = values
+                out[name] = array
+        return out
+
     # ------------------------------------------------------------------ tables
 
     @_gc_paused()

@@ -374,3 +374,92 @@ def test_double_binary_tree_is_the_nccl_dtree():
     assert t0 == {2: 0, 1: 2, 3: 2} and t1 == {1: 3, 2: 1, 0: 1}
     (t0, _), height = double_binary_trees(13)
     assert t0[8] == 0 and t0[4] == 8 and t0[12] == 8 and t0[10] == 12 and height == 4
+
+
+# ------------------------------------------------ flow classes (weighted flows)
+def _random_problem(rng: np.random.Generator):
+    """A random small topology: links with capacities, flows over random link sets
+    with random weights and (sometimes) ceilings, each flow repeated 1-4 times."""
+    num_links = int(rng.integers(2, 12))
+    capacity = rng.uniform(1e9, 100e9, num_links)
+    distinct = int(rng.integers(1, 9))
+    flows, links, weights, caps, counts = [], [], [], [], []
+    for _ in range(distinct):
+        crossed = rng.choice(num_links, size=int(rng.integers(1, min(num_links, 4) + 1)),
+                             replace=False)
+        flows.append((tuple(int(x) for x in crossed),
+                      tuple(float(w) for w in rng.uniform(1.0, 3.0, crossed.size))))
+        caps.append(float(rng.uniform(1e9, 60e9)) if rng.random() < 0.3 else math.inf)
+        counts.append(int(rng.integers(1, 5)))
+    return capacity, flows, caps, counts
+
+
+def _entries(flow_list):
+    entry_flow, entry_link, entry_weight = [], [], []
+    for index, (crossed, weight) in enumerate(flow_list):
+        entry_flow += [index] * len(crossed)
+        entry_link += list(crossed)
+        entry_weight += list(weight)
+    return (np.asarray(entry_flow, dtype=np.int64), np.asarray(entry_link, dtype=np.int64),
+            np.asarray(entry_weight))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_weighted_flow_classes_give_the_rates_of_the_expanded_problem(seed):
+    """m identical flows solved once with multiplicity m (hardware.flow.max_min_rates'
+    derivation) get the rates progressive filling gives the m flows one by one, to
+    1e-12 relative; flow_classes finds exactly the repeated flows."""
+    from hardware.flow import flow_classes
+
+    rng = np.random.default_rng(seed)
+    capacity, flows, caps, counts = _random_problem(rng)
+    # expanded: every copy a flow of its own, copies interleaved with the others
+    order = [i for i, n in enumerate(counts) for _ in range(n)]
+    rng.shuffle(order)
+    expanded = _entries([flows[i] for i in order])
+    expanded_caps = np.asarray([caps[i] for i in order])
+    full = max_min_rates(*expanded, len(order), capacity, expanded_caps)
+    # classes: each distinct flow once, weighted by its count
+    weighted = max_min_rates(*_entries(flows), len(flows), capacity, np.asarray(caps),
+                             np.asarray(counts, dtype=np.float64))
+    np.testing.assert_allclose(full, weighted[order], rtol=1e-12, atol=0)
+    # and the classes flow_classes finds in the expanded list are the distinct flows
+    class_of, first = flow_classes(*expanded, len(order), expanded_caps)
+    assert len(first) == len(set(order)) == len(flows)
+    assert [order[f] for f in first] == list(dict.fromkeys(order))
+    assert all(order[a] == order[first[class_of[a]]] for a in range(len(order)))
+
+
+def test_unused_links_do_not_change_rates_bit_for_bit():
+    """The solver works on the links flows cross only: padding the fabric with links
+    nobody uses leaves every rate bit-for-bit equal."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        capacity, flows, caps, _ = _random_problem(rng)
+        entry_flow, entry_link, entry_weight = _entries(flows)
+        base = max_min_rates(entry_flow, entry_link, entry_weight, len(flows), capacity,
+                             np.asarray(caps))
+        padded = np.concatenate([rng.uniform(1e9, 1e12, 50), capacity, rng.uniform(1, 2, 50)])
+        moved = max_min_rates(entry_flow, entry_link + 50, entry_weight, len(flows), padded,
+                              np.asarray(caps))
+        assert np.array_equal(base, moved)
+
+
+def test_a_batch_of_identical_flows_ends_when_the_expanded_one_does():
+    """FlowNetwork solves repeated requests of a batch as one weighted class: three
+    identical flows and a fourth over a shared link end at the times the progressive
+    filling of the four gives (capacity 100 GB/s shared four ways: 25 GB/s each)."""
+    env = simpy.Environment()
+    network = FlowNetwork(env, np.array([100e9, 1e12]))
+    same = FlowRequest((0, 1), (1.0, 1.0), 1e9)
+    finished = {}
+
+    def run():
+        yield network.transfer([same, same, same, FlowRequest((0,), (1.0,), 2e9)])
+        finished["batch"] = env.now
+
+    env.process(run())
+    env.run()
+    # the three 1 GB flows end at 40 ms (25 GB/s); the 2 GB flow then runs alone at
+    # 100 GB/s: 1 GB left after 40 ms, 10 ms more
+    assert finished == {"batch": 50_000_000}
