@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 import simpy
+from simpy.core import URGENT
 
 from hardware.units import NS_PER_S
 
@@ -224,51 +225,60 @@ class _Template:
 
 
 class _Batch:
-    """Flows submitted together; its event fires when all have finished."""
+    """Flows submitted together; its event fires when all have finished. Its flows'
+    remaining bytes, rates and liveness live in :class:`FlowNetwork`'s flat arrays,
+    at ``offset .. offset + size``."""
 
-    __slots__ = ("event", "template", "entry_flow", "entry_link", "entry_weight", "remaining",
-                 "caps", "done", "pattern", "payload", "num_links")
+    __slots__ = ("event", "template", "offset", "size", "key")
 
     def __init__(self, event: simpy.Event, template: _Template) -> None:
         self.event = event
         self.template = template
-        self.entry_flow = template.entry_flow
-        self.entry_link = template.entry_link
-        self.entry_weight = template.entry_weight
-        self.payload = template.payload
-        self.remaining = template.payload.copy()
-        self.caps = template.caps
-        self.done = (self.remaining <= 0) | template.no_links
-        self.pattern = template.pattern
+        self.offset = 0
+        self.size = template.payload.size
+        # this batch's part of the rate-cache key; None while no flow has finished
+        self.key: tuple = (template.pattern, None)
 
-    def problem(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
-                               np.ndarray | None]:
+    def problem(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray | None, np.ndarray | None]:
         """This batch's part of the rate problem: ``(entry_flow, entry_link,
         entry_weight, caps, multiplicity, class_of)`` over its flow classes, the
-        finished flows left out (``multiplicity`` and ``class_of`` None when every
-        class is one flow: then the problem is over the flows themselves)."""
+        finished flows (``done``, one per flow of the batch) left out
+        (``multiplicity`` and ``class_of`` None when every class is one flow: then
+        the problem is over the flows themselves)."""
         template = self.template
-        if template.classes == self.done.size:
-            keep = ~self.done[self.entry_flow]
-            return (self.entry_flow[keep], self.entry_link[keep], self.entry_weight[keep],
-                    self.caps, None, None)
-        multiplicity = np.bincount(template.class_of[~self.done],
+        if template.classes == done.size:
+            if not done.any():
+                return (template.entry_flow, template.entry_link, template.entry_weight,
+                        template.caps, None, None)
+            keep = ~done[template.entry_flow]
+            return (template.entry_flow[keep], template.entry_link[keep],
+                    template.entry_weight[keep], template.caps, None, None)
+        multiplicity = np.bincount(template.class_of[~done],
                                    minlength=template.classes).astype(np.float64)
         keep = multiplicity[template.class_entry_flow] > 0
         return (template.class_entry_flow[keep], template.class_entry_link[keep],
                 template.class_entry_weight[keep], template.class_caps, multiplicity,
                 template.class_of)
 
-    def link_bytes(self) -> np.ndarray:
+    def link_bytes(self, remaining: np.ndarray, num_links: int) -> np.ndarray:
         """Wire bytes this batch's flows have put on each link so far (payload
-        delivered, payload minus what remains, times each link's weight)."""
-        delivered = np.maximum(self.payload - self.remaining, 0.0)
-        return np.bincount(self.entry_link, weights=delivered[self.entry_flow] * self.entry_weight,
-                           minlength=self.num_links)
+        delivered, payload minus ``remaining``, times each link's weight)."""
+        template = self.template
+        delivered = np.maximum(template.payload - remaining, 0.0)
+        return np.bincount(template.entry_link,
+                           weights=delivered[template.entry_flow] * template.entry_weight,
+                           minlength=num_links)
 
 
 class FlowNetwork:
     """Fluid max-min fair network living in one SimPy environment.
+
+    The state of every flow in flight is held in three flat arrays (remaining bytes,
+    rate, still running), the batches' flows laid end to end in arrival order, so
+    draining bytes and finding the next completion are a few numpy operations however
+    many batches run. One timer wakes the network at the next completion: a
+    rescheduling supersedes the pending one (its callback then does nothing).
 
     Args:
         env: the engine's environment (time unit: ns).
@@ -283,10 +293,12 @@ class FlowNetwork:
         self._env = env
         self._capacity = np.asarray(capacity_bytes_per_s, dtype=np.float64)
         self._batches: list[_Batch] = []
-        self._rates: list[np.ndarray] = []
+        self._remaining = np.zeros(0)
+        self._rate = np.zeros(0)
+        self._live = np.zeros(0, dtype=bool)
         self._last_update_ns = 0
         self._generation = 0
-        self._rate_cache: dict[tuple, list[np.ndarray]] = {}
+        self._rate_cache: dict[tuple, np.ndarray] = {}
         self._templates: dict[int, _Template] = {}
         self.rate_solves = 0
         self.flows_completed = 0
@@ -299,7 +311,8 @@ class FlowNetwork:
         than at every rate change."""
         total = self._finished_link_bytes.copy()
         for batch in self._batches:
-            total += batch.link_bytes()
+            total += batch.link_bytes(self._remaining[batch.offset:batch.offset + batch.size],
+                                      self._capacity.size)
         return total
 
     def transfer(self, requests: Sequence[FlowRequest]) -> simpy.Event:
@@ -310,13 +323,19 @@ class FlowNetwork:
             if len(self._templates) >= _TEMPLATES_MAX:
                 self._templates.clear()
             found = self._templates[id(requests)] = _Template(requests)
-        batch = _Batch(event, found)
-        batch.num_links = self._capacity.size
         self._advance()
-        if batch.done.all():
+        live = (found.payload > 0) & ~found.no_links
+        if not live.any():
             event.succeed()
             return event
+        batch = _Batch(event, found)
+        batch.offset = self._live.size
+        if not live.all():
+            batch.key = (found.pattern, (~live).tobytes())
         self._batches.append(batch)
+        self._remaining = np.concatenate((self._remaining, found.payload))
+        self._live = np.concatenate((self._live, live))
+        self._rate = np.concatenate((self._rate, np.zeros(batch.size)))  # set by the solve
         self._reschedule()
         return event
 
@@ -328,37 +347,58 @@ class FlowNetwork:
         self._last_update_ns = now
         if not self._batches:
             return
+        live, rate, remaining = self._live, self._rate, self._remaining
+        if elapsed_s > 0:
+            remaining -= np.where(live, np.minimum(rate * elapsed_s, remaining), 0.0)
+        newly = live & (remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S))
+        if not newly.any():
+            return
+        live &= ~newly
+        self.flows_completed += int(np.count_nonzero(newly))
         finished: list[_Batch] = []
-        for batch, rates in zip(self._batches, self._rates):
-            live = ~batch.done
-            if elapsed_s > 0:
-                moved = np.where(live, np.minimum(rates * elapsed_s, batch.remaining), 0.0)
-                batch.remaining -= moved
-            slack = rates * (_COMPLETION_SLACK_NS / NS_PER_S)
-            newly = live & (batch.remaining <= slack)
-            if newly.any():
-                batch.done |= newly
-                self.flows_completed += int(newly.sum())
-            if batch.done.all():
+        for batch in self._batches:
+            start, end = batch.offset, batch.offset + batch.size
+            if not newly[start:end].any():
+                continue
+            running = live[start:end]
+            if running.any():
+                batch.key = (batch.template.pattern, (~running).tobytes())
+            else:
                 finished.append(batch)
+        if not finished:
+            return
+        keep = np.ones(live.size, dtype=bool)
         for batch in finished:
-            self._finished_link_bytes += batch.link_bytes()
+            start, end = batch.offset, batch.offset + batch.size
+            self._finished_link_bytes += batch.link_bytes(remaining[start:end],
+                                                          self._capacity.size)
+            keep[start:end] = False
             self._batches.remove(batch)
+        self._remaining, self._rate, self._live = remaining[keep], rate[keep], live[keep]
+        offset = 0
+        for batch in self._batches:
+            batch.offset = offset
+            offset += batch.size
+        for batch in finished:
             batch.event.succeed()
 
     def _solve_rates(self) -> None:
-        key = tuple(
-            (b.pattern, None if not b.done.any() else b.done.tobytes()) for b in self._batches
-        )
+        """Set every flow's rate: from the cache when the same batches (same templates,
+        same flows finished) ran before, else by :func:`max_min_rates` over the batches'
+        problems laid end to end."""
+        key = tuple(b.key for b in self._batches)
         cached = self._rate_cache.get(key)
         if cached is not None:
-            self._rates = cached
+            self._rate = cached  # never written in place: replaced on every change
             return
         flows, links, weights, caps, mults, offsets = [], [], [], [], [], [0]
         parts = []
         weighted = False
+        live = self._live
         for batch in self._batches:
-            entry_flow, entry_link, entry_weight, batch_caps, mult, class_of = batch.problem()
+            done = ~live[batch.offset:batch.offset + batch.size]
+            entry_flow, entry_link, entry_weight, batch_caps, mult, class_of = \
+                batch.problem(done)
             flows.append(entry_flow + offsets[-1])
             links.append(entry_link)
             weights.append(entry_weight)
@@ -376,29 +416,40 @@ class FlowNetwork:
             offsets[-1], self._capacity, np.concatenate(caps), multiplicity,
         )
         self.rate_solves += 1
-        self._rates = [rates[offsets[i]:offsets[i + 1]] if class_of is None
-                       else rates[offsets[i]:offsets[i + 1]][class_of]
-                       for i, class_of in enumerate(parts)]
-        self._rate_cache[key] = self._rates
+        self._rate = np.concatenate([
+            rates[offsets[i]:offsets[i + 1]] if class_of is None
+            else rates[offsets[i]:offsets[i + 1]][class_of]
+            for i, class_of in enumerate(parts)])
+        self._rate_cache[key] = self._rate
 
     def _reschedule(self) -> None:
-        """Recompute rates and wake up when the next flow will finish."""
+        """Recompute rates and arm the timer for when the next flow will finish."""
         self._generation += 1
         if not self._batches:
-            self._rates = []
+            self._rate = np.zeros(0)
             return
         self._solve_rates()
-        next_s = np.inf
-        for batch, rates in zip(self._batches, self._rates):
-            live = ~batch.done
-            if live.any():
-                next_s = min(next_s, float((batch.remaining[live] / rates[live]).min()))
+        live = self._live
+        next_s = float((self._remaining[live] / self._rate[live]).min())
         delay_ns = int(np.ceil(next_s * NS_PER_S - _COMPLETION_SLACK_NS))
-        self._env.process(self._wake(max(delay_ns, 0), self._generation))
+        # The timeout is created when an urgent event scheduled now is processed, the
+        # point in SimPy's event order at which a process started here would create
+        # it: ties with other events at the wake-up time resolve as they always have.
+        arm = simpy.Event(self._env)
+        arm._ok = True
+        arm._value = (max(delay_ns, 0), self._generation)
+        arm.callbacks.append(self._arm)
+        self._env.schedule(arm, URGENT)
 
-    def _wake(self, delay_ns: int, generation: int):
-        yield self._env.timeout(delay_ns)
+    def _arm(self, event: simpy.Event) -> None:
+        delay_ns, generation = event._value
         if generation != self._generation:
+            return  # superseded already: its timer would do nothing
+        timer = self._env.timeout(delay_ns, generation)
+        timer.callbacks.append(self._wake)
+
+    def _wake(self, timer: simpy.Event) -> None:
+        if timer._value != self._generation:
             return  # superseded by a later arrival or completion
         self._advance()
         self._reschedule()
