@@ -632,10 +632,15 @@ class SharedFabric:
         key = ("p2p", src, dst, size_bytes)
         found = self._mirror_cache.get(key)
         if found is None:
-            found = (self.cost.p2p_plan(src, dst, size_bytes),
-                     tuple(self.cost.p2p_plan(a, b, size_bytes) for a, b in mirrors))
+            plan = self.cost.p2p_plan(src, dst, size_bytes)
+            batch = self.flows.p2p_mirrored_requests(plan, mirrors) if mirrors else None
+            if batch is not None:  # the mirrors' requests in bulk, no plan per pair
+                found = (plan, (), (batch,))
+            else:
+                found = (plan, tuple(self.cost.p2p_plan(a, b, size_bytes) for a, b in mirrors),
+                         None)
             self._mirror_cache[key] = found
-        yield from self.flows.run(found[0], found[1])
+        yield from self.flows.run(*found)
 
     def stats(self) -> dict[str, int]:
         """Max-min rate solves and completed flows."""

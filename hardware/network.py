@@ -50,6 +50,7 @@ both fidelities give the same time (tests/test_network.py checks it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterator, Protocol, Sequence
 
@@ -494,13 +495,44 @@ class FlowFabric:
         self._mirrored[key] = ((plan, tuple(mirrors)), requests)
         return requests
 
-    def run(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = ()) -> Iterator[simpy.Event]:
+    def p2p_mirrored_requests(self, plan: CommPlanLike, pairs: Sequence[tuple[int, int]]
+                              ) -> list[FlowRequest] | None:
+        """The one batch of a send/recv ``plan`` (:func:`strategies.collectives.algorithms.point_to_point`)
+        and the same send/recv between every pair of ``pairs`` (its mirrors), built in
+        one pass without a plan per pair; None when ``plan`` is not such a send/recv.
+
+        The requests are those :meth:`_with_mirrors` builds from each pair's own plan
+        (``CostModel.p2p_plan``): a pair's plan is one phase with one ``p2p`` transfer
+        of the same payload, none within a rank; its ceiling (:meth:`NetworkModel.transfer_caps`)
+        depends on the family, protocol and rank count every such plan shares and on
+        whether the pair crosses NVLink domains, which ``transfer_caps`` checks per
+        transfer of the one phase listing them all; and a ``direct`` plan is not
+        pipelined (:meth:`NetworkModel.pipeline_factor` 1.0).
+        """
+        if (plan.family != "direct" or len(plan.phases) != 1
+                or len(plan.phases[0].transfers) != 1
+                or plan.phases[0].transfers[0].mode != "p2p"):
+            return None
+        phase = plan.phases[0]
+        first = phase.transfers[0]
+        transfer = type(first)  # the plan's own transfer and phase types (dataclasses)
+        everyone = dataclasses.replace(phase, transfers=tuple(phase.transfers) + tuple(
+            transfer(a, b, first.payload_bytes, "p2p") for a, b in pairs if a != b))
+        model = self.model
+        fill = model.pipeline_factor(plan, phase)
+        return [model.request(t, plan.protocol, cap, fill)
+                for t, cap in zip(everyone.transfers, model.transfer_caps(plan, everyone))]
+
+    def run(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = (),
+            batches: Sequence[Sequence[FlowRequest]] | None = None) -> Iterator[simpy.Event]:
         """SimPy process body: base latency, then each phase's latency and flows.
 
         ``mirrors``: the same communication of ranks a symmetry-reduced program
         leaves out (same algorithm and protocol); their flows share the links
         with this plan's, and a phase ends when all of them have arrived, as it
         would in the full job where they run in lockstep.
+        ``batches``: the requests of every phase, built already (this plan's and its
+        mirrors', e.g. :meth:`p2p_mirrored_requests`), instead of ``mirrors``.
         """
         if not plan.phases:
             return
@@ -509,6 +541,10 @@ class FlowFabric:
             yield self.env.timeout(
                 seconds_to_ns(self.model.phase_latency_s(phase, plan.protocol, plan.family)))
             if phase.transfers:
-                requests = (self._with_mirrors(plan, mirrors, index) if mirrors
-                            else self._phase_requests(plan, index))
+                if batches is not None:
+                    requests = batches[index]
+                elif mirrors:
+                    requests = self._with_mirrors(plan, mirrors, index)
+                else:
+                    requests = self._phase_requests(plan, index)
                 yield self.network.transfer(requests)
