@@ -200,7 +200,7 @@ class _Template:
     """
 
     __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
-                 "no_links", "pattern", "class_of", "classes", "class_entry_flow",
+                 "no_links", "pattern", "links_used", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
     def __init__(self, requests: Sequence[FlowRequest]) -> None:
@@ -215,6 +215,10 @@ class _Template:
         self.entry_weight = np.asarray(weights, dtype=np.float64)
         self.payload = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
         self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
+        # The links the list crosses (ascending) and each entry's index among them:
+        # a batch's link bytes are summed over these, not over the whole fabric.
+        self.links_used, self.entry_local_link = np.unique(self.entry_link,
+                                                           return_inverse=True)
         # A flow that crosses no link (GPU to itself) is delivered at once.
         self.no_links = np.asarray([not r.links for r in requests], dtype=bool)
         # Identical link patterns get identical rates: key for the rate cache.
@@ -271,14 +275,16 @@ class _Batch:
                 template.class_entry_weight[keep], template.class_caps, multiplicity,
                 template.class_of)
 
-    def link_bytes(self, remaining: np.ndarray, num_links: int) -> np.ndarray:
+    def link_bytes(self, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Wire bytes this batch's flows have put on each link so far (payload
-        delivered, payload minus ``remaining``, times each link's weight)."""
+        delivered, payload minus ``remaining``, times each link's weight), as
+        ``(links, bytes)`` over the links the batch crosses."""
         template = self.template
         delivered = np.maximum(template.payload - remaining, 0.0)
-        return np.bincount(template.entry_link,
-                           weights=delivered[template.entry_flow] * template.entry_weight,
-                           minlength=num_links)
+        return template.links_used, np.bincount(
+            template.entry_local_link,
+            weights=delivered[template.entry_flow] * template.entry_weight,
+            minlength=template.links_used.size)
 
 
 class FlowNetwork:
@@ -321,8 +327,9 @@ class FlowNetwork:
         than at every rate change."""
         total = self._finished_link_bytes.copy()
         for batch in self._batches:
-            total += batch.link_bytes(self._remaining[batch.offset:batch.offset + batch.size],
-                                      self._capacity.size)
+            links, carried = batch.link_bytes(
+                self._remaining[batch.offset:batch.offset + batch.size])
+            total[links] += carried
         return total
 
     def transfer(self, requests: Sequence[FlowRequest]) -> simpy.Event:
@@ -380,8 +387,8 @@ class FlowNetwork:
         keep = np.ones(live.size, dtype=bool)
         for batch in finished:
             start, end = batch.offset, batch.offset + batch.size
-            self._finished_link_bytes += batch.link_bytes(remaining[start:end],
-                                                          self._capacity.size)
+            links, carried = batch.link_bytes(remaining[start:end])
+            self._finished_link_bytes[links] += carried
             keep[start:end] = False
             self._batches.remove(batch)
         self._remaining, self._rate, self._live = remaining[keep], rate[keep], live[keep]
