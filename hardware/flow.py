@@ -188,6 +188,45 @@ class FlowRequest:
     max_rate: float = float("inf")
 
 
+class FlowBatch:
+    """A list of requests held as arrays (one entry per link a flow crosses, flows in
+    order, each flow's links in path order): what :class:`_Template` builds from
+    :class:`FlowRequest` objects, built in bulk instead (hardware.network.FlowFabric
+    lists thousands of mirror transfers per phase). :meth:`FlowNetwork.transfer`
+    takes it in place of a list.
+
+    Attributes:
+        entry_flow, entry_link, entry_weight: the flow, link and wire bytes per
+            payload byte of every entry.
+        payload: bytes every flow delivers.
+        caps: every flow's rate ceiling (inf: none).
+    """
+
+    __slots__ = ("entry_flow", "entry_link", "entry_weight", "payload", "caps")
+
+    def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
+                 payload: np.ndarray, caps: np.ndarray) -> None:
+        self.entry_flow = np.asarray(entry_flow, dtype=np.int64)
+        self.entry_link = np.asarray(entry_link, dtype=np.int64)
+        self.entry_weight = np.asarray(entry_weight, dtype=np.float64)
+        self.payload = np.asarray(payload, dtype=np.float64)
+        self.caps = np.asarray(caps, dtype=np.float64)
+
+    def __len__(self) -> int:
+        return self.payload.size
+
+    @staticmethod
+    def concatenate(parts: Sequence["FlowBatch"]) -> "FlowBatch":
+        """The flows of ``parts`` one after the other, as one batch."""
+        offsets = np.cumsum([0] + [len(p) for p in parts[:-1]])
+        return FlowBatch(
+            np.concatenate([p.entry_flow + o for p, o in zip(parts, offsets)]),
+            np.concatenate([p.entry_link for p in parts]),
+            np.concatenate([p.entry_weight for p in parts]),
+            np.concatenate([p.payload for p in parts]),
+            np.concatenate([p.caps for p in parts]))
+
+
 class _Template:
     """The arrays of one list of requests, built once: the fabric hands the same list
     for every run of the same phase (hardware.network.FlowFabric caches them), and a
@@ -203,24 +242,29 @@ class _Template:
                  "no_links", "pattern", "links_used", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
-    def __init__(self, requests: Sequence[FlowRequest]) -> None:
+    def __init__(self, requests: Sequence[FlowRequest] | FlowBatch) -> None:
         self.requests = requests  # keeps the list alive: its id keys the cache
-        flows, links, weights = [], [], []
-        for index, request in enumerate(requests):
-            flows.extend([index] * len(request.links))
-            links.extend(request.links)
-            weights.extend(request.weights)
-        self.entry_flow = np.asarray(flows, dtype=np.int64)
-        self.entry_link = np.asarray(links, dtype=np.int64)
-        self.entry_weight = np.asarray(weights, dtype=np.float64)
-        self.payload = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
-        self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
+        if isinstance(requests, FlowBatch):
+            self.entry_flow, self.entry_link = requests.entry_flow, requests.entry_link
+            self.entry_weight = requests.entry_weight
+            self.payload, self.caps = requests.payload, requests.caps
+        else:
+            flows, links, weights = [], [], []
+            for index, request in enumerate(requests):
+                flows.extend([index] * len(request.links))
+                links.extend(request.links)
+                weights.extend(request.weights)
+            self.entry_flow = np.asarray(flows, dtype=np.int64)
+            self.entry_link = np.asarray(links, dtype=np.int64)
+            self.entry_weight = np.asarray(weights, dtype=np.float64)
+            self.payload = np.asarray([r.payload_bytes for r in requests], dtype=np.float64)
+            self.caps = np.asarray([r.max_rate for r in requests], dtype=np.float64)
         # The links the list crosses (ascending) and each entry's index among them:
         # a batch's link bytes are summed over these, not over the whole fabric.
         self.links_used, self.entry_local_link = np.unique(self.entry_link,
                                                            return_inverse=True)
         # A flow that crosses no link (GPU to itself) is delivered at once.
-        self.no_links = np.asarray([not r.links for r in requests], dtype=bool)
+        self.no_links = np.bincount(self.entry_flow, minlength=self.payload.size) == 0
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
                              self.entry_weight.tobytes(), self.caps.tobytes()))
@@ -332,8 +376,9 @@ class FlowNetwork:
             total[links] += carried
         return total
 
-    def transfer(self, requests: Sequence[FlowRequest]) -> simpy.Event:
-        """Start flows now; the returned event fires when the last one ends."""
+    def transfer(self, requests: Sequence[FlowRequest] | FlowBatch) -> simpy.Event:
+        """Start flows now (a list of requests, or the same as a :class:`FlowBatch`);
+        the returned event fires when the last one ends."""
         event = self._env.event()
         found = self._templates.get(id(requests))
         if found is None or found.requests is not requests:

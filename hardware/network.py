@@ -57,7 +57,7 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 import simpy
 
-from hardware.flow import FlowNetwork, FlowRequest
+from hardware.flow import FlowBatch, FlowNetwork, FlowRequest
 from hardware.spec import PROTOCOLS, CommTuningSpec, node_bucket
 from hardware.topology import TIERS, ClusterLayout
 from hardware.units import seconds_to_ns
@@ -463,24 +463,58 @@ class FlowFabric:
         self.model = model
         self.network = FlowNetwork(env, model.layout.capacity_bytes_per_s)
         # Keyed by identity; the plan is kept so its id cannot be reused.
-        self._requests: dict[int, tuple[CommPlanLike, list[list[FlowRequest]]]] = {}
-        self._mirrored: dict[tuple, tuple[tuple, list[FlowRequest]]] = {}
+        self._requests: dict[int, tuple[CommPlanLike, list[FlowBatch]]] = {}
+        self._mirrored: dict[tuple, tuple[tuple, FlowBatch]] = {}
 
-    def _phase_requests(self, plan: CommPlanLike, index: int) -> Sequence[FlowRequest]:
+    def _phase_requests(self, plan: CommPlanLike, index: int) -> FlowBatch:
         cached = self._requests.get(id(plan))
         if cached is None:
-            per_phase = []
-            for phase in plan.phases:
-                fill = self.model.pipeline_factor(plan, phase)
-                per_phase.append([
-                    self.model.request(t, plan.protocol, cap, fill) for t, cap in
-                    zip(phase.transfers, self.model.transfer_caps(plan, phase))])
-            cached = (plan, per_phase)
+            cached = (plan, [self._phase_batch(plan, phase) for phase in plan.phases])
             self._requests[id(plan)] = cached
         return cached[1][index]
 
+    def _phase_batch(self, plan: CommPlanLike, phase: PhaseLike) -> FlowBatch:
+        """A phase's transfers as one :class:`FlowBatch`: the requests
+        :meth:`NetworkModel.request` gives each (its links, the weights of their tiers,
+        its payload times :meth:`NetworkModel.pipeline_factor`, its
+        :meth:`NetworkModel.transfer_caps` ceiling), built for all at once
+        (:meth:`ClusterLayout.paths_links` lists the links of ``path`` in order)."""
+        model = self.model
+        fill = model.pipeline_factor(plan, phase)
+        caps = model.transfer_caps(plan, phase)
+        transfers = phase.transfers
+        if getattr(transfers, "columns", False):
+            src = np.asarray(transfers.src, dtype=np.int64)
+            dst = np.asarray(transfers.dst, dtype=np.int64)
+            payload = np.full(src.size, float(transfers.payload_bytes))
+            modes = {transfers.mode}
+        else:
+            src = np.asarray([t.src for t in transfers], dtype=np.int64)
+            dst = np.asarray([t.dst for t in transfers], dtype=np.int64)
+            payload = np.asarray([float(t.payload_bytes) for t in transfers], dtype=np.float64)
+            modes = {t.mode for t in transfers}
+        if len(modes) != 1:  # mixed modes: one request each
+            requests = [model.request(t, plan.protocol, cap, fill)
+                        for t, cap in zip(transfers, caps)]
+            return FlowBatch(
+                np.repeat(np.arange(len(requests)), [len(r.links) for r in requests]),
+                [link for r in requests for link in r.links],
+                [w for r in requests for w in r.weights],
+                [r.payload_bytes for r in requests], [r.max_rate for r in requests])
+        mode = modes.pop()
+        layout = self.model.layout
+        if mode == "nvls":  # the GPU's own NVLink ports (NetworkModel.links_of)
+            which = np.repeat(np.arange(src.size), 2)
+            links = np.stack([layout.gpu_out_link(0) + src,
+                              layout.gpu_in_link(0) + dst], axis=1).reshape(-1)
+        else:
+            which, links = layout.paths_links(src, dst)
+        per_tier = np.asarray([model._weights[(tier, plan.protocol, mode)] for tier in TIERS])
+        return FlowBatch(which, links, per_tier[layout.link_tier_index[links]],
+                         payload * fill, caps)
+
     def _with_mirrors(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike],
-                      index: int) -> Sequence[FlowRequest]:
+                      index: int) -> FlowBatch:
         """Phase ``index`` of ``plan`` plus the same phase of every mirror plan, as
         one batch. A mirror sharing no link with anything simulated changes no rate
         but still costs solver time: the engine leaves those out (Engine._may_contend)."""
@@ -488,15 +522,16 @@ class FlowFabric:
         cached = self._mirrored.get(key)
         if cached is not None:
             return cached[1]
-        requests = list(self._phase_requests(plan, index))
+        parts = [self._phase_requests(plan, index)]
         for mirror in mirrors:
             if index < len(mirror.phases):
-                requests.extend(self._phase_requests(mirror, index))
+                parts.append(self._phase_requests(mirror, index))
+        requests = FlowBatch.concatenate(parts)
         self._mirrored[key] = ((plan, tuple(mirrors)), requests)
         return requests
 
     def p2p_mirrored_requests(self, plan: CommPlanLike, pairs: Sequence[tuple[int, int]]
-                              ) -> list[FlowRequest] | None:
+                              ) -> FlowBatch | None:
         """The one batch of a send/recv ``plan`` (:func:`strategies.collectives.algorithms.point_to_point`)
         and the same send/recv between every pair of ``pairs`` (its mirrors), built in
         one pass without a plan per pair; None when ``plan`` is not such a send/recv.
@@ -518,13 +553,10 @@ class FlowFabric:
         transfer = type(first)  # the plan's own transfer and phase types (dataclasses)
         everyone = dataclasses.replace(phase, transfers=tuple(phase.transfers) + tuple(
             transfer(a, b, first.payload_bytes, "p2p") for a, b in pairs if a != b))
-        model = self.model
-        fill = model.pipeline_factor(plan, phase)
-        return [model.request(t, plan.protocol, cap, fill)
-                for t, cap in zip(everyone.transfers, model.transfer_caps(plan, everyone))]
+        return self._phase_batch(plan, everyone)
 
     def run(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = (),
-            batches: Sequence[Sequence[FlowRequest]] | None = None) -> Iterator[simpy.Event]:
+            batches: Sequence[FlowBatch] | None = None) -> Iterator[simpy.Event]:
         """SimPy process body: base latency, then each phase's latency and flows.
 
         ``mirrors``: the same communication of ranks a symmetry-reduced program
