@@ -105,31 +105,29 @@ def max_min_rates(
     remaining = capacity[used_links]
     if multiplicity is not None:
         entry_weight = entry_weight * np.asarray(multiplicity, dtype=np.float64)[entry_flow]
-    frozen = np.zeros(num_flows, dtype=bool)
     has_links = np.zeros(num_flows, dtype=bool)
     has_links[entry_flow] = True
-    frozen[~has_links] = True
+    # the ceilings of the flows not frozen yet (inf once frozen; a flow crossing no
+    # link is frozen at its ceiling from the start)
+    open_caps = np.where(has_links, caps, np.inf)
     num_links = used_links.size
+    share = np.empty(num_links)
     # The entries of unfrozen flows, in their original order (the per-link sums add
     # them in that order): frozen ones are dropped after every round.
     while entry_flow.size:
         link_weight = np.bincount(entry_link, weights=entry_weight, minlength=num_links)
-        used = link_weight > 0
-        share = np.full(num_links, np.inf)
-        share[used] = np.maximum(remaining[used], 0.0) / link_weight[used]
+        share.fill(np.inf)
+        np.divide(np.maximum(remaining, 0.0), link_weight, out=share, where=link_weight > 0)
         level = share.min()
-        open_caps = np.where(frozen, np.inf, caps)
         cap_level = open_caps.min()
-        newly = np.zeros(num_flows, dtype=bool)
         if cap_level < level:  # a flow's own ceiling binds before any link
             level = cap_level
-            newly[open_caps <= level * (1.0 + 1e-12)] = True
+            newly = open_caps <= level * (1.0 + 1e-12)
         else:
-            bottleneck = share <= level * (1.0 + 1e-12)
-            newly[entry_flow[bottleneck[entry_link]]] = True
-            newly |= open_caps <= level * (1.0 + 1e-12)
+            newly = open_caps <= level * (1.0 + 1e-12)
+            newly[entry_flow[(share <= level * (1.0 + 1e-12))[entry_link]]] = True
         rates[newly] = level
-        frozen |= newly
+        open_caps[newly] = np.inf
         newly_entries = newly[entry_flow]
         remaining -= np.bincount(
             entry_link[newly_entries],
