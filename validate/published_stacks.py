@@ -92,7 +92,13 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
       DTensor TP (``tp_comm_overlap = "dtensor"``: collectives block the compute
       stream, the column-parallel backward reuses the gathered input autograd saved;
-      AsyncTP is opt-in, :func:`stack_settings`).
+      AsyncTP is opt-in, :func:`stack_settings`); context parallelism through PyTorch's
+      ``context_parallel`` (torchtitan/parallelisms/parallelize_llama.py builds it with
+      ``torch.distributed.tensor.experimental.context_parallel``), whose default
+      ``_cp_options.rotate_method`` is ``ALL_GATHER`` (torch/distributed/tensor/
+      experimental/_attention.py ``_ContextParallelOptions``; torchtitan's
+      ``context_parallel_rotate_method`` option came later with the same default):
+      ``cp_comm_type = "torch_allgather"``.
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
       DTensor TP.
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
@@ -113,7 +119,7 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "torchtitan":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
-                "cross_entropy": "eager"}
+                "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
     if kind == "pytorch-fsdp":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "fp8_recipe": "torchao", "cross_entropy": "eager"}
