@@ -93,7 +93,8 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       DTensor TP (``tp_comm_overlap = "dtensor"``: collectives block the compute
       stream, the column-parallel backward reuses the gathered input autograd saved;
       AsyncTP is opt-in, :func:`stack_settings`); context parallelism through PyTorch's
-      ``context_parallel`` (torchtitan/parallelisms/parallelize_llama.py builds it with
+      ``context_parallel`` (``create_context_parallel_ctx`` in torchtitan/utils.py, later
+      torchtitan/distributed/utils.py, wraps
       ``torch.distributed.tensor.experimental.context_parallel``), whose default
       ``_cp_options.rotate_method`` is ``ALL_GATHER`` (torch/distributed/tensor/
       experimental/_attention.py ``_ContextParallelOptions``; torchtitan's
