@@ -696,23 +696,28 @@ class StepLowerer:
         and accumulates its own gradients once the exchange has delivered the dK/dV they
         add to -- so backward steps run one after another, each ``max(compute,
         exchange)`` long. Sliding-window layers use TE's all-gather variant (the P2P ring
-        does not support a window, ``AttnFuncWithCPAndKVAllGather``): the whole K/V
-        all-gathered before the kernel, dK/dV reduce-scattered after its backward.
+        does not support a window, ``AttnFuncWithCPAndKVAllGather``), and so does every
+        layer with ``cp_comm_type = "all_gather"`` (Megatron-Core ``--cp-comm-type
+        allgather``; Meta's Llama 3 CP, arXiv 2407.21783 Section 3.3.2): the whole K/V
+        all-gathered before the kernel in the forward and again in the backward, dK/dV
+        reduce-scattered after the backward's kernel, all on the critical path.
         """
-        if self.plan.cp_comm_type != "p2p":
+        if self.plan.cp_comm_type in ("torch_allgather", "torch_alltoall"):
             self._torch_ring_attention(b, kernel, tag, phase)
             return
         cp = self.plan.cp
         kv_bytes = self._kv_block_bytes(kernel)
         group = b.groups['cp']
         start = b.last()
-        if kernel.window:
+        if kernel.window or self.plan.cp_comm_type == "all_gather":
+            # AttnFuncWithCPAndKVAllGather: the forward and the backward each all-gather
+            # K/V (the backward gathers again from the local K/V it saved) before the
+            # kernel; the backward reduce-scatters dK/dV after it
+            gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
+                                      f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
+            self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
             if phase == "F":
-                gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
-                                          f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
-                self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
                 return
-            self._emit_kernel(b, kernel, tag, phase)
             reduce = self._collective(b, "cp", "reduce_scatter", group, kv_bytes * cp,
                                       f"{tag}.{phase}.dkv", "cp", self._deps_after(b, b.last()))
             b.wait(reduce)

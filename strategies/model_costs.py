@@ -1017,13 +1017,16 @@ def ring_attention_steps(core: Kernel, cp: int, *, d_v: int | None = None
 #: How context-parallel attention moves K/V between the ranks of a CP group
 #: (``ParallelPlan.cp_comm_type``). ``p2p``: Transformer Engine's ring
 #: (``AttnFuncWithCPAndKVP2P``, Megatron-Core ``--cp-comm-type p2p``, the default), priced by
-#: :func:`ring_attention_steps`. ``torch_allgather`` / ``torch_alltoall``: PyTorch's
+#: :func:`ring_attention_steps`. ``all_gather``: Transformer Engine's
+#: ``AttnFuncWithCPAndKVAllGather`` (``--cp-comm-type allgather``; the scheme of Meta's Llama
+#: 3 CP): K/V all-gathered, then the local queries' kernel over them, nothing overlapped.
+#: ``torch_allgather`` / ``torch_alltoall``: PyTorch's
 #: ``context_parallel`` (``torch/distributed/tensor/experimental/_attention.py``,
 #: ``_templated_ring_attention`` and its backward, what torchtitan runs) with
 #: ``_cp_options.rotate_method`` ``ALL_GATHER`` (its default: one all-gather of every
 #: rank's K/V before the ring) or ``ALL_TO_ALL`` (a permute per step), priced by
 #: :func:`torch_ring_attention_kernels`.
-CP_COMM_TYPES = ("p2p", "torch_allgather", "torch_alltoall")
+CP_COMM_TYPES = ("p2p", "all_gather", "torch_allgather", "torch_alltoall")
 
 
 @dataclass(frozen=True)

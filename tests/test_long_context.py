@@ -268,3 +268,30 @@ def test_torchtitan_rows_run_pytorch_context_parallel():
     with pytest.raises(ValueError, match="cp_comm_type"):
         ParallelPlan(dp=1, cp=2, seq_len=8192, global_batch=1, micro_batch=1,
                      cp_comm_type="ring")
+
+
+def test_all_gather_cp_gathers_twice_and_reduce_scatters():
+    """TE AttnFuncWithCPAndKVAllGather (Meta's Llama 3 CP): per layer, forward all-gather of
+    c K/V blocks, backward all-gather again and reduce-scatter of dK/dV, GQA-compact."""
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(dp=1, tp=2, cp=4, micro_batch=1, global_batch=1, seq_len=32768,
+                        cp_comm_type="all_gather")
+    c, layers = plan.cp, model.num_layers
+    kv = (plan.seq_len // c) * (model.num_kv_heads // plan.tp) * 2 * model.head_dim * 2
+    program = lower_step(model, plan).program
+    ops = [op for op in program.ops_by_rank[min(program.ops_by_rank)]
+           if isinstance(op, CollectiveOp) and op.axis == "cp"]
+    assert [(o.kind, o.size_bytes) for o in ops if ".F." in o.name] == \
+        [("all_gather", c * kv)] * layers
+    assert [(o.kind, o.size_bytes) for o in ops if ".B." in o.name] == \
+        [("all_gather", c * kv), ("reduce_scatter", c * kv)] * layers
+    case = dict(gpus=16, tp=2, cp=4, seq_len=32768, global_batch=4, cp_comm_type="all_gather")
+    analytic, event = (api.simulate("llama3-8b", fidelity=f, **case)
+                       for f in ("analytic", "event"))
+    assert analytic.step_time_s == event.step_time_s
+
+
+def test_meta_llama3_rows_run_all_gather_cp():
+    from validate.published_stacks import framework_defaults
+    assert framework_defaults("Meta internal (4D parallelism: TP, CP, PP, FSDP-style DP)"
+                              )["cp_comm_type"] == "all_gather"

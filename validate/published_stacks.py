@@ -106,7 +106,12 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
       parallelism that shards optimizer state and gradients and does not reshard the
-      parameters after the forward (ZeRO-2 with the parameters gathered once per step).
+      parameters after the forward (ZeRO-2 with the parameters gathered once per step);
+      all-gather context parallelism: "we first all-gather the key (K) and value (V)
+      tensors, and then compute attention output for the local query (Q) tensor chunk
+      ... the all-gather communication latency is exposed in the critical path" (Section
+      3.3.2, the chunks load-balanced as Transformer Engine's: ``cp_comm_type =
+      "all_gather"``; the backward as TE's all-gather variant runs it, assumption).
     """
     kind = framework_kind(framework, version)
     if kind == "megatron-lm-2021":
@@ -127,7 +132,7 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
     if kind == "meta-llama3":
-        return {"zero": 2, "grad_reduce_dtype": "fp32"}
+        return {"zero": 2, "grad_reduce_dtype": "fp32", "cp_comm_type": "all_gather"}
     return {"zero": 1, "grad_reduce_dtype": "fp32"}
 
 
