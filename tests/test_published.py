@@ -183,10 +183,12 @@ def test_torchtitan_rows_run_their_printed_schedule_and_tp(row_id, expected):
 def test_torchtitan_within_todays_bounds(report):
     """torchtitan (issue 12): the printed schedules, DTensor TP / AsyncTP, torchao float8
     all-gathers and the 500 W Grand Teton calibration took it from median 11.6 %,
-    p90 29.0 %, bias -7.9 % (28 rows) to 3.5 %, 17.4 %, -3.9 % (26 validation rows); the
-    rest is mostly the context-parallel rows (Tables 2 and 6)."""
+    p90 29.0 %, bias -7.9 % (28 rows) to 3.5 %, 17.4 %, -3.9 % (26 validation rows);
+    PyTorch's context_parallel ring (all-gathered K/V as SDPA receives them, fp32 merges
+    and dK/dV, cp_comm_type torch_allgather) took the context-parallel rows of Tables 2 and
+    6 to 3.5 %, 14.3 %, -2.3 %."""
     line = _line(report, "pytorch_torchtitan")
     assert line["compared"] >= 26
     assert line["median_abs_error"] <= 0.05
-    assert line["p90_abs_error"] <= 0.19
+    assert line["p90_abs_error"] <= 0.15
     assert abs(line["bias"]) <= 0.05
