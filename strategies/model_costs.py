@@ -1635,7 +1635,7 @@ def rank_params(model: ModelSpec, *, layers: Sequence[int], tp: int = 1, ep: int
 # --------------------------------------------------------------------------- model FLOPs
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+def model_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = False) -> float:
     """Model FLOPs per trained token (forward + backward), the MFU convention.
 
     ``6*N + 12*L*a*d*s`` (PaLM, arXiv 2204.02311 Appendix B: ``6N + 12*L*H*Q*T``), where
@@ -1645,13 +1645,23 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     PaLM do; with MLA's unequal query/key and value widths the term is
     ``6*L*a*s*(d_qk + d_v)`` (``12*L*a*d*s`` when both are ``d``). Norm weights are included
     in ``N`` (negligible). MTP modules are not counted. FLOPs per token.
+
+    ``causal=True`` halves the attention term (``6*L*a*d*s``; ``3*L*a*s*(d_qk + d_v)``
+    with MLA), the count of Megatron-LM's ``num_floating_point_operations`` since 2025
+    (``megatron/training/training.py``: the core-attention terms are divided by 2, "causal
+    mask (only half of the mask is non-zero)"; noted at commit 250b79415dcc in
+    AI-Hypercomputer/maxtext issue 1972), which Megatron-Core's logged TFLOP/s use.
+
+    Raises:
+        ValueError: a non-positive ``seq_len``.
     """
     _pos_int(seq_len, "seq_len")
     pc = param_counts(model)
     head_matmul = model.vocab_size * model.hidden_size
     n = pc.active_per_token - pc.embedding + (head_matmul if model.tied_embeddings else 0)
-    return 6.0 * n + 6.0 * model.num_layers * model.num_heads * seq_len * (
+    attention = 6.0 * model.num_layers * model.num_heads * seq_len * (
         model.qk_head_dim + model.v_head_dim)
+    return 6.0 * n + (CAUSAL_FLOP_FRACTION * attention if causal else attention)
 
 
 # --------------------------------------------------------------------------- activations

@@ -157,6 +157,16 @@ def test_model_flops_per_token_is_6n_plus_12lhs_exactly():
     assert model_flops_per_token(replace(MHA, tied_embeddings=True), s) == expected
 
 
+def test_model_flops_per_token_causal_halves_only_the_attention_term():
+    """Megatron-Core's count (num_floating_point_operations, causal mask): 6N + 6 L a d s."""
+    s = 128
+    n = L * (4 * H * H + 4 * H + 2 * H * F) + V * H + 2 * H
+    assert model_flops_per_token(MHA, s, causal=True) == 6 * n + 6 * L * A * D * s
+    pc = param_counts(MOE)
+    assert model_flops_per_token(MOE, 64, causal=True) == (
+        6 * (pc.active_per_token - pc.embedding) + 6 * 3 * A * D * 64)
+
+
 def test_model_flops_per_token_of_moe_uses_active_params():
     pc = param_counts(MOE)
     s = 64

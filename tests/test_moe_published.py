@@ -81,3 +81,22 @@ def test_models_csv_mla_models_are_expressible_and_match_the_preset(published):
     preset = param_counts(replace(load_model("deepseek-v3"), mtp_layers=0))
     assert csv.total == pytest.approx(preset.total, rel=1e-6)
     assert models["deepseek-v3"].moe.router_groups == 8
+
+
+def test_megatron_core_flop_rates_convert_with_the_causal_count(published):
+    """A Megatron-Core row printing only TFLOP/s (the Qwen3 long-context table) is turned
+    into a step time with Megatron's causal FLOP count (6N + 6 L a d s per token); the Meta
+    Llama 3 rows keep the full-square count."""
+    models, recipes = published
+    run = next(r for r in P.load_runs(sources=["megatron_core_moe"])
+               if r.row_id == "mcore_moe_qwen3_long_128k_fb")
+    assert P.flop_rate_is_causal(run)
+    scenario = P.scenario_for(run, models, recipes)
+    plan, model = scenario.plan, scenario.model
+    flops = (6 * (param_counts(model).active_per_token - param_counts(model).embedding)
+             + 6 * model.num_layers * model.num_heads * plan.seq_len * model.head_dim)
+    expected = flops * plan.global_batch * plan.seq_len / (
+        float(run.get("measured_tflops_per_gpu")) * 1e12 * plan.world_size)
+    assert P._step_from_flop_rate(run, scenario) == pytest.approx(expected, rel=1e-12)
+    llama = P.load_runs(sources=["meta_llama3_paper"])[0]
+    assert not P.flop_rate_is_causal(llama)

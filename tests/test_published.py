@@ -71,21 +71,24 @@ def test_moe_models_within_todays_bounds(report):
     bias -16.3 % to 15.5 %, 41.5 %, -17.5 %. The host's CPU time per op beyond kernel
     launches (TE module calls, CPU-only torch calls of grouped GEMMs and quantizations,
     the Grace host factor; Megatron-Bridge GB200 rows on partial CUDA graphs) measured
-    15.4 %, 37.4 %, -14.2 %: the bounds tighten to that."""
+    15.4 %, 37.4 %, -14.2 %. Converting the Megatron-Core rows' printed TFLOP/s with
+    Megatron's causal FLOP count (validate.published.flop_rate_is_causal) measured 13.2 %,
+    35.6 %, -9.9 %: the bounds tighten to that."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.16
-    assert moe["p90_abs_error"] <= 0.38
-    assert abs(moe["bias"]) <= 0.15
+    assert moe["median_abs_error"] <= 0.14
+    assert moe["p90_abs_error"] <= 0.365
+    assert abs(moe["bias"]) <= 0.11
 
 
 def test_whole_set_within_todays_bounds(report):
     """Median as before issue 15; the bias is the dense rows' (within 3 %) plus the MoE
     rows' under-prediction weighted by their share (86 of 486 with the gpt-oss rows,
-    test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them."""
+    test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
+    with the causal FLOP count of the Megatron-Core rows."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.22
+    assert every["p90_abs_error"] <= 0.21
     assert abs(every["bias"]) <= 0.05
 
 

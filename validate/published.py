@@ -581,16 +581,27 @@ def _is_moe(model: ModelSpec | str | None) -> bool | None:
 
 
 def _step_from_flop_rate(run: PublishedRun, scenario: Scenario) -> float | None:
-    """Step time from a published model TFLOP/s per GPU, counting the model's FLOPs as
-    the simulator does (PaLM's 6N + 12 L h s per token): sources that print only a
-    FLOP rate count their FLOPs in about the same way."""
+    """Step time from a published model TFLOP/s per GPU, counting the model's FLOPs the
+    way the source's framework counts them (:func:`flop_rate_is_causal`): PaLM's
+    ``6N + 12 L h s`` per token, or with Megatron-Core's causal attention count
+    ``6N + 6 L h s`` (:func:`strategies.model_costs.model_flops_per_token`)."""
     tflops = run.get("measured_tflops_per_gpu")
     if not tflops:
         return None
     plan = scenario.plan
-    flops = (model_costs.model_flops_per_token(scenario.model, plan.seq_len)
+    flops = (model_costs.model_flops_per_token(scenario.model, plan.seq_len,
+                                               causal=flop_rate_is_causal(run))
              * plan.global_batch * plan.seq_len)
     return flops / (float(tflops) * 1e12 * plan.world_size)
+
+
+def flop_rate_is_causal(run: PublishedRun) -> bool:
+    """Whether a row's published TFLOP/s count causal attention at half the ``s^2`` work:
+    the TFLOP/s Megatron-Core's training loop logs (``megatron/training/training.py``
+    ``num_floating_point_operations``, causal since 2025) for Megatron-Core rows printed
+    as a FLOP rate only (the Megatron-Core MoE sources); Megatron-LM 2021 and the other
+    sources count the full square (Narayanan et al. 2021; PaLM Appendix B)."""
+    return framework_kind(run.get("framework"), run.get("framework_version")) == "megatron-core"
 
 
 def summarize(frame: pd.DataFrame, *, role: str | None = "validation") -> pd.DataFrame:
