@@ -85,10 +85,11 @@ def test_whole_set_within_todays_bounds(report):
     """Median as before issue 15; the bias is the dense rows' (within 3 %) plus the MoE
     rows' under-prediction weighted by their share (86 of 486 with the gpt-oss rows,
     test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
-    with the causal FLOP count of the Megatron-Core rows."""
+    with the causal FLOP count of the Megatron-Core rows, 19.2 % with the context-parallel
+    rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.21
+    assert every["p90_abs_error"] <= 0.20
     assert abs(every["bias"]) <= 0.05
 
 
