@@ -92,14 +92,26 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
       DTensor TP (``tp_comm_overlap = "dtensor"``: collectives block the compute
       stream, the column-parallel backward reuses the gathered input autograd saved;
-      AsyncTP is opt-in, :func:`stack_settings`).
+      AsyncTP is opt-in, :func:`stack_settings`); context parallelism through PyTorch's
+      ``context_parallel`` (``create_context_parallel_ctx`` in torchtitan/utils.py, later
+      torchtitan/distributed/utils.py, wraps
+      ``torch.distributed.tensor.experimental.context_parallel``), whose default
+      ``_cp_options.rotate_method`` is ``ALL_GATHER`` (torch/distributed/tensor/
+      experimental/_attention.py ``_ContextParallelOptions``; torchtitan's
+      ``context_parallel_rotate_method`` option came later with the same default):
+      ``cp_comm_type = "torch_allgather"``.
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
       DTensor TP.
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
       parallelism that shards optimizer state and gradients and does not reshard the
-      parameters after the forward (ZeRO-2 with the parameters gathered once per step).
+      parameters after the forward (ZeRO-2 with the parameters gathered once per step);
+      all-gather context parallelism: "we first all-gather the key (K) and value (V)
+      tensors, and then compute attention output for the local query (Q) tensor chunk
+      ... the all-gather communication latency is exposed in the critical path" (Section
+      3.3.2, the chunks load-balanced as Transformer Engine's: ``cp_comm_type =
+      "all_gather"``; the backward as TE's all-gather variant runs it, assumption).
     """
     kind = framework_kind(framework, version)
     if kind == "megatron-lm-2021":
@@ -113,14 +125,14 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "torchtitan":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
-                "cross_entropy": "eager"}
+                "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
     if kind == "pytorch-fsdp":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "fp8_recipe": "torchao", "cross_entropy": "eager"}
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
     if kind == "meta-llama3":
-        return {"zero": 2, "grad_reduce_dtype": "fp32"}
+        return {"zero": 2, "grad_reduce_dtype": "fp32", "cp_comm_type": "all_gather"}
     return {"zero": 1, "grad_reduce_dtype": "fp32"}
 
 
