@@ -209,7 +209,10 @@ def _p2p_only_cap_s(model: NetworkModel, plan: CommPlanLike, phase: PhaseLike) -
     its ceilings that does not depend on the size (bus ceilings are priced per size)."""
     if getattr(phase.transfers, "all_pairs", False):
         return all_pairs_p2p_cap_s(model, plan, phase.transfers)
-    if not any(t.mode == "p2p" for t in phase.transfers):
+    if getattr(phase.transfers, "columns", False):  # one mode (plans.TransferColumns)
+        if phase.transfers.mode != "p2p":
+            return 0.0
+    elif not any(t.mode == "p2p" for t in phase.transfers):
         return 0.0
     cap = model.p2p_cap_bytes_per_s(plan.ranks)
     if math.isinf(cap):

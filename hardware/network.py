@@ -364,7 +364,14 @@ class NetworkModel:
         # the entries in the order a walk over the transfers would list them, so each
         # link's bytes add up in the same order)
         by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
-        modes = {t.mode for t in transfers}
+        if getattr(transfers, "columns", False):
+            # held as columns (strategies.collectives.plans.TransferColumns: ring and tree
+            # builders): the same lists without a Transfer object each
+            by_mode[transfers.mode] = (transfers.src, transfers.dst,
+                                       [transfers.payload_bytes] * len(transfers.src))
+            modes = set()
+        else:
+            modes = {t.mode for t in transfers}
         if len(modes) == 1:  # (the common case: the same lists, built column by column)
             by_mode[modes.pop()] = ([t.src for t in transfers], [t.dst for t in transfers],
                                     [t.payload_bytes for t in transfers])

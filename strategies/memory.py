@@ -210,6 +210,20 @@ def _cached(key: tuple, model: ModelSpec, compute: Callable[[], object]) -> obje
     return value
 
 
+def _layers_key(model: ModelSpec, layers: tuple[int, ...]) -> tuple:
+    """What the memory terms of ``layers`` depend on, as a cache key: layers differ only
+    in being dense or MoE (:func:`strategies.model_costs.layer_types`, through which every
+    term here sums them), so for a model without MoE layers the count says it all and
+    every stage of that many layers shares one entry, in any plan with the same fields
+    (issue 16: keyed per layer index, a pipeline of p stages missed p times). Layer lists
+    that are not distinct layers of the model keep their own key (their evaluation
+    raises the one-line error)."""
+    if (model.moe is None and layers and len(set(layers)) == len(layers)
+            and min(layers) >= 0 and max(layers) < model.num_layers):
+        return ("uniform", len(layers))
+    return layers
+
+
 def _modes_key(layers: Sequence[int], recompute_of: Callable[[int], str] | None) -> tuple | None:
     """Each layer's recompute mode (None: the plan's, which the key holds)."""
     return None if recompute_of is None else tuple(map(recompute_of, layers))
@@ -332,7 +346,8 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: Sequ
     """Activations one micro-batch leaves on a pipeline stage for its backward, bytes
     (:func:`_stage_activation_bytes`, memoised: module section "caching")."""
     layers = tuple(layers)
-    key = ("stage", _plan_key(plan, "activations"), layers, has_embedding, has_head,
+    key = ("stage", _plan_key(plan, "activations"), _layers_key(model, layers), has_embedding,
+           has_head,
            _modes_key(layers[plan.activation_offload_layers:], recompute_of))
     return _cached(key, model, lambda: _stage_activation_bytes(
         model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
@@ -383,7 +398,7 @@ def transient_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, layers: 
     """The largest working set a rank needs on top of the activations it holds, bytes
     (:func:`_transient_activation_bytes`, memoised: module section "caching")."""
     layers = tuple(layers)
-    key = ("transient", _plan_key(plan, "activations"), layers, has_head,
+    key = ("transient", _plan_key(plan, "activations"), _layers_key(model, layers), has_head,
            _modes_key(layers, recompute_of))
     return _cached(key, model, lambda: _transient_activation_bytes(
         model, plan, layers=layers, has_head=has_head, recompute_of=recompute_of))
@@ -513,7 +528,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     if held_activation_bytes is not None and not 0 <= held_activation_bytes < math.inf:
         raise ValueError(f"held_activation_bytes: {held_activation_bytes!r} must be finite and >= 0")
     layers = tuple(layers)
-    key = ("states", _plan_key(plan, "states"), layers, has_embedding, has_head, chunk_copies)
+    key = ("states", _plan_key(plan, "states"), _layers_key(model, layers), has_embedding,
+           has_head, chunk_copies)
     weights, grads, optimizer, comm = _cached(key, model, lambda: _model_states(
         model, plan, layers=layers, has_embedding=has_embedding, has_head=has_head,
         chunk_copies=chunk_copies))

@@ -213,3 +213,26 @@ def test_a_price_past_the_bound_is_refused_before_any_work(capsys):
     assert code == 2 and out == ""
     assert err.startswith("error: price_per_gpu_hour: 1e+308 is not valid")
     assert f"at most {planner.MAX_PRICE_PER_GPU_HOUR:g}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name,gpus", [("llama3-8b", 16), ("mixtral-8x7b", 32)])
+def test_plans_confirmed_without_a_replay_equal_the_replay(name, gpus):
+    """The search confirms plans without a pipeline with their analytic result
+    (planner.analytic_equals_event): for sampled plans of its space (tp, ep,
+    micro-batch, ZeRO, recompute) the replay gives the same step time, bands and
+    breakdowns."""
+    model, cluster = load_model(name), resolve_cluster("dgx-h100")
+    space = planner.SearchSpace(recompute=("none", "selective", "full"))
+    valid, _ = planner.enumerate_plans(model, cluster, gpus, seq_len=2048, global_batch=64,
+                                       space=space)
+    flat = [p for p in valid if planner.analytic_equals_event(p, "analytic", "event")]
+    assert flat and all(p.pp == 1 and p.cp == 1 for p in flat)
+    assert not any(planner.analytic_equals_event(p, "analytic", "event")
+                   for p in valid if p.pp > 1 or p.cp > 1)
+    for plan in random.Random(3).sample(flat, min(8, len(flat))):
+        analytic, event = (simulate_step(model, cluster, plan, fidelity=f,
+                                         check_memory=False).to_dict()
+                           for f in ("analytic", "event"))
+        for key in ("inputs", "stats"):
+            analytic.pop(key, None), event.pop(key, None)
+        assert analytic == event, plan

@@ -616,15 +616,27 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     rows.sort(key=lambda row: _sort_key(row, sort))
     best = rows[:top]
     confirmed = _within_confirm_budget(spec, best) if final_fidelity != rank_fidelity else []
-    if confirmed:
-        again = _parallel(_evaluate_chunk, spec, cspec, [r["_plan"] for r in confirmed],
-                          (final_fidelity,), workers,
-                          _ticker(report, f"confirming ({final_fidelity})", len(confirmed)))
-        redone = {id(r): _row(r["_plan"], res, fail, token_count, price, final_fidelity,
-                              ranked_step_time_s=r["step_time_s"])
-                  for r, res in zip(confirmed, again)}
-        best = [redone.get(id(r), r) for r in best]
+    # plans whose analytic step is the event replay's to the nanosecond by construction
+    # (analytic_equals_event: no pipeline nor CP) keep their ranked result, relabelled
+    equal = [r for r in confirmed
+             if analytic_equals_event(r["_plan"], rank_fidelity, final_fidelity)]
+    replayed = [r for r in confirmed if not any(r is e for e in equal)]
+    tick_confirm = _ticker(report, f"confirming ({final_fidelity})", len(confirmed))
+    redone = {id(r): {**r, "fidelity": final_fidelity, "confirmed_by": "construction"}
+              for r in equal}
+    tick_confirm(len(equal))
+    if replayed:
+        again = _parallel(_evaluate_chunk, spec, cspec, [r["_plan"] for r in replayed],
+                          (final_fidelity,), workers, tick_confirm)
+        redone.update({id(r): _row(r["_plan"], res, fail, token_count, price, final_fidelity,
+                                   ranked_step_time_s=r["step_time_s"])
+                       for r, res in zip(replayed, again)})
+    best = [redone.get(id(r), r) for r in best]
     counts["final_simulated"] = len(confirmed)
+    counts["final_replayed"] = len(replayed)
+    if equal:
+        reasons[f"at {final_fidelity} without a replay: no pipeline nor CP, where "
+                f"{rank_fidelity} equals {final_fidelity} (tests/test_planner.py)"] = len(equal)
     if final_fidelity != rank_fidelity and len(confirmed) < len(best):
         reasons[f"kept at {rank_fidelity}: past the {final_fidelity} replay budget of "
                 f"{MAX_CONFIRM_LAYER_PASSES:,} layer passes"] = len(best) - len(confirmed)
@@ -761,6 +773,22 @@ def bands_overlap(row: Mapping, best: Mapping) -> bool:
 #: equals the replay for every registered schedule (tests/test_fidelity.py), so a plan
 #: past the budget keeps its ranked time, and its row says which fidelity gave it.
 MAX_CONFIRM_LAYER_PASSES = 20_000
+
+
+def analytic_equals_event(plan: ParallelPlan, rank_fidelity: str, final_fidelity: str
+                          ) -> bool:
+    """Whether a plan's ``rank_fidelity`` result is its ``final_fidelity`` result by
+    construction, so confirming it needs no replay: ``analytic`` against ``event``
+    without pipeline parallelism and with all-reduce data parallelism (the closed form
+    is then one rank's list schedule of the ops the replay runs, every duration from the
+    same cost model: sim/analytic_step.py; tests/test_fidelity.py asserts equal step
+    times), and without context parallelism: with it, the step time is still equal but
+    the breakdown may give exposed time to CP where the replay gives it to DP (ZeRO-3
+    gathers overlapping CP exchanges), which moves the band. tests/test_planner.py
+    checks the whole result (step, band, breakdowns) for sampled plans of the search
+    space. Stragglers and other perturbations never enter a plan search."""
+    return (rank_fidelity == "analytic" and final_fidelity == "event" and plan.pp == 1
+            and plan.cp == 1 and plan.dp_mode == "allreduce")
 
 
 def _within_confirm_budget(spec: ModelSpec, rows: list[dict]) -> list[dict]:

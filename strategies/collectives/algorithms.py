@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hardware.spec import GroupGeometry
-from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer
+from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer, TransferColumns
 
 #: Largest group whose all-to-all lists its n (n - 1) transfers (262,000 at 512);
 #: above it they are an :class:`AllPairs`, priced from per-link counts.
@@ -32,16 +32,23 @@ ALL_PAIRS_LISTED_MAX = 512
 # ---------------------------------------------------------------------- rings
 def _ring_transfers(geometry: GroupGeometry, edge_bytes: float) -> list[Transfer]:
     """Transfers of one ring pass moving ``edge_bytes`` out of every member."""
+    return list(_ring_columns(geometry, edge_bytes))
+
+
+def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns:
+    """:func:`_ring_transfers` as columns (the same transfers in the same order): in
+    each domain, channel ``c`` walks the domain's members from member ``c`` on and back
+    to it (PXN hand-over), then crosses to member ``c`` of the next domain."""
     domains = geometry.domains
     if len(domains) == 1:
-        members = domains[0]
+        members = tuple(domains[0])
         if len(members) == 1:
-            return []
-        return [Transfer(m, members[(i + 1) % len(members)], edge_bytes)
-                for i, m in enumerate(members)]
+            return TransferColumns((), (), edge_bytes)
+        return TransferColumns(members, members[1:] + members[:1], edge_bytes)
     channels = geometry.local_size
     per_channel = edge_bytes / channels
-    transfers: list[Transfer] = []
+    src: list[int] = []
+    dst: list[int] = []
     for d, members in enumerate(domains):
         following = domains[(d + 1) % len(domains)]
         width = len(members)
@@ -50,10 +57,12 @@ def _ring_transfers(geometry: GroupGeometry, edge_bytes: float) -> list[Transfer
             if width > 1:
                 k = c % width  # the domain's ring starting at member c (a rotation)
                 order = members[k:] + members[:k]
-                transfers += [Transfer(a, b, per_channel) for a, b in zip(order, order[1:])]
-                transfers.append(Transfer(order[-1], order[0], per_channel))  # PXN hand-over
-            transfers.append(Transfer(members[c], following[c], per_channel))
-    return transfers
+                src += order  # order[i] -> order[i + 1], and order[-1] -> order[0]
+                dst += order[1:]
+                dst.append(order[0])
+            src.append(members[c])
+            dst.append(following[c])
+    return TransferColumns(src, dst, per_channel)
 
 
 def _ring_steps(geometry: GroupGeometry, steps: int, boundaries: int) -> tuple[int, int]:
@@ -67,7 +76,7 @@ def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: floa
     """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
     bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
-    return Phase(name, tuple(_ring_transfers(geometry, edge_bytes)), intra, inter,
+    return Phase(name, _ring_columns(geometry, edge_bytes), intra, inter,
                  geometry.switch_hops, bus_bytes=edge_bytes)
 
 
@@ -162,22 +171,24 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = double_binary_trees(len(domains))
     chunk = size_bytes / (2 * channels)
-    transfers: list[Transfer] = []
+    src: list[int] = []
+    dst: list[int] = []
     for parents in trees:
         for c in range(channels):
             for d, members in enumerate(domains):
                 k = c % len(members)  # the domain's chain starting at member c
                 order = tuple(members[k:]) + tuple(members[:k])
-                for a, b in zip(order, order[1:]):
-                    transfers += [Transfer(b, a, chunk), Transfer(a, b, chunk)]
+                for a, b in zip(order, order[1:]):  # b -> a, then a -> b
+                    src += (b, a)
+                    dst += (a, b)
                 if d in parents:
                     up = domains[parents[d]][c]
-                    transfers += [Transfer(members[c], up, chunk),
-                                  Transfer(up, members[c], chunk)]
+                    src += (members[c], up)
+                    dst += (up, members[c])
     intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
     # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
     # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
-    return [Phase("reduce_broadcast", tuple(transfers), intra, 2 * height,
+    return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
                   geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
 
 

@@ -143,3 +143,65 @@ class AllPairs(Sequence):
     def __repr__(self) -> str:
         return (f"AllPairs({len(self.group)} ranks, {self.payload_bytes:g} bytes each way, "
                 f"{self.mode})")
+
+
+class TransferColumns(Sequence):
+    """Transfers of one mode and one payload held as two columns of ranks (sources,
+    destinations) instead of one :class:`Transfer` object each: the ring and tree
+    builders list thousands per phase for a large group, and building the objects cost
+    more than pricing them (issue 16). The network model's closed form reads the
+    columns (hardware.network ``_payload_per_link``); anything else walks it as the
+    read-only sequence of :class:`Transfer` it stands for (built once, on first use), so
+    it compares equal to that tuple.
+
+    Attributes:
+        src, dst: global ranks of each transfer, in listing order.
+        payload_bytes: bytes every transfer delivers.
+        mode: how the transfers are driven (:data:`TRANSFER_MODES`).
+    """
+
+    all_pairs = False
+    columns = True
+
+    def __init__(self, src: Sequence[int], dst: Sequence[int], payload_bytes: float,
+                 mode: str = "collective") -> None:
+        if len(src) != len(dst):
+            raise ValueError(f"dst: {len(dst)} ranks for {len(src)} sources; give one "
+                             "destination per source")
+        self.src = tuple(src)
+        self.dst = tuple(dst)
+        self.payload_bytes = payload_bytes
+        self.mode = mode
+        self._listed: tuple[Transfer, ...] | None = None
+
+    def listed(self) -> tuple[Transfer, ...]:
+        """The transfers as :class:`Transfer` objects (built once)."""
+        if self._listed is None:
+            payload, mode = self.payload_bytes, self.mode
+            self._listed = tuple(Transfer(a, b, payload, mode)
+                                 for a, b in zip(self.src, self.dst))
+        return self._listed
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, index):
+        return self.listed()[index]
+
+    def __iter__(self):
+        return iter(self.listed())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TransferColumns):
+            return (self.src, self.dst, self.payload_bytes, self.mode) == (
+                other.src, other.dst, other.payload_bytes, other.mode)
+        if isinstance(other, (tuple, list)):
+            return self.listed() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.listed())
+
+    def __repr__(self) -> str:
+        return (f"TransferColumns({len(self.src)} transfers of {self.payload_bytes:g} bytes, "
+                f"{self.mode})")

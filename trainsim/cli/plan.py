@@ -201,10 +201,16 @@ def _confirmed(report) -> str:
     i, done, shown = report.inputs, report.counts["final_simulated"], len(report.plans)
     if i["final_fidelity"] == i["ranking_fidelity"]:
         return "not confirmed (no finer fidelity)"
+    # plans without a pipeline are confirmed by construction (trainsim.planner.
+    # analytic_equals_event): their ranked result is the replay's
+    free = done - report.counts.get("final_replayed", done)
+    how = (f"; {free} without a replay: no pipeline nor CP, where {i['ranking_fidelity']} equals "
+           f"{i['final_fidelity']} to the ns" if free else "")
     if done == shown:
-        return f"confirmed at {i['final_fidelity']} fidelity"
+        return f"confirmed at {i['final_fidelity']} fidelity{how}"
     return (f"{done} of {shown} confirmed at {i['final_fidelity']} fidelity (replay budget; "
-            f"the others keep their {i['ranking_fidelity']} time, column fidelity in json/csv)")
+            f"the others keep their {i['ranking_fidelity']} time, column fidelity in "
+            f"json/csv{how})")
 
 
 def _print_counts(report, out) -> None:
