@@ -73,12 +73,15 @@ def test_moe_models_within_todays_bounds(report):
     the Grace host factor; Megatron-Bridge GB200 rows on partial CUDA graphs) measured
     15.4 %, 37.4 %, -14.2 %. Converting the Megatron-Core rows' printed TFLOP/s with
     Megatron's causal FLOP count (validate.published.flop_rate_is_causal) measured 13.2 %,
-    35.6 %, -9.9 %: the bounds tighten to that."""
+    35.6 %, -9.9 %. The Megatron-Bridge Qwen3 / gpt-oss configs' bf16 gradient reduction
+    and gpt-oss recompute modules and AutoModel's activation checkpointing
+    (validate.published_stacks) measured 12.0 %, 36.2 %, -8.9 %: the median and bias
+    tighten to that; the p90 bound stays."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.14
+    assert moe["median_abs_error"] <= 0.125
     assert moe["p90_abs_error"] <= 0.365
-    assert abs(moe["bias"]) <= 0.11
+    assert abs(moe["bias"]) <= 0.095
 
 
 def test_whole_set_within_todays_bounds(report):
@@ -86,10 +89,11 @@ def test_whole_set_within_todays_bounds(report):
     rows' under-prediction weighted by their share (86 of 486 with the gpt-oss rows,
     test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
     with the causal FLOP count of the Megatron-Core rows, 19.2 % with the context-parallel
-    rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type)."""
+    rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
+    the MoE framework settings of validate.published_stacks as well (18.9 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.20
+    assert every["p90_abs_error"] <= 0.195
     assert abs(every["bias"]) <= 0.05
 
 
