@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
-           "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings", "framework_defaults", "framework_kind",
-           "recompute_modules_of", "stack_settings", "torchtitan_pipeline"]
+           "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
+           "framework_defaults", "framework_kind", "recompute_modules_of", "stack_settings",
+           "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
 _KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
