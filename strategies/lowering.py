@@ -662,17 +662,20 @@ class StepLowerer:
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
-    def _ring_steps(self, kernel: costs.Kernel
-                    ) -> tuple[tuple[costs.Kernel, ...], tuple[costs.Kernel, ...]]:
-        """:func:`strategies.model_costs.ring_attention_steps` of ``kernel``, one object
-        per kernel (the ops built from them are shared between micro-batches)."""
-        key = (id(kernel), "ring")
+    def _per_kernel(self, kernel: costs.Kernel, build):
+        """``build(kernel, cp, d_v=...)`` of ``kernel``, one object per kernel and builder
+        (the ops built from them are shared between micro-batches)."""
+        key = (id(kernel), build.__name__)
         found = self._scaled_kernels.get(key)
         if found is None:
-            found = costs.ring_attention_steps(kernel, self.plan.cp,
-                                               d_v=self.model.v_head_dim)
+            found = build(kernel, self.plan.cp, d_v=self.model.v_head_dim)
             self._scaled_kernels[key] = found
         return found
+
+    def _ring_steps(self, kernel: costs.Kernel
+                    ) -> tuple[tuple[costs.Kernel, ...], tuple[costs.Kernel, ...]]:
+        """:func:`strategies.model_costs.ring_attention_steps` of ``kernel``."""
+        return self._per_kernel(kernel, costs.ring_attention_steps)
 
     def _kv_block_bytes(self, kernel: costs.Kernel) -> float:
         """Bytes of one rank's K/V block (bf16 ``b*(s/c)*g_l*(d_qk + d_v)``): what a ring
@@ -747,15 +750,8 @@ class StepLowerer:
             exchange = following
 
     def _torch_ring_kernels(self, kernel: costs.Kernel) -> costs.TorchRingKernels:
-        """:func:`strategies.model_costs.torch_ring_attention_kernels` of ``kernel``, one
-        object per kernel."""
-        key = (id(kernel), "torch_ring")
-        found = self._scaled_kernels.get(key)
-        if found is None:
-            found = costs.torch_ring_attention_kernels(kernel, self.plan.cp,
-                                                       d_v=self.model.v_head_dim)
-            self._scaled_kernels[key] = found
-        return found
+        """:func:`strategies.model_costs.torch_ring_attention_kernels` of ``kernel``."""
+        return self._per_kernel(kernel, costs.torch_ring_attention_kernels)
 
     def _torch_ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
                               phase: str) -> None:
