@@ -98,6 +98,17 @@ ATTENTION_TABLE = "attention_efficiency.csv"
 #: FusedAttention on Hopper and newer ("Disabling FlashAttention to give FusedAttention
 #: preference on Hopper+ for performance reasons", transformer_engine/pytorch/attention
 #: backend selection) and flash-attn (FA2) on Ampere.
+#:
+#: Since which TE release (issue 12, checked for the NeMo 24.03-24.07 rows): TE 1.0/1.1
+#: ranked "FlashAttention > FusedAttention (cuDNN) > UnfusedDotProductAttention" and ran
+#: context parallelism with flash-attn only ("Context parallelism is only implemented with
+#: Flash Attention!", DotProductAttention.forward); TE 1.2 (release notes, 2024-01: "Performance
+#: of DotProductAttention is increased on Hopper GPUs by utilizing cuDNN") gave cuDNN the
+#: preference on Hopper, and TE PR #572 ("port cuDNN Flash Attn API to CP implementation",
+#: merged 2024-01) let the CP ring run it too. The NeMo containers the published rows name
+#: all ship a later TE (NeMo Framework "Software Component Versions": 24.05 TE 1.6.0.dev0,
+#: 24.07 TE 1.8.0.dev0, 24.09 TE 1.10; 24.03 sits between 1.2 and 1.6), so on Hopper every
+#: one of them runs cuDNN: no row of the data predates the switch.
 DEFAULT_ATTENTION_IMPL: Mapping[str, str] = {"sm_80": "fa2", "sm_90": "cudnn", "sm_100": "cudnn"}
 
 #: An implementation that does not run on an architecture falls back to the first of these

@@ -662,17 +662,20 @@ class StepLowerer:
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
-    def _ring_steps(self, kernel: costs.Kernel
-                    ) -> tuple[tuple[costs.Kernel, ...], tuple[costs.Kernel, ...]]:
-        """:func:`strategies.model_costs.ring_attention_steps` of ``kernel``, one object
-        per kernel (the ops built from them are shared between micro-batches)."""
-        key = (id(kernel), "ring")
+    def _per_kernel(self, kernel: costs.Kernel, build):
+        """``build(kernel, cp, d_v=...)`` of ``kernel``, one object per kernel and builder
+        (the ops built from them are shared between micro-batches)."""
+        key = (id(kernel), build.__name__)
         found = self._scaled_kernels.get(key)
         if found is None:
-            found = costs.ring_attention_steps(kernel, self.plan.cp,
-                                               d_v=self.model.v_head_dim)
+            found = build(kernel, self.plan.cp, d_v=self.model.v_head_dim)
             self._scaled_kernels[key] = found
         return found
+
+    def _ring_steps(self, kernel: costs.Kernel
+                    ) -> tuple[tuple[costs.Kernel, ...], tuple[costs.Kernel, ...]]:
+        """:func:`strategies.model_costs.ring_attention_steps` of ``kernel``."""
+        return self._per_kernel(kernel, costs.ring_attention_steps)
 
     def _kv_block_bytes(self, kernel: costs.Kernel) -> float:
         """Bytes of one rank's K/V block (bf16 ``b*(s/c)*g_l*(d_qk + d_v)``): what a ring
@@ -696,20 +699,28 @@ class StepLowerer:
         and accumulates its own gradients once the exchange has delivered the dK/dV they
         add to -- so backward steps run one after another, each ``max(compute,
         exchange)`` long. Sliding-window layers use TE's all-gather variant (the P2P ring
-        does not support a window, ``AttnFuncWithCPAndKVAllGather``): the whole K/V
-        all-gathered before the kernel, dK/dV reduce-scattered after its backward.
+        does not support a window, ``AttnFuncWithCPAndKVAllGather``), and so does every
+        layer with ``cp_comm_type = "all_gather"`` (Megatron-Core ``--cp-comm-type
+        allgather``; Meta's Llama 3 CP, arXiv 2407.21783 Section 3.3.2): the whole K/V
+        all-gathered before the kernel in the forward and again in the backward, dK/dV
+        reduce-scattered after the backward's kernel, all on the critical path.
         """
+        if self.plan.cp_comm_type in ("torch_allgather", "torch_alltoall"):
+            self._torch_ring_attention(b, kernel, tag, phase)
+            return
         cp = self.plan.cp
         kv_bytes = self._kv_block_bytes(kernel)
         group = b.groups['cp']
         start = b.last()
-        if kernel.window:
+        if kernel.window or self.plan.cp_comm_type == "all_gather":
+            # AttnFuncWithCPAndKVAllGather: the forward and the backward each all-gather
+            # K/V (the backward gathers again from the local K/V it saved) before the
+            # kernel; the backward reduce-scatters dK/dV after it
+            gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
+                                      f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
+            self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
             if phase == "F":
-                gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
-                                          f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
-                self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
                 return
-            self._emit_kernel(b, kernel, tag, phase)
             reduce = self._collective(b, "cp", "reduce_scatter", group, kv_bytes * cp,
                                       f"{tag}.{phase}.dkv", "cp", self._deps_after(b, b.last()))
             b.wait(reduce)
@@ -737,6 +748,69 @@ class StepLowerer:
             merged = self._emit_kernel(b, merges[step], tag, phase,
                                        self._deps_after(b, following))
             exchange = following
+
+    def _torch_ring_kernels(self, kernel: costs.Kernel) -> costs.TorchRingKernels:
+        """:func:`strategies.model_costs.torch_ring_attention_kernels` of ``kernel``."""
+        return self._per_kernel(kernel, costs.torch_ring_attention_kernels)
+
+    def _torch_ring_attention(self, b: _RankBuilder, kernel: costs.Kernel, tag: str,
+                              phase: str) -> None:
+        """Context-parallel attention as PyTorch's ``context_parallel`` runs it
+        (``torch/distributed/tensor/experimental/_attention.py``,
+        ``_templated_ring_attention`` and ``_templated_ring_attention_backward``), the
+        SDPA steps of :func:`strategies.model_costs.ring_attention_steps` and the eager
+        kernels of :func:`strategies.model_costs.torch_ring_attention_kernels`.
+
+        Forward: step ``i`` waits for its K/V, packs the K/V it holds (``torch.cat``)
+        and hands it to the rotater unless it is the last step, runs SDPA and merges in
+        fp32. The ``torch_allgather`` rotater (``_AllGatherRotater``, PyTorch's default
+        ``rotate_method``) all-gathers every rank's K/V once, at step 0, and step 1 waits
+        for all of it; ``torch_alltoall`` (``_AllToAllRotater``) permutes the block to
+        the next rank each step, sent once the block it forwards has arrived. Backward:
+        the K/V move the same way (a fresh rotater); after each step's SDPA backward the
+        step waits for the dK/dV the previous step sent, accumulates its own in fp32 and
+        sends them on (``dkv_rotater``, always ``ALL_TO_ALL``, fp32), ``cp`` sends in
+        all; the gradients are cast back once the last has arrived.
+        """
+        cp = self.plan.cp
+        if kernel.window:
+            raise ValueError(f"cp_comm_type: {self.plan.cp_comm_type!r} is not valid for "
+                             "sliding-window attention (PyTorch context_parallel runs SDPA "
+                             "causal only); valid: p2p")
+        steps, _ = self._ring_steps(kernel)
+        ring = self._torch_ring_kernels(kernel)
+        group = b.groups['cp']
+        gather = self.plan.cp_comm_type == "torch_allgather"
+        exchange = None    # brings this step's K/V (none at step 0)
+        gathered = None
+        grads = None       # brings the dK/dV the previous backward step sent
+        for step in range(cp):
+            arrived = exchange
+            following = None
+            if step < cp - 1:
+                packed = self._emit_kernel(b, ring.pack_first if step == 0 else ring.pack,
+                                           tag, phase, self._deps_after(b, arrived))
+                if not gather:
+                    following = self._collective(b, "cp", "sendrecv", group, ring.kv_bytes,
+                                                 f"{tag}.{phase}.kv{step}", "cp",
+                                                 self._deps_after(b, packed))
+                elif gathered is None:
+                    gathered = self._collective(b, "cp", "all_gather", group,
+                                                ring.kv_bytes * cp, f"{tag}.{phase}.kv", "cp",
+                                                self._deps_after(b, packed))
+            if gather:
+                following = gathered
+            self._emit_kernel(b, steps[step], tag, phase, self._deps_after(b, arrived))
+            merge = ring.merge_first if step == 0 else ring.merge
+            if phase == "F":
+                self._emit_kernel(b, merge, tag, phase)
+            else:
+                merged = self._emit_kernel(b, merge, tag, phase, self._deps_after(b, grads))
+                grads = self._collective(b, "cp", "sendrecv", group, ring.grad_kv_bytes,
+                                         f"{tag}.{phase}.dkv{step}", "cp",
+                                         self._deps_after(b, merged))
+            exchange = following
+        self._emit_kernel(b, ring.finish, tag, phase, self._deps_after(b, grads))
 
     # ---------------------------------------------------------------- backward
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:

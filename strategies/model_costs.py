@@ -112,6 +112,9 @@ __all__ = [
     "embedding_kernels",
     "resolve_fp8_recipe",
     "ring_attention_steps",
+    "CP_COMM_TYPES",
+    "TorchRingKernels",
+    "torch_ring_attention_kernels",
     "fp8_weight_quant_kernel",
     "head_activation_bytes",
     "head_transient_bytes",
@@ -1009,6 +1012,137 @@ def ring_attention_steps(core: Kernel, cp: int, *, d_v: int | None = None
         steps.append(block(f"{core.name}.cp{step}", s_q, chunk, False))
         merges.append(merge(f"attn.cp_merge.cp{step}", s_q, chunk, False))
     return tuple(steps), tuple(merges)
+
+
+#: How context-parallel attention moves K/V between the ranks of a CP group
+#: (``ParallelPlan.cp_comm_type``). ``p2p``: Transformer Engine's ring
+#: (``AttnFuncWithCPAndKVP2P``, Megatron-Core ``--cp-comm-type p2p``, the default), priced by
+#: :func:`ring_attention_steps`. ``all_gather``: Transformer Engine's
+#: ``AttnFuncWithCPAndKVAllGather`` (``--cp-comm-type allgather``; the scheme of Meta's Llama
+#: 3 CP): K/V all-gathered, then the local queries' kernel over them, nothing overlapped.
+#: ``torch_allgather`` / ``torch_alltoall``: PyTorch's
+#: ``context_parallel`` (``torch/distributed/tensor/experimental/_attention.py``,
+#: ``_templated_ring_attention`` and its backward, what torchtitan runs) with
+#: ``_cp_options.rotate_method`` ``ALL_GATHER`` (its default: one all-gather of every
+#: rank's K/V before the ring) or ``ALL_TO_ALL`` (a permute per step), priced by
+#: :func:`torch_ring_attention_kernels`.
+CP_COMM_TYPES = ("p2p", "all_gather", "torch_allgather", "torch_alltoall")
+
+
+@dataclass(frozen=True)
+class TorchRingKernels:
+    """The memory-bound kernels PyTorch's ring attention runs around its per-step SDPA
+    kernels (:func:`torch_ring_attention_kernels`).
+
+    Attributes:
+        pack_first: step 0's ``key.contiguous()``, ``value.contiguous()`` and
+            ``torch.cat([key.flatten(), value.flatten()])`` (the buffer exchanged).
+        pack: a later step's ``torch.cat`` of the K/V it holds (made before every
+            exchange call but the last, also when the all-gather rotater sends nothing).
+        merge_first: forward, step 0's output upcast to fp32 (``convert_to_f32``);
+            backward, the fp32 gradient buffers (``torch.zeros_like``), step 0's dK/dV and
+            dQ accumulated into them, the fp32 dK/dV concatenated for the exchange.
+        merge: forward, a later step's fp32 merge (``_SDPAMerger._merge_one``); backward,
+            its gradients accumulated into the fp32 buffers and the dK/dV concatenated.
+        finish: forward, the merged output cast back (``results``); backward, dQ and the
+            returned dK/dV cast back to the input dtype.
+        kv_bytes: one rank's K/V block as SDPA receives it, bytes (what an exchange
+            sends; the all-gather receives ``cp`` of them).
+        grad_kv_bytes: one rank's dK/dV in fp32, bytes (what each backward step sends).
+    """
+
+    pack_first: Kernel
+    pack: Kernel
+    merge_first: Kernel
+    merge: Kernel
+    finish: Kernel
+    kv_bytes: float
+    grad_kv_bytes: float
+
+
+def torch_ring_attention_kernels(core: Kernel, cp: int, *, d_v: int | None = None,
+                                 kv_heads: int | None = None) -> TorchRingKernels:
+    """HBM traffic of PyTorch's ``context_parallel`` ring attention around its SDPA steps
+    (``torch/distributed/tensor/experimental/_attention.py``: ``_templated_ring_attention``,
+    ``_templated_ring_attention_backward``, ``_SDPAMerger``; options
+    ``convert_to_f32 = True``, ``enable_load_balance = True``), for a causal ``core`` kernel
+    of one context-parallel rank of shape ``(b, a, g, s/c, s, d_qk)``. The SDPA steps are
+    those of :func:`ring_attention_steps` (the same round-robin load balancing: chunks
+    ``r`` and ``2c-1-r``; the slowest rank's step is all ``s/c`` queries over half a block).
+
+    Each op is an eager ATen kernel reading and writing HBM (bytes per element: bf16 2,
+    fp32 4; ``E_o = b*(s/c)*a*d_v`` output elements, ``E_q`` query elements, ``E_kv`` K/V
+    elements as SDPA receives them, ``L = b*a*(s/c)`` log-sum-exp elements):
+
+    * pack: ``contiguous`` of K and V and their ``cat``: ``2 * 4 * E_kv`` at step 0 (two
+      copies, read 2 write 2), ``4 * E_kv`` for the ``cat`` of a later step.
+    * forward merge of a later step (full output, fp32): ``block_out.to(float32)`` r2w4,
+      ``out - block_out`` r4r4w4, ``sigmoid(block_lse - lse) * (...)`` r4w4, ``out - ...``
+      r4r4w4 = ``38 * E_o``; the log-sum-exp update (``block_lse - lse``, ``sigmoid``,
+      ``lse - block_lse``, ``logsigmoid``, ``lse - ...``: three fp32 r4r4w4 and two r4w4
+      kernels) ``52 * L``; 9 kernels, ``5 * E_o`` FLOPs. Step 0: the upcast, ``6 * E_o``.
+    * backward of step 0: three fp32 zero buffers ``4 * (E_q + E_kv)``, ``grad_key +=``,
+      ``grad_value +=`` and ``grad_query +=`` (fp32 += bf16: r4r2w4) ``10 * (E_kv + E_q)``,
+      the fp32 ``cat`` of dK/dV r4w4 ``8 * E_kv``; 7 kernels. A later step (the slowest
+      rank: all queries over the first half of the keys, ``_partial_update(add=True)``):
+      half of dK/dV accumulated (``5 * E_kv``) and the halves concatenated again
+      (``8 * E_kv``), dQ accumulated (``10 * E_q``), dK/dV concatenated (``8 * E_kv``);
+      6 kernels.
+    * finish: forward ``out.to(bf16)`` ``6 * E_o``; backward ``grad_query.to(bf16)`` and
+      the returned dK/dV ``.to(bf16)`` ``6 * (E_q + E_kv)``.
+
+    Args:
+        core: the rank's causal attention kernel (no sliding window: the ring runs SDPA
+            with ``is_causal`` only).
+        cp: context-parallel size ``c`` (>= 2).
+        d_v: value head dim (None: ``core``'s ``d_qk``).
+        kv_heads: K/V heads as SDPA receives them (None: ``core``'s query heads, since
+            torchtitan's Llama expands K/V to the query heads with ``repeat_kv`` before
+            ``F.scaled_dot_product_attention``, torchtitan/models/llama/model.py
+            ``Attention.forward``).
+
+    Raises:
+        ValueError: a ``core`` that is not a causal attention kernel without a window of
+            that shape, ``cp < 2`` or ``kv_heads < 1``.
+    """
+    ring_attention_steps(core, cp, d_v=d_v)  # the same shape checks
+    b, heads, _, s_q, _, d_qk = core.shape
+    d_v = d_qk if d_v is None else d_v
+    kv_heads = heads if kv_heads is None else kv_heads
+    if not isinstance(kv_heads, int) or kv_heads < 1:
+        raise ValueError(f"kv_heads: {kv_heads!r} is not valid; valid: an integer >= 1")
+    e_o, e_q = b * s_q * heads * d_v, b * s_q * heads * d_qk
+    e_kv = b * s_q * kv_heads * (d_qk + d_v)
+    lse = b * heads * s_q
+    ea = ELEMENT_BYTES[core.dtype]
+    f4 = FP32_BYTES
+
+    def vector(name: str, fwd_bytes: float, bwd_bytes: float, launches: tuple[int, int],
+               fwd_flops: float = 0.0, bwd_flops: float = 0.0) -> Kernel:
+        return Kernel(name=name, block="attention", kind="elementwise",
+                      shape=(b * s_q, heads * d_v), dtype=core.dtype,
+                      fwd_flops=fwd_flops, fwd_bytes=fwd_bytes,
+                      bwd_input_flops=bwd_flops, bwd_input_bytes=bwd_bytes,
+                      bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+                      selective_recompute=True, launches=launches)
+
+    copy = 2 * ea * e_kv                   # read and write the K/V once
+    upcast = (ea + f4)                     # bf16 read, fp32 write
+    accumulate = (f4 + ea + f4)            # fp32 += bf16
+    pack_first = vector("attn.cp_pack.first", 2 * copy, 2 * copy, (3, 3))
+    pack = vector("attn.cp_pack", copy, copy, (1, 1))
+    merge_first = vector(
+        "attn.cp_merge.first", upcast * e_o,
+        f4 * (e_q + e_kv) + accumulate * (e_kv + e_q) + 2 * f4 * e_kv, (1, 7),
+        bwd_flops=float(e_kv + e_q))
+    merge = vector(
+        "attn.cp_merge", (upcast + 3 * f4 + 2 * f4 + 3 * f4) * e_o + 13 * f4 * lse,
+        accumulate * e_kv / 2 + 2 * f4 * e_kv + accumulate * e_q + 2 * f4 * e_kv, (9, 6),
+        fwd_flops=5.0 * e_o, bwd_flops=float(e_kv / 2 + e_q))
+    finish = vector("attn.cp_finish", (f4 + ea) * e_o, (f4 + ea) * (e_q + e_kv), (1, 2))
+    return TorchRingKernels(pack_first=pack_first, pack=pack, merge_first=merge_first,
+                            merge=merge, finish=finish, kv_bytes=float(ea * e_kv),
+                            grad_kv_bytes=float(f4 * e_kv))
 
 
 def _mla_attention(model: ModelSpec, *, n: int, n_sp: int, tp: int, mm: str, em: float,

@@ -143,6 +143,12 @@ class ParallelPlan:
         attention_impl: the fused attention kernel the stack runs (``auto``: Transformer
             Engine's choice, cuDNN on Hopper and newer, FA2 on Ampere; ``fa1``/``fa2``/
             ``fa3``/``cudnn``/``triton``); ignored with ``flash_attention`` False.
+        cp_comm_type: how context-parallel attention moves K/V
+            (:data:`strategies.model_costs.CP_COMM_TYPES`): ``p2p`` (Transformer Engine's
+            ring, Megatron-Core ``--cp-comm-type p2p``), ``all_gather`` (its
+            all-gather variant, ``--cp-comm-type allgather``), ``torch_allgather`` or
+            ``torch_alltoall`` (PyTorch ``context_parallel`` with ``rotate_method``
+            ``allgather``/``alltoall``, what torchtitan runs); ignored with ``cp`` 1.
         fp8_recipe: with dtype ``fp8``, how the stack quantizes
             (:data:`strategies.model_costs.FP8_RECIPES`: the quantization kernels it runs,
             the FP8 weight copies and saved inputs it holds).
@@ -263,6 +269,11 @@ class ParallelPlan:
     attention_impl: str = _field("auto", "Fused attention kernel (auto: Transformer Engine's "
                                          "choice for the GPU).",
                                  choices=lambda: ATTENTION_CHOICES)
+    cp_comm_type: str = _field("p2p", "Context-parallel K/V exchange: p2p (Transformer "
+                                      "Engine's ring), all_gather (its all-gather variant), "
+                                      "torch_allgather or torch_alltoall "
+                                      "(PyTorch context_parallel rotate methods).",
+                               choices=lambda: model_costs.CP_COMM_TYPES)
     fp8_recipe: str = _field(model_costs.DEFAULT_FP8_RECIPE, "With dtype fp8: the quantization "
                                                              "recipe.",
                              choices=lambda: tuple(model_costs.FP8_RECIPES))

@@ -482,3 +482,14 @@ def test_nemo_interpolations_resolve_relative_and_absolute(tmp_path):
     j = import_job(nemo_config=path)
     assert (j.model.ffn_hidden_size, j.model.num_layers, j.gpus) == (4096, 16, 16)
     assert j.plan["zero"] == 0 and j.plan["dtype"] == "bf16"
+
+
+def test_cp_comm_type_p2p_or_allgather_for_every_layer():
+    """--cp-comm-type: TE's p2p ring (default) or its all-gather variant; a2a refused."""
+    cp = ["--context-parallel-size", "2"]
+    assert job(*cp).plan["cp_comm_type"] == "p2p"
+    assert job(*cp, "--cp-comm-type", "allgather").plan["cp_comm_type"] == "all_gather"
+    expect_one_line_error(lambda: job(*cp, "--cp-comm-type", "a2a"), "--cp-comm-type",
+                          "refused")
+    expect_one_line_error(lambda: job(*cp, "--cp-comm-type", "p2p", "allgather"),
+                          "--cp-comm-type", "refused")

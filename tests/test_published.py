@@ -73,22 +73,27 @@ def test_moe_models_within_todays_bounds(report):
     the Grace host factor; Megatron-Bridge GB200 rows on partial CUDA graphs) measured
     15.4 %, 37.4 %, -14.2 %. Converting the Megatron-Core rows' printed TFLOP/s with
     Megatron's causal FLOP count (validate.published.flop_rate_is_causal) measured 13.2 %,
-    35.6 %, -9.9 %: the bounds tighten to that."""
+    35.6 %, -9.9 %. The Megatron-Bridge Qwen3 / gpt-oss configs' bf16 gradient reduction
+    and gpt-oss recompute modules and AutoModel's activation checkpointing
+    (validate.published_stacks) measured 12.0 %, 36.2 %, -8.9 %: the median and bias
+    tighten to that; the p90 bound stays."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.14
+    assert moe["median_abs_error"] <= 0.125
     assert moe["p90_abs_error"] <= 0.365
-    assert abs(moe["bias"]) <= 0.11
+    assert abs(moe["bias"]) <= 0.095
 
 
 def test_whole_set_within_todays_bounds(report):
     """Median as before issue 15; the bias is the dense rows' (within 3 %) plus the MoE
     rows' under-prediction weighted by their share (86 of 486 with the gpt-oss rows,
     test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
-    with the causal FLOP count of the Megatron-Core rows."""
+    with the causal FLOP count of the Megatron-Core rows, 19.2 % with the context-parallel
+    rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
+    the MoE framework settings of validate.published_stacks as well (18.9 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.21
+    assert every["p90_abs_error"] <= 0.195
     assert abs(every["bias"]) <= 0.05
 
 
@@ -186,10 +191,12 @@ def test_torchtitan_rows_run_their_printed_schedule_and_tp(row_id, expected):
 def test_torchtitan_within_todays_bounds(report):
     """torchtitan (issue 12): the printed schedules, DTensor TP / AsyncTP, torchao float8
     all-gathers and the 500 W Grand Teton calibration took it from median 11.6 %,
-    p90 29.0 %, bias -7.9 % (28 rows) to 3.5 %, 17.4 %, -3.9 % (26 validation rows); the
-    rest is mostly the context-parallel rows (Tables 2 and 6)."""
+    p90 29.0 %, bias -7.9 % (28 rows) to 3.5 %, 17.4 %, -3.9 % (26 validation rows);
+    PyTorch's context_parallel ring (all-gathered K/V as SDPA receives them, fp32 merges
+    and dK/dV, cp_comm_type torch_allgather) took the context-parallel rows of Tables 2 and
+    6 to 3.5 %, 14.3 %, -2.3 %."""
     line = _line(report, "pytorch_torchtitan")
     assert line["compared"] >= 26
     assert line["median_abs_error"] <= 0.05
-    assert line["p90_abs_error"] <= 0.19
+    assert line["p90_abs_error"] <= 0.15
     assert abs(line["bias"]) <= 0.05

@@ -66,6 +66,11 @@ def test_unprinted_settings_are_reported(fit_rows):
     unprinted = fit_rows[fit_rows.settings.str.contains("unprinted:")]
     assert {"dgxc_maxtext_01", "mb2509_03"} <= set(unprinted.row_id)
     assert "activation offload of 40 layers" in unprinted.set_index("row_id").loc["mb2509_03", "settings"]
+    settings = unprinted.set_index("row_id").settings
+    # the Megatron-Bridge gpt-oss preset and NeMo AutoModel's benchmark YAML (published_stacks)
+    assert "recompute modules layernorm moe_act" in settings["mb2511_15"]
+    assert "grad_reduce_in_fp32 False" in settings["mb2511_22"]
+    assert "activation checkpointing of every decoder block" in settings["automodel_1"]
 
 
 def test_memory_kind_is_read_from_the_row_and_bad_kinds_are_refused():

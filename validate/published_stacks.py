@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["MEGATRON_BRIDGE_OFFLOAD", "StackSettings", "framework_defaults", "framework_kind",
-           "recompute_modules_of", "stack_settings", "torchtitan_pipeline"]
+__all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+           "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
+           "framework_defaults", "framework_kind", "recompute_modules_of", "stack_settings",
+           "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
 _KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
@@ -33,6 +35,41 @@ MEGATRON_BRIDGE_OFFLOAD = {
     ("llama3-70b", "GB200", "fp8"): 40,   # LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 (mbs 2)
     ("llama3-70b", "GB200", "bf16"): 20,  # LLAMA3_70B_PRETRAIN_CONFIG_GB200_BF16_V1
     ("llama3-70b", "B200", "fp8"): 5,     # LLAMA3_70B_PRETRAIN_CONFIG_B200_FP8_CS_V1
+}
+
+#: Model families whose Megatron-Bridge performance configs reduce (and accumulate)
+#: gradients in bf16 for every precision: ``set_qwen3_common_configs``
+#: (``scripts/performance/configs/qwen/qwen3_llm_pretrain.py``, and the 25.09-era
+#: ``configs/qwen3/qwen3_llm_pretrain.py`` with its token-drop helper) and
+#: ``set_gpt_oss_common_configs`` (``configs/gpt_oss/gpt_oss_llm_pretrain.py``
+#: @0501207b95dbbd00a8e0686ca0cc4f053a1fd87e) both set ``mixed_precision.grad_reduce_in_fp32
+#: = False`` and ``ddp.grad_reduce_in_fp32 = False``. Qwen3-Next has its own common
+#: settings (``set_qwen3_next_common_configs``) and is not included.
+MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
+                                    "gpt-oss-120b")
+
+#: Selective recompute modules of Megatron-Bridge's performance presets, ``{(model, gpu,
+#: dtype): modules}``: ``scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py``
+#: @07eea52d4523a69fc8975cef34938d61ae13f9e2 (and its older ``workload_base_configs.py``)
+#: set ``recompute_modules=["layernorm", "moe_act"]`` in GPT_OSS_120B_PRETRAIN_CONFIG_
+#: {GB200,B200,H100}_BF16_V1 (the B200 and H100 FP8 presets alias them; the V2 presets
+#: inherit them, GB200's FP8-MX V2 clears them); the GB300/B300 presets set none.
+MEGATRON_BRIDGE_RECOMPUTE_MODULES = {
+    ("gpt-oss-120b", "GB200", "bf16"): ("layernorm", "moe_act"),
+    ("gpt-oss-120b", "B200", "bf16"): ("layernorm", "moe_act"),
+    ("gpt-oss-120b", "H100-SXM", "bf16"): ("layernorm", "moe_act"),
+}
+
+#: NeMo AutoModel's benchmark configs (``examples/benchmark/configs/*.yaml`` of
+#: NVIDIA-NeMo/Automodel, the YAMLs its performance-summary rows name): ``parallelizer:
+#: activation_checkpointing`` per model. ``true`` wraps every decoder block in
+#: ``checkpoint_wrapper`` (``nemo_automodel/components/moe/parallelizer.py`` ``apply_ac``,
+#: ``ignore_router`` False): full recompute of every layer. deepseek_v3_te_deepep.yaml,
+#: kimi_k2_te_deepep.yaml, qwen3_moe_30b_te_deepep.yaml: true;
+#: gptoss_20b_te_deepep.yaml, gptoss_120b_te_deepep.yaml: false.
+AUTOMODEL_ACTIVATION_CHECKPOINTING = {
+    "deepseek-v3": True, "kimi-k2": True, "qwen3-30b-a3b": True,
+    "gpt-oss-20b": False, "gpt-oss-120b": False,
 }
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
@@ -92,14 +129,26 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
       DTensor TP (``tp_comm_overlap = "dtensor"``: collectives block the compute
       stream, the column-parallel backward reuses the gathered input autograd saved;
-      AsyncTP is opt-in, :func:`stack_settings`).
+      AsyncTP is opt-in, :func:`stack_settings`); context parallelism through PyTorch's
+      ``context_parallel`` (``create_context_parallel_ctx`` in torchtitan/utils.py, later
+      torchtitan/distributed/utils.py, wraps
+      ``torch.distributed.tensor.experimental.context_parallel``), whose default
+      ``_cp_options.rotate_method`` is ``ALL_GATHER`` (torch/distributed/tensor/
+      experimental/_attention.py ``_ContextParallelOptions``; torchtitan's
+      ``context_parallel_rotate_method`` option came later with the same default):
+      ``cp_comm_type = "torch_allgather"``.
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
       DTensor TP.
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
       parallelism that shards optimizer state and gradients and does not reshard the
-      parameters after the forward (ZeRO-2 with the parameters gathered once per step).
+      parameters after the forward (ZeRO-2 with the parameters gathered once per step);
+      all-gather context parallelism: "we first all-gather the key (K) and value (V)
+      tensors, and then compute attention output for the local query (Q) tensor chunk
+      ... the all-gather communication latency is exposed in the critical path" (Section
+      3.3.2, the chunks load-balanced as Transformer Engine's: ``cp_comm_type =
+      "all_gather"``; the backward as TE's all-gather variant runs it, assumption).
     """
     kind = framework_kind(framework, version)
     if kind == "megatron-lm-2021":
@@ -113,14 +162,14 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "torchtitan":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
-                "cross_entropy": "eager"}
+                "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
     if kind == "pytorch-fsdp":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "fp8_recipe": "torchao", "cross_entropy": "eager"}
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
     if kind == "meta-llama3":
-        return {"zero": 2, "grad_reduce_dtype": "fp32"}
+        return {"zero": 2, "grad_reduce_dtype": "fp32", "cp_comm_type": "all_gather"}
     return {"zero": 1, "grad_reduce_dtype": "fp32"}
 
 
@@ -255,6 +304,21 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         unprinted[:] = [u for u in unprinted if not u.startswith("activation offload")]
         unprinted.append(f"activation offload of {MEGATRON_BRIDGE_OFFLOAD[key]} layers "
                          "(Megatron-Bridge workload config)")
+    model = row.get("model", "")
+    if is_bridge and model in MEGATRON_BRIDGE_BF16_GRAD_REDUCE:
+        fields["grad_reduce_dtype"] = "bf16"
+        unprinted.append("bf16 gradient reduction (Megatron-Bridge performance config: "
+                         "grad_reduce_in_fp32 False)")
+    bridge_modules = MEGATRON_BRIDGE_RECOMPUTE_MODULES.get(key)
+    if is_bridge and bridge_modules and not row.get("recompute"):
+        fields.update(recompute="selective", recompute_modules=bridge_modules)
+        unprinted.append(f"recompute modules {' '.join(bridge_modules)} (Megatron-Bridge "
+                         "performance preset)")
+    if (kind == "pytorch-fsdp" and "automodel" in framework.lower() and not row.get("recompute")
+            and AUTOMODEL_ACTIVATION_CHECKPOINTING.get(model)):
+        fields.update(recompute="full", recompute_layers=0)
+        unprinted.append("activation checkpointing of every decoder block (AutoModel "
+                         "benchmark YAML: activation_checkpointing true)")
     if kind == "torchtitan" and plan_fields.get("recompute") == "selective":
         fields.update(_torchtitan_selective(row.get("recompute_detail", ""), num_layers,
                                             int(plan_fields.get("pp", 1))))

@@ -139,9 +139,13 @@ def _parallel(s: Settings, plan: dict[str, Any], model: ModelSpec, gpus: int | N
     if cp > 1:
         kinds = s.get("cp_comm_type") or ["p2p"]
         kinds = [kinds] if isinstance(kinds, str) else kinds
-        if any(kind != "p2p" for kind in kinds):
+        # one kind for every layer: Transformer Engine's p2p ring or its all-gather variant
+        # (megatron/core/transformer/enums.py, TE AttnFuncWithCPAndKVAllGather)
+        if len(set(map(str, kinds))) != 1 or str(kinds[0]) not in ("p2p", "allgather"):
             raise ValueError(f"{s.spelled('cp_comm_type')}: {' '.join(map(str, kinds))!r} is "
-                             "refused: the context parallelism modelled is the p2p ring")
+                             "refused: the context parallelism modelled is p2p or allgather "
+                             "for every layer (a2a and a2a+p2p are not)")
+        plan["cp_comm_type"] = "all_gather" if str(kinds[0]) == "allgather" else "p2p"
     if s.value("use_tp_pp_dp_mapping", bool, False):
         plan["order"] = ("tp", "cp", "pp", "dp")
     seq = s.get("seq_length") if s.get("seq_length") is not None else s.get(

@@ -1,0 +1,79 @@
+"""Framework settings a published row runs with but does not print
+(validate/published_stacks.py): the Megatron-Bridge MoE performance configs and NeMo
+AutoModel's benchmark YAMLs, and what they do to the memory model. Fast (no simulation)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from strategies import model_costs
+from validate import published
+from validate.published_memory import rank_peaks
+from validate.published_stacks import (AUTOMODEL_ACTIVATION_CHECKPOINTING,
+                                       MEGATRON_BRIDGE_BF16_GRAD_REDUCE, stack_settings)
+
+BRIDGE = {"framework": "Megatron-Bridge/Megatron-Core", "framework_version": "NeMo 25.11 container"}
+AUTOMODEL = {"framework": "NeMo AutoModel (PyTorch backend: FSDP2 + PP; TE + DeepEP)",
+             "framework_version": "Automodel main branch, 2025-10-02"}
+
+
+def _settings(row, **plan_fields):
+    return stack_settings(row, {"zero": 1, "recompute": "none", "grad_reduce_dtype": "fp32",
+                                **plan_fields}, None)
+
+
+def test_bridge_gpt_oss_preset_recomputes_layernorm_and_moe_act_with_bf16_gradients():
+    out = _settings({**BRIDGE, "model": "gpt-oss-120b", "gpu": "B200", "dtype": "bf16"})
+    assert out.fields["grad_reduce_dtype"] == "bf16"
+    assert out.fields["recompute"] == "selective"
+    assert out.fields["recompute_modules"] == ("layernorm", "moe_act")
+    assert any("grad_reduce_in_fp32 False" in u for u in out.unprinted)
+    assert any("layernorm moe_act" in u for u in out.unprinted)
+
+
+def test_bridge_preset_recompute_yields_to_a_printed_recompute():
+    out = _settings({**BRIDGE, "model": "gpt-oss-120b", "gpu": "H100-SXM", "dtype": "bf16",
+                     "recompute": "full"}, recompute="full")
+    assert "recompute_modules" not in out.fields
+
+
+def test_bridge_qwen3_reduces_in_bf16_but_other_families_keep_fp32():
+    assert {"qwen3-30b-a3b", "qwen3-235b-a22b"} <= set(MEGATRON_BRIDGE_BF16_GRAD_REDUCE)
+    qwen = _settings({**BRIDGE, "model": "qwen3-30b-a3b", "gpu": "H100-SXM", "dtype": "fp8"})
+    assert qwen.fields["grad_reduce_dtype"] == "bf16"
+    assert "recompute" not in qwen.fields  # set_qwen3_common_configs: recompute off
+    llama = _settings({**BRIDGE, "model": "llama3-70b", "gpu": "H100-SXM", "dtype": "bf16"})
+    assert "grad_reduce_dtype" not in llama.fields
+    # NeMo AutoModel is no Megatron-Bridge stack: its gradient dtype is FSDP2's
+    auto = _settings({**AUTOMODEL, "model": "qwen3-30b-a3b", "gpu": "H100-SXM", "dtype": "bf16"})
+    assert "grad_reduce_dtype" not in auto.fields
+
+
+@pytest.mark.parametrize("model", sorted(AUTOMODEL_ACTIVATION_CHECKPOINTING))
+def test_automodel_checkpoints_every_block_where_its_yaml_says_so(model):
+    out = _settings({**AUTOMODEL, "model": model, "gpu": "H100-SXM", "dtype": "bf16"},
+                    zero=3)
+    if AUTOMODEL_ACTIVATION_CHECKPOINTING[model]:
+        assert (out.fields["recompute"], out.fields["recompute_layers"]) == ("full", 0)
+    else:
+        assert "recompute" not in out.fields
+
+
+def test_bf16_gradient_buffer_is_half_the_fp32_one_exactly():
+    """ZeRO-1 keeps the whole gradient buffer: g * (P_d + P_e) bytes with g = 2 (bf16,
+    the gpt-oss preset) instead of 4; nothing else moves."""
+    run = next(r for r in published.load_runs() if r.row_id == "mb2511_15")
+    scenario = published.scenario_for(run, published.load_models(), published.load_nemo_recipes())
+    plan = scenario.plan
+    assert plan.grad_reduce_dtype == "bf16" and plan.zero == 1
+    bf16 = rank_peaks(scenario.model, plan, 0.0)[0]
+    fp32 = rank_peaks(scenario.model, dataclasses.replace(plan, grad_reduce_dtype="fp32"), 0.0)[0]
+    params = model_costs.rank_params(scenario.model, layers=list(range(scenario.model.num_layers)),
+                                     tp=plan.tp, ep=plan.ep, etp=plan.expert_tp or plan.tp,
+                                     has_embedding=True, has_head=True)
+    assert bf16.gradients_bytes == 2 * (params.dense_params + params.expert_params)
+    assert fp32.gradients_bytes == 2 * bf16.gradients_bytes
+    assert fp32.optimizer_bytes == bf16.optimizer_bytes
+    assert fp32.weights_bytes == bf16.weights_bytes
