@@ -229,3 +229,68 @@ def test_collective_work_estimate_follows_listed_transfers():
         check_collective_work("all_reduce", 16416, 1, domain_ranks=72)
     with pytest.raises(ValueError, match="reduce on 8,000 ranks"):
         check_collective_work("reduce", 8000, 32, domain_ranks=8, fidelity="flow")
+
+
+@pytest.mark.parametrize("cluster,nodes", [("dgx-h100", 8), ("gb200-nvl72", 4), ("dgx-a100", 6)])
+def test_flow_batches_built_in_bulk_equal_one_request_per_transfer(cluster, nodes):
+    """FlowFabric builds a phase's flows as arrays (paths_links, per-tier weights) and a
+    send/recv's mirrors as one phase; the arrays are exactly what NetworkModel.request
+    gives transfer by transfer (and, for mirrors, pair by pair from each pair's own
+    plan): same links in the same order, same weights, payloads and ceilings."""
+    import numpy as np
+    import simpy
+
+    from hardware.network import FlowFabric
+    from strategies.collectives.catalog import valid_algorithms
+
+    spec = load_cluster(cluster)
+    layout = ClusterLayout(spec, nodes, spec.gpus_per_node)
+    cost = CostModel(layout, ALGORITHMS, fidelity="flow")
+    model = cost.network
+    fabric = FlowFabric(simpy.Environment(), model)
+
+    def expected(plans, index=0):
+        flows, links, weights, payload, caps = [], [], [], [], []
+        for plan in plans:
+            for phase in plan.phases[index:index + 1]:
+                fill = model.pipeline_factor(plan, phase)
+                for t, cap in zip(phase.transfers, model.transfer_caps(plan, phase)):
+                    request = model.request(t, plan.protocol, cap, fill)
+                    flows += [len(payload)] * len(request.links)
+                    links += list(request.links)
+                    weights += list(request.weights)
+                    payload.append(request.payload_bytes)
+                    caps.append(request.max_rate)
+        return flows, links, weights, payload, caps
+
+    def arrays(batch):
+        return (batch.entry_flow.tolist(), batch.entry_link.tolist(),
+                batch.entry_weight.tolist(), batch.payload.tolist(), batch.caps.tolist())
+
+    rng = random.Random(3)
+    compared = 0
+    for group in _groups(layout, rng)[::3]:
+        for kind in KINDS[:5]:
+            for size in (1 << 16, 1 << 27):
+                for algorithm in valid_algorithms(kind)[1:]:  # every algorithm that can run
+                    try:
+                        choice = cost.collective(kind, group, size, algorithm)
+                    except ValueError:
+                        continue
+                    plan = cost.plan_of(kind, group, size, choice)
+                    for index, phase in enumerate(plan.phases):
+                        if phase.transfers:
+                            assert arrays(fabric._phase_requests(plan, index)) == \
+                                expected([plan], index)
+                            compared += 1
+    n = layout.world_size
+    for _ in range(40):
+        src, dst = rng.sample(range(n), 2)
+        pairs = [tuple(rng.sample(range(n), 2)) for _ in range(rng.choice((1, 7, 30)))]
+        pairs.append((dst, dst))  # within a rank: no flow
+        size = rng.choice((1 << 12, 1 << 26))
+        plan = cost.p2p_plan(src, dst, size)
+        batch = fabric.p2p_mirrored_requests(plan, pairs)
+        mirrors = [cost.p2p_plan(a, b, size) for a, b in pairs]
+        assert arrays(batch) == expected([plan, *mirrors])
+    assert compared > 50
