@@ -125,6 +125,51 @@ class BatchStepEvaluator:
             out.append(found)
         return out
 
+    def rank_results(self, plans: Sequence[ParallelPlan]) -> list[dict]:
+        """What a plan search ranks by, per plan, without a full result:
+        ``{"step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes"}``
+        (the values :func:`sim.step.simulate_step` ``(..., fidelity="analytic")``
+        gives; ``step_time_p10_s`` .. ``p90_s`` are the step itself: no band), or
+        ``{"out_of_memory": reason}`` when a pipeline rank does not fit the GPU's HBM
+        (simulate_step's check, first rank first). Memory comes first, as there."""
+        from sim.step import throughput
+        from strategies.memory import pipeline_memory
+
+        capacity = self.cluster.gpu.hbm_bytes  # (apply_perturbations without any)
+        reserve = self.cluster.gpu.memory_reserve_bytes
+        out: list[dict | None] = []
+        priced = []
+        for plan in plans:
+            memory = pipeline_memory(self.model, plan, self._memory_layout(plan),
+                                     reserve_bytes=reserve)
+            too_big = next((b for b in memory.values() if b.total_bytes > capacity), None)
+            if too_big is not None:
+                states = too_big.weights_bytes + too_big.gradients_bytes \
+                    + too_big.optimizer_bytes
+                what = "model states" if states >= too_big.activations_bytes \
+                    else "activations"
+                out.append({"out_of_memory": f"out of memory ({what} dominate)"})
+                continue
+            out.append(None)
+            priced.append((len(out) - 1, plan,
+                           int(max(b.total_bytes for b in memory.values()))))
+        steps = self.step_ns([plan for _, plan, _ in priced])
+        for (index, plan, peak), step_ns in zip(priced, steps):
+            step_s = step_ns / 1e9
+            out[index] = {"step_time_s": step_s, "step_time_p10_s": step_s,
+                          "step_time_p50_s": step_s, "step_time_p90_s": step_s,
+                          **throughput(self.model, self.cluster, plan, step_s),
+                          "peak_memory_bytes": peak}
+        return out
+
+    def _memory_layout(self, plan: ParallelPlan):
+        """What strategies.memory.pipeline_memory reads of a StepLowerer, without the
+        lowering (for plans without a per-stage recompute count; else the lowering)."""
+        if plan.recompute_layers:
+            return StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
+        schedule = get_schedule(plan.schedule)
+        return _MemoryLayout(plan, schedule, *self._split(plan, schedule)[:2])
+
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def _gathers(plan: ParallelPlan) -> bool:
@@ -465,3 +510,32 @@ class BatchStepEvaluator:
 
 class _Unsupported(Exception):
     """A part whose gradient bytes are not whole numbers (filled kernel by kernel)."""
+
+
+class _MemoryLayout:
+    """The parts of a StepLowerer :func:`strategies.memory.pipeline_memory` reads
+    (strategies.memory.PipelineLayout), for a plan whose recompute mode is the same on
+    every layer (no ``recompute_layers``)."""
+
+    def __init__(self, plan: ParallelPlan, schedule, placement, stage_layers) -> None:
+        self.plan = plan
+        self.schedule = schedule
+        self.placement = placement
+        self.stage_layers = stage_layers
+        self.chunk_copies = placement.num_stages // placement.num_chunks
+
+    def rank_layers(self, p: int) -> list[int]:
+        """StepLowerer.rank_layers."""
+        return [layer for s in self.placement.stages_of(p) for layer in self.stage_layers[s]]
+
+    def holds_embedding(self, p: int) -> bool:
+        """StepLowerer.holds_embedding."""
+        return any(self.placement.is_first(s) for s in self.placement.stages_of(p))
+
+    def holds_head(self, p: int) -> bool:
+        """StepLowerer.holds_head."""
+        return any(self.placement.is_last(s) for s in self.placement.stages_of(p))
+
+    def recompute_of(self, layer: int) -> str:
+        """StepLowerer.recompute_of without recompute_layers: the plan's mode."""
+        return self.plan.recompute
