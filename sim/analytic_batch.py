@@ -298,7 +298,7 @@ class BatchStepEvaluator:
             return found[0]
 
         def gather_ns(p: int, layer: int) -> int:
-            found = get((groups_key, part_key, "gather", p, self._flags[layer]))
+            found = get((groups_key, opt_key, "gather", p, self._flags[layer]))
             if found is None:
                 if not compute:
                     raise _Miss

@@ -545,8 +545,10 @@ class AnalyticStepModel:
             return self._durations[key]
         shared = self._shared_for(pricer)
         if shared is not None:
+            # (a gather reads its layer's parameters: the optimizer's fields)
             shared_key = (self._shared_key("groups"),
-                          self._shared_key("part") if reads_kernels else None, what, p, arg)
+                          self._shared_key("optimizer") if reads_kernels else None, what, p,
+                          arg)
             found = shared.get(shared_key)
             if found is not None:
                 self._durations[key] = found[0]
