@@ -39,7 +39,8 @@ from typing import Sequence
 
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
-from sim.analytic_step import AnalyticStepModel, OpPricer, PricingCache, analytic_step
+from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
+                               optimizer_layers_key)
 from strategies.lowering import StepLowerer
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
@@ -307,7 +308,8 @@ class BatchStepEvaluator:
             return found[0] or 0
 
         def optimizer_ns(p: int) -> int:
-            layers = tuple(layer for s in stages_of[p] for layer in stage_layers[s])
+            layers = optimizer_layers_key(
+                model, [layer for s in stages_of[p] for layer in stage_layers[s]])
             holds_first = any(is_first[s] for s in stages_of[p])
             holds_last = any(is_last[s] for s in stages_of[p])
             found = get((opt_key, groups_key, p, layers, holds_first, holds_last))
