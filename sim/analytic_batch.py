@@ -25,7 +25,8 @@ on demand) and stored where that model stores it.
 
 Covered (:meth:`BatchStepEvaluator.covers`): dense models, all-reduce data
 parallelism, schedules whose micro-batches take one route and whose lists pair no
-forward with a backward (1F1B, interleaved, GPipe, ZB-H1/H2), overlapped gradient
+forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
+DualPipe's two routes), overlapped gradient
 reduction, no per-stage recompute count, a compute model that prices by shape, and
 ZeRO's parameter gathers only with pipeline parallelism (without it the step is one
 rank's list schedule of every action, :meth:`AnalyticStepModel._whole_rank_step`).
