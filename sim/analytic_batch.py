@@ -27,9 +27,7 @@ Covered (:meth:`BatchStepEvaluator.covers`): dense models, all-reduce data
 parallelism, schedules whose micro-batches take one route and whose lists pair no
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
-reduction, no per-stage recompute count, a compute model that prices by shape, and
-ZeRO's parameter gathers only with pipeline parallelism (without it the step is one
-rank's list schedule of every action, :meth:`AnalyticStepModel._whole_rank_step`).
+reduction, no per-stage recompute count and a compute model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
 number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
 """
@@ -95,8 +93,6 @@ class BatchStepEvaluator:
         schedule = get_schedule(plan.schedule)
         if schedule.pairs_own_actions or schedule.placement(plan.pp, plan.vpp).routes != 1:
             return False
-        if plan.pp == 1 and self._gathers(plan):
-            return False  # one rank's list schedule of every action: analytic_step
         layout = self.cache.layout(self.cluster, plan.world_size)
         return self.cache.shared_prices(layout) is not None
 
@@ -351,6 +347,10 @@ class BatchStepEvaluator:
                   for comp in comps}
         gathers = self._gathers(plan)
         bucket = plan.grad_bucket_bytes
+        if pp == 1 and gathers:
+            return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
+                                       phases, kind_cost, reduction_ns, optimizer_ns,
+                                       gather_ns, part_key, compute)
         # each distinct rank (AnalyticStepModel._signature) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}
         rank_costs = []
@@ -454,6 +454,86 @@ class BatchStepEvaluator:
                     gathers_ns += sum(gather_ns(p, layer) * n
                                       for _, layer, n in kinds[s]) * repeats
         return last_backward, finish, gathers_ns
+
+    def _whole_rank_ns(self, plan, schedule, stage_layers, is_first, is_last, phases,
+                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key,
+                       compute) -> int:
+        """AnalyticStepModel._whole_rank_step without pipeline parallelism, with
+        parameter gathers: one rank's list schedule of every action in order
+        (AnalyticStepModel._walk with ``gathers``): an action that gathers issues its
+        layers' gathers on the data-parallel stream at its start and each layer waits
+        for its own; the last micro-batch's backward reduces its buckets as they fill;
+        then the optimizer."""
+        m, bucket = plan.num_microbatches, plan.grad_bucket_bytes
+        flags = self._flags
+        zero3 = plan.zero == 3
+        rows: dict[tuple, tuple] = {}
+
+        def row(part, comp: str) -> tuple:
+            kind = part if isinstance(part, str) else flags[part]
+            found = rows.get((kind, comp))
+            if found is None:
+                found = rows[(kind, comp)] = self._row(0, part, kind, comp, kind_cost, plan,
+                                                       part_key, compute)
+            return found
+
+        gathers: dict = {}
+
+        def gather(layer: int) -> int:
+            found = gathers.get(flags[layer])
+            if found is None:
+                found = gathers[flags[layer]] = gather_ns(0, layer)
+            return found
+
+        total = dp_free = 0
+        reductions: dict = {}
+        for action in schedule.actions(1, m, plan.vpp)[0]:
+            comp, stage = action.comp, action.stage
+            gathers_here = zero3 or (comp == "F" and action.microbatch == 0)
+            reduce_now = comp in ("B", "W") and action.microbatch == m - 1
+            if not gathers_here and not reduce_now:
+                total += phases[comp][stage]
+                continue
+            layers = stage_layers[stage]
+            first, last = ["embedding"] if is_first[stage] else [], \
+                ["head"] if is_last[stage] else []
+            if comp == "F":
+                parts = first + list(layers) + last
+                order = layers
+            else:
+                parts = last + list(reversed(layers)) + first
+                order = tuple(reversed(layers))
+            gathered: dict[int, int] = {}
+            pending = [0.0, 0.0]
+            final_index = len(parts) - 1
+            for index, part in enumerate(parts):
+                if gathers_here and not isinstance(part, str):
+                    if not gathered:
+                        # issued when the first layer is reached (after the head's
+                        # bucket, which may already be on the stream), in use order
+                        for layer in order:
+                            dp_free += gather(layer)
+                            gathered[layer] = dp_free
+                    if gathered[part] > total:
+                        total = gathered[part]
+                part_ns, sums = row(part, comp)
+                total += part_ns
+                if not reduce_now:
+                    continue
+                final = index == final_index
+                for slot, added in enumerate(sums):
+                    size = pending[slot] + added
+                    if size > 0 and (size >= bucket or final):
+                        due = (_BUCKETS[slot], size)
+                        if due in reductions:
+                            duration = reductions[due]
+                        else:
+                            duration = reductions[due] = reduction_ns(0, *due)
+                        if duration is not None:
+                            dp_free = (dp_free if dp_free > total else total) + duration
+                        size = 0.0
+                    pending[slot] = size
+        return max(total, dp_free) + optimizer_ns(0)
 
     def _row(self, p, part, kind, comp, kind_cost, plan, part_key, compute) -> tuple:
         """(a part's list-scheduled ns in ``comp``, its whole gradient bytes to the dense
