@@ -224,7 +224,39 @@ class BatchStepEvaluator:
             stages_of = tuple(placement.stages_of(p) for p in range(plan.pp))
             first = tuple(placement.is_first(s) for s in range(placement.num_stages))
             last = tuple(placement.is_last(s) for s in range(placement.num_stages))
-            found = (placement, stage_layers, tuple(kinds), stages_of, first, last)
+            # distinct ranks (AnalyticStepModel._signature), each priced by its first p
+            signatures, firsts = [], {}
+            for p in range(plan.pp):
+                signature = tuple((flags[stage_layers[s][0]:stage_layers[s][-1] + 1]
+                                   if stage_layers[s] else (), first[s], last[s])
+                                  for s in stages_of[p])
+                signatures.append(signature)
+                firsts.setdefault(signature, p)
+            # which rank asks first for each (kind, phase), in AnalyticStepModel.run's
+            # order: the distinct ranks' own phases (their action counts), then every
+            # stage's phases for the schedule's timing; the plan's model prices a
+            # (kind, phase) once, on that rank's groups, for every rank
+            split = schedule.split_backward
+            comps = ("F", "B", "W", "I") if split else ("F", "B")
+            own = ("F", "I", "W") if split else ("F", "B")
+            holders = placement.rank_of_stage
+            order = [(p, s, own) for p in sorted(firsts.values()) for s in stages_of[p]]
+            order += [(holders[s], s, comps) for s in range(len(stage_layers))]
+            askers: dict[tuple, int] = {}
+            for p, s, phase_comps in order:
+                stage_kinds = [kind for kind, _, _ in kinds[s]]
+                stage_kinds += ["head"] if last[s] else []
+                stage_kinds += ["embedding"] if first[s] else []
+                for comp in phase_comps:
+                    for kind in stage_kinds:
+                        askers.setdefault((kind, comp), p)
+            # stages alike (the same kinds and counts, ends): one phase time for all
+            shapes: dict[tuple, int] = {}
+            shape_of = tuple(shapes.setdefault(
+                (tuple((k, n) for k, _, n in kinds[s]), first[s], last[s]), s)
+                for s in range(len(stage_layers)))
+            found = (placement, stage_layers, tuple(kinds), stages_of, first, last,
+                     tuple(signatures), askers, shape_of)
             self._splits[key] = found
         return found
 
@@ -249,8 +281,8 @@ class BatchStepEvaluator:
         layout = cache.layout(self.cluster, plan.world_size)
         shared = cache.shared_prices(layout)
         schedule = get_schedule(plan.schedule)
-        placement, stage_layers, kinds, stages_of, is_first, is_last = \
-            self._split(plan, schedule)
+        (placement, stage_layers, kinds, stages_of, is_first, is_last, signatures, askers,
+         shape_of) = self._split(plan, schedule)
         reps, part_groups = self._layout_of(plan)
         mkey = shared.model_key(model)
         part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
@@ -260,8 +292,6 @@ class BatchStepEvaluator:
         pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
         split = schedule.split_backward
         get = shared.get
-
-        askers: dict[tuple, int] = {}
 
         def kind_cost(p: int, part, kind, comp: str):
             # the plan's model prices a (kind, phase) once, on the rank that asks first,
@@ -319,32 +349,18 @@ class BatchStepEvaluator:
 
         holders = placement.rank_of_stage
         comps = ("F", "B", "W", "I") if split else ("F", "B")
-        # distinct ranks (AnalyticStepModel._signature), each priced once by its first p
-        flags = self._flags
-        signatures, firsts = [], {}
-        for p in range(pp):
-            signature = tuple((flags[stage_layers[s][0]:stage_layers[s][-1] + 1]
-                               if stage_layers[s] else (), is_first[s], is_last[s])
-                              for s in stages_of[p])
-            signatures.append(signature)
-            firsts.setdefault(signature, p)
-        # which rank asks first for each (kind, phase), in AnalyticStepModel.run's order:
-        # the distinct ranks' own phases (their action counts), then every stage's
-        # phases for the schedule's timing
-        own = ("F", "I", "W") if split else ("F", "B")
-        order = [(p, s, own) for p in sorted(firsts.values()) for s in stages_of[p]]
-        order += [(holders[s], s, comps) for s in range(len(stage_layers))]
-        for p, s, phase_comps in order:
-            stage_kinds = [kind for kind, _, _ in kinds[s]]
-            stage_kinds += ["head"] if is_last[s] else []
-            stage_kinds += ["embedding"] if is_first[s] else []
-            for comp in phase_comps:
-                for kind in stage_kinds:
-                    askers.setdefault((kind, comp), p)
         # per-stage phase times on the rank that holds each (AnalyticStepModel.
         # _pipeline_timing)
-        phases = {comp: [phase_ns(holders[s], s, comp) for s in range(len(stage_layers))]
-                  for comp in comps}
+        phases = {}
+        for comp in comps:
+            by_shape: dict[int, int] = {}
+            row = []
+            for s, shape in enumerate(shape_of):
+                found = by_shape.get(shape)
+                if found is None:  # (the asking rank, not the holder, picks the price)
+                    found = by_shape[shape] = phase_ns(holders[s], s, comp)
+                row.append(found)
+            phases[comp] = row
         gathers = self._gathers(plan)
         bucket = plan.grad_bucket_bytes
         if pp == 1 and gathers:
@@ -376,8 +392,8 @@ class BatchStepEvaluator:
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
-        first_wait = (self._fill_delay_ns(placement, stage_layers, kind_cost, gather_ns,
-                                          t_p2p, is_first, is_last)
+        first_wait = (self._fill_delay_ns(placement, stage_layers, kinds, kind_cost,
+                                          gather_ns, t_p2p, is_first, is_last)
                       if gathers else 0)
         step = 0
         for (last_backward, finish, gathers_ns), compute_end in zip(rank_costs,
@@ -543,26 +559,45 @@ class BatchStepEvaluator:
             raise _Unsupported  # filled kernel by kernel: analytic_step
         return kind_cost(p, part, kind, comp).total_ns, sums
 
-    def _fill_delay_ns(self, placement, stage_layers, kind_cost, gather_ns, t_p2p,
+    def _fill_delay_ns(self, placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p,
                        is_first, is_last) -> int:
         """AnalyticStepModel._gather_fill_delay_fast_ns: how much later micro-batch 0's
-        forward leaves the last stage because layers wait for their gathers."""
+        forward leaves the last stage because layers wait for their gathers. Each rank's
+        data-parallel stream gathers its layers back to back from the step's start, in
+        stage order; a layer starts at ``max(ready, its gather's end)``. Over ``n``
+        layers of one kind (gather ``g``, forward ``c``) after gathers ending at ``G``,
+        ``w <- max(w, G + g (i + 1)) + c`` for ``i < n`` unrolls to
+        ``max(w + n c, G + g + n c + (n - 1) max(g - c, 0))`` (the latest gather that
+        binds is the first or the last): the same integers as the walk layer by
+        layer, which stages of mixed kinds still take."""
         holders = placement.rank_of_stage
-        dp_free: dict[int, int] = {}
-        gathered: dict[int, int] = {}
         flags = self._flags
         gathers: dict[tuple, int] = {}
         forwards: dict[tuple, int] = {}
+
+        def gather(p: int, layer: int) -> int:
+            key = (p, flags[layer])
+            found = gathers.get(key)
+            if found is None:
+                found = gathers[key] = gather_ns(p, layer)
+            return found
+
+        def forward(p: int, layer: int) -> int:
+            key = (p, flags[layer])
+            found = forwards.get(key)
+            if found is None:
+                found = forwards[key] = kind_cost(p, layer, key[1], "F").total_ns
+            return found
+
+        # each stage's gathers start where its rank's earlier stages' end
+        dp_free: dict[int, int] = {}
+        gathered_from: list[int] = []
         for stage, layers in enumerate(stage_layers):
             p = holders[stage]
             free = dp_free.get(p, 0)
-            for layer in layers:
-                key = (p, flags[layer])
-                found = gathers.get(key)
-                if found is None:
-                    found = gathers[key] = gather_ns(p, layer)
-                free += found
-                gathered[layer] = free
+            gathered_from.append(free)
+            for kind, layer, n in kinds[stage]:
+                free += gather(p, layer) * n
             dp_free[p] = free
         waiting = free = 0
         last = placement.num_chunks - 1
@@ -572,15 +607,22 @@ class BatchStepEvaluator:
                 cost_ns = kind_cost(p, "embedding", "embedding", "F").total_ns
                 waiting += cost_ns
                 free += cost_ns
-            for layer in stage_layers[stage]:
-                key = (p, flags[layer])
-                cost_ns = forwards.get(key)
-                if cost_ns is None:
-                    cost_ns = forwards[key] = kind_cost(p, layer, key[1], "F").total_ns
-                if gathered[layer] > waiting:
-                    waiting = gathered[layer]
-                waiting += cost_ns
-                free += cost_ns
+            layers = stage_layers[stage]
+            if len(kinds[stage]) == 1:
+                _, layer, n = kinds[stage][0]
+                g, c = gather(p, layer), forward(p, layer)
+                bound = gathered_from[stage] + g + n * c + (n - 1) * max(g - c, 0)
+                waiting = max(waiting + n * c, bound)
+                free += n * c
+            else:
+                done = gathered_from[stage]
+                for layer in layers:
+                    done += gather(p, layer)
+                    cost_ns = forward(p, layer)
+                    if done > waiting:
+                        waiting = done
+                    waiting += cost_ns
+                    free += cost_ns
             if stage == last:
                 cost_ns = kind_cost(p, "head", "head", "F").total_ns
                 waiting += cost_ns
@@ -619,6 +661,7 @@ class _MemoryLayout:
         """StepLowerer.holds_head."""
         return any(self.placement.is_last(s) for s in self.placement.stages_of(p))
 
-    def recompute_of(self, layer: int) -> str:
-        """StepLowerer.recompute_of without recompute_layers: the plan's mode."""
-        return self.plan.recompute
+    #: every layer recomputes as the plan says (no recompute_layers): the memory model
+    #: then takes the plan's mode (strategies.memory._modes), as StepLowerer.recompute_of
+    #: would give it layer by layer
+    recompute_of = None
