@@ -14,7 +14,10 @@ The search, in order (each step says how many candidates it drops and why):
 4. **Dominated**: of plans that differ only in recompute, the lightest recompute that
    fits is kept (recompute only adds kernels; it never removes communication).
 5. **Rank**: every feasible plan is simulated at the ranking fidelity (``analytic``, the
-   closed-form step model, ~0.05-0.2 s per plan), ranked, and the best ``top`` are
+   closed-form step model: its step time, throughput and peak memory from
+   :class:`sim.analytic_batch.BatchStepEvaluator`, well under a ms per plan once the
+   distinct layer shapes are priced; the best ``top`` then get their full result, whose
+   step must equal the ranked one), ranked, and the best ``top`` are
    simulated again at the final fidelity (``event``, the SimPy replay) and re-ranked.
    Ranking is by days to train including failure goodput (effective tokens/s when no
    token target is given), or by cost: the top plans are chosen at the simulated step
