@@ -319,6 +319,13 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         fields.update(recompute="full", recompute_layers=0)
         unprinted.append("activation checkpointing of every decoder block (AutoModel "
                          "benchmark YAML: activation_checkpointing true)")
+    if kind == "pytorch-fsdp" and "deepep" in framework.lower():
+        # NeMo AutoModel's "TE + DeepEP" experts (nemo_automodel/components/moe/layers.py
+        # GroupedExpertsDeepEP.forward): grouped_gemm ``ops.gmm`` without bias, then
+        # ``_apply_bias`` per local expert after both projections (a no-op without biases)
+        fields["expert_bias_impl"] = "eager"
+        notes.append("DeepEP experts (printed): expert biases added per expert in eager "
+                     "PyTorch after both grouped GEMMs")
     if kind == "torchtitan" and plan_fields.get("recompute") == "selective":
         fields.update(_torchtitan_selective(row.get("recompute_detail", ""), num_layers,
                                             int(plan_fields.get("pp", 1))))
