@@ -69,10 +69,9 @@ def test_megatron_lm_2021_runs_from_their_arguments(catalog, row):
     ours = _plan(job)
     # the arguments of 2021: no sequence parallelism (it came in 2022: published.py turns
     # it on for every TP > 1 row), and --fp16 as the era's example script (the paper does
-    # not say which 16-bit format; both run at the A100's 312 TFLOP/s)
-    # and the host's kernel issue, not modelled for an imported job (the plan's default):
-    # published.py runs Megatron-LM 2021 eager (published_stacks.host_issue_of)
-    expected = {"dtype": ("fp16", "bf16"), "host_issue": ("off", "eager")}
+    # not say which 16-bit format; both run at the A100's 312 TFLOP/s). Both issue kernels
+    # eagerly (no CUDA graphs: the importer; published_stacks.host_issue_of)
+    expected = {"dtype": ("fp16", "bf16")}
     if theirs.plan.tp > 1:
         expected["sequence_parallel"] = (False, True)
     assert _differences(ours, theirs.plan) == expected
@@ -127,9 +126,9 @@ def test_gpt3_175b_from_its_nemo_launcher_config(catalog):
     assert _differences(ours, theirs.plan) == {
         "recompute": ("selective", "none"), "grad_reduce_dtype": ("fp32", "bf16"),
         "store_param_remainders": (True, False), "grad_bucket_bytes": (100 * 2**20, 40e6),
-        "cross_entropy": ("megatron", "fused"),
-        # host issue: not modelled for an imported job; NeMo without CUDA graphs runs eager
-        "host_issue": ("off", "eager")}
+        "cross_entropy": ("megatron", "fused")}
+    # both eager: NeMo without CUDA graphs (the importer and published_stacks.host_issue_of)
+    assert ours.host_issue == theirs.plan.host_issue == "eager"
     # GPT-2's 50,257 tokens padded to 128 x TP 4 (models.csv: 51,200 of the FLOP formulas)
     _same_shape(job.model, theirs.model, vocab_size=51200)
     assert job.model.vocab_size == 50688
