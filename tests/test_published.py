@@ -92,8 +92,9 @@ def test_whole_set_within_todays_bounds(report):
     test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
     with the causal FLOP count of the Megatron-Core rows, 19.2 % with the context-parallel
     rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
-    the MoE framework settings of validate.published_stacks as well (18.9 %), the gpt-oss
-    experts' eager bias adds as well (18.6 %)."""
+    the MoE framework settings of validate.published_stacks as well (18.9 %); host issue
+    per stack for the dense rows (18.6 %) and the gpt-oss experts' eager bias adds
+    (18.4 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
     assert every["p90_abs_error"] <= 0.19

@@ -420,6 +420,8 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     model, moe_notes = _moe_settings(run, model, fields, recipe, recipes)
     if fields["recompute"] != "none":  # the framework's (or recipe's) recompute replaces "none"
         assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
+    if any(n.startswith("host issue") for n in moe_notes):  # the MoE rule refines the stack's
+        stack.notes[:] = [n for n in stack.notes if not n.startswith("host issue")]
     plan = ParallelPlan(**fields)
     return Scenario(model, cluster, plan, assumptions,
                     stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])
