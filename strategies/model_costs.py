@@ -295,6 +295,21 @@ ROPE_LAUNCHES_PER_TENSOR = {"fused": 1, "eager": 3}
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0), "eager": (14.0, 22.0)}
 CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3)}
 
+#: How a stack adds the routed experts' biases (``MoESpec.expert_bias``):
+#: ``megatron`` -- Megatron-Core ``TEGroupedMLP`` (megatron/core/transformer/moe/experts.py):
+#: ``linear_fc1`` is TE ``GroupedLinear`` with ``bias=add_bias_linear, skip_bias_add=False``,
+#: the bias added in the GEMM's cuBLAS epilogue and its gradient taken by the bf16 wgrad
+#: GEMM's bias-gradient epilogue (transformer_engine/pytorch/module/grouped_linear.py
+#: ``general_grouped_gemm(..., use_bias=...)``): free; ``linear_fc2`` has
+#: ``skip_bias_add=True`` and ``TEGroupedMLP._apply_bias`` adds the returned per-expert
+#: biases in eager PyTorch, ``torch.cat([t + b * p for t, b, p in zip(split(out,
+#: tokens_per_expert), biases, split(probs, tokens_per_expert))]).to(dtype)``: one
+#: ``b * p`` and one add per local expert and one cat.
+#: ``eager`` -- both biases that way: NeMo AutoModel ``GroupedExpertsDeepEP._apply_bias``
+#: (nemo_automodel/components/moe/layers.py): ``t + b`` per local expert after the
+#: grouped up projection (no probabilities), ``t + b * p`` after the down projection.
+EXPERT_BIAS_IMPLS = ("megatron", "eager")
+
 
 def resolve_fp8_recipe(name: str | Fp8Recipe | None) -> Fp8Recipe:
     """The :class:`Fp8Recipe` called ``name`` (``None``/``""``: :data:`DEFAULT_FP8_RECIPE`).
@@ -671,6 +686,54 @@ def _activation(name: str, block: str, model: ModelSpec, rows: float, cols: int,
     )
 
 
+def expert_bias_kernels(*, pairs: float, local_experts: int, hidden: int, up_cols: int,
+                        ea: float, act: str, impl: str = "megatron") -> dict[str, Kernel]:
+    """The eager per-expert bias additions of a stack's routed experts
+    (:data:`EXPERT_BIAS_IMPLS`), by the GEMM they follow (``"up"``, ``"down"``), over the
+    rank's ``pairs`` token-expert rows split among ``local_experts`` experts.
+
+    Down projection, ``t + b * p`` per expert then ``torch.cat`` (``pairs x hidden``
+    elements ``x``; the routing probabilities ``p`` in the activation dtype ``ea``, as
+    Megatron-Core's router returns them without ``moe_router_dtype`` and the gpt-oss
+    providers do not set it): forward ``b*p`` writes ``x``, the add reads ``t`` and it and
+    writes ``x``, the cat reads and writes ``x`` -- ``6*ea`` bytes per element in
+    ``2*E + 1`` kernels (the final ``.to(dtype)`` is a no-op in the same dtype); backward
+    (autograd of ``mul``, broadcast ``b`` over rows and ``p`` over columns): ``grad*p``
+    read/write and its sum over the rows for ``db``, ``grad*b`` read/write and its sum
+    over the columns for ``dp``, and the cat of the ``dt`` slices that ``split``'s
+    backward builds (read and write) -- ``8*ea`` bytes in ``4*E + 1`` kernels.
+
+    Up projection (``eager`` only), ``t + b`` per expert then the cat over ``pairs x
+    up_cols``: forward ``4*ea`` bytes in ``E + 1`` kernels; backward ``db`` as a row sum
+    (read) and the cat of the ``dt`` slices -- ``3*ea`` bytes in ``E + 1`` kernels.
+
+    Raises:
+        ValueError: an unknown ``impl``.
+    """
+    if impl not in EXPERT_BIAS_IMPLS:
+        raise ValueError(f"expert_bias_impl: {impl!r} is not valid; valid: "
+                         f"{', '.join(EXPERT_BIAS_IMPLS)}")
+    e_l = max(1, int(local_experts))
+    down = pairs * hidden
+    kernels = {"down": Kernel(
+        name="moe.experts.down_bias", block="moe", kind="elementwise",
+        shape=(int(round(pairs)), hidden), dtype=act,
+        fwd_flops=2.0 * down, fwd_bytes=6.0 * ea * down,
+        bwd_input_flops=4.0 * down, bwd_input_bytes=8.0 * ea * down,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        launches=(2 * e_l + 1, 4 * e_l + 1))}
+    if impl == "eager":
+        up = pairs * up_cols
+        kernels["up"] = Kernel(
+            name="moe.experts.up_bias", block="moe", kind="elementwise",
+            shape=(int(round(pairs)), up_cols), dtype=act,
+            fwd_flops=1.0 * up, fwd_bytes=4.0 * ea * up,
+            bwd_input_flops=1.0 * up, bwd_input_bytes=3.0 * ea * up,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+            launches=(e_l + 1, e_l + 1))
+    return kernels
+
+
 def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: int, groups: int,
          mm: str, em: float, act: str, ea: float, recipe: Fp8Recipe | None = None,
          up_from_norm: bool = False, elementwise: str = "fused") -> list[Kernel]:
@@ -707,7 +770,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                   dropout: bool = True, flash_attention: bool = True,
                   fp8_recipe: str | Fp8Recipe | None = None,
                   elementwise: str = "fused", etp: int | None = None,
-                  expert_load: float | None = None) -> list[Kernel]:
+                  expert_load: float | None = None,
+                  expert_bias_impl: str = "megatron") -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -748,6 +812,10 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         elementwise: ``fused`` or ``eager`` (:data:`ELEMENTWISE_MODES`): how RMSNorm,
             SwiGLU and RoPE run (their eager forms move several times the bytes in more
             kernels); LayerNorm, GELU and residual adds are single kernels either way.
+        expert_bias_impl: with ``model.moe.expert_bias``, how the stack adds the experts'
+            biases (:data:`EXPERT_BIAS_IMPLS`): ``moe.experts.down_bias`` after the down
+            projection, and ``moe.experts.up_bias`` after the up projection when ``eager``
+            (:func:`expert_bias_kernels`).
 
     Returns:
         Kernels with FLOPs (FLOP) and HBM bytes (bytes) per micro-batch.
@@ -859,9 +927,23 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         bwd_input_bytes=2 * ea * local_pairs * h,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
-    kernels += [replace(k, expert=True) for k in _mlp(
+    experts = [replace(k, expert=True) for k in _mlp(
         "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
         mm=mm, em=em, act=act, ea=ea, recipe=recipe, elementwise=elementwise)]
+    if moe.expert_bias:
+        up_name = "moe.experts.gate_up" if model.mlp == "swiglu" else "moe.experts.fc1"
+        up_cols = 2 * fe_l if model.mlp == "swiglu" else fe_l
+        bias = expert_bias_kernels(pairs=pairs, local_experts=E // ep, hidden=h,
+                                   up_cols=up_cols, ea=ea, act=act, impl=expert_bias_impl)
+        with_bias = []
+        for k in experts:
+            with_bias.append(k)
+            if k.name == up_name and "up" in bias:
+                with_bias.append(bias["up"])
+            elif k.kind == "matmul" and k.name != up_name:
+                with_bias.append(bias["down"])
+        experts = with_bias
+    kernels += experts
     kernels.append(Kernel(
         name="moe.unpermute", block="moe", kind="elementwise", shape=(n_sp, h), dtype=act,
         fwd_flops=2.0 * local_pairs * h,  # scale by the router probability and sum

@@ -154,6 +154,12 @@ class ParallelPlan:
             the FP8 weight copies and saved inputs it holds).
         elementwise: ``fused`` (TE/Apex/jit-fused or torch.compile'd norms, activations,
             RoPE) or ``eager`` (PyTorch eager composites: more kernels, more HBM traffic).
+        expert_bias_impl: for a model whose routed experts have biases
+            (``MoESpec.expert_bias``), how the stack adds them
+            (:data:`strategies.model_costs.EXPERT_BIAS_IMPLS`): ``megatron`` (the up bias in
+            the grouped GEMM's epilogue, the down bias per expert in eager PyTorch,
+            Megatron-Core ``TEGroupedMLP._apply_bias``) or ``eager`` (both per expert,
+            NeMo AutoModel ``GroupedExpertsDeepEP``).
         host_issue: how the CPU issues kernels, for the host-bound time of small kernels:
             ``off`` (the host is never the bottleneck: the CPU runs ahead), ``eager``
             (PyTorch eager: the CPU issues every kernel, :data:`hardware.compute.
@@ -284,6 +290,12 @@ class ParallelPlan:
                                     "eager, partial (CUDA graphs of attention and router) "
                                     "or graphed.",
                              choices=lambda: HOST_ISSUE_MODES)
+    expert_bias_impl: str = _field("megatron", "With expert biases (gpt-oss): megatron "
+                                               "(Megatron-Core TEGroupedMLP: up bias in the "
+                                               "grouped GEMM, down bias added eagerly per "
+                                               "expert) or eager (both added eagerly per "
+                                               "expert, NeMo AutoModel's DeepEP experts).",
+                                   choices=lambda: model_costs.EXPERT_BIAS_IMPLS)
     cross_entropy: str = _field("megatron", "Loss implementation: megatron (fp32 "
                                             "vocab-parallel), fused, or eager.",
                                 choices=lambda: model_costs.CROSS_ENTROPY_IMPLS)

@@ -173,6 +173,14 @@ ATTENTION_WINDOWS = {
 }
 
 
+#: models.csv's models whose routed experts carry biases (its columns do not print it):
+#: openai/gpt-oss-{20b,120b} checkpoints hold ``mlp.experts.gate_up_proj_bias`` and
+#: ``mlp.experts.down_proj_bias`` per layer (transformers ``GptOssExperts``); Megatron-Bridge
+#: ``GPTOSSProvider`` sets ``add_bias_linear=True`` (src/megatron/bridge/models/gpt_oss/
+#: gpt_oss_provider.py).
+EXPERT_BIASES = frozenset({"gpt-oss-120b", "gpt-oss-20b"})
+
+
 def model_from_row(row: Mapping[str, str]) -> ModelSpec:
     """A ModelSpec from one row of ``models.csv`` (multi-head latent attention from its
     ``mla_*`` columns; group-limited routing from :data:`ROUTER_GROUPS`; sliding-window
@@ -211,7 +219,8 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
                       expert_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
                       shared_experts=int(row.get("shared_experts") or 0), capacity_factor=0.0,
                       first_dense_layers=first_dense, layer_frequency=frequency,
-                      router_groups=groups, router_group_topk=group_topk)
+                      router_groups=groups, router_group_topk=group_topk,
+                      expert_bias=key in EXPERT_BIASES)
     return ModelSpec(name=key, num_layers=int(row["num_layers"]), hidden_size=hidden,
                      num_heads=heads, num_kv_heads=int(row["num_kv_heads"]),
                      head_dim=head_dim,
@@ -411,6 +420,8 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     model, moe_notes = _moe_settings(run, model, fields, recipe, recipes)
     if fields["recompute"] != "none":  # the framework's (or recipe's) recompute replaces "none"
         assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
+    if any(n.startswith("host issue") for n in moe_notes):  # the MoE rule refines the stack's
+        stack.notes[:] = [n for n in stack.notes if not n.startswith("host issue")]
     plan = ParallelPlan(**fields)
     return Scenario(model, cluster, plan, assumptions,
                     stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])
