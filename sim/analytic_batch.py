@@ -79,6 +79,7 @@ class BatchStepEvaluator:
         self._flags = tuple(model.layer_kind(i) for i in range(model.num_layers))
         self._layouts: dict[tuple, tuple] = {}
         self._splits: dict[tuple, tuple] = {}
+        self._memory_layouts: dict[tuple, _MemoryLayout] = {}
         self._grads: dict[tuple, tuple | None] = {}
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
 
@@ -165,8 +166,13 @@ class BatchStepEvaluator:
         lowering (for plans without a per-stage recompute count; else the lowering)."""
         if plan.recompute_layers:
             return StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
-        schedule = get_schedule(plan.schedule)
-        return _MemoryLayout(plan, schedule, *self._split(plan, schedule)[:2])
+        key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule)
+        found = self._memory_layouts.get(key)
+        if found is None:
+            schedule = get_schedule(plan.schedule)
+            found = self._memory_layouts[key] = _MemoryLayout(
+                schedule, *self._split(plan, schedule)[:2])
+        return found
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -639,29 +645,35 @@ class _Unsupported(Exception):
 
 class _MemoryLayout:
     """The parts of a StepLowerer :func:`strategies.memory.pipeline_memory` reads
-    (strategies.memory.PipelineLayout), for a plan whose recompute mode is the same on
-    every layer (no ``recompute_layers``)."""
+    (strategies.memory.PipelineLayout) for plans of one split whose recompute mode is the
+    same on every layer (no ``recompute_layers``), each rank's answers computed once."""
 
-    def __init__(self, plan: ParallelPlan, schedule, placement, stage_layers) -> None:
-        self.plan = plan
+    #: every layer recomputes as the plan says: the memory model then takes the plan's
+    #: mode (strategies.memory._modes), as StepLowerer.recompute_of gives it layer by layer
+    recompute_of = None
+
+    def __init__(self, schedule, placement, stage_layers) -> None:
         self.schedule = schedule
         self.placement = placement
         self.stage_layers = stage_layers
+        self.num_stages = placement.num_stages
         self.chunk_copies = placement.num_stages // placement.num_chunks
+        ranks = range(placement.pp)
+        self._layers = [[layer for s in placement.stages_of(p) for layer in stage_layers[s]]
+                        for p in ranks]
+        self._first = [any(placement.is_first(s) for s in placement.stages_of(p))
+                       for p in ranks]
+        self._last = [any(placement.is_last(s) for s in placement.stages_of(p))
+                      for p in ranks]
 
     def rank_layers(self, p: int) -> list[int]:
-        """StepLowerer.rank_layers."""
-        return [layer for s in self.placement.stages_of(p) for layer in self.stage_layers[s]]
+        """StepLowerer.rank_layers (callers must not change the list)."""
+        return self._layers[p]
 
     def holds_embedding(self, p: int) -> bool:
         """StepLowerer.holds_embedding."""
-        return any(self.placement.is_first(s) for s in self.placement.stages_of(p))
+        return self._first[p]
 
     def holds_head(self, p: int) -> bool:
         """StepLowerer.holds_head."""
-        return any(self.placement.is_last(s) for s in self.placement.stages_of(p))
-
-    #: every layer recomputes as the plan says (no recompute_layers): the memory model
-    #: then takes the plan's mode (strategies.memory._modes), as StepLowerer.recompute_of
-    #: would give it layer by layer
-    recompute_of = None
+        return self._last[p]

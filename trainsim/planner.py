@@ -211,28 +211,46 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
-    # each layer kind priced once; the sums below stay in layer order (same floats)
-    priced: dict[tuple[bool, int], tuple] = {}
-    kinds = []
-    for kind in _layer_kinds(model):
-        found = priced.get(kind)
-        if found is None:
-            found = priced[kind] = _layer_compute_s(model, cluster, kind, *args)
-        kinds.append(found)
-    per_microbatch = sum(total for total, _ in kinds) / plan.pp
+    layers_s, smallest_fill = _layers_compute_s(model, cluster, args)
+    per_microbatch = layers_s / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
     if plan.pp == 1:
         return compute_s
     # a stage's F + I - W (Qi et al. 2023) is at least the smallest layer's, times the
     # fewest layers a stage holds
     stages = plan.pp * plan.vpp
-    fill = max(0.0, min(f for _, f in kinds)) * (model.num_layers // stages) * plan.vpp
+    fill = max(0.0, smallest_fill) * (model.num_layers // stages) * plan.vpp
     return compute_s + get_schedule(plan.schedule).bubble_lower_bound(
         plan.pp, plan.vpp, per_microbatch, fill)
 
 
 _LAYER_CACHE: dict[tuple, tuple] = {}
 _KINDS_CACHE: dict[int, tuple] = {}
+_SUMS_CACHE: dict[tuple, tuple] = {}
+
+
+def _layers_compute_s(model: ModelSpec, cluster: ClusterSpec, args: tuple
+                      ) -> tuple[float, float]:
+    """(every layer's compute for one micro-batch summed in layer order, the smallest
+    layer's ZB-H1 fill), seconds, memoised per (model, cluster, kernel arguments): plans
+    that differ only in pp, vpp, dp, ZeRO or schedule share them (same floats: the same
+    sum in the same order). Specs are keyed by identity and kept alive in the entry."""
+    key = (id(model), id(cluster), *args)
+    entry = _SUMS_CACHE.get(key)
+    if entry is None or entry[0] is not model or entry[1] is not cluster:
+        if len(_SUMS_CACHE) > 100_000:
+            _SUMS_CACHE.clear()
+        # each layer kind priced once; the sum stays in layer order
+        priced: dict[tuple[bool, int], tuple] = {}
+        kinds = []
+        for kind in _layer_kinds(model):
+            found = priced.get(kind)
+            if found is None:
+                found = priced[kind] = _layer_compute_s(model, cluster, kind, *args)
+            kinds.append(found)
+        entry = (model, cluster, sum(total for total, _ in kinds), min(f for _, f in kinds))
+        _SUMS_CACHE[key] = entry
+    return entry[2], entry[3]
 
 
 def _layer_kinds(model: ModelSpec) -> tuple[tuple[bool, int], ...]:
