@@ -197,7 +197,8 @@ class BatchStepEvaluator:
     def _layout_of(self, plan: ParallelPlan) -> tuple:
         """(representative rank of each pipeline rank, the groups a part's ops run on
         per pipeline rank: AnalyticStepModel._part_groups), once per rank layout."""
-        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.order, plan.world_size)
+        # (everything strategies.plan.RankLayout places ranks by)
+        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order)
         found = self._layouts.get(key)
         if found is None:
             lowerer = StepLowerer(self.model, plan,
