@@ -116,3 +116,22 @@ def test_rank_results_are_simulate_steps():
                     "peak_memory_bytes"):
             assert result[key] == full[key], (key, plan)
     assert 0 < fits < len(plans)
+
+
+def test_search_ranked_by_the_batch_evaluator_is_the_search_by_full_results(monkeypatch):
+    from trainsim import planner
+
+    def search():
+        report = planner.search("llama3-8b", cluster="dgx-h100", gpus=16, workers=1, top=8,
+                                global_batch=64,
+                                space=planner.SearchSpace(recompute=("none", "full"),
+                                                          zero=(1, 3)))
+        return report.counts, report.dropped, [
+            (p["plan"], p["step_time_s"], p["step_time_p50_s"], p["peak_memory_bytes"],
+             p["fidelity"], p["breakdown"]) for p in report.plans]
+
+    batch = search()
+    # every plan ranked from its full simulate_step result, as before the evaluator
+    monkeypatch.setattr(planner, "_rank_chunk", planner._evaluate_chunk)
+    assert search() == batch
+    assert batch[0]["examined"] > 8 * 2
