@@ -78,12 +78,15 @@ def test_moe_models_within_todays_bounds(report):
     (validate.published_stacks) measured 12.0 %, 36.2 %, -8.9 %: the median and bias
     tighten to that; the p90 bound stays. The gpt-oss experts' biases added as the stacks
     add them (eager per-expert adds; strategies.model_costs.expert_bias_kernels) measured
-    12.0 %, 32.7 %, -8.3 %: the p90 and bias tighten."""
+    12.0 %, 32.7 %, -8.3 %: the p90 and bias tighten. AutoModel's rows run as AutoModel runs
+    them (no NeMo recipe, bf16-logit loss, FSDP2 fp32 masters, the gpt-oss YAMLs' EP)
+    measured 11.8 %, 32.2 %, -9.0 %: automodel_6's +55 % (EP 1) no longer offsets the
+    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
     assert moe["median_abs_error"] <= 0.125
-    assert moe["p90_abs_error"] <= 0.335
-    assert abs(moe["bias"]) <= 0.09
+    assert moe["p90_abs_error"] <= 0.325
+    assert abs(moe["bias"]) <= 0.095
 
 
 def test_whole_set_within_todays_bounds(report):
