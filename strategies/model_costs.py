@@ -150,8 +150,11 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
 #: buffer (TE ``parallel_cross_entropy``, flash-attn's fused loss); ``megatron`` is
 #: Megatron-Core's fp32 vocab-parallel loss; ``eager`` is PyTorch ``F.cross_entropy`` on
-#: fp32 logits.
-CROSS_ENTROPY_IMPLS = ("fused", "megatron", "eager")
+#: fp32 logits; ``eager_bf16`` is PyTorch ``F.cross_entropy`` on the bf16 logits as they
+#: come (NeMo AutoModel ``MaskedCrossEntropy(fp32_upcast=False)``,
+#: nemo_automodel/components/loss/masked_ce.py: no ``.float()``, so log-softmax reads,
+#: writes and saves 16-bit values; it accumulates in fp32 inside the kernel).
+CROSS_ENTROPY_IMPLS = ("fused", "megatron", "eager", "eager_bf16")
 
 #: Fraction of the full ``4*b*s^2*a*d`` a causal flash-attention kernel executes
 #: (flash-attention's benchmark halves causal FLOPs; masked blocks are skipped).
@@ -292,8 +295,13 @@ ROPE_LAUNCHES_PER_TENSOR = {"fused": 1, "eager": 3}
 #: ``eager``: PyTorch ``F.cross_entropy`` on fp32-upcast logits (autocast / ``.float()``):
 #: cast r2w4 + log_softmax r4w4 = 14 forward (2 kernels); nll backward zero-fill w4,
 #: log_softmax backward r4r4w4, cast r4w2 = 22 backward (3 kernels).
-CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0), "eager": (14.0, 22.0)}
-CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3)}
+#: ``eager_bf16``: the same on the bf16 logits without the casts (AutoModel's
+#: ``MaskedCrossEntropy(fp32_upcast=False)``): log_softmax r2w2 = 4 forward (1 kernel);
+#: nll backward zero-fill w2, log_softmax backward r2r2w2 = 8 backward (2 kernels).
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0),
+                                 "eager": (14.0, 22.0), "eager_bf16": (4.0, 8.0)}
+CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3),
+                          "eager_bf16": (1, 2)}
 
 #: How a stack adds the routed experts' biases (``MoESpec.expert_bias``):
 #: ``megatron`` -- Megatron-Core ``TEGroupedMLP`` (megatron/core/transformer/moe/experts.py):
@@ -1992,7 +2000,10 @@ def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, t
       logit (Korthikanti et al. 2022 Section 4.2: ``4sbv/t``);
     * ``fused`` (Transformer Engine's ``parallel_cross_entropy``, Megatron-Core
       ``--cross-entropy-fusion-impl te``): the gradient is written into the bf16 logits in
-      the forward, ``e`` bytes per logit.
+      the forward, ``e`` bytes per logit;
+    * ``eager_bf16`` (PyTorch ``F.cross_entropy`` on the 16-bit logits, NeMo AutoModel's
+      ``MaskedCrossEntropy(fp32_upcast=False)``): log-softmax saves its ``e``-byte output,
+      ``e`` bytes per logit.
 
     See :func:`head_transient_bytes` for what the loss needs on top while it runs. Bytes."""
     if cross_entropy not in CROSS_ENTROPY_IMPLS:
@@ -2002,7 +2013,7 @@ def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, t
     n = _tokens(micro_batch, seq_len, cp)
     n_sp = _sp_tokens(n, tp, sequence_parallel)
     _, _, _, e = _dtypes(dtype)
-    per_logit = e if cross_entropy == "fused" else FP32_BYTES
+    per_logit = e if cross_entropy in ("fused", "eager_bf16") else FP32_BYTES
     return e * 2 * n_sp * model.hidden_size + per_logit * n * math.ceil(model.vocab_size / tp)
 
 
@@ -2019,6 +2030,7 @@ def head_transient_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp
     * ``eager``: in the backward, the dense fp32 gradient of the log-probabilities
       (``nll_loss`` backward) and log-softmax's fp32 input gradient are alive with the
       saved output: ``8*L``;
+    * ``eager_bf16``: the same two gradients in the logits' dtype: ``2*e*L``;
     * ``fused``: nothing (the gradient already sits in the logits buffer). Bytes."""
     if cross_entropy not in CROSS_ENTROPY_IMPLS:
         raise ValueError(f"cross_entropy: {cross_entropy!r} is not known; valid: "
@@ -2027,5 +2039,5 @@ def head_transient_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp
     logits = _tokens(micro_batch, seq_len, cp) * math.ceil(model.vocab_size / tp)
     _, _, _, e = _dtypes(dtype)
     return {"megatron": (e + FP32_BYTES) * logits, "eager": 2 * FP32_BYTES * logits,
-            "fused": 0.0}[cross_entropy]
+            "eager_bf16": 2 * e * logits, "fused": 0.0}[cross_entropy]
 

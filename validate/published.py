@@ -394,8 +394,13 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         defaults["zero"] = 2 if "SHARD_GRAD_OP" in run.get("notes") else 3
     recompute = run.get("recompute") or "none"
     recompute_layers = 0
-    recipe = (nemo_recipe(run, recipes) if "nemo" in run.get("framework").lower()
-              or "megatron-bridge" in run.get("framework").lower() else None)
+    # NeMo's performance recipes are Megatron-Core (NeMo 2 / Megatron-Bridge) configs; NeMo
+    # AutoModel (PyTorch FSDP2) runs its own benchmark YAMLs (published_stacks)
+    megatron_stack = framework_kind(run.get("framework"),
+                                    run.get("framework_version")) == "megatron-core"
+    recipe = (nemo_recipe(run, recipes) if megatron_stack and (
+              "nemo" in run.get("framework").lower()
+              or "megatron-bridge" in run.get("framework").lower()) else None)
     if recipe is not None:
         # NeMo's performance scripts (nemo_recipes/README.md): TE userbuffers TP overlap,
         # FP8 runs reduce gradients in bf16, the recipe's recompute and FSDP choices

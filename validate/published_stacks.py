@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+__all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
+           "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
            "recompute_modules_of",
@@ -72,6 +73,17 @@ AUTOMODEL_ACTIVATION_CHECKPOINTING = {
     "deepseek-v3": True, "kimi-k2": True, "qwen3-30b-a3b": True,
     "gpt-oss-20b": False, "gpt-oss-120b": False,
 }
+
+#: Expert parallelism of NeMo AutoModel's gpt-oss benchmark configs, whose published rows
+#: print EP '-' (docs/performance-summary.md@ce005dd86d7818840a5605d7e668a5202800d306 names
+#: these YAMLs as the rows' configurations): ``distributed: ep_size`` is 8 in
+#: gptoss_20b_te_deepep.yaml (8 GPUs) and 64 in gptoss_120b_te_deepep.yaml (64 GPUs)
+#: (examples/benchmark/configs/ @037e04a6a256dff70ef1ac7ea4c73819b8aab6de), and the rows'
+#: kernels "TE + DeepEP" are the YAMLs' ``backend.enable_deepep: true``, which dispatches
+#: over the EP mesh (``apply_ep`` in nemo_automodel/components/moe/parallelizer.py asserts
+#: ``ep_mesh.size() > 1``): the rows ran EP = their GPU count, the printed '-' is the
+#: table's omission.
+AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
@@ -139,7 +151,14 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       ``context_parallel_rotate_method`` option came later with the same default):
       ``cp_comm_type = "torch_allgather"``.
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
-      DTensor TP.
+      DTensor TP; FSDP2 over fp32 parameters, the sharded fp32 parameters being the
+      optimizer's masters (``fsdp_fp32_params``: AutoModel's ``apply_fsdp``,
+      nemo_automodel/components/moe/parallelizer.py, wraps every block with
+      ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``, "params are
+      kept in fp32 ... fp32 master weights under FSDP2", and its benchmark YAMLs run
+      ``torch.optim.Adam`` on them); the loss is PyTorch ``F.cross_entropy`` on the bf16
+      logits (``cross_entropy = "eager_bf16"``: every benchmark YAML sets ``loss_fn:
+      MaskedCrossEntropy`` with ``fp32_upcast: false``).
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
@@ -165,8 +184,11 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
                 "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
     if kind == "pytorch-fsdp":
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
-                "fp8_recipe": "torchao", "cross_entropy": "eager"}
+        out = {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
+               "fp8_recipe": "torchao", "cross_entropy": "eager", "fsdp_fp32_params": True}
+        if "automodel" in framework.lower():
+            out["cross_entropy"] = "eager_bf16"
+        return out
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
     if kind == "meta-llama3":
@@ -412,6 +434,11 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         fields.update(recompute="full", recompute_layers=0)
         unprinted.append("activation checkpointing of every decoder block (AutoModel "
                          "benchmark YAML: activation_checkpointing true)")
+    if (kind == "pytorch-fsdp" and "automodel" in framework.lower() and not row.get("ep")
+            and model in AUTOMODEL_EXPERT_PARALLEL):
+        fields["ep"] = AUTOMODEL_EXPERT_PARALLEL[model]
+        unprinted.append(f"EP {fields['ep']} (AutoModel benchmark YAML ep_size; the table "
+                         "prints '-')")
     if kind == "pytorch-fsdp" and "deepep" in framework.lower():
         # NeMo AutoModel's "TE + DeepEP" experts (nemo_automodel/components/moe/layers.py
         # GroupedExpertsDeepEP.forward): grouped_gemm ``ops.gmm`` without bias, then
