@@ -320,21 +320,30 @@ class CostModel:
         """Nanoseconds of CPU time the rank's launching thread spends issuing ``op``
         (lowering facts, counted for PyTorch eager mode; 0 for an op without any: the
         host not modelled, or replayed from a CUDA graph): its ``host_launches`` at
-        :data:`hardware.compute.HOST_ISSUE_S` ``["eager"]`` each, its ``host_calls``
+        :data:`hardware.compute.HOST_ISSUE_S` of the op's ``host_issue`` (``eager``
+        unless torch.compile's wrapper issues them: ``compiled``) each, its ``host_calls``
         (CPU-only framework calls) at :data:`~hardware.compute.HOST_CALL_S` and its
         ``host_modules`` (Transformer Engine module calls) at
         :data:`~hardware.compute.HOST_MODULE_S`, all times the host CPU's
         :data:`~hardware.compute.HOST_CPU_FACTOR` (``GpuSpec.host_cpu``). The engine
         and the closed form both start an op no earlier than its issue (the sum of the
         rank's host times up to it, in program order, restarted after a
-        ``host_sync`` op ends)."""
+        ``host_sync`` op ends).
+
+        Raises:
+            ValueError: an op's ``host_issue`` is not one of ``HOST_ISSUE_S``'s modes.
+        """
         launches = getattr(op, "host_launches", 0)
         calls = getattr(op, "host_calls", 0)
         modules = getattr(op, "host_modules", 0)
         if not (launches or calls or modules):
             return 0
-        seconds = (HOST_ISSUE_S["eager"] * launches + HOST_CALL_S * calls
-                   + HOST_MODULE_S * modules)
+        issue = getattr(op, "host_issue", "eager")
+        per_launch_s = HOST_ISSUE_S.get(issue)
+        if per_launch_s is None:
+            raise ValueError(f"host_issue: {issue!r} of op {op.name!r} is not valid; valid: "
+                             f"{', '.join(HOST_ISSUE_S)}")
+        seconds = per_launch_s * launches + HOST_CALL_S * calls + HOST_MODULE_S * modules
         return seconds_to_ns(seconds * self._host_factor)
 
     def _gpu_timer(self, gpu: GpuSpec) -> ComputeModel:

@@ -87,6 +87,10 @@ class ComputeOp:
             ``GroupedLinear``, ``DotProductAttention`` forward or backward entry: its
             Python bookkeeping beyond the kernels it launches); 0 when the host is not
             modelled or the op is replayed from a CUDA graph.
+        host_issue: how the CPU issues the op's ``host_launches``
+            (``hardware.compute.HOST_ISSUE_S``): ``eager`` (a Python op through autograd
+            and the ATen dispatcher per kernel) or ``compiled`` (from torch.compile's
+            generated wrapper).
     """
 
     name: str
@@ -108,6 +112,7 @@ class ComputeOp:
     host_sync: bool = False
     host_calls: int = 0
     host_modules: int = 0
+    host_issue: str = "eager"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +137,8 @@ class CollectiveOp:
             outside a training step); reports attribute its time to that axis.
         host_launches: kernels the CPU issues for it (an NCCL launch: 1); 0: the host
             is not modelled.
+        host_issue: how the CPU issues them: ``eager`` (a Python call) or ``compiled``
+            (a functional collective in torch.compile's generated wrapper).
     """
 
     name: str
@@ -146,6 +153,7 @@ class CollectiveOp:
     deps: tuple[int, ...] = ()
     axis: str = ""
     host_launches: int = 0
+    host_issue: str = "eager"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

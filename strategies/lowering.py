@@ -342,7 +342,8 @@ class StepLowerer:
         return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
                                   dtype="bf16", axis=axis,
-                                  host_launches=self._collective_host_launches(axis)))
+                                  host_launches=self._collective_host_launches(axis),
+                                  host_issue=self._collective_host_issue(axis)))
 
     def _collective_host_launches(self, axis: str) -> int:
         """CPU launches of one collective: an NCCL kernel issued from Python (1), or none
@@ -352,6 +353,10 @@ class StepLowerer:
         if mode in ("off", "graphed") or (mode == "partial" and axis in ("tp", "cp")):
             return 0
         return 1
+
+    def _collective_host_issue(self, axis: str) -> str:
+        """How the CPU issues one collective (:func:`collective_host_issue`)."""
+        return collective_host_issue(axis, self.plan.host_issue)
 
     def _deps_after(self, b: _RankBuilder, *extra: int | None) -> tuple[int, ...]:
         return tuple(sorted({d for d in extra if d is not None and d >= 0}))
@@ -385,7 +390,9 @@ class StepLowerer:
             host = (kernel, phase, self.plan.host_issue, self.local_experts)
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
                             comm_sms=comm_sms, host_launches=host_launches(*host),
-                            host_calls=host_calls(*host), host_modules=host_modules(*host))
+                            host_calls=host_calls(*host),
+                            host_modules=host_modules(*host, layer_impl=self.plan.layer_impl),
+                            host_issue=kernel_host_issue(kernel, self.plan.host_issue))
             self._ops[key] = op
         return b.add(op)
 
@@ -1460,7 +1467,9 @@ _PARTIAL_GRAPH_PREFIXES = ("attn.", "moe.norm", "moe.router", "moe.route", "moe.
 def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
     """Kernels the CPU issues one by one for ``kernel``'s ``phase`` under ``host_issue``
     ``mode`` (:data:`strategies.plan.HOST_ISSUE_MODES`): none when off or graphed (or
-    captured by partial graphs); else its GPU kernels, the router's
+    captured by partial graphs); else (eager, compiled, partial) its GPU kernels (under
+    ``compiled`` one launch per kernel of the fused graph, the plan's ``elementwise``
+    saying how far elementwise work is fused), the router's
     :data:`ROUTER_HOST_LAUNCHES`, and for the routed experts one per local expert per
     GEMM and per quantization: Transformer Engine's ``GroupedLinear`` (Megatron-Core
     ``TEGroupedMLP``, ``--moe-grouped-gemm``) splits its input by ``m_splits`` and
@@ -1512,14 +1521,50 @@ def host_calls(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) 
     return 0
 
 
-def host_modules(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
+#: Blocks of a transformer layer: what torchtitan compiles (``apply_compile`` in
+#: torchtitan/parallelisms/parallelize_llama.py wraps each ``TransformerBlock`` of
+#: ``model.layers`` in ``torch.compile(..., fullgraph=True)``; the embedding, the final
+#: norm and output projection and the optimizer step run eagerly).
+_COMPILED_BLOCKS = ("attention", "mlp", "moe")
+#: Collective axes issued from inside a compiled block: a DTensor TP redistribution
+#: traced into the graph becomes a functional collective the wrapper calls
+#: (``torch.ops._c10d_functional``); FSDP2's all-gathers and reduce-scatters run in its
+#: module hooks outside the compiled blocks, pipeline sends and the expert all-to-all in
+#: eager code.
+_COMPILED_AXES = ("tp",)
+
+
+def kernel_host_issue(kernel: costs.Kernel, mode: str) -> str:
+    """How the CPU issues ``kernel``'s launches under ``host_issue`` ``mode``
+    (``hardware.compute.HOST_ISSUE_S``'s key): ``compiled`` for the kernels of a
+    transformer layer (:data:`_COMPILED_BLOCKS`) under ``compiled`` -- Inductor's generated
+    wrapper calls each Triton kernel's launcher and each extern kernel (cuBLAS GEMM,
+    flash attention) directly, without the Python op, autograd and dispatcher layers of
+    an eager op (torch/_inductor/codegen/wrapper.py; AOTAutograd compiles the backward
+    graph the same way) -- else ``eager``."""
+    return "compiled" if mode == "compiled" and kernel.block in _COMPILED_BLOCKS else "eager"
+
+
+def collective_host_issue(axis: str, mode: str) -> str:
+    """How the CPU issues a collective of ``axis`` under ``host_issue`` ``mode``:
+    ``compiled`` for the TP collectives inside torch.compile'd blocks
+    (:data:`_COMPILED_AXES`), else ``eager``."""
+    return "compiled" if mode == "compiled" and axis in _COMPILED_AXES else "eager"
+
+
+def host_modules(kernel: costs.Kernel, phase: str, mode: str, local_experts: int, *,
+                 layer_impl: str = "te") -> int:
     """Transformer Engine module calls of ``kernel``'s ``phase`` under ``host_issue``
-    ``mode`` (each priced at ``hardware.compute.HOST_MODULE_S``): one for a TE linear
+    ``mode`` (each priced at ``hardware.compute.HOST_MODULE_S``) for layers built of
+    ``layer_impl`` modules (:data:`strategies.plan.LAYER_IMPLS`). None for ``torch``: a
+    ``torch.nn.Linear`` or Megatron ``local`` layer costs the CPU only its launches (TE
+    issue 2053 measured the difference to ``te.Linear``). For ``te``: one for a TE linear
     layer's or fused attention's forward (``F``) and its autograd backward (``B``, ``I``;
     a deferred weight-gradient ``W`` is a bare GEMM), one per ``GroupedLinear`` call for
     the routed experts; none for the torch GEMMs of :data:`_NON_TE_MATMULS`, for other
     kernels, or where no launch is issued from the CPU."""
-    if phase == "W" or not host_launches(kernel, phase, mode, local_experts):
+    if layer_impl != "te" or phase == "W" or not host_launches(kernel, phase, mode,
+                                                               local_experts):
         return 0
     if kernel.kind == "attention" or (kernel.kind == "matmul"
                                       and kernel.name not in _NON_TE_MATMULS):
@@ -1530,7 +1575,7 @@ def host_modules(kernel: costs.Kernel, phase: str, mode: str, local_experts: int
 def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: str = "",
                deps: tuple[int, ...] = (), comm_sms: int = 0,
                host_launches: int = 0, host_calls: int = 0,
-               host_modules: int = 0) -> ComputeOp:
+               host_modules: int = 0, host_issue: str = "eager") -> ComputeOp:
     """The op of ``kernel``'s work in ``phase`` (``F`` forward, ``B`` whole backward, ``I``
     input gradient, ``W`` weight gradient): its FLOPs and bytes for that phase, the GPU
     kernels it stands for (:attr:`strategies.model_costs.Kernel.launches`), the GEMMs of a
@@ -1554,7 +1599,7 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
                      impl=attention_impl if kernel.kind == "attention" else "",
                      causal=kernel.causal, window=kernel.window,
                      host_launches=host_launches, host_calls=host_calls,
-                     host_modules=host_modules)
+                     host_modules=host_modules, host_issue=host_issue)
 
 
 #: MLA's up projections (what ``--recompute-modules mla_up_proj`` re-runs).

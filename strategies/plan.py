@@ -44,7 +44,10 @@ ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 #: network once per destination node, then NVLink; FP8 dispatch optional).
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: How the CPU issues the step's kernels (``ParallelPlan.host_issue``).
-HOST_ISSUE_MODES = ("off", "eager", "partial", "graphed")
+HOST_ISSUE_MODES = ("off", "eager", "compiled", "partial", "graphed")
+#: What the transformer layers are built of (``ParallelPlan.layer_impl``): Transformer
+#: Engine modules (``te``) or plain PyTorch / framework-local modules (``torch``).
+LAYER_IMPLS = ("te", "torch")
 #: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
 #: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
 SEARCH_KINDS = ("list", "fixed", "derived")
@@ -166,8 +169,18 @@ class ParallelPlan:
             HOST_ISSUE_S`, and waits at the dropless MoE dispatcher's device-to-host
             sync), ``partial`` (Megatron-Core/TE partial CUDA graphs ``--cuda-graph-scope
             attn moe_router moe_preprocess``: attention and router replayed, the routed
-            experts and dispatch eager) or ``graphed`` (whole layers replayed; no host
-            cost).
+            experts and dispatch eager), ``compiled`` (torch.compile per transformer
+            block, torchtitan's ``apply_compile``: Inductor's generated wrapper launches the
+            layers' kernels at ``HOST_ISSUE_S["compiled"]`` each, no Python op, autograd
+            or dispatcher layer per op; the embedding, output layer, optimizer and the
+            data-, pipeline-, context- and expert-parallel collectives stay eager) or
+            ``graphed`` (whole layers replayed; no host cost).
+        layer_impl: what the linear layers and attention are built of
+            (:data:`LAYER_IMPLS`): ``te`` (Transformer Engine modules, Megatron-Core's
+            default ``--transformer-impl transformer_engine``: each module call costs the
+            CPU ``hardware.compute.HOST_MODULE_S`` beyond its launches) or ``torch``
+            (``torch.nn.Linear``, Megatron's ``local`` layers, torchao's Float8Linear:
+            only the launches); read only when the host is modelled.
         cross_entropy: the loss implementation: ``megatron`` (Megatron-Core's fp32
             vocab-parallel loss, its default), ``fused`` (gradient written into the bf16
             logits: TE ``--cross-entropy-fusion-impl te``, flash-attn's fused loss),
@@ -293,9 +306,13 @@ class ParallelPlan:
                                        "eager PyTorch composites.",
                               choices=lambda: model_costs.ELEMENTWISE_MODES)
     host_issue: str = _field("off", "How the CPU issues kernels: off (never the bottleneck), "
-                                    "eager, partial (CUDA graphs of attention and router) "
-                                    "or graphed.",
+                                    "eager, compiled (torch.compile'd blocks), partial "
+                                    "(CUDA graphs of attention and router) or graphed.",
                              choices=lambda: HOST_ISSUE_MODES)
+    layer_impl: str = _field("te", "Layers as Transformer Engine modules (te: their CPU "
+                                   "bookkeeping per call is priced) or torch / Megatron "
+                                   "local modules (torch).",
+                             choices=lambda: LAYER_IMPLS)
     expert_bias_impl: str = _field("megatron", "With expert biases (gpt-oss): megatron "
                                                "(Megatron-Core TEGroupedMLP: up bias in the "
                                                "grouped GEMM, down bias added eagerly per "

@@ -39,8 +39,10 @@ def _random_plan(rng: random.Random, model):
                   overlap_grad_reduce=rng.random() < 0.8,
                   overlap_param_gather=rng.random() < 0.7,
                   grad_bucket_bytes=rng.choice((1 << 20, 4 << 20, 40_000_000)),
-                  host_issue=rng.choice(("off", "off", "eager", "partial", "graphed")),
+                  host_issue=rng.choice(("off", "compiled", "eager", "partial", "graphed")),
                   tp_comm_overlap=rng.choice(("none", "async")))
+    # torch.compile'd stacks (torchtitan) build torch layers; the others TE modules
+    fields["layer_impl"] = "torch" if fields["host_issue"] == "compiled" else "te"
     if fields["recompute"] == "full" and rng.random() < 0.3:
         fields["recompute_layers"] = 1
     if moe:

@@ -176,7 +176,7 @@ def test_published_rows_host_issue_rule():
     """Which published row's stack issues kernels how (validate.published_stacks.
     host_issue_of): Megatron-Core/NeMo eager unless its NeMo recipe captures CUDA graphs,
     llm-foundry, Megatron-LM 2021 and eager torchtitan eager, torch.compile'd torchtitan
-    off (no compiled host mode yet), JAX graphed; MoE rows keep _moe_settings' choice."""
+    compiled, JAX graphed; MoE rows keep _moe_settings' choice."""
     from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
     runs = {r.row_id: r for r in load_runs()}
     models, recipes = load_models(), load_nemo_recipes()
@@ -190,7 +190,7 @@ def test_published_rows_host_issue_rule():
         "mb2509_03": "eager",           # llama3-70b GB200: cuda_graphs 0
         "mb2509_22": "eager",           # llama3-8b H100: cuda_graphs 0
         "tt_t1_1": "eager",             # torchtitan without torch.compile
-        "tt_t1_2": "off",               # torchtitan with torch.compile
+        "tt_t1_2": "compiled",          # torchtitan with torch.compile
         "dgxc_maxtext_01": "graphed",   # MaxText (XLA)
         "dgxc_pax_01": "graphed",       # Paxml (XLA)
     }
@@ -201,3 +201,129 @@ def test_published_rows_host_issue_rule():
     assert [n for n in moe.settings if n.startswith("host issue")] == [
         "host issue partial (the CPU launches the routed experts; dropless dispatch syncs "
         "per layer)"]
+
+
+# ------------------------------------------------------- compiled issue and layer impl
+
+
+def _dense_ops(**kw):
+    """Forward compute ops of a 2-layer Llama 3 8B stage's first layer and head by name
+    (micro-batch tag dropped), and rank 0's collectives over the whole step."""
+    model = replace(load_model("llama3-8b"), num_layers=2)
+    plan = ParallelPlan(**{**dict(tp=2, dp=4, micro_batch=1, global_batch=8, seq_len=1024,
+                                  sequence_parallel=True), **kw})
+    lowerer = StepLowerer(model, plan)
+    ops = lowerer.phase_ops(0, 0, "F") + lowerer.phase_ops(0, "head", "F")
+    colls = [op for op in lowerer.lower().program.ops_by_rank[0] if isinstance(op, CollectiveOp)]
+    return {op.name.split(".F")[0]: op for op in ops if isinstance(op, ComputeOp)}, colls
+
+
+def test_compiled_issue_prices_the_layers_kernels_at_the_compiled_rate():
+    """torch.compile per TransformerBlock (torchtitan apply_compile): the blocks' kernels
+    are launched by Inductor's wrapper at HOST_ISSUE_S["compiled"] each, as many launches
+    as eager issue of the same (fused) kernels; the output layer outside the compiled
+    blocks stays eager; TP collectives traced into the block are compiled, the others
+    eager."""
+    eager, eager_colls = _dense_ops(host_issue="eager", layer_impl="torch")
+    compiled, colls = _dense_ops(host_issue="compiled", layer_impl="torch")
+    cost = _cost()
+    qkv = compiled["attn.qkv"]
+    assert qkv.host_issue == "compiled" and eager["attn.qkv"].host_issue == "eager"
+    assert qkv.host_launches == eager["attn.qkv"].host_launches == qkv.launches
+    assert qkv.host_modules == qkv.host_calls == 0
+    assert cost.host_ns(qkv) == round(HOST_ISSUE_S["compiled"] * qkv.host_launches * 1e9)
+    assert cost.host_ns(eager["attn.qkv"]) == round(
+        HOST_ISSUE_S["eager"] * qkv.host_launches * 1e9)
+    assert HOST_ISSUE_S["compiled"] == 4e-6
+    for name in ("attn.core", "mlp.down", "attn.norm"):
+        assert compiled[name].host_issue == "compiled", name
+    head = [op for name, op in compiled.items() if name.startswith("head.")]
+    assert head and all(op.host_issue == "eager" and op.host_launches for op in head)
+    by_axis = {(c.axis, c.host_issue) for c in colls}
+    assert {("tp", "compiled"), ("dp", "eager")} <= by_axis and all(
+        issue == ("compiled" if axis == "tp" else "eager") for axis, issue in by_axis)
+    assert all(c.host_launches == 1 for c in colls)
+    assert {c.host_issue for c in eager_colls} == {"eager"}
+
+
+def test_te_module_cost_only_for_transformer_engine_layers():
+    """layer_impl te (Megatron-Core's default) pays HOST_MODULE_S per TE module call;
+    torch layers (torch.nn.Linear, Megatron local) pay only their launches and the
+    framework's CPU-only calls."""
+    from hardware.compute import HOST_CALL_S
+    te = {op.name.split(".F")[0]: op for op in StepLowerer(_model(), _plan(ep=4)).phase_ops(
+        0, 0, "F") if isinstance(op, ComputeOp)}
+    torch_ = {op.name.split(".F")[0]: op for op in StepLowerer(
+        _model(), _plan(ep=4, layer_impl="torch")).phase_ops(0, 0, "F")
+        if isinstance(op, ComputeOp)}
+    assert te["attn.qkv"].host_modules == te["moe.experts.gate_up"].host_modules == 1
+    assert all(op.host_modules == 0 for op in torch_.values())
+    gate_up = torch_["moe.experts.gate_up"]
+    assert (gate_up.host_launches, gate_up.host_calls) == (te["moe.experts.gate_up"].host_launches,
+                                                           te["moe.experts.gate_up"].host_calls)
+    assert _cost().host_ns(gate_up) == round(
+        (HOST_ISSUE_S["eager"] * gate_up.host_launches + HOST_CALL_S * gate_up.host_calls) * 1e9)
+
+
+def test_compiled_list_schedule_closed_form_in_both_fidelities():
+    """A compiled launch costs the CPU 4 us: a stream of tiny compiled kernels is
+    host-bound at that pace, in the closed form and the event engine alike."""
+    cost = _cost()
+    first = ComputeOp(name="first", kind="elementwise", bytes=1e3)
+    tiny = ComputeOp(name="tiny", kind="elementwise", bytes=1e3, host_launches=3,
+                     host_issue="compiled")
+    eager = replace(tiny, name="eager", host_issue="eager")
+    ops = [first, tiny, tiny, eager, tiny]
+    host = [cost.host_ns(op) for op in ops]
+    assert host[1] == round(3 * 4e-6 * 1e9) and host[3] == round(3 * 10e-6 * 1e9)
+    dur = [cost.compute_ns(op) for op in ops]
+    end, issued = 0, 0
+    for i in range(len(ops)):
+        issued += host[i]
+        end = max(end, issued) + dur[i]
+    assert OpPricer(cost).schedule(ops).total_ns == end > sum(dur)
+    program = Program(world_size=1, ops_by_rank={0: list(ops)})
+    assert Engine(program, cost).run().makespan_ns == end
+
+
+def test_compiled_torch_step_analytic_near_event():
+    """A whole step: the closed form starts each phase with the CPU level with the GPU
+    (as for eager issue, within the same 2 % as the eager test above); compiled issue
+    lies between off and eager."""
+    model = replace(load_model("llama3-8b"), num_layers=2)
+    cluster = load_cluster("dgx-h100")
+    plan = ParallelPlan(tp=1, dp=1, micro_batch=1, global_batch=1, seq_len=512,
+                        host_issue="compiled", layer_impl="torch")
+    event = simulate_step(model, cluster, plan, fidelity="event", check_memory=False)
+    analytic = simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False)
+    eager = simulate_step(model, cluster, replace(plan, host_issue="eager"),
+                          fidelity="analytic", check_memory=False)
+    off = simulate_step(model, cluster, replace(plan, host_issue="off"), fidelity="analytic",
+                        check_memory=False)
+    assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.02)
+    assert off.step_time_s < analytic.step_time_s < eager.step_time_s
+
+
+def test_bad_layer_impl_and_op_host_issue_are_one_line_errors():
+    with pytest.raises(ValueError, match="layer_impl"):
+        _plan(layer_impl="apex")
+    op = ComputeOp(name="op", kind="elementwise", bytes=1e3, host_launches=1,
+                   host_issue="jit")
+    with pytest.raises(ValueError, match="host_issue: 'jit'"):
+        _cost().host_ns(op)
+
+
+def test_published_rows_layer_impl_rule():
+    """Which published row's layers are Transformer Engine modules
+    (validate.published_stacks.layer_impl_of): Megatron-Core/NeMo and llm-foundry FP8
+    te; llm-foundry bf16, torchtitan, Megatron-LM 2021 and Meta's stack torch; AutoModel
+    te when it prints TE."""
+    from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
+    runs = {r.row_id: r for r in load_runs()}
+    models, recipes = load_models(), load_nemo_recipes()
+    expected = {"mosaic_001": "torch", "mosaic_071": "te", "megatron2021_01": "torch",
+                "nemo2407a_08": "te", "mb2509_01": "te", "dgxc_n15_01": "te",
+                "tt_t1_1": "torch", "tt_t1_3": "torch", "llama3_t4_1": "torch",
+                "automodel_1": "te"}
+    got = {row: scenario_for(runs[row], models, recipes).plan.layer_impl for row in expected}
+    assert got == expected

@@ -216,6 +216,9 @@ def test_tp_overlap_attention_loss_and_offload():
     assert job("--attention-backend", "flash").plan["attention_impl"] == "fa2"
     assert job("--attention-backend", "unfused").plan["flash_attention"] is False
     assert job("--transformer-impl", "local").plan["flash_attention"] is False
+    # Megatron's local layers carry no Transformer Engine module cost on the host
+    assert job("--transformer-impl", "local").plan["layer_impl"] == "torch"
+    assert job().plan["layer_impl"] == "te"
     p = job("--use-legacy-models", "--use-flash-attn").plan
     assert (p["flash_attention"], p["attention_impl"]) == (True, "fa2")
     assert job("--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te").plan[

@@ -70,7 +70,9 @@ def test_megatron_lm_2021_runs_from_their_arguments(catalog, row):
     # the arguments of 2021: no sequence parallelism (it came in 2022: published.py turns
     # it on for every TP > 1 row), and --fp16 as the era's example script (the paper does
     # not say which 16-bit format; both run at the A100's 312 TFLOP/s). Both issue kernels
-    # eagerly (no CUDA graphs: the importer; published_stacks.host_issue_of)
+    # eagerly (no CUDA graphs: the importer; published_stacks.host_issue_of) from Megatron's
+    # local layers (layer_impl torch: the importer's legacy flags; layer_impl_of)
+    assert ours.layer_impl == theirs.plan.layer_impl == "torch"
     expected = {"dtype": ("fp16", "bf16")}
     if theirs.plan.tp > 1:
         expected["sequence_parallel"] = (False, True)
@@ -105,6 +107,7 @@ def test_qwen3_long_context_run_from_its_arguments(catalog):
     # both eager: the job sets no CUDA graphs, and published.py runs Megatron-Core MoE rows
     # eager
     assert ours.host_issue == theirs.plan.host_issue == "eager"
+    assert ours.layer_impl == theirs.plan.layer_impl == "te"  # Transformer Engine layers
     # the embedding and loss counted as layers: the split published.py balances into
     assert stage_layer_counts(94, theirs.plan) == ours.layers_per_stage
     _same_shape(job.model, theirs.model)  # the vocabulary 151,936 included
@@ -129,6 +132,7 @@ def test_gpt3_175b_from_its_nemo_launcher_config(catalog):
         "cross_entropy": ("megatron", "fused")}
     # both eager: NeMo without CUDA graphs (the importer and published_stacks.host_issue_of)
     assert ours.host_issue == theirs.plan.host_issue == "eager"
+    assert ours.layer_impl == theirs.plan.layer_impl == "te"  # NeMo: Transformer Engine
     # GPT-2's 50,257 tokens padded to 128 x TP 4 (models.csv: 51,200 of the FLOP formulas)
     _same_shape(job.model, theirs.model, vocab_size=51200)
     assert job.model.vocab_size == 50688

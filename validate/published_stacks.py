@@ -19,7 +19,8 @@ from typing import Mapping
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
-           "framework_defaults", "framework_kind", "host_issue_of", "recompute_modules_of",
+           "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
+           "recompute_modules_of",
            "stack_settings", "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
@@ -271,11 +272,9 @@ def host_issue_of(row: Mapping[str, str], recipe: Mapping[str, str] | None) -> t
     * torchtitan: ``eager`` without ``torch.compile``. With it (``training.compile``:
       ``torch.compile`` per TransformerBlock, ``apply_compile`` in
       torchtitan/parallelisms/parallelize_llama.py, default mode, no CUDA graphs)
-      Inductor's generated wrapper launches the fused kernels directly
-      (``hardware.compute.HOST_ISSUE_S["compiled"]``, 4 us, and no module bookkeeping),
-      which the plan cannot express yet (``HOST_ISSUE_MODES`` has no compiled mode and
-      ops' host launches are priced at the eager rate): ``off``, the nearer of the two
-      (pricing these rows eager instead moves them by at most 0.04 points).
+      ``compiled``: Inductor's generated wrapper launches the blocks' fused kernels
+      directly (``hardware.compute.HOST_ISSUE_S["compiled"]``); the embedding, output
+      layer, optimizer and FSDP2's collectives stay eager.
     * JAX (MaxText, Paxml): XLA runs the whole step as compiled programs, the host issues
       one executable per step: ``graphed``.
     * DeepSeek's own stack (DualPipe): not published, ``off``.
@@ -292,14 +291,54 @@ def host_issue_of(row: Mapping[str, str], recipe: Mapping[str, str] | None) -> t
         return "graphed", "host issue graphed (XLA: whole-step compiled programs)"
     if kind == "torchtitan":
         if "compile" in text:
-            return "off", ("host issue off (torch.compile: Inductor's wrapper launches the "
-                           "fused kernels; no compiled host mode yet)")
+            return "compiled", ("host issue compiled (torch.compile per TransformerBlock: "
+                                "Inductor's wrapper launches the blocks' kernels)")
         return "eager", "host issue eager (torchtitan without torch.compile)"
     if kind == "megatron-core":
         if recipe is not None and int(float(recipe.get("cuda_graphs") or 0)):
             return "graphed", "host issue graphed (NeMo recipe cuda_graphs 1: CUDA graphs)"
         return "eager", "host issue eager (Megatron-Core without CUDA graphs: PyTorch eager, TE modules)"
     return "eager", f"host issue eager ({kind}: PyTorch eager)"
+
+
+def layer_impl_of(row: Mapping[str, str]) -> tuple[str, str]:
+    """What a published row's transformer layers are built of (``ParallelPlan.layer_impl``:
+    Transformer Engine modules, whose per-call CPU bookkeeping the host model prices, or
+    plain PyTorch / framework-local modules) and why: ``(impl, note)``.
+
+    * Megatron-Core / NeMo / Megatron-Bridge (and the MegaScale paper's Megatron-LM
+      baseline): ``te``, Megatron-LM's default ``--transformer-impl transformer_engine``
+      (megatron/training/arguments.py) and NeMo's ``transformer_engine: True``; only
+      ``--transformer-impl local`` builds Megatron's own ``ColumnParallelLinear`` layers
+      (the Megatron importer reads it).
+    * Megatron-LM 2021 (arXiv 2104.04473): Megatron's local layers, before Transformer
+      Engine existed: ``torch``.
+    * llm-foundry: ``torch.nn.Linear`` (``fc_type: torch``, the MPT default in
+      llmfoundry/models/mpt/configuration_mpt.py) unless ``fc_type: te``; Composer's
+      ``amp_fp8`` precision runs Transformer Engine's ``fp8_autocast``, which quantizes
+      only TE modules, so an FP8 row ran ``fc_type: te`` (and TE's ``LayerNormMLP``):
+      ``te`` for FP8 rows, ``torch`` for the others.
+    * torchtitan: ``torch.nn.Linear`` (FP8 through torchao's ``Float8Linear``, a
+      ``torch.nn.Linear`` subclass): ``torch``.
+    * PyTorch FSDP stacks (NeMo AutoModel): ``te`` when the framework names Transformer
+      Engine ("TE", AutoModel's ``BackendConfig`` ``linear: te``), else ``torch``.
+    * Meta's Llama 3 stack: PyTorch modules (the paper names no Transformer Engine;
+      assumption): ``torch``.
+    * JAX (MaxText, Paxml) and DeepSeek's stack: no PyTorch host issue is priced
+      (graphed / off): ``torch``, which changes nothing there.
+    """
+    framework, version = row.get("framework", ""), row.get("framework_version", "")
+    kind = framework_kind(framework, version)
+    if kind == "megatron-core" and "dualpipe" not in framework.lower():
+        return "te", "layers: Transformer Engine modules (Megatron-Core's default transformer_impl)"
+    if kind == "llm-foundry":
+        if row.get("dtype") == "fp8":
+            return "te", "layers: Transformer Engine (llm-foundry FP8 needs fc_type te)"
+        return "torch", "layers: torch.nn.Linear (llm-foundry fc_type torch, its default)"
+    if kind == "pytorch-fsdp" and "te" in framework.lower().replace("(", " ").replace(
+            ")", " ").replace(",", " ").replace(";", " ").split():
+        return "te", "layers: Transformer Engine modules (printed: TE)"
+    return "torch", f"layers: PyTorch modules ({kind}: no Transformer Engine modules)"
 
 
 def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
@@ -323,6 +362,8 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
     fields, notes, unprinted = out.fields, out.notes, out.unprinted
     fields["host_issue"], host_note = host_issue_of(row, recipe)
     notes.append(host_note)
+    fields["layer_impl"], layer_note = layer_impl_of(row)
+    notes.append(layer_note)
     if kind == "torchtitan" and "compile" in (framework + notes_text).lower():
         fields.update(elementwise="fused", cross_entropy="fused")
         notes.append("torch.compile: fused elementwise kernels and loss")

@@ -423,7 +423,11 @@ def _stack(s: Settings, plan: dict[str, Any], notes: list[str], *, legacy: bool)
                          "custom layer specs are not modelled")
     flash = s.value("use_flash_attn", bool, False)
     backend = str(s.value("attention_backend", str, "auto")).split(".")[-1]
-    if local or s.value("use_legacy_models", bool, False):
+    legacy_models = bool(s.value("use_legacy_models", bool, False))
+    # Megatron's local layers (ColumnParallelLinear, megatron/core/tensor_parallel/
+    # layers.py) carry no Transformer Engine module bookkeeping (ParallelPlan.layer_impl)
+    plan["layer_impl"] = "torch" if local or legacy_models else "te"
+    if local or legacy_models:
         if flash:
             plan.update(flash_attention=True, attention_impl="fa2")
             notes.append(f"{s.spelled('use_flash_attn')}: the flash-attn package "
