@@ -44,6 +44,7 @@ def max_min_rates(
     capacity: np.ndarray,
     flow_cap: np.ndarray | None = None,
     multiplicity: np.ndarray | None = None,
+    levels: list[float] | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (payload bytes/s) of flows sharing capacitated links.
 
@@ -62,6 +63,9 @@ def max_min_rates(
             *flow class*: that many flows crossing the same links with the same
             weights and ceiling); default 1 each. The rate returned is that of one
             flow of the class.
+        levels: optional list the level of every round of the filling is appended
+            to, in order (what :class:`FlowNetwork` needs to tell whether solving
+            disconnected parts of a problem apart gives the rates of solving it whole).
 
     Returns:
         Array of ``num_flows`` rates; a flow that crosses no link gets its ceiling
@@ -127,6 +131,8 @@ def max_min_rates(
             newly = open_caps <= level * (1.0 + 1e-12)
             newly[entry_flow[(share <= level * (1.0 + 1e-12))[entry_link]]] = True
         rates[newly] = level
+        if levels is not None:
+            levels.append(float(level))
         open_caps[newly] = np.inf
         newly_entries = newly[entry_flow]
         remaining -= np.bincount(
@@ -138,6 +144,32 @@ def max_min_rates(
         entry_flow, entry_link, entry_weight = (entry_flow[keep], entry_link[keep],
                                                 entry_weight[keep])
     return rates
+
+
+def _levels_apart(levels: Sequence[float]) -> bool:
+    """Whether the round levels of :func:`max_min_rates` solves of separate link-disjoint
+    groups of flows are pairwise equal or further apart than its freezing tolerance
+    (``b > a * (1 + 1e-12)`` for every two distinct levels ``a < b``).
+
+    Then solving the groups one by one gives bit for bit the rates of one solve of
+    all of them. Proof: the groups share no link, so a round changes only the
+    remaining capacity and open flows of the groups that freeze something in it. In
+    the joint solve a round's level ``L`` is the least of the groups' next own levels
+    (each ``min`` of its link shares and open ceilings, as alone, the per-link sums
+    adding the same entries in the same order). A group whose next level is ``L``
+    freezes what it freezes alone at ``L`` (the same link shares and ceilings against
+    the same threshold ``L * (1 + 1e-12)``; a ceiling of another group equal to ``L``
+    picking the link branch changes nothing, the threshold being the same); any
+    other group's next level is above ``L * (1 + 1e-12)`` by the condition, so none
+    of its links or ceilings is within the threshold and it freezes nothing. By
+    induction over the rounds every group freezes the same flows at the same levels
+    as alone. With two levels closer than that and not equal, the joint solve would
+    freeze both groups at the lower one (the coupling :class:`FlowNetwork` then
+    solves jointly instead). Checking all pairs, those of one group included, is
+    stricter than needed and so safe.
+    """
+    ordered = sorted(set(levels))
+    return all(b > a * (1.0 + 1e-12) for a, b in zip(ordered, ordered[1:]))
 
 
 def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
@@ -237,7 +269,7 @@ class _Template:
     """
 
     __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
-                 "no_links", "pattern", "links_used", "entry_local_link", "class_of", "classes", "class_entry_flow",
+                 "no_links", "pattern", "links_used", "link_set", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
     def __init__(self, requests: Sequence[FlowRequest] | FlowBatch) -> None:
@@ -261,6 +293,8 @@ class _Template:
         # a batch's link bytes are summed over these, not over the whole fabric.
         self.links_used, self.entry_local_link = np.unique(self.entry_link,
                                                            return_inverse=True)
+        # the same as a set: whether two lists share a link (FlowNetwork._groups)
+        self.link_set = frozenset(self.links_used.tolist())
         # A flow that crosses no link (GPU to itself) is delivered at once.
         self.no_links = np.bincount(self.entry_flow, minlength=self.payload.size) == 0
         # Identical link patterns get identical rates: key for the rate cache.
@@ -344,6 +378,8 @@ class FlowNetwork:
 
     Attributes:
         rate_solves: number of max-min computations done (cache misses).
+        joint_solves: those of them made because separately solved groups of
+            batches had levels too close to be solved apart (:func:`_levels_apart`).
         flows_completed: number of flows finished.
     """
 
@@ -357,6 +393,11 @@ class FlowNetwork:
         self._last_update_ns = 0
         self._generation = 0
         self._rate_cache: dict[tuple, np.ndarray] = {}
+        # rates of groups of batches sharing no link with the others, per batch, and
+        # the round levels of their solve (_solve_rates)
+        self._group_cache: dict[tuple, tuple[list[np.ndarray], list[float]]] = {}
+        self._overlaps: dict[tuple[int, int], bool] = {}
+        self.joint_solves = 0
         self._templates: dict[int, _Template] = {}
         self.rate_solves = 0
         self.flows_completed = 0
@@ -444,18 +485,81 @@ class FlowNetwork:
 
     def _solve_rates(self) -> None:
         """Set every flow's rate: from the cache when the same batches (same templates,
-        same flows finished) ran before, else by :func:`max_min_rates` over the batches'
-        problems laid end to end."""
-        key = tuple(b.key for b in self._batches)
+        same flows finished) ran before, else from the rates of each group of batches
+        that share no link with the others (:meth:`_groups`), each solved by
+        :func:`max_min_rates` on its own and cached, when that provably gives the rates
+        of solving all batches at once (:meth:`_levels_apart`); else by one
+        :func:`max_min_rates` over all batches' problems laid end to end."""
+        batches = self._batches
+        key = tuple(b.key for b in batches)
         cached = self._rate_cache.get(key)
         if cached is not None:
             self._rate = cached  # never written in place: replaced on every change
             return
+        groups = self._groups()
+        per_batch: list[np.ndarray] = [None] * len(batches)  # type: ignore[list-item]
+        levels: list[float] = []
+        for group in groups:
+            group_key = tuple(batches[i].key for i in group)
+            found = self._group_cache.get(group_key)
+            if found is None:
+                group_levels: list[float] = []
+                found = (self._solve([batches[i] for i in group], group_levels),
+                         group_levels)
+                self._group_cache[group_key] = found
+            for i, rates in zip(group, found[0]):
+                per_batch[i] = rates
+            levels.extend(found[1])
+        if len(groups) > 1 and not _levels_apart(levels):
+            per_batch = self._solve(batches)
+            self.joint_solves += 1
+        self._rate = np.concatenate(per_batch)
+        self._rate_cache[key] = self._rate
+
+    def _groups(self) -> list[list[int]]:
+        """The running batches (indices) in groups that share no link with one another:
+        batches whose templates cross a common link are in the same group (directly or
+        through others). Groups in order of their first batch, batches in order."""
+        batches = self._batches
+        count = len(batches)
+        if count == 1:
+            return [[0]]
+        owner = list(range(count))  # union-find, by index
+        overlaps = self._overlaps
+        for i in range(count):
+            a = batches[i].template
+            for j in range(i + 1, count):
+                b = batches[j].template
+                pair = (a.pattern, b.pattern)
+                meet = overlaps.get(pair)
+                if meet is None:
+                    meet = overlaps[pair] = not a.link_set.isdisjoint(b.link_set)
+                if meet:
+                    x, y = i, j
+                    while owner[x] != x:
+                        x = owner[x]
+                    while owner[y] != y:
+                        y = owner[y]
+                    if x != y:
+                        owner[max(x, y)] = min(x, y)
+        groups: dict[int, list[int]] = {}
+        for i in range(count):
+            root = i
+            while owner[root] != root:
+                root = owner[root]
+            groups.setdefault(root, []).append(i)
+        return list(groups.values())
+
+    def _solve(self, batches: Sequence[_Batch], levels: list[float] | None = None
+               ) -> list[np.ndarray]:
+        """Rates of every flow of ``batches`` (one array per batch) by one
+        :func:`max_min_rates` over their problems laid end to end (its round levels
+        appended to ``levels``)."""
         flows, links, weights, caps, mults, offsets = [], [], [], [], [], [0]
         parts = []
         weighted = False
         live = self._live
-        for batch in self._batches:
+        for batch in batches:
             done = ~live[batch.offset:batch.offset + batch.size]
             entry_flow, entry_link, entry_weight, batch_caps, mult, class_of = \
                 batch.problem(done)
@@ -473,14 +577,12 @@ class FlowNetwork:
                                            for m, c in zip(mults, caps)])
         rates = max_min_rates(
             np.concatenate(flows), np.concatenate(links), np.concatenate(weights),
-            offsets[-1], self._capacity, np.concatenate(caps), multiplicity,
+            offsets[-1], self._capacity, np.concatenate(caps), multiplicity, levels,
         )
         self.rate_solves += 1
-        self._rate = np.concatenate([
-            rates[offsets[i]:offsets[i + 1]] if class_of is None
-            else rates[offsets[i]:offsets[i + 1]][class_of]
-            for i, class_of in enumerate(parts)])
-        self._rate_cache[key] = self._rate
+        return [rates[offsets[i]:offsets[i + 1]] if class_of is None
+                else rates[offsets[i]:offsets[i + 1]][class_of]
+                for i, class_of in enumerate(parts)]
 
     def _reschedule(self) -> None:
         """Recompute rates and arm the timer for when the next flow will finish."""
