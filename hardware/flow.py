@@ -269,7 +269,7 @@ class _Template:
     """
 
     __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
-                 "no_links", "pattern", "links_used", "link_set", "entry_local_link", "class_of", "classes", "class_entry_flow",
+                 "no_links", "pattern", "live", "key", "links_used", "link_set", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
     def __init__(self, requests: Sequence[FlowRequest] | FlowBatch) -> None:
@@ -300,6 +300,12 @@ class _Template:
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
                              self.entry_weight.tobytes(), self.caps.tobytes()))
+        # the flows that run (bytes to move, a link to cross) and a batch's rate-cache
+        # key when they start (_Batch.key; None: none runs)
+        self.live = (self.payload > 0) & ~self.no_links
+        self.key: tuple | None = (
+            None if not self.live.any() else (self.pattern, None) if self.live.all()
+            else (self.pattern, (~self.live).tobytes()))
         self.class_of, first = flow_classes(self.entry_flow, self.entry_link,
                                             self.entry_weight, len(requests), self.caps)
         self.classes = first.size
@@ -326,8 +332,9 @@ class _Batch:
         self.template = template
         self.offset = 0
         self.size = template.payload.size
-        # this batch's part of the rate-cache key; None while no flow has finished
-        self.key: tuple = (template.pattern, None)
+        # this batch's part of the rate-cache key: its template's and which of its
+        # flows are not running (None: all are)
+        self.key: tuple = template.key  # type: ignore[assignment]
 
     def problem(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                   np.ndarray | None, np.ndarray | None]:
@@ -425,19 +432,16 @@ class FlowNetwork:
                 self._templates.clear()
             found = self._templates[id(requests)] = _Template(requests)
         self._advance()
-        live = (found.payload > 0) & ~found.no_links
-        if not live.any():
+        live = found.live
+        if found.key is None:  # no flow to run
             event.succeed()
             return event
         batch = _Batch(event, found)
         batch.offset = self._live.size
-        if not live.all():
-            batch.key = (found.pattern, (~live).tobytes())
         self._batches.append(batch)
         self._remaining = np.concatenate((self._remaining, found.payload))
         self._live = np.concatenate((self._live, live))
-        self._rate = np.concatenate((self._rate, np.zeros(batch.size)))  # set by the solve
-        self._reschedule()
+        self._reschedule()  # sets the rates of all flows, these included
         return event
 
     # ------------------------------------------------------------------ internals
@@ -449,19 +453,23 @@ class FlowNetwork:
         if not self._batches:
             return
         live, rate, remaining = self._live, self._rate, self._remaining
+        # (the rate of a finished flow is 0: its remaining bytes stay as they are)
         if elapsed_s > 0:
-            remaining -= np.where(live, np.minimum(rate * elapsed_s, remaining), 0.0)
-        newly = live & (remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S))
+            remaining -= np.minimum(rate * elapsed_s, remaining)
+        newly = remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S)
+        newly &= live
         if not newly.any():
             return
         live &= ~newly
         self.flows_completed += int(np.count_nonzero(newly))
         finished: list[_Batch] = []
-        for batch in self._batches:
-            start, end = batch.offset, batch.offset + batch.size
-            if not newly[start:end].any():
+        batches = self._batches
+        touched = (np.logical_or.reduceat(newly, [b.offset for b in batches])
+                   if len(batches) > 1 else (True,))
+        for batch, hit in zip(batches, touched):
+            if not hit:
                 continue
-            running = live[start:end]
+            running = live[batch.offset:batch.offset + batch.size]
             if running.any():
                 batch.key = (batch.template.pattern, (~running).tobytes())
             else:
@@ -475,7 +483,8 @@ class FlowNetwork:
             self._finished_link_bytes[links] += carried
             keep[start:end] = False
             self._batches.remove(batch)
-        self._remaining, self._rate, self._live = remaining[keep], rate[keep], live[keep]
+        # (the rates are set again by the _reschedule that follows every _advance)
+        self._remaining, self._live = remaining[keep], live[keep]
         offset = 0
         for batch in self._batches:
             batch.offset = offset
@@ -504,14 +513,20 @@ class FlowNetwork:
             found = self._group_cache.get(group_key)
             if found is None:
                 group_levels: list[float] = []
-                found = (self._solve([batches[i] for i in group], group_levels),
-                         group_levels)
+                members = [batches[i] for i in group]
+                rates = self._solve(members, group_levels)
+                for batch, batch_rates in zip(members, rates):
+                    # a flow not running moves nothing (_advance drains rate * time)
+                    batch_rates[~self._live[batch.offset:batch.offset + batch.size]] = 0.0
+                found = (rates, group_levels)
                 self._group_cache[group_key] = found
             for i, rates in zip(group, found[0]):
                 per_batch[i] = rates
             levels.extend(found[1])
         if len(groups) > 1 and not _levels_apart(levels):
             per_batch = self._solve(batches)
+            for batch, batch_rates in zip(batches, per_batch):
+                batch_rates[~self._live[batch.offset:batch.offset + batch.size]] = 0.0
             self.joint_solves += 1
         self._rate = np.concatenate(per_batch)
         self._rate_cache[key] = self._rate
@@ -591,8 +606,10 @@ class FlowNetwork:
             self._rate = np.zeros(0)
             return
         self._solve_rates()
-        live = self._live
-        next_s = float((self._remaining[live] / self._rate[live]).min())
+        # the soonest end of a running flow: a finished one (rate 0) gives inf or nan,
+        # which fmin passes over
+        with np.errstate(divide="ignore", invalid="ignore"):
+            next_s = float(np.fmin.reduce(self._remaining / self._rate))
         delay_ns = int(np.ceil(next_s * NS_PER_S - _COMPLETION_SLACK_NS))
         # The timeout is created when an urgent event scheduled now is processed, the
         # point in SimPy's event order at which a process started here would create
