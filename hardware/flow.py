@@ -185,6 +185,38 @@ def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: n
         each class (in order of first appearance) its first flow.
     """
     starts = np.searchsorted(entry_flow, np.arange(num_flows + 1))
+    # float keys compared by value as the loop compares them (x + 0.0: -0.0 is 0.0);
+    # NaN (never equal to itself) is left to the loop
+    weights = np.asarray(entry_weight, dtype=np.float64) + 0.0
+    caps = np.asarray(flow_cap, dtype=np.float64) + 0.0
+    if np.isnan(weights).any() or np.isnan(caps).any():
+        return _flow_classes_loop(starts, entry_link, entry_weight, num_flows, flow_cap)
+    # flows of each link count as rows (links, weight bits, ceiling bits): identical
+    # rows are one class; np.unique gives each distinct row's first flow
+    lengths = np.diff(starts)
+    label = np.empty(num_flows, dtype=np.int64)
+    firsts = []
+    labels = 0
+    for length in np.unique(lengths).tolist():
+        flows = np.flatnonzero(lengths == length)
+        index = starts[flows][:, None] + np.arange(length)
+        rows = np.concatenate((entry_link[index], weights[index].view(np.int64),
+                               caps[flows].view(np.int64)[:, None]), axis=1)
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        label[flows] = labels + inverse.reshape(-1)
+        firsts.append(flows[first])
+        labels += first.size
+    first_flow = np.concatenate(firsts) if firsts else np.zeros(0, dtype=np.int64)
+    order = np.argsort(first_flow, kind="stable")  # classes by first appearance
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return rank[label], first_flow[order]
+
+
+def _flow_classes_loop(starts: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
+                       num_flows: int, flow_cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`flow_classes` by a walk over the flows, keyed by tuples (the definition;
+    used when a weight or ceiling is NaN)."""
     links, weights = entry_link.tolist(), entry_weight.tolist()
     caps = flow_cap.tolist()
     seen: dict[tuple, int] = {}
