@@ -32,6 +32,10 @@ from hardware.units import NS_PER_S
 #: phases; a caller building a new list per transfer only refills the cache).
 _TEMPLATES_MAX = 4096
 
+#: Finished batches whose link bytes FlowNetwork sums in one go (memory: their
+#: remaining-bytes arrays until then).
+_UNSUMMED_MAX = 512
+
 #: A flow whose remaining bytes would take less than this (ns) is complete.
 _COMPLETION_SLACK_NS = 1e-3
 
@@ -436,17 +440,22 @@ class FlowNetwork:
         # the round levels of their solve (_solve_rates)
         self._group_cache: dict[tuple, tuple[list[np.ndarray], list[float]]] = {}
         self._overlaps: dict[tuple[int, int], bool] = {}
+        self._grouping: dict[tuple[int, ...], list[list[int]]] = {}
         self.joint_solves = 0
         self._templates: dict[int, _Template] = {}
         self.rate_solves = 0
         self.flows_completed = 0
         self._finished_link_bytes = np.zeros(self._capacity.size)
+        # finished batches whose link bytes are not in _finished_link_bytes yet:
+        # (template, remaining bytes of its flows at the end), in order of ending
+        self._unsummed: list[tuple[_Template, np.ndarray]] = []
 
     @property
     def link_bytes(self) -> np.ndarray:
         """Wire bytes every link has carried so far (delivered payload times each
         link's weight), summed once per batch when asked or when the batch ends rather
         than at every rate change."""
+        self._sum_finished()
         total = self._finished_link_bytes.copy()
         for batch in self._batches:
             links, carried = batch.link_bytes(
@@ -490,10 +499,11 @@ class FlowNetwork:
             remaining -= np.minimum(rate * elapsed_s, remaining)
         newly = remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S)
         newly &= live
-        if not newly.any():
+        count = np.count_nonzero(newly)
+        if not count:
             return
         live &= ~newly
-        self.flows_completed += int(np.count_nonzero(newly))
+        self.flows_completed += int(count)
         finished: list[_Batch] = []
         batches = self._batches
         touched = (np.logical_or.reduceat(newly, [b.offset for b in batches])
@@ -502,7 +512,7 @@ class FlowNetwork:
             if not hit:
                 continue
             running = live[batch.offset:batch.offset + batch.size]
-            if running.any():
+            if np.count_nonzero(running):
                 batch.key = (batch.template.pattern, (~running).tobytes())
             else:
                 finished.append(batch)
@@ -511,8 +521,7 @@ class FlowNetwork:
         keep = np.ones(live.size, dtype=bool)
         for batch in finished:
             start, end = batch.offset, batch.offset + batch.size
-            links, carried = batch.link_bytes(remaining[start:end])
-            self._finished_link_bytes[links] += carried
+            self._unsummed.append((batch.template, remaining[start:end]))
             keep[start:end] = False
             self._batches.remove(batch)
         # (the rates are set again by the _reschedule that follows every _advance)
@@ -521,8 +530,38 @@ class FlowNetwork:
         for batch in self._batches:
             batch.offset = offset
             offset += batch.size
+        if len(self._unsummed) >= _UNSUMMED_MAX:
+            self._sum_finished()
         for batch in finished:
             batch.event.succeed()
+
+    def _sum_finished(self) -> None:
+        """Add the link bytes of the batches ended since the last call to
+        ``_finished_link_bytes``, as :meth:`_Batch.link_bytes` and
+        ``total[links] += carried`` batch after batch would: one bincount gives every
+        batch's per-link sums (each bin adds its batch's entries in their order,
+        from 0), ``np.add.at`` adds them in the order the batches ended."""
+        unsummed = self._unsummed
+        if not unsummed:
+            return
+        self._unsummed = []
+        base = np.cumsum([0] + [t.links_used.size for t, _ in unsummed])
+        by_template: dict[int, list[int]] = {}
+        for i, (template, _) in enumerate(unsummed):
+            by_template.setdefault(id(template), []).append(i)
+        bins, weights = [], []
+        for members in by_template.values():
+            template = unsummed[members[0]][0]
+            remaining = np.stack([unsummed[i][1] for i in members])
+            delivered = np.maximum(template.payload - remaining, 0.0)
+            weights.append((delivered[:, template.entry_flow]
+                            * template.entry_weight).reshape(-1))
+            bins.append((base[members][:, None]
+                         + template.entry_local_link[None, :]).reshape(-1))
+        carried = np.bincount(np.concatenate(bins), weights=np.concatenate(weights),
+                              minlength=int(base[-1]))
+        np.add.at(self._finished_link_bytes,
+                  np.concatenate([t.links_used for t, _ in unsummed]), carried)
 
     def _solve_rates(self) -> None:
         """Set every flow's rate: from the cache when the same batches (same templates,
@@ -532,7 +571,7 @@ class FlowNetwork:
         of solving all batches at once (:meth:`_levels_apart`); else by one
         :func:`max_min_rates` over all batches' problems laid end to end."""
         batches = self._batches
-        key = tuple(b.key for b in batches)
+        key = tuple([b.key for b in batches])
         cached = self._rate_cache.get(key)
         if cached is not None:
             self._rate = cached  # never written in place: replaced on every change
@@ -571,6 +610,10 @@ class FlowNetwork:
         count = len(batches)
         if count == 1:
             return [[0]]
+        patterns = tuple([b.template.pattern for b in batches])
+        found = self._grouping.get(patterns)
+        if found is not None:
+            return found
         owner = list(range(count))  # union-find, by index
         overlaps = self._overlaps
         for i in range(count):
@@ -595,7 +638,8 @@ class FlowNetwork:
             while owner[root] != root:
                 root = owner[root]
             groups.setdefault(root, []).append(i)
-        return list(groups.values())
+        found = self._grouping[patterns] = list(groups.values())
+        return found
 
     def _solve(self, batches: Sequence[_Batch], levels: list[float] | None = None
                ) -> list[np.ndarray]:
