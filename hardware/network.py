@@ -279,6 +279,24 @@ class NetworkModel:
                         for c, t in zip(caps, phase.transfers)]
         return caps
 
+    def transfer_caps_columns(self, plan: CommPlanLike, phase: PhaseLike, src: np.ndarray,
+                              dst: np.ndarray, payload: np.ndarray, mode: str) -> np.ndarray:
+        """:meth:`transfer_caps` of a phase whose transfers all have ``mode``, given as
+        arrays (sources, destinations, payload bytes as floats), in numpy: the same
+        products and minima element by element."""
+        caps = np.full(src.size, math.inf)
+        bus_bytes = getattr(phase, "bus_bytes", 0.0)
+        if bus_bytes > 0:
+            cap = self.bus_cap_bytes_per_s(plan)
+            if not math.isinf(cap):
+                caps = payload * cap / bus_bytes
+        if mode == "p2p" and src.size:
+            p2p = self.p2p_cap_bytes_per_s(getattr(plan, "ranks", 2))
+            if not math.isinf(p2p):
+                cross = self.layout.domains_of(src) != self.layout.domains_of(dst)
+                caps = np.where(cross, np.minimum(caps, p2p), caps)
+        return caps
+
     def tree_chunk_bytes(self, plan: CommPlanLike, phase: PhaseLike,
                          size_bytes: float | None = None) -> float:
         """Chunk a tree all-reduce pipelines in (NCCL enqueue.cc): one Simple step of
@@ -481,14 +499,15 @@ class FlowFabric:
         (:meth:`ClusterLayout.paths_links` lists the links of ``path`` in order)."""
         model = self.model
         fill = model.pipeline_factor(plan, phase)
-        caps = model.transfer_caps(plan, phase)
         transfers = phase.transfers
         if getattr(transfers, "columns", False):
             src = np.asarray(transfers.src, dtype=np.int64)
             dst = np.asarray(transfers.dst, dtype=np.int64)
             payload = np.full(src.size, float(transfers.payload_bytes))
             modes = {transfers.mode}
+            caps = model.transfer_caps_columns(plan, phase, src, dst, payload, transfers.mode)
         else:
+            caps = model.transfer_caps(plan, phase)
             src = np.asarray([t.src for t in transfers], dtype=np.int64)
             dst = np.asarray([t.dst for t in transfers], dtype=np.int64)
             payload = np.asarray([float(t.payload_bytes) for t in transfers], dtype=np.float64)
