@@ -463,9 +463,17 @@ class FlowNetwork:
             total[links] += carried
         return total
 
-    def transfer(self, requests: Sequence[FlowRequest] | FlowBatch) -> simpy.Event:
+    def transfer(self, requests: Sequence[FlowRequest] | FlowBatch, *,
+                 last_in_event: bool = False) -> simpy.Event:
         """Start flows now (a list of requests, or the same as a :class:`FlowBatch`);
-        the returned event fires when the last one ends."""
+        the returned event fires when the last one ends.
+
+        ``last_in_event``: the caller is the last callback of a normal-priority event
+        being processed and schedules nothing after this call (hardware.network's
+        callback-driven plans): the wake-up timer is then created at once instead of
+        from an urgent event, the next event SimPy would process (every urgent event
+        due now went before the one being processed), so it gets the same place in
+        the event order."""
         event = self._env.event()
         found = self._templates.get(id(requests))
         if found is None or found.requests is not requests:
@@ -482,7 +490,7 @@ class FlowNetwork:
         self._batches.append(batch)
         self._remaining = np.concatenate((self._remaining, found.payload))
         self._live = np.concatenate((self._live, live))
-        self._reschedule()  # sets the rates of all flows, these included
+        self._reschedule(last_in_event)  # sets the rates of all flows, these included
         return event
 
     # ------------------------------------------------------------------ internals
@@ -675,8 +683,9 @@ class FlowNetwork:
                 else rates[offsets[i]:offsets[i + 1]][class_of]
                 for i, class_of in enumerate(parts)]
 
-    def _reschedule(self) -> None:
-        """Recompute rates and arm the timer for when the next flow will finish."""
+    def _reschedule(self, at_once: bool = False) -> None:
+        """Recompute rates and arm the timer for when the next flow will finish
+        (``at_once``: see :meth:`transfer`)."""
         self._generation += 1
         if not self._batches:
             self._rate = np.zeros(0)
@@ -687,6 +696,12 @@ class FlowNetwork:
         with np.errstate(divide="ignore", invalid="ignore"):
             next_s = float(np.fmin.reduce(self._remaining / self._rate))
         delay_ns = int(np.ceil(next_s * NS_PER_S - _COMPLETION_SLACK_NS))
+        if at_once:
+            # the urgent event below would be the next one processed, nothing being
+            # scheduled in between: its timeout would get the next event id, as here
+            timer = self._env.timeout(max(delay_ns, 0), self._generation)
+            timer.callbacks.append(self._wake)
+            return
         # The timeout is created when an urgent event scheduled now is processed, the
         # point in SimPy's event order at which a process started here would create
         # it: ties with other events at the wake-up time resolve as they always have.
@@ -707,4 +722,6 @@ class FlowNetwork:
         if timer._value != self._generation:
             return  # superseded by a later arrival or completion
         self._advance()
-        self._reschedule()
+        # Processing a timeout (normal priority): every urgent event due now was
+        # processed before it, and _advance schedules only normal ones.
+        self._reschedule(at_once=True)

@@ -662,4 +662,5 @@ class _PlanRun:
             requests = fabric._with_mirrors(plan, self.mirrors, index)
         else:
             requests = fabric._phase_requests(plan, index)
-        fabric.network.transfer(requests).callbacks.append(self._phase)
+        # (the latency timeout, normal priority, has this one callback)
+        fabric.network.transfer(requests, last_in_event=True).callbacks.append(self._phase)
