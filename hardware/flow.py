@@ -36,6 +36,10 @@ _TEMPLATES_MAX = 4096
 #: remaining-bytes arrays until then).
 _UNSUMMED_MAX = 512
 
+#: Odd multipliers of a link by its position on a path, for flow_classes' hash
+#: (int64 products wrap around: a hash, equal for equal sequences).
+_HASH_FACTORS = np.random.default_rng(16).integers(1, 2**62, 64, dtype=np.int64) | 1
+
 #: A flow whose remaining bytes would take less than this (ns) is complete.
 _COMPLETION_SLACK_NS = 1e-3
 
@@ -189,6 +193,19 @@ def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: n
         each class (in order of first appearance) its first flow.
     """
     starts = np.searchsorted(entry_flow, np.arange(num_flows + 1))
+    lengths = np.diff(starts)
+    if num_flows > 1 and lengths.all():
+        # Flows with the same links have the same hash of their link sequence: when
+        # no two hashes are equal, every flow is a class of its own (the common case
+        # of a phase's transfers between distinct pairs). A collision only sends the
+        # list to the exact comparison below.
+        position = np.arange(entry_flow.size) - starts[entry_flow]
+        factors = _HASH_FACTORS[np.minimum(position, _HASH_FACTORS.size - 1)]
+        hashed = np.add.reduceat(np.asarray(entry_link, dtype=np.int64) * factors
+                                 + position, starts[:-1])
+        if np.unique(hashed).size == num_flows:
+            every = np.arange(num_flows, dtype=np.int64)
+            return every, every.copy()
     # float keys compared by value as the loop compares them (x + 0.0: -0.0 is 0.0);
     # NaN (never equal to itself) is left to the loop
     weights = np.asarray(entry_weight, dtype=np.float64) + 0.0
@@ -197,7 +214,6 @@ def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: n
         return _flow_classes_loop(starts, entry_link, entry_weight, num_flows, flow_cap)
     # flows of each link count as rows (links, weight bits, ceiling bits): identical
     # rows are one class; np.unique gives each distinct row's first flow
-    lengths = np.diff(starts)
     label = np.empty(num_flows, dtype=np.int64)
     firsts = []
     labels = 0
