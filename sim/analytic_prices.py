@@ -69,7 +69,7 @@ class SharedPrices:
 _NOT_IN_PARTS = frozenset({
     "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
     "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
-    "optimizer_impl", "store_param_remainders", "activation_offload_layers",
+    "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) does not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
@@ -78,7 +78,8 @@ _NOT_IN_OPTIMIZER = frozenset({
     "global_batch", "micro_batch", "seq_len", "recompute", "recompute_layers",
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
-    "cross_entropy", "activation_offload_layers", "store_param_remainders"})
+    "cross_entropy", "activation_offload_layers", "store_param_remainders",
+    "fsdp_fp32_params"})
 #: What places a rank's groups and picks what runs on its data-parallel group: the
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.

@@ -301,7 +301,7 @@ class StepLowerer:
             cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
             flash_attention=plan.flash_attention, dropout=self.model.dropout,
             fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise, etp=self.etp,
-            expert_load=self.routing.rows_factor))
+            expert_load=self.routing.rows_factor, expert_bias_impl=plan.expert_bias_impl))
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""

@@ -34,7 +34,15 @@ Choices (assumptions, stated once):
 * Optimizer: fp32 master weights, momentum and variance, 12 bytes per parameter; with
   :attr:`ParallelPlan.store_param_remainders` (Megatron-Core's distributed optimizer with
   bf16 parameters, ``OptimizerConfig.store_param_remainders``) the master weight is kept as
-  the 16-bit remainder of the bf16 parameter: 10 bytes.
+  the 16-bit remainder of the bf16 parameter: 10 bytes. With
+  :attr:`ParallelPlan.fsdp_fp32_params` (PyTorch FSDP2 over fp32 parameters with a bf16
+  ``MixedPrecisionPolicy``: "FSDP ... keeps the high-precision sharded parameters in memory
+  anyway ... does not require any extra memory to keep a high-precision copy of the
+  parameters for the optimizer step", torch/distributed/fsdp/_fully_shard/_fsdp_api.py
+  ``MixedPrecisionPolicy``) the sharded weights are fp32, 4 bytes, and are the master
+  weights: the optimizer holds Adam's two fp32 moments, 8 bytes (``torch.optim.Adam``
+  keeps ``exp_avg``/``exp_avg_sq`` in the parameter's dtype); the gradient is the
+  reduce-scattered fp32 shard (``grad_reduce_dtype``). 4 + 4 + 8 = 16 bytes per parameter.
 * Activations: what the pipeline schedule keeps alive at a rank's peak, each in-flight
   (stage, micro-batch) weighed by that stage's own bytes (:func:`stage_activation_bytes`:
   its layers' :func:`strategies.model_costs.activation_bytes_per_layer`, plus the
@@ -85,6 +93,8 @@ from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 
 __all__ = [
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
+    "FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM",
+    "FSDP_FP32_WEIGHT_BYTES_PER_PARAM",
     "GRAD_BYTES_PER_PARAM",
     "MemoryBreakdown",
     "MemoryOptions",
@@ -113,6 +123,11 @@ OPTIMIZER_BYTES_PER_PARAM = 12
 #: The same with the master weight kept as the 16-bit remainder of the bf16 weight
 #: (Megatron-Core ``OptimizerConfig.store_param_remainders``).
 OPTIMIZER_REMAINDER_BYTES_PER_PARAM = 10
+#: PyTorch FSDP2 over fp32 parameters (``ParallelPlan.fsdp_fp32_params``): the sharded fp32
+#: parameter is the master weight (4 bytes, counted as weights) and the optimizer holds
+#: Adam's two fp32 moments (module docstring).
+FSDP_FP32_WEIGHT_BYTES_PER_PARAM = 4
+FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM = 8
 #: Layers whose full weights ZeRO-3 holds gathered at once (current + prefetched).
 ZERO3_PREFETCH_LAYERS = 2
 #: CUDA context, cuBLAS/NCCL workspaces, allocator slack: assumed, see module docstring.
@@ -162,7 +177,8 @@ class MemoryOptions:
 _NOT_IN_ACTIVATIONS = frozenset({
     "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
     "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
-    "optimizer_impl", "store_param_remainders", "recompute_layers", "tp_comm_overlap",
+    "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "recompute_layers",
+    "tp_comm_overlap",
     "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
     "staleness", "ps_steps"})
 #: Plan fields the model states and buffers of :func:`rank_memory` do not read.
@@ -478,9 +494,11 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
 
     * weights    = ``2*(P_d/D + P_e/D_e) + c*P_l/D`` if z = 3 else ``2*(P_d + P_e) + c*P_l``
       (sharded FP8 copies with ZeRO-3 are those of the gathered layers, counted in the
-      buffers, so ``c*P_l/D`` is omitted there);
+      buffers, so ``c*P_l/D`` is omitted there); with ``plan.fsdp_fp32_params`` (z = 3)
+      ``4*(P_d/D + P_e/D_e)``;
     * gradients  = ``g*(P_d/D + P_e/D_e)`` if z >= 2 else ``g*(P_d + P_e)``;
-    * optimizer  = ``K*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``;
+    * optimizer  = ``K*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``; with
+      ``plan.fsdp_fp32_params`` ``8*(P_d/D + P_e/D_e)`` (the weights are the masters);
     * activations = ``held_activation_bytes`` (what the schedule's in-flight stages and
       micro-batches hold at the rank's peak, each weighed by its
       :func:`stage_activation_bytes`; :meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`),
@@ -593,7 +611,9 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
                     + per_param * rp.expert_params / expert_dp_group)
         return per_param * rp.dense_params + per_param * rp.expert_params
 
-    weights = sharded(WEIGHT_BYTES_PER_PARAM, plan.zero >= 3)
+    fp32_params = plan.fsdp_fp32_params and plan.zero >= 3
+    weights = sharded(FSDP_FP32_WEIGHT_BYTES_PER_PARAM if fp32_params
+                      else WEIGHT_BYTES_PER_PARAM, plan.zero >= 3)
     if plan.zero < 3:
         weights += fp8_cache * layer_params
     # gradients accumulate (and are reduced) in the plan's gradient dtype: Megatron's
@@ -602,8 +622,11 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     grads = sharded(grad_bytes, plan.zero >= 2)
     remainders = (options.store_param_remainders and plan.zero >= 1
                   and ELEMENT_BYTES[plan.dtype] <= 2)
-    optimizer = sharded(OPTIMIZER_REMAINDER_BYTES_PER_PARAM if remainders
-                        else OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
+    if fp32_params:
+        optimizer = sharded(FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM, True)
+    else:
+        optimizer = sharded(OPTIMIZER_REMAINDER_BYTES_PER_PARAM if remainders
+                            else OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
 
     comm = 0.0
     if dp_group > 1:

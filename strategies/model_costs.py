@@ -150,8 +150,11 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
 #: buffer (TE ``parallel_cross_entropy``, flash-attn's fused loss); ``megatron`` is
 #: Megatron-Core's fp32 vocab-parallel loss; ``eager`` is PyTorch ``F.cross_entropy`` on
-#: fp32 logits.
-CROSS_ENTROPY_IMPLS = ("fused", "megatron", "eager")
+#: fp32 logits; ``eager_bf16`` is PyTorch ``F.cross_entropy`` on the bf16 logits as they
+#: come (NeMo AutoModel ``MaskedCrossEntropy(fp32_upcast=False)``,
+#: nemo_automodel/components/loss/masked_ce.py: no ``.float()``, so log-softmax reads,
+#: writes and saves 16-bit values; it accumulates in fp32 inside the kernel).
+CROSS_ENTROPY_IMPLS = ("fused", "megatron", "eager", "eager_bf16")
 
 #: Fraction of the full ``4*b*s^2*a*d`` a causal flash-attention kernel executes
 #: (flash-attention's benchmark halves causal FLOPs; masked blocks are skipped).
@@ -292,8 +295,28 @@ ROPE_LAUNCHES_PER_TENSOR = {"fused": 1, "eager": 3}
 #: ``eager``: PyTorch ``F.cross_entropy`` on fp32-upcast logits (autocast / ``.float()``):
 #: cast r2w4 + log_softmax r4w4 = 14 forward (2 kernels); nll backward zero-fill w4,
 #: log_softmax backward r4r4w4, cast r4w2 = 22 backward (3 kernels).
-CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0), "eager": (14.0, 22.0)}
-CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3)}
+#: ``eager_bf16``: the same on the bf16 logits without the casts (AutoModel's
+#: ``MaskedCrossEntropy(fp32_upcast=False)``): log_softmax r2w2 = 4 forward (1 kernel);
+#: nll backward zero-fill w2, log_softmax backward r2r2w2 = 8 backward (2 kernels).
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"fused": (6.0, 6.0), "megatron": (38.0, 14.0),
+                                 "eager": (14.0, 22.0), "eager_bf16": (4.0, 8.0)}
+CROSS_ENTROPY_LAUNCHES = {"fused": (1, 1), "megatron": (6, 2), "eager": (2, 3),
+                          "eager_bf16": (1, 2)}
+
+#: How a stack adds the routed experts' biases (``MoESpec.expert_bias``):
+#: ``megatron`` -- Megatron-Core ``TEGroupedMLP`` (megatron/core/transformer/moe/experts.py):
+#: ``linear_fc1`` is TE ``GroupedLinear`` with ``bias=add_bias_linear, skip_bias_add=False``,
+#: the bias added in the GEMM's cuBLAS epilogue and its gradient taken by the bf16 wgrad
+#: GEMM's bias-gradient epilogue (transformer_engine/pytorch/module/grouped_linear.py
+#: ``general_grouped_gemm(..., use_bias=...)``): free; ``linear_fc2`` has
+#: ``skip_bias_add=True`` and ``TEGroupedMLP._apply_bias`` adds the returned per-expert
+#: biases in eager PyTorch, ``torch.cat([t + b * p for t, b, p in zip(split(out,
+#: tokens_per_expert), biases, split(probs, tokens_per_expert))]).to(dtype)``: one
+#: ``b * p`` and one add per local expert and one cat.
+#: ``eager`` -- both biases that way: NeMo AutoModel ``GroupedExpertsDeepEP._apply_bias``
+#: (nemo_automodel/components/moe/layers.py): ``t + b`` per local expert after the
+#: grouped up projection (no probabilities), ``t + b * p`` after the down projection.
+EXPERT_BIAS_IMPLS = ("megatron", "eager")
 
 
 def resolve_fp8_recipe(name: str | Fp8Recipe | None) -> Fp8Recipe:
@@ -671,6 +694,54 @@ def _activation(name: str, block: str, model: ModelSpec, rows: float, cols: int,
     )
 
 
+def expert_bias_kernels(*, pairs: float, local_experts: int, hidden: int, up_cols: int,
+                        ea: float, act: str, impl: str = "megatron") -> dict[str, Kernel]:
+    """The eager per-expert bias additions of a stack's routed experts
+    (:data:`EXPERT_BIAS_IMPLS`), by the GEMM they follow (``"up"``, ``"down"``), over the
+    rank's ``pairs`` token-expert rows split among ``local_experts`` experts.
+
+    Down projection, ``t + b * p`` per expert then ``torch.cat`` (``pairs x hidden``
+    elements ``x``; the routing probabilities ``p`` in the activation dtype ``ea``, as
+    Megatron-Core's router returns them without ``moe_router_dtype`` and the gpt-oss
+    providers do not set it): forward ``b*p`` writes ``x``, the add reads ``t`` and it and
+    writes ``x``, the cat reads and writes ``x`` -- ``6*ea`` bytes per element in
+    ``2*E + 1`` kernels (the final ``.to(dtype)`` is a no-op in the same dtype); backward
+    (autograd of ``mul``, broadcast ``b`` over rows and ``p`` over columns): ``grad*p``
+    read/write and its sum over the rows for ``db``, ``grad*b`` read/write and its sum
+    over the columns for ``dp``, and the cat of the ``dt`` slices that ``split``'s
+    backward builds (read and write) -- ``8*ea`` bytes in ``4*E + 1`` kernels.
+
+    Up projection (``eager`` only), ``t + b`` per expert then the cat over ``pairs x
+    up_cols``: forward ``4*ea`` bytes in ``E + 1`` kernels; backward ``db`` as a row sum
+    (read) and the cat of the ``dt`` slices -- ``3*ea`` bytes in ``E + 1`` kernels.
+
+    Raises:
+        ValueError: an unknown ``impl``.
+    """
+    if impl not in EXPERT_BIAS_IMPLS:
+        raise ValueError(f"expert_bias_impl: {impl!r} is not valid; valid: "
+                         f"{', '.join(EXPERT_BIAS_IMPLS)}")
+    e_l = max(1, int(local_experts))
+    down = pairs * hidden
+    kernels = {"down": Kernel(
+        name="moe.experts.down_bias", block="moe", kind="elementwise",
+        shape=(int(round(pairs)), hidden), dtype=act,
+        fwd_flops=2.0 * down, fwd_bytes=6.0 * ea * down,
+        bwd_input_flops=4.0 * down, bwd_input_bytes=8.0 * ea * down,
+        bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+        launches=(2 * e_l + 1, 4 * e_l + 1))}
+    if impl == "eager":
+        up = pairs * up_cols
+        kernels["up"] = Kernel(
+            name="moe.experts.up_bias", block="moe", kind="elementwise",
+            shape=(int(round(pairs)), up_cols), dtype=act,
+            fwd_flops=1.0 * up, fwd_bytes=4.0 * ea * up,
+            bwd_input_flops=1.0 * up, bwd_input_bytes=3.0 * ea * up,
+            bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
+            launches=(e_l + 1, e_l + 1))
+    return kernels
+
+
 def _mlp(prefix: str, block: str, model: ModelSpec, *, rows: float, ffn_local: int, groups: int,
          mm: str, em: float, act: str, ea: float, recipe: Fp8Recipe | None = None,
          up_from_norm: bool = False, elementwise: str = "fused") -> list[Kernel]:
@@ -707,7 +778,8 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
                   dropout: bool = True, flash_attention: bool = True,
                   fp8_recipe: str | Fp8Recipe | None = None,
                   elementwise: str = "fused", etp: int | None = None,
-                  expert_load: float | None = None) -> list[Kernel]:
+                  expert_load: float | None = None,
+                  expert_bias_impl: str = "megatron") -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` on one GPU, in execution order.
 
     Attention block: ``attn.norm``, ``attn.qkv`` (fused; ``N = (a + 2g)*d/t``, GQA-aware),
@@ -748,6 +820,10 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         elementwise: ``fused`` or ``eager`` (:data:`ELEMENTWISE_MODES`): how RMSNorm,
             SwiGLU and RoPE run (their eager forms move several times the bytes in more
             kernels); LayerNorm, GELU and residual adds are single kernels either way.
+        expert_bias_impl: with ``model.moe.expert_bias``, how the stack adds the experts'
+            biases (:data:`EXPERT_BIAS_IMPLS`): ``moe.experts.down_bias`` after the down
+            projection, and ``moe.experts.up_bias`` after the up projection when ``eager``
+            (:func:`expert_bias_kernels`).
 
     Returns:
         Kernels with FLOPs (FLOP) and HBM bytes (bytes) per micro-batch.
@@ -859,9 +935,23 @@ def layer_kernels(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: in
         bwd_input_bytes=2 * ea * local_pairs * h,
         bwd_weight_flops=0.0, bwd_weight_bytes=0.0,
     ))
-    kernels += [replace(k, expert=True) for k in _mlp(
+    experts = [replace(k, expert=True) for k in _mlp(
         "moe.experts", "moe", model, rows=pairs, ffn_local=fe_l, groups=E // ep,
         mm=mm, em=em, act=act, ea=ea, recipe=recipe, elementwise=elementwise)]
+    if moe.expert_bias:
+        up_name = "moe.experts.gate_up" if model.mlp == "swiglu" else "moe.experts.fc1"
+        up_cols = 2 * fe_l if model.mlp == "swiglu" else fe_l
+        bias = expert_bias_kernels(pairs=pairs, local_experts=E // ep, hidden=h,
+                                   up_cols=up_cols, ea=ea, act=act, impl=expert_bias_impl)
+        with_bias = []
+        for k in experts:
+            with_bias.append(k)
+            if k.name == up_name and "up" in bias:
+                with_bias.append(bias["up"])
+            elif k.kind == "matmul" and k.name != up_name:
+                with_bias.append(bias["down"])
+        experts = with_bias
+    kernels += experts
     kernels.append(Kernel(
         name="moe.unpermute", block="moe", kind="elementwise", shape=(n_sp, h), dtype=act,
         fwd_flops=2.0 * local_pairs * h,  # scale by the router probability and sum
@@ -1910,7 +2000,10 @@ def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, t
       logit (Korthikanti et al. 2022 Section 4.2: ``4sbv/t``);
     * ``fused`` (Transformer Engine's ``parallel_cross_entropy``, Megatron-Core
       ``--cross-entropy-fusion-impl te``): the gradient is written into the bf16 logits in
-      the forward, ``e`` bytes per logit.
+      the forward, ``e`` bytes per logit;
+    * ``eager_bf16`` (PyTorch ``F.cross_entropy`` on the 16-bit logits, NeMo AutoModel's
+      ``MaskedCrossEntropy(fp32_upcast=False)``): log-softmax saves its ``e``-byte output,
+      ``e`` bytes per logit.
 
     See :func:`head_transient_bytes` for what the loss needs on top while it runs. Bytes."""
     if cross_entropy not in CROSS_ENTROPY_IMPLS:
@@ -1920,7 +2013,7 @@ def head_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, t
     n = _tokens(micro_batch, seq_len, cp)
     n_sp = _sp_tokens(n, tp, sequence_parallel)
     _, _, _, e = _dtypes(dtype)
-    per_logit = e if cross_entropy == "fused" else FP32_BYTES
+    per_logit = e if cross_entropy in ("fused", "eager_bf16") else FP32_BYTES
     return e * 2 * n_sp * model.hidden_size + per_logit * n * math.ceil(model.vocab_size / tp)
 
 
@@ -1937,6 +2030,7 @@ def head_transient_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp
     * ``eager``: in the backward, the dense fp32 gradient of the log-probabilities
       (``nll_loss`` backward) and log-softmax's fp32 input gradient are alive with the
       saved output: ``8*L``;
+    * ``eager_bf16``: the same two gradients in the logits' dtype: ``2*e*L``;
     * ``fused``: nothing (the gradient already sits in the logits buffer). Bytes."""
     if cross_entropy not in CROSS_ENTROPY_IMPLS:
         raise ValueError(f"cross_entropy: {cross_entropy!r} is not known; valid: "
@@ -1945,5 +2039,5 @@ def head_transient_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp
     logits = _tokens(micro_batch, seq_len, cp) * math.ceil(model.vocab_size / tp)
     _, _, _, e = _dtypes(dtype)
     return {"megatron": (e + FP32_BYTES) * logits, "eager": 2 * FP32_BYTES * logits,
-            "fused": 0.0}[cross_entropy]
+            "eager_bf16": 2 * e * logits, "fused": 0.0}[cross_entropy]
 

@@ -35,6 +35,10 @@ class MoESpec:
         router_group_topk: groups a token's experts may come from (DeepSeek-V3
             ``topk_group`` 4, its node-limited routing; Megatron
             ``--moe-router-group-topk``); 0 = no limit.
+        expert_bias: the routed experts' up and down projections carry biases, one per
+            expert (gpt-oss: ``gate_up_proj_bias`` and ``down_proj_bias`` of Hugging Face's
+            ``GptOssExperts``; Megatron-Core ``add_bias_linear`` on ``TEGroupedMLP``). How a
+            stack adds them is the plan's ``expert_bias_impl``.
     """
 
     num_experts: int
@@ -46,6 +50,7 @@ class MoESpec:
     layer_frequency: int = 1
     router_groups: int = 0
     router_group_topk: int = 0
+    expert_bias: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

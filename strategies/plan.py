@@ -154,6 +154,12 @@ class ParallelPlan:
             the FP8 weight copies and saved inputs it holds).
         elementwise: ``fused`` (TE/Apex/jit-fused or torch.compile'd norms, activations,
             RoPE) or ``eager`` (PyTorch eager composites: more kernels, more HBM traffic).
+        expert_bias_impl: for a model whose routed experts have biases
+            (``MoESpec.expert_bias``), how the stack adds them
+            (:data:`strategies.model_costs.EXPERT_BIAS_IMPLS`): ``megatron`` (the up bias in
+            the grouped GEMM's epilogue, the down bias per expert in eager PyTorch,
+            Megatron-Core ``TEGroupedMLP._apply_bias``) or ``eager`` (both per expert,
+            NeMo AutoModel ``GroupedExpertsDeepEP``).
         host_issue: how the CPU issues kernels, for the host-bound time of small kernels:
             ``off`` (the host is never the bottleneck: the CPU runs ahead), ``eager``
             (PyTorch eager: the CPU issues every kernel, :data:`hardware.compute.
@@ -164,13 +170,19 @@ class ParallelPlan:
             cost).
         cross_entropy: the loss implementation: ``megatron`` (Megatron-Core's fp32
             vocab-parallel loss, its default), ``fused`` (gradient written into the bf16
-            logits: TE ``--cross-entropy-fusion-impl te``, flash-attn's fused loss) or
-            ``eager`` (PyTorch ``F.cross_entropy`` on fp32 logits).
+            logits: TE ``--cross-entropy-fusion-impl te``, flash-attn's fused loss),
+            ``eager`` (PyTorch ``F.cross_entropy`` on fp32 logits) or ``eager_bf16``
+            (PyTorch ``F.cross_entropy`` on the bf16 logits, NeMo AutoModel's
+            ``MaskedCrossEntropy(fp32_upcast=False)``).
         optimizer_impl: Adam as ``fused`` (one multi-tensor kernel: Apex/TE FusedAdam),
             ``foreach`` (torch's multi-tensor AdamW, 8 passes) or ``for-loop`` (per tensor).
         store_param_remainders: the distributed optimizer keeps fp32 master weights as
             16-bit remainders of the bf16 weights (Megatron-Core): 10 instead of 12 optimizer
             bytes per parameter with ZeRO >= 1.
+        fsdp_fp32_params: PyTorch FSDP2 with a bf16 ``MixedPrecisionPolicy`` over fp32
+            parameters: the fp32 sharded parameters are the optimizer's master weights
+            (4 weight bytes per parameter, 8 optimizer bytes: Adam's two moments; the bf16
+            copies exist only gathered). Needs ZeRO-3.
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
             RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default).
@@ -284,13 +296,23 @@ class ParallelPlan:
                                     "eager, partial (CUDA graphs of attention and router) "
                                     "or graphed.",
                              choices=lambda: HOST_ISSUE_MODES)
+    expert_bias_impl: str = _field("megatron", "With expert biases (gpt-oss): megatron "
+                                               "(Megatron-Core TEGroupedMLP: up bias in the "
+                                               "grouped GEMM, down bias added eagerly per "
+                                               "expert) or eager (both added eagerly per "
+                                               "expert, NeMo AutoModel's DeepEP experts).",
+                                   choices=lambda: model_costs.EXPERT_BIAS_IMPLS)
     cross_entropy: str = _field("megatron", "Loss implementation: megatron (fp32 "
-                                            "vocab-parallel), fused, or eager.",
+                                            "vocab-parallel), fused, eager (fp32 logits) "
+                                            "or eager_bf16 (bf16 logits).",
                                 choices=lambda: model_costs.CROSS_ENTROPY_IMPLS)
     optimizer_impl: str = _field("fused", "Adam implementation: fused, foreach or for-loop.",
                                  choices=lambda: model_costs.ADAM_IMPLEMENTATIONS)
     store_param_remainders: bool = _field(False, "Keep fp32 master weights as 16-bit "
                                                  "remainders of the bf16 weights (ZeRO >= 1).")
+    fsdp_fp32_params: bool = _field(False, "PyTorch FSDP2 over fp32 parameters: the sharded "
+                                           "fp32 parameters are the optimizer's master "
+                                           "weights (ZeRO-3).")
     recompute_modules: tuple[str, ...] = _field(
         (), "With selective recompute: modules re-run in the backward, e.g. "
             "core_attn,mlp (empty: core_attn).")
@@ -384,6 +406,9 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.recompute_layers and plan.recompute != "full":
         raise ValueError(f"recompute_layers: {plan.recompute_layers} needs recompute 'full', "
                          f"not {plan.recompute!r}; give recompute_layers 0")
+    if plan.fsdp_fp32_params and plan.zero != 3:
+        raise ValueError(f"fsdp_fp32_params: true needs zero 3 (FSDP2 shards the parameters), "
+                         f"not zero {plan.zero}; give fsdp_fp32_params false")
     _check_moe_fields(plan)
     _validate_dp_mode(plan)
 

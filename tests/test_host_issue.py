@@ -170,3 +170,34 @@ def test_grace_host_scales_every_host_cost_by_its_measured_factor():
 def test_bad_host_cpu_is_a_one_line_error():
     with pytest.raises(ValueError, match="host_cpu"):
         load_cluster("dgx-h100", {"gpu.host_cpu": "z80"})
+
+
+def test_published_rows_host_issue_rule():
+    """Which published row's stack issues kernels how (validate.published_stacks.
+    host_issue_of): Megatron-Core/NeMo eager unless its NeMo recipe captures CUDA graphs,
+    llm-foundry, Megatron-LM 2021 and eager torchtitan eager, torch.compile'd torchtitan
+    off (no compiled host mode yet), JAX graphed; MoE rows keep _moe_settings' choice."""
+    from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
+    runs = {r.row_id: r for r in load_runs()}
+    models, recipes = load_models(), load_nemo_recipes()
+    expected = {
+        "mosaic_070": "eager",          # llm-foundry (PyTorch FSDP, eager)
+        "megatron2021_01": "eager",     # Megatron-LM 2021
+        "nemo2407a_08": "eager",        # NeMo 24.07, H100 recipe: cuda_graphs 0
+        "dgxc_n15_01": "eager",         # NeMo launcher
+        "mb2509_01": "graphed",         # Megatron-Bridge llama3-8b GB200: cuda_graphs 1
+        "mb2509_13": "graphed",         # Megatron-Bridge llama3-8b B200: cuda_graphs 1
+        "mb2509_03": "eager",           # llama3-70b GB200: cuda_graphs 0
+        "mb2509_22": "eager",           # llama3-8b H100: cuda_graphs 0
+        "tt_t1_1": "eager",             # torchtitan without torch.compile
+        "tt_t1_2": "off",               # torchtitan with torch.compile
+        "dgxc_maxtext_01": "graphed",   # MaxText (XLA)
+        "dgxc_pax_01": "graphed",       # Paxml (XLA)
+    }
+    got = {row: scenario_for(runs[row], models, recipes).plan.host_issue for row in expected}
+    assert got == expected
+    moe = scenario_for(runs["mb2509_09"], models, recipes)  # qwen3-30b-a3b, Bridge, GB200
+    assert moe.plan.host_issue == "partial"  # _moe_settings' rule, unchanged
+    assert [n for n in moe.settings if n.startswith("host issue")] == [
+        "host issue partial (the CPU launches the routed experts; dropless dispatch syncs "
+        "per layer)"]

@@ -249,6 +249,33 @@ def test_mixture_of_experts_settings():
                           "--moe-shared-expert-intermediate-size")
 
 
+def test_cuda_graphs_decide_how_the_host_issues_kernels():
+    """Megatron-LM is eager unless CUDA graphs are on; whole-layer graphs are graphed except
+    for a dropless MoE layer's routed experts; attention-and-router scopes are partial."""
+    assert job().plan["host_issue"] == "eager"
+    for graphs in (["--cuda-graph-impl", "transformer_engine"], ["--enable-cuda-graph"],
+                   ["--external-cuda-graph"], ["--cuda-graph-impl", "local",
+                                               "--cuda-graph-scope", "full_iteration"]):
+        assert job(*graphs).plan["host_issue"] == "graphed", graphs
+    moe = ("--num-experts", "8", "--moe-router-topk", "2")
+    dropless = job(*moe, "--cuda-graph-impl", "transformer_engine")
+    assert dropless.plan["host_issue"] == "partial"
+    assert any("routed experts cannot be captured" in n for n in dropless.assumed)
+    padded = job(*moe, "--moe-expert-capacity-factor", "1.0",
+                 "--moe-pad-expert-input-to-capacity", "--cuda-graph-impl", "local")
+    assert padded.plan["host_issue"] == "graphed"
+    partial = job(*moe, "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope",
+                  "attn moe_router moe_preprocess")
+    assert partial.plan["host_issue"] == "partial" and not any(
+        "cuda-graph-scope" in n for n in partial.assumed)
+    mlp_only = job("--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "mlp")
+    assert mlp_only.plan["host_issue"] == "eager"
+    assert any("without attention" in n for n in mlp_only.assumed)
+    expect_one_line_error(lambda: job("--cuda-graph-impl", "local", "--cuda-graph-scope",
+                                      "everything"), "--cuda-graph-scope", "everything")
+    expect_one_line_error(lambda: job("--cuda-graph-impl", "cupti"), "--cuda-graph-impl")
+
+
 def test_expert_layouts_and_dispatchers_map_to_the_plan():
     # expert-TP independent of TP (the ModelZoo's Qwen3 runs: expert-TP 1 with TP 4)
     p = job("--num-experts", "8", "--tensor-model-parallel-size", "2",

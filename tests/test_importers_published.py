@@ -69,7 +69,8 @@ def test_megatron_lm_2021_runs_from_their_arguments(catalog, row):
     ours = _plan(job)
     # the arguments of 2021: no sequence parallelism (it came in 2022: published.py turns
     # it on for every TP > 1 row), and --fp16 as the era's example script (the paper does
-    # not say which 16-bit format; both run at the A100's 312 TFLOP/s)
+    # not say which 16-bit format; both run at the A100's 312 TFLOP/s). Both issue kernels
+    # eagerly (no CUDA graphs: the importer; published_stacks.host_issue_of)
     expected = {"dtype": ("fp16", "bf16")}
     if theirs.plan.tp > 1:
         expected["sequence_parallel"] = (False, True)
@@ -100,10 +101,10 @@ def test_qwen3_long_context_run_from_its_arguments(catalog):
         "tp_comm_overlap": ("userbuffers", "async"),
         "cross_entropy": ("fused", "megatron"),
         "grad_bucket_bytes": (160_000_000, 40_000_000),
-        "layers_per_stage": ((2,) + (3,) * 30 + (2,), None),
-        # the host's kernel issue is not modelled for an imported job (the plan's
-        # default); published.py runs Megatron-Core MoE rows eager (no CUDA graphs)
-        "host_issue": ("off", "eager")}
+        "layers_per_stage": ((2,) + (3,) * 30 + (2,), None)}
+    # both eager: the job sets no CUDA graphs, and published.py runs Megatron-Core MoE rows
+    # eager
+    assert ours.host_issue == theirs.plan.host_issue == "eager"
     # the embedding and loss counted as layers: the split published.py balances into
     assert stage_layer_counts(94, theirs.plan) == ours.layers_per_stage
     _same_shape(job.model, theirs.model)  # the vocabulary 151,936 included
@@ -126,6 +127,8 @@ def test_gpt3_175b_from_its_nemo_launcher_config(catalog):
         "recompute": ("selective", "none"), "grad_reduce_dtype": ("fp32", "bf16"),
         "store_param_remainders": (True, False), "grad_bucket_bytes": (100 * 2**20, 40e6),
         "cross_entropy": ("megatron", "fused")}
+    # both eager: NeMo without CUDA graphs (the importer and published_stacks.host_issue_of)
+    assert ours.host_issue == theirs.plan.host_issue == "eager"
     # GPT-2's 50,257 tokens padded to 128 x TP 4 (models.csv: 51,200 of the FLOP formulas)
     _same_shape(job.model, theirs.model, vocab_size=51200)
     assert job.model.vocab_size == 50688
@@ -213,15 +216,13 @@ def test_nemo_recipe_settings_land_in_the_plan(catalog, tmp_path):
         model = models[keys[(row["model"], row["size"])]]
         path = tmp_path / "recipe.yaml"
         config = _bridge_from_recipe(row, model)
-        if int(row["cuda_graphs"] or 0):  # the plan has no CUDA-graph field
+        graphs = bool(int(row["cuda_graphs"] or 0))
+        if graphs:  # Transformer Engine's graphs of whole layers (the default scope)
             config["model"]["cuda_graph_impl"] = "transformer_engine"
-            path.write_text(yaml.safe_dump(config))
-            expect_one_line_error(lambda: import_job(nemo_config=path, gpus=int(float(
-                row["num_gpus"]))), "model.cuda_graph_impl", "refused")
-            continue
         path.write_text(yaml.safe_dump(config))
         job = import_job(nemo_config=path, gpus=int(float(row["num_gpus"])))
         p = job.plan
+        assert p["host_issue"] == ("graphed" if graphs else "eager")
         want = {"tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "micro_batch": "mbs",
                 "global_batch": "gbs", "seq_len": "seq_len"}
         assert {k: p[k] for k in want} == {k: int(float(row[v])) for k, v in want.items()}

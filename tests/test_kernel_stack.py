@@ -172,7 +172,8 @@ def test_eager_torchtitan_style_layer_is_slower_than_compiled():
 # ----------------------------------------------------------------- cross entropy
 
 
-@pytest.mark.parametrize("variant, fwd, bwd", [("fused", 6, 6), ("megatron", 38, 14), ("eager", 14, 22)])
+@pytest.mark.parametrize("variant, fwd, bwd", [("fused", 6, 6), ("megatron", 38, 14), ("eager", 14, 22),
+                                               ("eager_bf16", 4, 8)])
 def test_cross_entropy_bytes_per_logit(variant, fwd, bwd):
     head = {k.name: k for k in C.head_kernels(LLAMA, micro_batch=2, seq_len=1024, tp=2,
                                               cross_entropy=variant)}

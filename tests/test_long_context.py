@@ -170,8 +170,10 @@ def test_ring_attention_analytic_equals_event():
 #: gpt-oss configs' bf16 gradient reduction (validate.published_stacks, sourced) took
 #: mb2511_15 (B200, EP 8, micro-batch 4) from -48 % to -61 %: the simulated compute per
 #: micro-batch is 2-3.5x faster than measured on every gpt-oss row, a mechanism not yet
-#: found. |error| <= 65 %.
-GPT_OSS_TOLERANCE = 0.65
+#: found. |error| <= 65 %. Pricing the experts' biases as the stacks add them (Megatron-Core
+#: TEGroupedMLP._apply_bias, AutoModel's DeepEP experts; tests/test_expert_bias.py) took the
+#: largest from 61.3 % (mb2511_15) to 59.5 %: |error| <= 62 %.
+GPT_OSS_TOLERANCE = 0.62
 
 
 @pytest.fixture(scope="module")

@@ -120,6 +120,25 @@ def test_store_param_remainders_keeps_10_bytes_of_optimizer_state():
     assert z0.optimizer_bytes == 12 * p
 
 
+def test_fsdp2_fp32_params_are_the_masters_16_bytes_per_param():
+    """PyTorch FSDP2 over fp32 parameters with a bf16 MixedPrecisionPolicy (NeMo AutoModel):
+    fp32 sharded weights 4 + fp32 gradients 4 + Adam's two fp32 moments 8 = 16 bytes per
+    parameter, all sharded over dp, where bf16 weights with a separate fp32 master take 18."""
+    p = param_counts(MHA).total
+    fsdp2 = rank_memory(MHA, _plan(zero=3, dp=4, grad_reduce_dtype="fp32",
+                                   fsdp_fp32_params=True), inflight_microbatches=1, **ALL)
+    assert (fsdp2.weights_bytes, fsdp2.gradients_bytes, fsdp2.optimizer_bytes) == \
+        pytest.approx((4 * p / 4, 4 * p / 4, 8 * p / 4))
+    assert _states(fsdp2) == pytest.approx(16 * p / 4)
+    zero3 = rank_memory(MHA, _plan(zero=3, dp=4, grad_reduce_dtype="fp32"),
+                        inflight_microbatches=1, **ALL)
+    assert _states(zero3) == pytest.approx(18 * p / 4)
+    # the gathered bf16 weights of the buffers are the same either way
+    assert fsdp2.comm_buffers_bytes == zero3.comm_buffers_bytes
+    with pytest.raises(ValueError, match="fsdp_fp32_params.*zero 3"):
+        _plan(zero=1, fsdp_fp32_params=True)
+
+
 @settings(max_examples=30, deadline=None)
 @given(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]))
 def test_higher_zero_stage_never_needs_more_model_state_memory(dp, tp):

@@ -421,6 +421,21 @@ def test_embedding_and_head_activation_bytes():
     assert head_activation_bytes(MHA, micro_batch=b, seq_len=s, tp=t) == 2 * 2 * n_sp * H + 4 * b * s * V // t
 
 
+def test_bf16_logit_loss_keeps_and_needs_two_bytes_per_logit():
+    """NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False): F.cross_entropy on the bf16
+    logits saves its bf16 log-softmax (2 bytes per logit) and, in the backward, holds the
+    bf16 gradients of the log-probabilities and of the logits (2 + 2 bytes per logit)."""
+    from strategies.model_costs import head_transient_bytes
+    s, b, t = 32, 2, 2
+    n_sp, logits = b * s // t, b * s * V // t
+    assert head_activation_bytes(MHA, micro_batch=b, seq_len=s, tp=t,
+                                 cross_entropy="eager_bf16") == 2 * 2 * n_sp * H + 2 * logits
+    assert head_transient_bytes(MHA, micro_batch=b, seq_len=s, tp=t,
+                                cross_entropy="eager_bf16") == 4 * logits
+    assert head_transient_bytes(MHA, micro_batch=b, seq_len=s, tp=t,
+                                cross_entropy="eager") == 8 * logits
+
+
 # ---------------------------------------------------------------------------- errors
 
 

@@ -76,11 +76,16 @@ def test_moe_models_within_todays_bounds(report):
     35.6 %, -9.9 %. The Megatron-Bridge Qwen3 / gpt-oss configs' bf16 gradient reduction
     and gpt-oss recompute modules and AutoModel's activation checkpointing
     (validate.published_stacks) measured 12.0 %, 36.2 %, -8.9 %: the median and bias
-    tighten to that; the p90 bound stays."""
+    tighten to that; the p90 bound stays. The gpt-oss experts' biases added as the stacks
+    add them (eager per-expert adds; strategies.model_costs.expert_bias_kernels) measured
+    12.0 %, 32.7 %, -8.3 %: the p90 and bias tighten. AutoModel's rows run as AutoModel runs
+    them (no NeMo recipe, bf16-logit loss, FSDP2 fp32 masters, the gpt-oss YAMLs' EP)
+    measured 11.8 %, 32.2 %, -9.0 %: automodel_6's +55 % (EP 1) no longer offsets the
+    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
     assert moe["median_abs_error"] <= 0.125
-    assert moe["p90_abs_error"] <= 0.365
+    assert moe["p90_abs_error"] <= 0.325
     assert abs(moe["bias"]) <= 0.095
 
 
@@ -90,10 +95,12 @@ def test_whole_set_within_todays_bounds(report):
     test_moe_models_within_todays_bounds): within 5 %; the p90 21.8 % with them, 20.1 %
     with the causal FLOP count of the Megatron-Core rows, 19.2 % with the context-parallel
     rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
-    the MoE framework settings of validate.published_stacks as well (18.9 %)."""
+    the MoE framework settings of validate.published_stacks as well (18.9 %); host issue
+    per stack for the dense rows (18.6 %) and the gpt-oss experts' eager bias adds
+    (18.4 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.195
+    assert every["p90_abs_error"] <= 0.19
     assert abs(every["bias"]) <= 0.05
 
 

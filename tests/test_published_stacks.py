@@ -12,6 +12,7 @@ from strategies import model_costs
 from validate import published
 from validate.published_memory import rank_peaks
 from validate.published_stacks import (AUTOMODEL_ACTIVATION_CHECKPOINTING,
+                                       AUTOMODEL_EXPERT_PARALLEL, framework_defaults,
                                        MEGATRON_BRIDGE_BF16_GRAD_REDUCE, stack_settings)
 
 BRIDGE = {"framework": "Megatron-Bridge/Megatron-Core", "framework_version": "NeMo 25.11 container"}
@@ -77,3 +78,29 @@ def test_bf16_gradient_buffer_is_half_the_fp32_one_exactly():
     assert fp32.gradients_bytes == 2 * bf16.gradients_bytes
     assert fp32.optimizer_bytes == bf16.optimizer_bytes
     assert fp32.weights_bytes == bf16.weights_bytes
+
+
+def test_automodel_runs_fsdp2_fp32_params_and_the_bf16_logit_loss_without_nemo_recipes():
+    """AutoModel is PyTorch FSDP2, not a NeMo Megatron recipe: fp32 sharded parameters as
+    the optimizer's masters, MaskedCrossEntropy on bf16 logits, no TE fused loss or
+    userbuffers TP overlap (which the NeMo recipe of qwen3-30b-a3b on H100 would set)."""
+    defaults = framework_defaults(AUTOMODEL["framework"], AUTOMODEL["framework_version"])
+    assert (defaults["zero"], defaults["fsdp_fp32_params"], defaults["cross_entropy"]) == \
+        (3, True, "eager_bf16")
+    runs = {r.row_id: r for r in published.load_runs(sources=["nvidia_nemo_automodel"])}
+    models, recipes = published.load_models(), published.load_nemo_recipes()
+    plan = published.scenario_for(runs["automodel_4"], models, recipes).plan
+    assert (plan.cross_entropy, plan.tp_comm_overlap, plan.fsdp_fp32_params) == \
+        ("eager_bf16", "dtensor", True)
+
+
+@pytest.mark.parametrize("row, model, ep", [("automodel_5", "gpt-oss-20b", 8),
+                                            ("automodel_6", "gpt-oss-120b", 64)])
+def test_automodel_gpt_oss_rows_run_the_yaml_expert_parallelism(row, model, ep):
+    """The table prints EP '-'; the benchmark YAMLs it names set ep_size 8 / 64."""
+    assert AUTOMODEL_EXPERT_PARALLEL[model] == ep
+    runs = {r.row_id: r for r in published.load_runs(sources=["nvidia_nemo_automodel"])}
+    scenario = published.scenario_for(runs[row], published.load_models(),
+                                      published.load_nemo_recipes())
+    assert scenario.plan.ep == ep
+    assert any("ep_size" in s for s in scenario.settings)

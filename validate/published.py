@@ -173,6 +173,14 @@ ATTENTION_WINDOWS = {
 }
 
 
+#: models.csv's models whose routed experts carry biases (its columns do not print it):
+#: openai/gpt-oss-{20b,120b} checkpoints hold ``mlp.experts.gate_up_proj_bias`` and
+#: ``mlp.experts.down_proj_bias`` per layer (transformers ``GptOssExperts``); Megatron-Bridge
+#: ``GPTOSSProvider`` sets ``add_bias_linear=True`` (src/megatron/bridge/models/gpt_oss/
+#: gpt_oss_provider.py).
+EXPERT_BIASES = frozenset({"gpt-oss-120b", "gpt-oss-20b"})
+
+
 def model_from_row(row: Mapping[str, str]) -> ModelSpec:
     """A ModelSpec from one row of ``models.csv`` (multi-head latent attention from its
     ``mla_*`` columns; group-limited routing from :data:`ROUTER_GROUPS`; sliding-window
@@ -211,7 +219,8 @@ def model_from_row(row: Mapping[str, str]) -> ModelSpec:
                       expert_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
                       shared_experts=int(row.get("shared_experts") or 0), capacity_factor=0.0,
                       first_dense_layers=first_dense, layer_frequency=frequency,
-                      router_groups=groups, router_group_topk=group_topk)
+                      router_groups=groups, router_group_topk=group_topk,
+                      expert_bias=key in EXPERT_BIASES)
     return ModelSpec(name=key, num_layers=int(row["num_layers"]), hidden_size=hidden,
                      num_heads=heads, num_kv_heads=int(row["num_kv_heads"]),
                      head_dim=head_dim,
@@ -385,8 +394,13 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
         defaults["zero"] = 2 if "SHARD_GRAD_OP" in run.get("notes") else 3
     recompute = run.get("recompute") or "none"
     recompute_layers = 0
-    recipe = (nemo_recipe(run, recipes) if "nemo" in run.get("framework").lower()
-              or "megatron-bridge" in run.get("framework").lower() else None)
+    # NeMo's performance recipes are Megatron-Core (NeMo 2 / Megatron-Bridge) configs; NeMo
+    # AutoModel (PyTorch FSDP2) runs its own benchmark YAMLs (published_stacks)
+    megatron_stack = framework_kind(run.get("framework"),
+                                    run.get("framework_version")) == "megatron-core"
+    recipe = (nemo_recipe(run, recipes) if megatron_stack and (
+              "nemo" in run.get("framework").lower()
+              or "megatron-bridge" in run.get("framework").lower()) else None)
     if recipe is not None:
         # NeMo's performance scripts (nemo_recipes/README.md): TE userbuffers TP overlap,
         # FP8 runs reduce gradients in bf16, the recipe's recompute and FSDP choices
@@ -411,6 +425,8 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     model, moe_notes = _moe_settings(run, model, fields, recipe, recipes)
     if fields["recompute"] != "none":  # the framework's (or recipe's) recompute replaces "none"
         assumptions = [a for a in assumptions if not a.startswith("no activation recompute")]
+    if any(n.startswith("host issue") for n in moe_notes):  # the MoE rule refines the stack's
+        stack.notes[:] = [n for n in stack.notes if not n.startswith("host issue")]
     plan = ParallelPlan(**fields)
     return Scenario(model, cluster, plan, assumptions,
                     stack.notes + moe_notes + [f"unprinted: {u}" for u in stack.unprinted])

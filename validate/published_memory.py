@@ -103,19 +103,6 @@ KNOWN_GAPS: Mapping[str, str] = {
             "optim.dtype bf16, and shows no fp8_params: FP8 primary weights are not sourced, "
             "and what optim.dtype bf16 stores for mcore_distributed_optim is not modelled"
        for row in ("dgxc_n340_01", "dgxc_n340_06", "nemo2407a_10", "nemo2407b_10")},
-    "automodel_3": "NeMo AutoModel's Kimi-K2 run (PP 8, EP 32, FSDP 32) with the full "
-                   "activation checkpointing of its benchmark YAML (applied) still needs "
-                   "85 GiB: the model charges 18 bytes per parameter (bf16 weights, fp32 "
-                   "gradients, 12-byte optimizer) where FSDP2 with a bf16 MixedPrecisionPolicy "
-                   "keeps the fp32 sharded parameters as the optimizer's masters (16 bytes: "
-                   "fp32 parameter, fp32 gradient, two Adam moments); not modelled",
-    **{row: "NeMo AutoModel's gpt-oss runs (FSDP2): the benchmark YAMLs "
-            "(examples/benchmark/configs/gptoss_{20b,120b}_te_deepep.yaml) set "
-            "activation_checkpointing false and ep_size 8 / 64, while the published table "
-            "prints EP '-'; without EP or recompute the 20B needs 31 GiB of activations and "
-            "12 GiB of transients beside 44 GiB of sharded states; the EP the run used is "
-            "not settled by the source"
-       for row in ("automodel_5", "automodel_6")},
     "mb2511_21": "gpt-oss-120b on 64 H100s at PP 4, EP 8 with the Megatron-Bridge preset's "
                  "recompute modules layernorm moe_act and bf16 gradients (applied) needs "
                  "91 GiB at the printed micro-batch 4; the preset "

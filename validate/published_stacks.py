@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+__all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
+           "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
-           "framework_defaults", "framework_kind", "recompute_modules_of", "stack_settings",
-           "torchtitan_pipeline"]
+           "framework_defaults", "framework_kind", "host_issue_of", "recompute_modules_of",
+           "stack_settings", "torchtitan_pipeline"]
 
 #: Framework families by what their name contains (first match wins).
 _KINDS = (("megatron-lm-2021", ()), ("meta-llama3", ("meta internal",)),
@@ -71,6 +72,17 @@ AUTOMODEL_ACTIVATION_CHECKPOINTING = {
     "deepseek-v3": True, "kimi-k2": True, "qwen3-30b-a3b": True,
     "gpt-oss-20b": False, "gpt-oss-120b": False,
 }
+
+#: Expert parallelism of NeMo AutoModel's gpt-oss benchmark configs, whose published rows
+#: print EP '-' (docs/performance-summary.md@ce005dd86d7818840a5605d7e668a5202800d306 names
+#: these YAMLs as the rows' configurations): ``distributed: ep_size`` is 8 in
+#: gptoss_20b_te_deepep.yaml (8 GPUs) and 64 in gptoss_120b_te_deepep.yaml (64 GPUs)
+#: (examples/benchmark/configs/ @037e04a6a256dff70ef1ac7ea4c73819b8aab6de), and the rows'
+#: kernels "TE + DeepEP" are the YAMLs' ``backend.enable_deepep: true``, which dispatches
+#: over the EP mesh (``apply_ep`` in nemo_automodel/components/moe/parallelizer.py asserts
+#: ``ep_mesh.size() > 1``): the rows ran EP = their GPU count, the printed '-' is the
+#: table's omission.
+AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
@@ -138,7 +150,14 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       ``context_parallel_rotate_method`` option came later with the same default):
       ``cp_comm_type = "torch_allgather"``.
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
-      DTensor TP.
+      DTensor TP; FSDP2 over fp32 parameters, the sharded fp32 parameters being the
+      optimizer's masters (``fsdp_fp32_params``: AutoModel's ``apply_fsdp``,
+      nemo_automodel/components/moe/parallelizer.py, wraps every block with
+      ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``, "params are
+      kept in fp32 ... fp32 master weights under FSDP2", and its benchmark YAMLs run
+      ``torch.optim.Adam`` on them); the loss is PyTorch ``F.cross_entropy`` on the bf16
+      logits (``cross_entropy = "eager_bf16"``: every benchmark YAML sets ``loss_fn:
+      MaskedCrossEntropy`` with ``fp32_upcast: false``).
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
@@ -164,8 +183,11 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
                 "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
     if kind == "pytorch-fsdp":
-        return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
-                "fp8_recipe": "torchao", "cross_entropy": "eager"}
+        out = {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
+               "fp8_recipe": "torchao", "cross_entropy": "eager", "fsdp_fp32_params": True}
+        if "automodel" in framework.lower():
+            out["cross_entropy"] = "eager_bf16"
+        return out
     if kind == "jax":
         return {"zero": 3, "grad_reduce_dtype": "fp32"}
     if kind == "meta-llama3":
@@ -230,6 +252,56 @@ def _torchtitan_selective(detail: str, num_layers: int, pp: int) -> dict[str, ob
     return {"recompute_modules": ("op_sac",)}
 
 
+def host_issue_of(row: Mapping[str, str], recipe: Mapping[str, str] | None) -> tuple[str, str]:
+    """How a published row's stack issues its kernels from the CPU
+    (``ParallelPlan.host_issue``) and why: ``(mode, note)``.
+
+    * Megatron-Core / NeMo / Megatron-Bridge: ``eager`` (PyTorch eager, Transformer Engine
+      modules) unless the row's NeMo performance recipe captures CUDA graphs
+      (``cuda_graphs`` 1 in ``nemo_recipes/model_configs_*.csv``: NeMo 2's
+      ``enable_cuda_graph``; Megatron-Bridge's own presets agree, e.g.
+      ``scripts/performance/configs/llama/llama3_workload_base_configs.py``
+      ``LLAMA3_8B_PRETRAIN_CONFIG_{B200,GB200}_*_V1``: ``cuda_graph_impl="local"``,
+      ``cuda_graph_scope="full_iteration"``, the H100 presets none): ``graphed``. NeMo 1
+      launcher configs (``launcher_scripts/conf/training/*/*.yaml``) set no CUDA graphs.
+    * Megatron-LM 2021, llm-foundry (Composer's trainer runs the model eagerly
+      unless given a ``compile_config``; the MPT benchmark tables name none, assumption), other
+      PyTorch FSDP stacks (NeMo AutoModel) and Meta's Llama 3 stack (the paper describes
+      no CUDA graphs; assumption): ``eager``.
+    * torchtitan: ``eager`` without ``torch.compile``. With it (``training.compile``:
+      ``torch.compile`` per TransformerBlock, ``apply_compile`` in
+      torchtitan/parallelisms/parallelize_llama.py, default mode, no CUDA graphs)
+      Inductor's generated wrapper launches the fused kernels directly
+      (``hardware.compute.HOST_ISSUE_S["compiled"]``, 4 us, and no module bookkeeping),
+      which the plan cannot express yet (``HOST_ISSUE_MODES`` has no compiled mode and
+      ops' host launches are priced at the eager rate): ``off``, the nearer of the two
+      (pricing these rows eager instead moves them by at most 0.04 points).
+    * JAX (MaxText, Paxml): XLA runs the whole step as compiled programs, the host issues
+      one executable per step: ``graphed``.
+    * DeepSeek's own stack (DualPipe): not published, ``off``.
+
+    MoE rows of Megatron-Core and PyTorch FSDP stacks are refined by
+    ``validate.published._moe_settings`` (partial graphs, dropless syncs).
+    """
+    framework, version = row.get("framework", ""), row.get("framework_version", "")
+    kind = framework_kind(framework, version)
+    text = (framework + " " + row.get("notes", "")).lower()
+    if "dualpipe" in framework.lower():
+        return "off", "host issue off (DeepSeek's stack: how it issues kernels is not published)"
+    if kind == "jax":
+        return "graphed", "host issue graphed (XLA: whole-step compiled programs)"
+    if kind == "torchtitan":
+        if "compile" in text:
+            return "off", ("host issue off (torch.compile: Inductor's wrapper launches the "
+                           "fused kernels; no compiled host mode yet)")
+        return "eager", "host issue eager (torchtitan without torch.compile)"
+    if kind == "megatron-core":
+        if recipe is not None and int(float(recipe.get("cuda_graphs") or 0)):
+            return "graphed", "host issue graphed (NeMo recipe cuda_graphs 1: CUDA graphs)"
+        return "eager", "host issue eager (Megatron-Core without CUDA graphs: PyTorch eager, TE modules)"
+    return "eager", f"host issue eager ({kind}: PyTorch eager)"
+
+
 def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                    recipe: Mapping[str, str] | None, *, num_layers: int = 0) -> StackSettings:
     """What a published row runs with beyond its printed configuration and its
@@ -249,6 +321,8 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
     notes_text = row.get("notes", "")
     out = StackSettings()
     fields, notes, unprinted = out.fields, out.notes, out.unprinted
+    fields["host_issue"], host_note = host_issue_of(row, recipe)
+    notes.append(host_note)
     if kind == "torchtitan" and "compile" in (framework + notes_text).lower():
         fields.update(elementwise="fused", cross_entropy="fused")
         notes.append("torch.compile: fused elementwise kernels and loss")
@@ -319,6 +393,18 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         fields.update(recompute="full", recompute_layers=0)
         unprinted.append("activation checkpointing of every decoder block (AutoModel "
                          "benchmark YAML: activation_checkpointing true)")
+    if (kind == "pytorch-fsdp" and "automodel" in framework.lower() and not row.get("ep")
+            and model in AUTOMODEL_EXPERT_PARALLEL):
+        fields["ep"] = AUTOMODEL_EXPERT_PARALLEL[model]
+        unprinted.append(f"EP {fields['ep']} (AutoModel benchmark YAML ep_size; the table "
+                         "prints '-')")
+    if kind == "pytorch-fsdp" and "deepep" in framework.lower():
+        # NeMo AutoModel's "TE + DeepEP" experts (nemo_automodel/components/moe/layers.py
+        # GroupedExpertsDeepEP.forward): grouped_gemm ``ops.gmm`` without bias, then
+        # ``_apply_bias`` per local expert after both projections (a no-op without biases)
+        fields["expert_bias_impl"] = "eager"
+        notes.append("DeepEP experts (printed): expert biases added per expert in eager "
+                     "PyTorch after both grouped GEMMs")
     if kind == "torchtitan" and plan_fields.get("recompute") == "selective":
         fields.update(_torchtitan_selective(row.get("recompute_detail", ""), num_layers,
                                             int(plan_fields.get("pp", 1))))

@@ -120,6 +120,7 @@ _MOE: dict[str, tuple[type, Any, bool]] = {
     "layer_frequency": (int, "positive", False),
     "router_groups": (int, "nonnegative", False),
     "router_group_topk": (int, "nonnegative", False),
+    "expert_bias": (bool, None, False),
 }
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 #: Largest size, count or ratio a model may give (10 million: 30x the largest vocabulary
@@ -469,6 +470,9 @@ def _load_hf(path: Path) -> ModelSpec:
             top_k=_hf_int(cfg, "num_experts_per_tok", where),
             expert_ffn_hidden_size=ffn,
             capacity_factor=0.0,
+            # transformers GptOssExperts (models/gpt_oss/modeling_gpt_oss.py) always has
+            # gate_up_proj_bias and down_proj_bias; Mixtral's experts have none
+            expert_bias=str(cfg.get("model_type", "")) == "gpt_oss",
         )
     elif cfg.get("n_routed_experts") is not None:  # DeepSeek
         moe = MoESpec(

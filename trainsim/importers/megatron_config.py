@@ -104,6 +104,7 @@ def job_from_settings(s: Settings, *, gpus: int | None = None,
     _data_parallel(s, plan, notes, legacy=bool(legacy), dp=dp)
     _stack(s, plan, notes, legacy=bool(legacy))
     _moe(s, plan, model, notes)
+    _host_issue(s, plan, model, notes)
     # settings this job's configuration never reads (--moe-router-topk without experts,
     # a recompute method without recompute) have no effect on it, as in Megatron-LM
     unused = [s.spelled(name) for name in s.values if name not in s.read or is_ignored(name)]
@@ -461,6 +462,61 @@ def _stack(s: Settings, plan: dict[str, Any], notes: list[str], *, legacy: bool)
             raise ValueError(f"{s.spelled('cpu_offloading_weights')}: True is refused: weight "
                              "offload is not modelled")
         plan["activation_offload_layers"] = offload
+
+
+#: ``--cuda-graph-scope`` values that capture whole transformer layers (Megatron-Core
+#: ``CudaGraphScope``: ``full`` the default layer graph, ``full_iteration`` the whole
+#: forward-backward), and the partial scopes trainsim's ``partial`` host issue prices
+#: (attention, router and EP preprocess captured; the rest issued eagerly).
+_WHOLE_LAYER_SCOPES = frozenset({"full", "full_iteration"})
+_PARTIAL_SCOPES = frozenset({"attn", "moe_router", "moe_preprocess"})
+_CUDA_GRAPH_SCOPES = frozenset({*_WHOLE_LAYER_SCOPES, *_PARTIAL_SCOPES, "mlp", "moe", "mamba"})
+
+
+def _host_issue(s: Settings, plan: dict[str, Any], model: ModelSpec,
+                notes: list[str]) -> None:
+    """How the job's CPU issues kernels (``ParallelPlan.host_issue``): Megatron-LM runs
+    PyTorch eager unless CUDA graphs are on (``--enable-cuda-graph``, the local
+    implementation; ``--external-cuda-graph``, Transformer Engine's
+    ``make_graphed_callables``; or ``--cuda-graph-impl local|transformer_engine``), whose
+    ``--cuda-graph-scope`` says what is captured: whole layers (default ``full``, or
+    ``full_iteration``) are ``graphed``, except a dropless MoE layer, whose routed experts
+    have data-dependent shapes and stay eager (``partial``); ``attn`` with the router
+    scopes is ``partial``; a scope without attention is priced ``eager`` (the plan's
+    ``partial`` captures attention)."""
+    impl = s.value("cuda_graph_impl", str, "none",
+                   choices=("none", "local", "transformer_engine"))
+    graphs = (impl != "none" or bool(s.value("enable_cuda_graph", bool, False))
+              or bool(s.value("external_cuda_graph", bool, False)))
+    if not graphs:
+        plan["host_issue"] = "eager"
+        return
+    raw = s.get("cuda_graph_scope") if s.has("cuda_graph_scope") else None
+    words = ([] if raw in (None, "", "none") else
+             [str(w) for w in (raw if isinstance(raw, (list, tuple)) else
+                               str(raw).replace(",", " ").split())])
+    unknown = sorted(set(words) - _CUDA_GRAPH_SCOPES)
+    if unknown:
+        raise ValueError(f"{s.spelled('cuda_graph_scope')}: {' '.join(unknown)!r} is not "
+                         f"valid; valid: {', '.join(sorted(_CUDA_GRAPH_SCOPES))}")
+    scope = set(words) or {"full"}
+    dropless = model.moe is not None and not plan.get("moe_pad_to_capacity", False)
+    if scope & _WHOLE_LAYER_SCOPES:
+        plan["host_issue"] = "partial" if dropless else "graphed"
+        if dropless:
+            notes.append(f"{s.spelled('cuda_graph_scope')} {' '.join(sorted(scope))}: a "
+                         "dropless MoE layer's routed experts cannot be captured (token counts "
+                         "per expert change every step): attention and router replayed, the "
+                         "routed experts issued eagerly")
+    elif "attn" in scope:
+        plan["host_issue"] = "partial"
+        if scope - _PARTIAL_SCOPES:
+            notes.append(f"{s.spelled('cuda_graph_scope')} {' '.join(sorted(scope))}: priced "
+                         "as attention, router and EP preprocess captured, the rest eager")
+    else:
+        plan["host_issue"] = "eager"
+        notes.append(f"{s.spelled('cuda_graph_scope')} {' '.join(sorted(scope))}: without "
+                     "attention, priced as eager issue")
 
 
 def _moe(s: Settings, plan: dict[str, Any], model: ModelSpec, notes: list[str]) -> None:

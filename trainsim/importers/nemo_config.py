@@ -64,7 +64,7 @@ _NEMO_IGNORED = frozenset({
     "contiguous_param_buffer", "betas", "eps", "sched", "name_or_path",
     # Megatron-Bridge / Megatron-Core config fields with active defaults
     "batch_p2p_sync", "cpu_offloading_activations", "cpu_offloading_double_buffering",
-    "cuda_graph_scope", "cuda_graph_retain_backward_graph", "cuda_graph_use_single_mempool",
+    "cuda_graph_retain_backward_graph", "cuda_graph_use_single_mempool",
     "deallocate_pipeline_outputs", "disable_parameter_transpose_cache", "hf_model_id",
     "kitchen_attention_backend", "min_offloaded_tensor_size", "mlp_chunks_for_prefill",
     "parallel_output", "qk_clip_alpha", "qk_clip_threshold",

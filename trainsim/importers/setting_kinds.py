@@ -178,9 +178,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "fp4": ((None,), "FP4 training is not modelled"),
     "fp4_param": ((False, None), "FP4 training is not modelled"),
     "fp4_quantizer_factory": ((None,), "FP4 training is not modelled"),
-    "enable_cuda_graph": ((False, None), "the plan has no field for CUDA graphs"),
-    "external_cuda_graph": ((False, None), "the plan has no field for CUDA graphs"),
-    "cuda_graph_impl": (("none", None), "the plan has no field for CUDA graphs"),
     "moe_extended_tp": ((False, None), "expert tensor parallelism other than TP is not "
                         "modelled"),
     "pipeline_model_parallel_comm_backend": (("nccl", None), "only NCCL is modelled"),
