@@ -321,7 +321,7 @@ class _Template:
     """
 
     __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
-                 "no_links", "pattern", "live", "key", "links_used", "link_set", "entry_local_link", "class_of", "classes", "class_entry_flow",
+                 "no_links", "pattern", "live", "key", "links_used", "link_set", "_delivered", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
     def __init__(self, requests: Sequence[FlowRequest] | FlowBatch) -> None:
@@ -347,6 +347,7 @@ class _Template:
                                                            return_inverse=True)
         # the same as a set: whether two lists share a link (FlowNetwork._groups)
         self.link_set = frozenset(self.links_used.tolist())
+        self._delivered: np.ndarray | None = None
         # A flow that crosses no link (GPU to itself) is delivered at once.
         self.no_links = np.bincount(self.entry_flow, minlength=self.payload.size) == 0
         # Identical link patterns get identical rates: key for the rate cache.
@@ -370,6 +371,17 @@ class _Template:
             self.class_entry_link = self.entry_link[keep_entries]
             self.class_entry_weight = self.entry_weight[keep_entries]
             self.class_caps = self.caps[first]
+
+
+    def delivered_link_bytes(self) -> np.ndarray:
+        """Wire bytes per link of :attr:`links_used` once every flow has delivered its
+        payload: :meth:`_Batch.link_bytes` with nothing remaining (computed once)."""
+        if self._delivered is None:
+            delivered = np.maximum(self.payload - np.zeros(self.payload.size), 0.0)
+            self._delivered = np.bincount(
+                self.entry_local_link, weights=delivered[self.entry_flow] * self.entry_weight,
+                minlength=self.links_used.size)
+        return self._delivered
 
 
 class _Batch:
@@ -570,22 +582,30 @@ class FlowNetwork:
             return
         self._unsummed = []
         base = np.cumsum([0] + [t.links_used.size for t, _ in unsummed])
+        pieces: list[np.ndarray | None] = [None] * len(unsummed)
         by_template: dict[int, list[int]] = {}
-        for i, (template, _) in enumerate(unsummed):
-            by_template.setdefault(id(template), []).append(i)
-        bins, weights = [], []
-        for members in by_template.values():
-            template = unsummed[members[0]][0]
-            remaining = np.stack([unsummed[i][1] for i in members])
-            delivered = np.maximum(template.payload - remaining, 0.0)
-            weights.append((delivered[:, template.entry_flow]
-                            * template.entry_weight).reshape(-1))
-            bins.append((base[members][:, None]
-                         + template.entry_local_link[None, :]).reshape(-1))
-        carried = np.bincount(np.concatenate(bins), weights=np.concatenate(weights),
-                              minlength=int(base[-1]))
+        for i, (template, remaining) in enumerate(unsummed):
+            if remaining.any():
+                by_template.setdefault(id(template), []).append(i)
+            else:  # every flow drained to 0 exactly (the common case): all delivered
+                pieces[i] = template.delivered_link_bytes()
+        if by_template:
+            bins, weights, members_all = [], [], []
+            for members in by_template.values():
+                template = unsummed[members[0]][0]
+                remaining = np.stack([unsummed[i][1] for i in members])
+                delivered = np.maximum(template.payload - remaining, 0.0)
+                weights.append((delivered[:, template.entry_flow]
+                                * template.entry_weight).reshape(-1))
+                bins.append((base[members][:, None]
+                             + template.entry_local_link[None, :]).reshape(-1))
+                members_all.extend(members)
+            carried = np.bincount(np.concatenate(bins), weights=np.concatenate(weights),
+                                  minlength=int(base[-1]))
+            for i in members_all:
+                pieces[i] = carried[base[i]:base[i + 1]]
         np.add.at(self._finished_link_bytes,
-                  np.concatenate([t.links_used for t, _ in unsummed]), carried)
+                  np.concatenate([t.links_used for t, _ in unsummed]), np.concatenate(pieces))
 
     def _solve_rates(self) -> None:
         """Set every flow's rate: from the cache when the same batches (same templates,
