@@ -614,15 +614,15 @@ class SharedFabric:
                         choice: CollectiveCost, mirrors: Sequence[Sequence[int]]) -> tuple:
         """The chosen plan and the same collective's plans of every mirror group that
         may contend (a group's mirrors are a function of the group, Program.mirrors:
-        cached by it)."""
-        plan = self.cost.plan_of(kind, group, size_bytes, choice)
+        both cached by it; CostModel.plan_of caches the plan by the same key)."""
         key = ("collective", kind, tuple(group), size_bytes, choice)
         found = self._mirror_cache.get(key)
         if found is None:
-            found = tuple(self.cost.plan_of(kind, g, size_bytes, choice) for g in mirrors
-                          if self._may_contend(g))
+            found = (self.cost.plan_of(kind, group, size_bytes, choice),
+                     tuple(self.cost.plan_of(kind, g, size_bytes, choice) for g in mirrors
+                           if self._may_contend(g)))
             self._mirror_cache[key] = found
-        return plan, found
+        return found
 
     def _p2p_run(self, src: int, dst: int, size_bytes: int,
                  mirrors: Sequence[tuple[int, int]]) -> tuple:
