@@ -10,6 +10,11 @@ Figures:
 * ``analytic_gpt3``: plans/s of the closed-form step (``fidelity="analytic"``) on 400
   GPT-3-175B plans on 1,024 A100s (tp, pp, micro-batch, recompute, interleaving
   varied), one shared :class:`sim.analytic_step.PricingCache`, one core. Target >= 2,000.
+  The figure is the step times of the batch evaluator a plan search ranks with
+  (:class:`sim.analytic_batch.BatchStepEvaluator`, cold prices); the detail says how
+  many plans it covers (the others go through analytic_step), its rate again from warm
+  prices, and the rate of ``simulate_step`` building a full result per plan (the
+  figure before the batch evaluator).
 * ``analytic_llama``: the same for llama3-70b on 1,024 H100s.
 * ``plan_70b``: ``trainsim plan`` for llama3-70b on 1,024 H100s, default space. <= 3 s.
 * ``plan_405b``: llama3-405b on 16,384 H100s over a space with cp 1/2/4, vpp up to 8
@@ -74,11 +79,32 @@ for tp, pp, mb, rc, sched in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (
         continue
     plans.append(plan)
 plans = plans[:400]
+try:  # the batch evaluator of plan searches (a checkout from before has none)
+    from sim.analytic_batch import BatchStepEvaluator
+except ImportError:
+    BatchStepEvaluator = None
+batch = ""
+if BatchStepEvaluator is not None:
+    # step times of every plan from a cold cache (the figure), then again from warm
+    # prices (what each plan past the distinct shapes costs)
+    evaluator = BatchStepEvaluator(model, cluster)
+    start, cpu0 = time.perf_counter(), cpu_s()
+    evaluator.step_ns(plans)
+    batch_wall, batch_cpu = time.perf_counter() - start, cpu_s() - cpu0
+    covered = evaluator.counts["batch"]
+    cpu0 = cpu_s()
+    evaluator.step_ns(plans)
+    warm_cpu = cpu_s() - cpu0
+    batch = (f"batch evaluator: {{covered}}/{{len(plans)}} plans covered, warm "
+             f"{{len(plans) / warm_cpu:,.0f}} plans/cpu-s; ")
 cache = PricingCache()
 start, cpu0 = time.perf_counter(), cpu_s()
 for plan in plans:
     simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False, cache=cache)
 wall, cpu = time.perf_counter() - start, cpu_s() - cpu0
+full = f"simulate_step (full result per plan) {{len(plans) / cpu:,.0f}} plans/cpu-s; "
+if BatchStepEvaluator is not None:
+    wall, cpu = batch_wall, batch_cpu
 # plans whose action counts come from the schedule's closed form (no action lists:
 # PipelineSchedule.action_counts); the others (F&B pairs) count their lists
 from strategies.schedules import get_schedule
@@ -86,8 +112,8 @@ from strategies.schedules import get_schedule
 closed = sum(1 for plan in plans if not (
     plan.moe_a2a_overlap or getattr(get_schedule(plan.schedule), "pairs_own_actions", True)))
 print(json.dumps(dict(value=len(plans) / wall, unit="plans/s", wall_s=wall, cpu_s=cpu,
-                      detail=f"{{len(plans)}} plans, {{closed}} without action lists",
-                      rss=rss_mib())))
+                      detail=batch + full + f"{{len(plans)}} plans, {{closed}} without "
+                             "action lists", rss=rss_mib())))
 """
 
 _PLAN = """

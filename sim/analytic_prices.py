@@ -71,10 +71,14 @@ _NOT_IN_PARTS = frozenset({
     "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
-#: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) does not read
+#: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) and a layer's
+#: parameter gather (StepLowerer.param_gather_op: its kernels' parameters) do not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
-#: micro_batch and seq_len, shape activations, never the parameters it updates).
+#: micro_batch and seq_len, shape activations, never the parameters it updates; the
+#: schedule and vpp place the layers, which are keyed, and the copies of a chunk, which
+#: the groups key holds).
 _NOT_IN_OPTIMIZER = frozenset({
+    "schedule", "vpp",
     "global_batch", "micro_batch", "seq_len", "recompute", "recompute_layers",
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",

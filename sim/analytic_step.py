@@ -327,6 +327,17 @@ def _action_counts(actions: Sequence[Action]) -> dict[tuple, int]:
     return counts
 
 
+def optimizer_layers_key(model: ModelSpec, layers: Sequence[int]) -> tuple:
+    """The part of a rank's optimizer-step key its layers give: a model whose layers are
+    all of one kind (dense, no attention window: ``ModelSpec.layer_kind``) reads them
+    by count only (the optimizer sums their parameters and counts their tensors by
+    layer type: StepLowerer._optimizer, strategies.model_costs.rank_params), so any
+    ``n`` layers share a key; else the layers themselves."""
+    if model.moe is None and not model.sliding_window:
+        return ("uniform", len(layers))
+    return tuple(layers)
+
+
 def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
     for key, value in other.items():
         into[key] = into.get(key, 0) + value * factor
@@ -545,8 +556,10 @@ class AnalyticStepModel:
             return self._durations[key]
         shared = self._shared_for(pricer)
         if shared is not None:
+            # (a gather reads its layer's parameters: the optimizer's fields)
             shared_key = (self._shared_key("groups"),
-                          self._shared_key("part") if reads_kernels else None, what, p, arg)
+                          self._shared_key("optimizer") if reads_kernels else None, what, p,
+                          arg)
             found = shared.get(shared_key)
             if found is not None:
                 self._durations[key] = found[0]
@@ -580,8 +593,8 @@ class AnalyticStepModel:
             return pricer.schedule(self.lowerer.optimizer_ops(p))
         lowerer = self.lowerer
         key = (self._shared_key("optimizer"), self._shared_key("groups"), p,
-               tuple(lowerer.rank_layers(p)), lowerer.holds_embedding(p),
-               lowerer.holds_head(p))
+               optimizer_layers_key(lowerer.model, lowerer.rank_layers(p)),
+               lowerer.holds_embedding(p), lowerer.holds_head(p))
         cost = shared.get(key)
         if cost is None:
             cost = pricer.schedule(lowerer.optimizer_ops(p))

@@ -14,7 +14,10 @@ The search, in order (each step says how many candidates it drops and why):
 4. **Dominated**: of plans that differ only in recompute, the lightest recompute that
    fits is kept (recompute only adds kernels; it never removes communication).
 5. **Rank**: every feasible plan is simulated at the ranking fidelity (``analytic``, the
-   closed-form step model, ~0.05-0.2 s per plan), ranked, and the best ``top`` are
+   closed-form step model: its step time, throughput and peak memory from
+   :class:`sim.analytic_batch.BatchStepEvaluator`, well under a ms per plan once the
+   distinct layer shapes are priced; the best ``top`` then get their full result, whose
+   step must equal the ranked one), ranked, and the best ``top`` are
    simulated again at the final fidelity (``event``, the SimPy replay) and re-ranked.
    Ranking is by days to train including failure goodput (effective tokens/s when no
    token target is given), or by cost: the top plans are chosen at the simulated step
@@ -208,28 +211,46 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
-    # each layer kind priced once; the sums below stay in layer order (same floats)
-    priced: dict[tuple[bool, int], tuple] = {}
-    kinds = []
-    for kind in _layer_kinds(model):
-        found = priced.get(kind)
-        if found is None:
-            found = priced[kind] = _layer_compute_s(model, cluster, kind, *args)
-        kinds.append(found)
-    per_microbatch = sum(total for total, _ in kinds) / plan.pp
+    layers_s, smallest_fill = _layers_compute_s(model, cluster, args)
+    per_microbatch = layers_s / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
     if plan.pp == 1:
         return compute_s
     # a stage's F + I - W (Qi et al. 2023) is at least the smallest layer's, times the
     # fewest layers a stage holds
     stages = plan.pp * plan.vpp
-    fill = max(0.0, min(f for _, f in kinds)) * (model.num_layers // stages) * plan.vpp
+    fill = max(0.0, smallest_fill) * (model.num_layers // stages) * plan.vpp
     return compute_s + get_schedule(plan.schedule).bubble_lower_bound(
         plan.pp, plan.vpp, per_microbatch, fill)
 
 
 _LAYER_CACHE: dict[tuple, tuple] = {}
 _KINDS_CACHE: dict[int, tuple] = {}
+_SUMS_CACHE: dict[tuple, tuple] = {}
+
+
+def _layers_compute_s(model: ModelSpec, cluster: ClusterSpec, args: tuple
+                      ) -> tuple[float, float]:
+    """(every layer's compute for one micro-batch summed in layer order, the smallest
+    layer's ZB-H1 fill), seconds, memoised per (model, cluster, kernel arguments): plans
+    that differ only in pp, vpp, dp, ZeRO or schedule share them (same floats: the same
+    sum in the same order). Specs are keyed by identity and kept alive in the entry."""
+    key = (id(model), id(cluster), *args)
+    entry = _SUMS_CACHE.get(key)
+    if entry is None or entry[0] is not model or entry[1] is not cluster:
+        if len(_SUMS_CACHE) > 100_000:
+            _SUMS_CACHE.clear()
+        # each layer kind priced once; the sum stays in layer order
+        priced: dict[tuple[bool, int], tuple] = {}
+        kinds = []
+        for kind in _layer_kinds(model):
+            found = priced.get(kind)
+            if found is None:
+                found = priced[kind] = _layer_compute_s(model, cluster, kind, *args)
+            kinds.append(found)
+        entry = (model, cluster, sum(total for total, _ in kinds), min(f for _, f in kinds))
+        _SUMS_CACHE[key] = entry
+    return entry[2], entry[3]
 
 
 def _layer_kinds(model: ModelSpec) -> tuple[tuple[bool, int], ...]:
@@ -339,8 +360,32 @@ def _evaluate_chunk(args: tuple) -> list[dict]:
     return out
 
 
+def _rank_chunk(args: tuple) -> list[dict]:
+    """Worker: what the ranking needs of each plan. At ``analytic`` fidelity the step
+    time, throughput and peak memory from :class:`sim.analytic_batch.BatchStepEvaluator`
+    (the values :func:`_evaluate_chunk` gives, without a band, breakdown or result per
+    plan; :func:`search` evaluates in full the plans that reach the top); else
+    :func:`_evaluate_chunk`'s results."""
+    model, cluster, plans, fidelity = args
+    if fidelity != "analytic":
+        return _evaluate_chunk(args)
+    from sim.analytic_batch import BatchStepEvaluator
+
+    cluster, cache = _pricing_cache(cluster)
+    model = _MODELS.setdefault(model, model)
+    key = (id(model), id(cluster))
+    entry = _EVALUATORS.get(key)
+    if entry is None or entry[0] is not model or entry[1] is not cluster:
+        if len(_EVALUATORS) > 16:
+            _EVALUATORS.clear()
+        entry = _EVALUATORS[key] = (model, cluster, BatchStepEvaluator(model, cluster, cache))
+    return entry[2].rank_results(plans)
+
+
 _CACHES: dict[bytes, tuple] = {}
 _MODELS: dict = {}
+#: BatchStepEvaluator per (model, cluster) of this process (kept alive with them)
+_EVALUATORS: dict[tuple, tuple] = {}
 
 
 def _pricing_cache(cluster: ClusterSpec):
@@ -614,7 +659,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
                          f"{top_reason!r}); valid: more GPUs, another global batch or a "
                          "wider search space")
     rows.sort(key=lambda row: _sort_key(row, sort))
-    best = rows[:top]
+    best = _full_rows(rows[:top], spec, cspec, rank_fidelity, fail, token_count, price)
     confirmed = _within_confirm_budget(spec, best) if final_fidelity != rank_fidelity else []
     # plans whose analytic step is the event replay's to the nanosecond by construction
     # (analytic_equals_event: no pipeline nor CP) keep their ranked result, relabelled
@@ -682,10 +727,10 @@ class _RankingPool:
         self._pool = ProcessPoolExecutor(max_workers=workers)
 
     def evaluate(self, spec, cspec, plans: list, fidelity: str) -> list[dict]:
-        """:func:`_evaluate_chunk` over ``plans`` on the workers, in plan order."""
+        """:func:`_rank_chunk` over ``plans`` on the workers, in plan order."""
         size = -(-len(plans) // self.workers) or 1
-        futures = [self._pool.submit(_evaluate_chunk, (spec, cspec, plans[i:i + size],
-                                                       fidelity))
+        futures = [self._pool.submit(_rank_chunk, (spec, cspec, plans[i:i + size],
+                                                   fidelity))
                    for i in range(0, len(plans), size)]
         return [result for future in futures for result in future.result()]
 
@@ -719,8 +764,8 @@ def _rank(ordered: list, bounds: dict, top: int, batch: int, pool: _RankingPool 
         if pool is not None and chunk:
             results = pool.evaluate(spec, cspec, chunk, fidelity)
         else:
-            # a closed-form evaluation costs a few ms, less than shipping it to a worker
-            results = _evaluate_chunk((spec, cspec, chunk, fidelity))
+            # a closed-form evaluation costs well under a ms, less than shipping it
+            results = _rank_chunk((spec, cspec, chunk, fidelity))
         tick(min(batch, len(ordered) - (examined - batch)))
         for plan, result in zip(chunk, results):
             fits[plan] = "out_of_memory" not in result
@@ -729,6 +774,26 @@ def _rank(ordered: list, bounds: dict, top: int, batch: int, pool: _RankingPool 
             else:
                 rows.append(_row(plan, result, fail, token_count, price, fidelity))
     return rows, min(examined, len(ordered))
+
+
+def _full_rows(rows: list[dict], spec, cspec, fidelity: str, fail: dict, token_count,
+               price) -> list[dict]:
+    """``rows`` (ranked by :func:`_rank_chunk`'s step times) with the full result of
+    their plans (:func:`_evaluate_chunk`: breakdown, band, memory), in the same order.
+
+    Raises:
+        RuntimeError: when a full evaluation's step time is not the ranked one (the
+            batch evaluator must give simulate_step's step to the nanosecond).
+    """
+    full = _evaluate_chunk((spec, cspec, [r["_plan"] for r in rows], fidelity))
+    out = []
+    for row, result in zip(rows, full):
+        if result.get("step_time_s") != row["step_time_s"]:
+            raise RuntimeError(f"ranking: step {row['step_time_s']!r} s of "
+                               f"{row['_plan']} is not simulate_step's "
+                               f"{result.get('step_time_s')!r} s")
+        out.append(_row(row["_plan"], result, fail, token_count, price, fidelity))
+    return out
 
 
 def _ticker(report: Callable[[str, int, int], None], phase: str, total: int

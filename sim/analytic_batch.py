@@ -1,0 +1,680 @@
+"""Step times of many plans at ``analytic`` fidelity, without building a result per plan.
+
+A plan search or a sweep ranks thousands of plans by their step time; only the few that
+can reach the top need the full :class:`sim.step.StepResult` (breakdown, band, memory).
+:class:`BatchStepEvaluator` gives the step time alone, the one
+:func:`sim.step.simulate_step` ``(..., fidelity="analytic")`` gives, to the nanosecond
+(tests/test_analytic_batch.py compares them on random plans of several models and every
+schedule it covers).
+
+How: the closed-form step model (:mod:`sim.analytic_step`) prices each distinct part
+(layer kind, embedding, head) in each phase once per :class:`SharedPrices` key -- the
+plan fields the part reads and the groups it runs on -- and the same for a gradient
+bucket's reduction, a layer's parameter gather and a rank's optimizer step. Plans that
+share those keys (the same tp/cp/ep, micro-batch, sequence, dtype, recompute; the same
+data-parallel layout) differ only in what scales: how the layers split over ``pp * vpp``
+stages, how many micro-batches run, the schedule's closed form. Here a plan looks its
+shared prices up by the keys :class:`sim.analytic_step.AnalyticStepModel` itself uses
+(so a price is the very value it would compute), and does the step's arithmetic from
+them: stage sums by layer kind and count, the last backward's gradient buckets as they
+fill, ZeRO's parameter gathers, the schedule's ``timing``, each rank's end -- the same
+integer operations as :meth:`AnalyticStepModel.run`, without the lowering, the
+per-plan memo tables, the breakdown or the result object. A price no plan has asked
+for yet is computed by the plan's own :class:`AnalyticStepModel` (its lowering built
+on demand) and stored where that model stores it.
+
+Covered (:meth:`BatchStepEvaluator.covers`): dense models, all-reduce data
+parallelism, schedules whose micro-batches take one route and whose lists pair no
+forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
+DualPipe's two routes), overlapped gradient
+reduction, no per-stage recompute count and a compute model that prices by shape.
+Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
+number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hardware.spec import ClusterSpec
+from sim.analytic_prices import plan_fields
+from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
+                               optimizer_layers_key)
+from strategies.lowering import StepLowerer
+from strategies.model_spec import ModelSpec
+from strategies.plan import ParallelPlan
+from strategies.schedules import get_schedule
+from strategies.lowering import split_layers
+
+__all__ = ["BatchStepEvaluator"]
+
+#: StepLowerer's gradient buckets, in AnalyticStepModel._part_grads' order
+_BUCKETS = ("dense", "expert")
+#: bytes of a bf16 element (StepLowerer.act_bytes: activations move in bf16)
+_BF16_BYTES = 2
+
+
+class _Miss(Exception):
+    """A shared price no plan has computed yet."""
+
+
+class BatchStepEvaluator:
+    """Step times (ns) of plans of one model on one cluster at ``analytic`` fidelity,
+    equal to :func:`sim.step.simulate_step`'s (module docstring).
+
+    Args:
+        model: the model every plan trains.
+        cluster: the cluster spec (its GPU count per plan: ``plan.world_size``).
+        cache: the :class:`sim.analytic_step.PricingCache` to share prices with (a
+            planner passes the one its full evaluations use); default a new one.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec,
+                 cache: PricingCache | None = None) -> None:
+        self.model = model
+        self.cluster = cluster
+        self.cache = cache if cache is not None else PricingCache()
+        #: plans priced here ("batch") and by analytic_step ("reference")
+        self.counts = {"batch": 0, "reference": 0}
+        self._flags = tuple(model.layer_kind(i) for i in range(model.num_layers))
+        self._layouts: dict[tuple, tuple] = {}
+        self._splits: dict[tuple, tuple] = {}
+        self._memory_layouts: dict[tuple, _MemoryLayout] = {}
+        self._grads: dict[tuple, tuple | None] = {}
+        self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
+
+    # ------------------------------------------------------------------ public
+    def covers(self, plan: ParallelPlan) -> bool:
+        """Whether :meth:`step_ns` prices ``plan`` here (else through analytic_step)."""
+        if self.model.moe is not None or plan.dp_mode != "allreduce":
+            return False
+        if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
+                or not plan.overlap_grad_reduce:
+            return False
+        schedule = get_schedule(plan.schedule)
+        if schedule.pairs_own_actions or schedule.placement(plan.pp, plan.vpp).routes != 1:
+            return False
+        layout = self.cache.layout(self.cluster, plan.world_size)
+        return self.cache.shared_prices(layout) is not None
+
+    def step_ns(self, plans: Sequence[ParallelPlan]) -> list[int]:
+        """Step time of each plan, ns (validated plans; memory is not checked)."""
+        out = []
+        for plan in plans:
+            found = None
+            if self.covers(plan):
+                try:
+                    try:
+                        found = self._plan_step_ns(plan)
+                    except _Miss:
+                        # a price no plan computed yet: the plan's own model computes
+                        # what it needs (and stores it where it would)
+                        found = self._plan_step_ns(plan, compute=True)
+                except _Unsupported:
+                    found = None
+            if found is not None:
+                self.counts["batch"] += 1
+            else:
+                layout = self.cache.layout(self.cluster, plan.world_size)
+                lowerer = StepLowerer(self.model, plan,
+                                      domain_gpus=self.cluster.scale_up.domain_gpus)
+                found = analytic_step(self.model, self.cluster, plan, layout,
+                                      lowerer=lowerer, cache=self.cache).step_ns
+                self.counts["reference"] += 1
+            out.append(found)
+        return out
+
+    def rank_results(self, plans: Sequence[ParallelPlan]) -> list[dict]:
+        """What a plan search ranks by, per plan, without a full result:
+        ``{"step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes"}``
+        (the values :func:`sim.step.simulate_step` ``(..., fidelity="analytic")``
+        gives; ``step_time_p10_s`` .. ``p90_s`` are the step itself: no band), or
+        ``{"out_of_memory": reason}`` when a pipeline rank does not fit the GPU's HBM
+        (simulate_step's check, first rank first). Memory comes first, as there."""
+        from sim.step import throughput
+        from strategies.memory import pipeline_memory
+
+        capacity = self.cluster.gpu.hbm_bytes  # (apply_perturbations without any)
+        reserve = self.cluster.gpu.memory_reserve_bytes
+        out: list[dict | None] = []
+        priced = []
+        for plan in plans:
+            memory = pipeline_memory(self.model, plan, self._memory_layout(plan),
+                                     reserve_bytes=reserve)
+            too_big = next((b for b in memory.values() if b.total_bytes > capacity), None)
+            if too_big is not None:
+                states = too_big.weights_bytes + too_big.gradients_bytes \
+                    + too_big.optimizer_bytes
+                what = "model states" if states >= too_big.activations_bytes \
+                    else "activations"
+                out.append({"out_of_memory": f"out of memory ({what} dominate)"})
+                continue
+            out.append(None)
+            priced.append((len(out) - 1, plan,
+                           int(max(b.total_bytes for b in memory.values()))))
+        steps = self.step_ns([plan for _, plan, _ in priced])
+        for (index, plan, peak), step_ns in zip(priced, steps):
+            step_s = step_ns / 1e9
+            out[index] = {"step_time_s": step_s, "step_time_p10_s": step_s,
+                          "step_time_p50_s": step_s, "step_time_p90_s": step_s,
+                          **throughput(self.model, self.cluster, plan, step_s),
+                          "peak_memory_bytes": peak}
+        return out
+
+    def _memory_layout(self, plan: ParallelPlan):
+        """What strategies.memory.pipeline_memory reads of a StepLowerer, without the
+        lowering (for plans without a per-stage recompute count; else the lowering)."""
+        if plan.recompute_layers:
+            return StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
+        key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule)
+        found = self._memory_layouts.get(key)
+        if found is None:
+            schedule = get_schedule(plan.schedule)
+            found = self._memory_layouts[key] = _MemoryLayout(
+                schedule, *self._split(plan, schedule)[:2])
+        return found
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _gathers(plan: ParallelPlan) -> bool:
+        """StepLowerer.gathers_params("F", 0) (one route: every chunk held once)."""
+        if plan.dp * plan.cp == 1:
+            return False
+        return plan.zero == 3 or (plan.zero in (1, 2) and plan.overlap_param_gather)
+
+    def _reference_model(self, plan: ParallelPlan) -> AnalyticStepModel:
+        """The plan's own closed-form model (built on a miss), as analytic_step builds
+        it."""
+        if self._model_of is not None and self._model_of[0] is plan:
+            return self._model_of[1]
+        layout = self.cache.layout(self.cluster, plan.world_size)
+        lowerer = StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
+        model = AnalyticStepModel(lowerer, OpPricer(self.cache.cost_model(layout)),
+                                  shared=self.cache.shared_prices(layout))
+        self._model_of = (plan, model)
+        return model
+
+    def _layout_of(self, plan: ParallelPlan) -> tuple:
+        """(representative rank of each pipeline rank, the groups a part's ops run on
+        per pipeline rank: AnalyticStepModel._part_groups), once per rank layout."""
+        # (everything strategies.plan.RankLayout places ranks by)
+        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order)
+        found = self._layouts.get(key)
+        if found is None:
+            lowerer = StepLowerer(self.model, plan,
+                                  domain_gpus=self.cluster.scale_up.domain_gpus)
+            reps = lowerer.representatives
+            groups = tuple(tuple(lowerer._groups(reps[p])[name] for name in ("tp", "cp", "ep"))
+                           for p in range(plan.pp))
+            found = self._layouts[key] = (reps, groups)
+        return found
+
+    def _split(self, plan: ParallelPlan, schedule) -> tuple:
+        """Layers and holders of each virtual stage, once per split."""
+        key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule)
+        found = self._splits.get(key)
+        if found is None:
+            placement = schedule.placement(plan.pp, plan.vpp)
+            chunks = split_layers(self.model.num_layers, plan)
+            stage_layers = tuple(chunks[placement.chunk_of(s)]
+                                 for s in range(placement.num_stages))
+            flags = self._flags
+            # per stage: (first, last) flags and its layers grouped by kind in backward
+            # order (kind, a layer of that kind, count)
+            kinds = []
+            for layers in stage_layers:
+                counts: dict = {}
+                for layer in reversed(layers):
+                    entry = counts.setdefault(flags[layer], [layer, 0])
+                    entry[1] += 1
+                kinds.append(tuple((k, first, n) for k, (first, n) in counts.items()))
+            stages_of = tuple(placement.stages_of(p) for p in range(plan.pp))
+            first = tuple(placement.is_first(s) for s in range(placement.num_stages))
+            last = tuple(placement.is_last(s) for s in range(placement.num_stages))
+            # distinct ranks (AnalyticStepModel._signature), each priced by its first p
+            signatures, firsts = [], {}
+            for p in range(plan.pp):
+                signature = tuple((flags[stage_layers[s][0]:stage_layers[s][-1] + 1]
+                                   if stage_layers[s] else (), first[s], last[s])
+                                  for s in stages_of[p])
+                signatures.append(signature)
+                firsts.setdefault(signature, p)
+            # which rank asks first for each (kind, phase), in AnalyticStepModel.run's
+            # order: the distinct ranks' own phases (their action counts), then every
+            # stage's phases for the schedule's timing; the plan's model prices a
+            # (kind, phase) once, on that rank's groups, for every rank
+            split = schedule.split_backward
+            comps = ("F", "B", "W", "I") if split else ("F", "B")
+            own = ("F", "I", "W") if split else ("F", "B")
+            holders = placement.rank_of_stage
+            order = [(p, s, own) for p in sorted(firsts.values()) for s in stages_of[p]]
+            order += [(holders[s], s, comps) for s in range(len(stage_layers))]
+            askers: dict[tuple, int] = {}
+            for p, s, phase_comps in order:
+                stage_kinds = [kind for kind, _, _ in kinds[s]]
+                stage_kinds += ["head"] if last[s] else []
+                stage_kinds += ["embedding"] if first[s] else []
+                for comp in phase_comps:
+                    for kind in stage_kinds:
+                        askers.setdefault((kind, comp), p)
+            # stages alike (the same kinds and counts, ends): one phase time for all
+            shapes: dict[tuple, int] = {}
+            shape_of = tuple(shapes.setdefault(
+                (tuple((k, n) for k, _, n in kinds[s]), first[s], last[s]), s)
+                for s in range(len(stage_layers)))
+            found = (placement, stage_layers, tuple(kinds), stages_of, first, last,
+                     tuple(signatures), askers, shape_of)
+            self._splits[key] = found
+        return found
+
+    def _part_grads(self, plan: ParallelPlan, part_key: tuple, kind, part, compute: bool
+                    ) -> tuple | None:
+        """AnalyticStepModel._part_grads of a part (whole gradient bytes to the dense and
+        expert buckets, or None), per (part fields, gradient dtype, kind)."""
+        key = (part_key, plan.grad_reduce_dtype, kind)
+        if key in self._grads:
+            return self._grads[key]
+        if not compute:
+            raise _Miss
+        found = self._reference_model(plan)._part_grads(part)
+        self._grads[key] = found
+        return found
+
+    # ------------------------------------------------------------------ the step
+    def _plan_step_ns(self, plan: ParallelPlan, compute: bool = False) -> int | None:
+        """AnalyticStepModel(...).run().step_ns from shared prices; raises _Miss on a
+        price not yet computed unless ``compute`` (then the plan's model computes it)."""
+        model, cache = self.model, self.cache
+        layout = cache.layout(self.cluster, plan.world_size)
+        shared = cache.shared_prices(layout)
+        schedule = get_schedule(plan.schedule)
+        (placement, stage_layers, kinds, stages_of, is_first, is_last, signatures, askers,
+         shape_of) = self._split(plan, schedule)
+        reps, part_groups = self._layout_of(plan)
+        mkey = shared.model_key(model)
+        part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
+        groups_key = ("groups", StepLowerer, mkey, plan_fields(plan, "groups"), 1)
+        opt_key = ("optimizer", StepLowerer, mkey, plan_fields(plan, "optimizer"))
+        mode = plan.recompute
+        pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+        split = schedule.split_backward
+        get = shared.get
+
+        def kind_cost(p: int, part, kind, comp: str):
+            # the plan's model prices a (kind, phase) once, on the rank that asks first,
+            # and every rank reuses it (AnalyticStepModel._kind_cost): that rank's groups
+            p = askers.get((kind, comp), p)
+            cost = get((part_key, kind, comp, None if isinstance(part, str) else mode,
+                        part_groups[p]))
+            if cost is None:
+                if not compute:
+                    raise _Miss
+                ref = self._reference_model(plan)
+                cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
+            return cost
+
+        def phase_ns(p: int, stage: int, comp: str) -> int:
+            total = 0
+            if is_last[stage]:
+                total += kind_cost(p, "head", "head", comp).total_ns
+            for kind, layer, count in kinds[stage]:
+                total += kind_cost(p, layer, kind, comp).total_ns * count
+            if is_first[stage]:
+                total += kind_cost(p, "embedding", "embedding", comp).total_ns
+            return total
+
+        def reduction_ns(p: int, group: str, size: float) -> int | None:
+            found = get((groups_key, None, "reduce", p, (group, size)))
+            if found is None:
+                if not compute:
+                    raise _Miss
+                ref = self._reference_model(plan)
+                return ref._reduction_ns(ref.pricer, p, group, size)
+            return found[0]
+
+        def gather_ns(p: int, layer: int) -> int:
+            found = get((groups_key, opt_key, "gather", p, self._flags[layer]))
+            if found is None:
+                if not compute:
+                    raise _Miss
+                ref = self._reference_model(plan)
+                return ref._gather_ns(ref.pricer, p, layer) or 0
+            return found[0] or 0
+
+        def optimizer_ns(p: int) -> int:
+            layers = optimizer_layers_key(
+                model, [layer for s in stages_of[p] for layer in stage_layers[s]])
+            holds_first = any(is_first[s] for s in stages_of[p])
+            holds_last = any(is_last[s] for s in stages_of[p])
+            found = get((opt_key, groups_key, p, layers, holds_first, holds_last))
+            if found is None:
+                if not compute:
+                    raise _Miss
+                ref = self._reference_model(plan)
+                found = ref._optimizer_cost(ref.pricer, p)
+            return found.total_ns
+
+        holders = placement.rank_of_stage
+        comps = ("F", "B", "W", "I") if split else ("F", "B")
+        # per-stage phase times on the rank that holds each (AnalyticStepModel.
+        # _pipeline_timing)
+        phases = {}
+        for comp in comps:
+            by_shape: dict[int, int] = {}
+            row = []
+            for s, shape in enumerate(shape_of):
+                found = by_shape.get(shape)
+                if found is None:  # (the asking rank, not the holder, picks the price)
+                    found = by_shape[shape] = phase_ns(holders[s], s, comp)
+                row.append(found)
+            phases[comp] = row
+        gathers = self._gathers(plan)
+        bucket = plan.grad_bucket_bytes
+        if pp == 1 and gathers:
+            return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
+                                       phases, kind_cost, reduction_ns, optimizer_ns,
+                                       gather_ns, part_key, compute)
+        # each distinct rank (AnalyticStepModel._signature) priced once, by its first p
+        by_signature: dict[tuple, tuple[int, int, int]] = {}
+        rank_costs = []
+        for p, signature in enumerate(signatures):
+            found = by_signature.get(signature)
+            if found is None:
+                found = by_signature[signature] = self._rank_ns(
+                    p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
+                    kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
+                    placement, plan, part_key, compute)
+            rank_costs.append(found)
+        t_p2p = 0
+        if pp > 1:
+            cost_model = cache.cost_model(layout)
+            tokens = plan.micro_batch * plan.seq_len // plan.cp
+            act = tokens * model.hidden_size * _BF16_BYTES
+            message = act // plan.tp if plan.sequence_parallel and plan.tp > 1 else act
+            t_p2p = cost_model.p2p_ns(reps[0], reps[1], int(message))
+        durations_b = list(phases["B"])
+        if split:
+            durations_b = [max(b, w) for b, w in zip(durations_b, phases["W"])]
+            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, phases["W"], t_p2p,
+                                     t_fb=None, overlap=False, t_i=phases["I"])
+        else:
+            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
+        first_wait = (self._fill_delay_ns(placement, stage_layers, kinds, kind_cost,
+                                          gather_ns, t_p2p, is_first, is_last)
+                      if gathers else 0)
+        step = 0
+        for (last_backward, finish, gathers_ns), compute_end in zip(rank_costs,
+                                                                  timing.rank_end):
+            last_start = compute_end + first_wait - last_backward
+            after_backward = finish - last_backward
+            end = max(last_start + finish, gathers_ns + after_backward)
+            if end > step:
+                step = end
+        return step
+
+    def _rank_ns(self, p, stages, stage_layers, kinds, is_first, is_last, split, phases,
+                 kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
+                 placement, plan, part_key, compute) -> tuple[int, int, int]:
+        """(the last micro-batch's backward through the rank's stages, the same with its
+        buckets reduced as they fill and the optimizer, the step's parameter gathers back
+        to back): AnalyticStepModel._rank_costs' totals."""
+        tail_comps = ("I", "W") if split else ("B",)
+        flags = self._flags
+        last_backward = sum(phases[c][s] for s in stages for c in tail_comps)
+        # _walk_parts over the tail (the rank's stages in reverse, the last micro-batch):
+        # B / W actions reduce their buckets as they fill; I actions add their sums
+        total = 0
+        dp_free = 0
+        reductions: dict = {}
+        for s in reversed(stages):
+            for comp in tail_comps:
+                if comp == "I":
+                    total += phases["I"][s]
+                    continue
+                # (each kind's list schedule and whole gradient bytes, looked up once)
+                rows = {}
+                for kind, layer, _ in kinds[s]:
+                    rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key,
+                                           compute)
+                parts = [rows[flags[layer]] for layer in reversed(stage_layers[s])]
+                if is_last[s]:
+                    parts.insert(0, self._row(p, "head", "head", comp, kind_cost, plan,
+                                              part_key, compute))
+                if is_first[s]:
+                    parts.append(self._row(p, "embedding", "embedding", comp, kind_cost,
+                                           plan, part_key, compute))
+                pending = [0.0, 0.0]
+                final_index = len(parts) - 1
+                for index, (part_ns, sums) in enumerate(parts):
+                    total += part_ns
+                    final = index == final_index
+                    for slot, added in enumerate(sums):
+                        size = pending[slot] + added
+                        if size > 0 and (size >= bucket or final):
+                            due = (_BUCKETS[slot], size)
+                            if due in reductions:
+                                duration = reductions[due]
+                            else:
+                                duration = reductions[due] = reduction_ns(p, *due)
+                            if duration is not None:
+                                dp_free = (dp_free if dp_free > total else total) + duration
+                            size = 0.0
+                        pending[slot] = size
+        finish = max(total, dp_free) + optimizer_ns(p)
+        gathers_ns = 0
+        if gathers:
+            # AnalyticStepModel._gathers_ns: one micro-batch's actions (forwards in stage
+            # order, then the backwards reversed), each times the micro-batches that gather
+            work = [(s, "F") for s in stages]
+            for s in reversed(stages):
+                work += [(s, c) for c in (("I", "W") if split else ("B",))]
+            for s, comp in work:
+                if plan.zero == 3:
+                    repeats = placement.microbatches_through(s, m)
+                else:
+                    repeats = int(comp == "F" and placement.on_route(s, 0))
+                if repeats:  # (whole ns: by kind and count, as _layers_gather_ns)
+                    gathers_ns += sum(gather_ns(p, layer) * n
+                                      for _, layer, n in kinds[s]) * repeats
+        return last_backward, finish, gathers_ns
+
+    def _whole_rank_ns(self, plan, schedule, stage_layers, is_first, is_last, phases,
+                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key,
+                       compute) -> int:
+        """AnalyticStepModel._whole_rank_step without pipeline parallelism, with
+        parameter gathers: one rank's list schedule of every action in order
+        (AnalyticStepModel._walk with ``gathers``): an action that gathers issues its
+        layers' gathers on the data-parallel stream at its start and each layer waits
+        for its own; the last micro-batch's backward reduces its buckets as they fill;
+        then the optimizer."""
+        m, bucket = plan.num_microbatches, plan.grad_bucket_bytes
+        flags = self._flags
+        zero3 = plan.zero == 3
+        rows: dict[tuple, tuple] = {}
+
+        def row(part, comp: str) -> tuple:
+            kind = part if isinstance(part, str) else flags[part]
+            found = rows.get((kind, comp))
+            if found is None:
+                found = rows[(kind, comp)] = self._row(0, part, kind, comp, kind_cost, plan,
+                                                       part_key, compute)
+            return found
+
+        gathers: dict = {}
+
+        def gather(layer: int) -> int:
+            found = gathers.get(flags[layer])
+            if found is None:
+                found = gathers[flags[layer]] = gather_ns(0, layer)
+            return found
+
+        total = dp_free = 0
+        reductions: dict = {}
+        for action in schedule.actions(1, m, plan.vpp)[0]:
+            comp, stage = action.comp, action.stage
+            gathers_here = zero3 or (comp == "F" and action.microbatch == 0)
+            reduce_now = comp in ("B", "W") and action.microbatch == m - 1
+            if not gathers_here and not reduce_now:
+                total += phases[comp][stage]
+                continue
+            layers = stage_layers[stage]
+            first, last = ["embedding"] if is_first[stage] else [], \
+                ["head"] if is_last[stage] else []
+            if comp == "F":
+                parts = first + list(layers) + last
+                order = layers
+            else:
+                parts = last + list(reversed(layers)) + first
+                order = tuple(reversed(layers))
+            gathered: dict[int, int] = {}
+            pending = [0.0, 0.0]
+            final_index = len(parts) - 1
+            for index, part in enumerate(parts):
+                if gathers_here and not isinstance(part, str):
+                    if not gathered:
+                        # issued when the first layer is reached (after the head's
+                        # bucket, which may already be on the stream), in use order
+                        for layer in order:
+                            dp_free += gather(layer)
+                            gathered[layer] = dp_free
+                    if gathered[part] > total:
+                        total = gathered[part]
+                part_ns, sums = row(part, comp)
+                total += part_ns
+                if not reduce_now:
+                    continue
+                final = index == final_index
+                for slot, added in enumerate(sums):
+                    size = pending[slot] + added
+                    if size > 0 and (size >= bucket or final):
+                        due = (_BUCKETS[slot], size)
+                        if due in reductions:
+                            duration = reductions[due]
+                        else:
+                            duration = reductions[due] = reduction_ns(0, *due)
+                        if duration is not None:
+                            dp_free = (dp_free if dp_free > total else total) + duration
+                        size = 0.0
+                    pending[slot] = size
+        return max(total, dp_free) + optimizer_ns(0)
+
+    def _row(self, p, part, kind, comp, kind_cost, plan, part_key, compute) -> tuple:
+        """(a part's list-scheduled ns in ``comp``, its whole gradient bytes to the dense
+        and expert buckets)."""
+        sums = self._part_grads(plan, part_key, kind, part, compute)
+        if sums is None:
+            raise _Unsupported  # filled kernel by kernel: analytic_step
+        return kind_cost(p, part, kind, comp).total_ns, sums
+
+    def _fill_delay_ns(self, placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p,
+                       is_first, is_last) -> int:
+        """AnalyticStepModel._gather_fill_delay_fast_ns: how much later micro-batch 0's
+        forward leaves the last stage because layers wait for their gathers. Each rank's
+        data-parallel stream gathers its layers back to back from the step's start, in
+        stage order; a layer starts at ``max(ready, its gather's end)``. Over ``n``
+        layers of one kind (gather ``g``, forward ``c``) after gathers ending at ``G``,
+        ``w <- max(w, G + g (i + 1)) + c`` for ``i < n`` unrolls to
+        ``max(w + n c, G + g + n c + (n - 1) max(g - c, 0))`` (the latest gather that
+        binds is the first or the last): the same integers as the walk layer by
+        layer, which stages of mixed kinds still take."""
+        holders = placement.rank_of_stage
+        flags = self._flags
+        gathers: dict[tuple, int] = {}
+        forwards: dict[tuple, int] = {}
+
+        def gather(p: int, layer: int) -> int:
+            key = (p, flags[layer])
+            found = gathers.get(key)
+            if found is None:
+                found = gathers[key] = gather_ns(p, layer)
+            return found
+
+        def forward(p: int, layer: int) -> int:
+            key = (p, flags[layer])
+            found = forwards.get(key)
+            if found is None:
+                found = forwards[key] = kind_cost(p, layer, key[1], "F").total_ns
+            return found
+
+        # each stage's gathers start where its rank's earlier stages' end
+        dp_free: dict[int, int] = {}
+        gathered_from: list[int] = []
+        for stage, layers in enumerate(stage_layers):
+            p = holders[stage]
+            free = dp_free.get(p, 0)
+            gathered_from.append(free)
+            for kind, layer, n in kinds[stage]:
+                free += gather(p, layer) * n
+            dp_free[p] = free
+        waiting = free = 0
+        last = placement.num_chunks - 1
+        for stage in range(last + 1):
+            p = holders[stage]
+            if stage == 0:
+                cost_ns = kind_cost(p, "embedding", "embedding", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
+            layers = stage_layers[stage]
+            if len(kinds[stage]) == 1:
+                _, layer, n = kinds[stage][0]
+                g, c = gather(p, layer), forward(p, layer)
+                bound = gathered_from[stage] + g + n * c + (n - 1) * max(g - c, 0)
+                waiting = max(waiting + n * c, bound)
+                free += n * c
+            else:
+                done = gathered_from[stage]
+                for layer in layers:
+                    done += gather(p, layer)
+                    cost_ns = forward(p, layer)
+                    if done > waiting:
+                        waiting = done
+                    waiting += cost_ns
+                    free += cost_ns
+            if stage == last:
+                cost_ns = kind_cost(p, "head", "head", "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
+            if stage < last and holders[stage] != holders[stage + 1]:
+                waiting += t_p2p
+                free += t_p2p
+        return waiting - free
+
+
+class _Unsupported(Exception):
+    """A part whose gradient bytes are not whole numbers (filled kernel by kernel)."""
+
+
+class _MemoryLayout:
+    """The parts of a StepLowerer :func:`strategies.memory.pipeline_memory` reads
+    (strategies.memory.PipelineLayout) for plans of one split whose recompute mode is the
+    same on every layer (no ``recompute_layers``), each rank's answers computed once."""
+
+    #: every layer recomputes as the plan says: the memory model then takes the plan's
+    #: mode (strategies.memory._modes), as StepLowerer.recompute_of gives it layer by layer
+    recompute_of = None
+
+    def __init__(self, schedule, placement, stage_layers) -> None:
+        self.schedule = schedule
+        self.placement = placement
+        self.stage_layers = stage_layers
+        self.num_stages = placement.num_stages
+        self.chunk_copies = placement.num_stages // placement.num_chunks
+        ranks = range(placement.pp)
+        self._layers = [[layer for s in placement.stages_of(p) for layer in stage_layers[s]]
+                        for p in ranks]
+        self._first = [any(placement.is_first(s) for s in placement.stages_of(p))
+                       for p in ranks]
+        self._last = [any(placement.is_last(s) for s in placement.stages_of(p))
+                      for p in ranks]
+
+    def rank_layers(self, p: int) -> list[int]:
+        """StepLowerer.rank_layers (callers must not change the list)."""
+        return self._layers[p]
+
+    def holds_embedding(self, p: int) -> bool:
+        """StepLowerer.holds_embedding."""
+        return self._first[p]
+
+    def holds_head(self, p: int) -> bool:
+        """StepLowerer.holds_head."""
+        return self._last[p]
