@@ -301,10 +301,15 @@ class Engine:
         return choice
 
     def _execute(self, rank: int, op: Op):
-        """Run one communication op; return when data began to move (the last
-        participant arrived)."""
+        """Run one communication op (a generator: its value is when data began to
+        move, the last participant arrived), by event callbacks where the fabric has
+        them (:meth:`_execute_callbacks`), else by fabric processes."""
         if getattr(self.fabric, "start_collective", None) is not None:
-            return (yield from self._execute_callbacks(rank, op))
+            return self._execute_callbacks(rank, op)
+        return self._execute_processes(rank, op)
+
+    def _execute_processes(self, rank: int, op: Op):
+        """:meth:`_execute` with the fabric's process bodies (generators)."""
         if isinstance(op, CollectiveOp):
             choice = self._choose(op)
             run = lambda: self.fabric.run_collective(  # noqa: E731
