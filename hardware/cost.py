@@ -619,25 +619,24 @@ class SharedFabric:
         domains = {self.cost.layout.domain_of(r) for r in group}
         return len(domains) > 1 or not domains.isdisjoint(self._present_domains)
 
-    def run_collective(self, kind: str, group: Sequence[int], size_bytes: int,
-                       choice: CollectiveCost, mirrors: Sequence[Sequence[int]]
-                       ) -> Iterator[simpy.Event]:
-        """SimPy process body: the chosen plan's phases as shared flows, with the same
-        collective of every mirror group that may contend."""
-        plan = self.cost.plan_of(kind, group, size_bytes, choice)
-        # a group's mirrors are a function of the group (Program.mirrors): keyed by it
+    def _collective_run(self, kind: str, group: Sequence[int], size_bytes: int,
+                        choice: CollectiveCost, mirrors: Sequence[Sequence[int]]) -> tuple:
+        """The chosen plan and the same collective's plans of every mirror group that
+        may contend (a group's mirrors are a function of the group, Program.mirrors:
+        both cached by it; CostModel.plan_of caches the plan by the same key)."""
         key = ("collective", kind, tuple(group), size_bytes, choice)
         found = self._mirror_cache.get(key)
         if found is None:
-            found = tuple(self.cost.plan_of(kind, g, size_bytes, choice) for g in mirrors
-                          if self._may_contend(g))
+            found = (self.cost.plan_of(kind, group, size_bytes, choice),
+                     tuple(self.cost.plan_of(kind, g, size_bytes, choice) for g in mirrors
+                           if self._may_contend(g)))
             self._mirror_cache[key] = found
-        yield from self.flows.run(plan, found)
+        return found
 
-    def run_p2p(self, src: int, dst: int, size_bytes: int,
-                mirrors: Sequence[tuple[int, int]]) -> Iterator[simpy.Event]:
-        """SimPy process body: one send/recv as a flow, with its mirrors (a function of
-        the pair, Program.mirrors: keyed by it)."""
+    def _p2p_run(self, src: int, dst: int, size_bytes: int,
+                 mirrors: Sequence[tuple[int, int]]) -> tuple:
+        """The send/recv's plan, its mirrors' plans or their batches built in bulk
+        (a function of the pair, Program.mirrors: cached by it)."""
         key = ("p2p", src, dst, size_bytes)
         found = self._mirror_cache.get(key)
         if found is None:
@@ -649,7 +648,35 @@ class SharedFabric:
                 found = (plan, tuple(self.cost.p2p_plan(a, b, size_bytes) for a, b in mirrors),
                          None)
             self._mirror_cache[key] = found
-        yield from self.flows.run(*found)
+        return found
+
+    def run_collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                       choice: CollectiveCost, mirrors: Sequence[Sequence[int]]
+                       ) -> Iterator[simpy.Event]:
+        """SimPy process body: the chosen plan's phases as shared flows, with the same
+        collective of every mirror group that may contend."""
+        yield from self.flows.run(*self._collective_run(kind, group, size_bytes, choice,
+                                                        mirrors))
+
+    def run_p2p(self, src: int, dst: int, size_bytes: int,
+                mirrors: Sequence[tuple[int, int]]) -> Iterator[simpy.Event]:
+        """SimPy process body: one send/recv as a flow, with its mirrors."""
+        yield from self.flows.run(*self._p2p_run(src, dst, size_bytes, mirrors))
+
+    def start_collective(self, kind: str, group: Sequence[int], size_bytes: int,
+                         choice: CollectiveCost, mirrors: Sequence[Sequence[int]],
+                         on_done) -> bool:
+        """:meth:`run_collective` driven by callbacks (:meth:`FlowFabric.start`): the same
+        events in the same order without a process; ``on_done()`` where it would
+        return. False: nothing to run."""
+        plan, found = self._collective_run(kind, group, size_bytes, choice, mirrors)
+        return self.flows.start(plan, found, None, on_done)
+
+    def start_p2p(self, src: int, dst: int, size_bytes: int,
+                  mirrors: Sequence[tuple[int, int]], on_done) -> bool:
+        """:meth:`run_p2p` driven by callbacks, as :meth:`start_collective`."""
+        plan, plans, batches = self._p2p_run(src, dst, size_bytes, mirrors)
+        return self.flows.start(plan, plans, batches, on_done)
 
     def stats(self) -> dict[str, int]:
         """Max-min rate solves and completed flows."""

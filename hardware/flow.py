@@ -32,6 +32,14 @@ from hardware.units import NS_PER_S
 #: phases; a caller building a new list per transfer only refills the cache).
 _TEMPLATES_MAX = 4096
 
+#: Finished batches whose link bytes FlowNetwork sums in one go (memory: their
+#: remaining-bytes arrays until then).
+_UNSUMMED_MAX = 512
+
+#: Odd multipliers of a link by its position on a path, for flow_classes' hash
+#: (int64 products wrap around: a hash, equal for equal sequences).
+_HASH_FACTORS = np.random.default_rng(16).integers(1, 2**62, 64, dtype=np.int64) | 1
+
 #: A flow whose remaining bytes would take less than this (ns) is complete.
 _COMPLETION_SLACK_NS = 1e-3
 
@@ -44,6 +52,7 @@ def max_min_rates(
     capacity: np.ndarray,
     flow_cap: np.ndarray | None = None,
     multiplicity: np.ndarray | None = None,
+    levels: list[float] | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (payload bytes/s) of flows sharing capacitated links.
 
@@ -62,6 +71,9 @@ def max_min_rates(
             *flow class*: that many flows crossing the same links with the same
             weights and ceiling); default 1 each. The rate returned is that of one
             flow of the class.
+        levels: optional list the level of every round of the filling is appended
+            to, in order (what :class:`FlowNetwork` needs to tell whether solving
+            disconnected parts of a problem apart gives the rates of solving it whole).
 
     Returns:
         Array of ``num_flows`` rates; a flow that crosses no link gets its ceiling
@@ -127,6 +139,8 @@ def max_min_rates(
             newly = open_caps <= level * (1.0 + 1e-12)
             newly[entry_flow[(share <= level * (1.0 + 1e-12))[entry_link]]] = True
         rates[newly] = level
+        if levels is not None:
+            levels.append(float(level))
         open_caps[newly] = np.inf
         newly_entries = newly[entry_flow]
         remaining -= np.bincount(
@@ -138,6 +152,32 @@ def max_min_rates(
         entry_flow, entry_link, entry_weight = (entry_flow[keep], entry_link[keep],
                                                 entry_weight[keep])
     return rates
+
+
+def _levels_apart(levels: Sequence[float]) -> bool:
+    """Whether the round levels of :func:`max_min_rates` solves of separate link-disjoint
+    groups of flows are pairwise equal or further apart than its freezing tolerance
+    (``b > a * (1 + 1e-12)`` for every two distinct levels ``a < b``).
+
+    Then solving the groups one by one gives bit for bit the rates of one solve of
+    all of them. Proof: the groups share no link, so a round changes only the
+    remaining capacity and open flows of the groups that freeze something in it. In
+    the joint solve a round's level ``L`` is the least of the groups' next own levels
+    (each ``min`` of its link shares and open ceilings, as alone, the per-link sums
+    adding the same entries in the same order). A group whose next level is ``L``
+    freezes what it freezes alone at ``L`` (the same link shares and ceilings against
+    the same threshold ``L * (1 + 1e-12)``; a ceiling of another group equal to ``L``
+    picking the link branch changes nothing, the threshold being the same); any
+    other group's next level is above ``L * (1 + 1e-12)`` by the condition, so none
+    of its links or ceilings is within the threshold and it freezes nothing. By
+    induction over the rounds every group freezes the same flows at the same levels
+    as alone. With two levels closer than that and not equal, the joint solve would
+    freeze both groups at the lower one (the coupling :class:`FlowNetwork` then
+    solves jointly instead). Checking all pairs, those of one group included, is
+    stricter than needed and so safe.
+    """
+    ordered = sorted(set(levels))
+    return all(b > a * (1.0 + 1e-12) for a, b in zip(ordered, ordered[1:]))
 
 
 def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
@@ -153,6 +193,50 @@ def flow_classes(entry_flow: np.ndarray, entry_link: np.ndarray, entry_weight: n
         each class (in order of first appearance) its first flow.
     """
     starts = np.searchsorted(entry_flow, np.arange(num_flows + 1))
+    lengths = np.diff(starts)
+    if num_flows > 1 and lengths.all():
+        # Flows with the same links have the same hash of their link sequence: when
+        # no two hashes are equal, every flow is a class of its own (the common case
+        # of a phase's transfers between distinct pairs). A collision only sends the
+        # list to the exact comparison below.
+        position = np.arange(entry_flow.size) - starts[entry_flow]
+        factors = _HASH_FACTORS[np.minimum(position, _HASH_FACTORS.size - 1)]
+        hashed = np.add.reduceat(np.asarray(entry_link, dtype=np.int64) * factors
+                                 + position, starts[:-1])
+        if np.unique(hashed).size == num_flows:
+            every = np.arange(num_flows, dtype=np.int64)
+            return every, every.copy()
+    # float keys compared by value as the loop compares them (x + 0.0: -0.0 is 0.0);
+    # NaN (never equal to itself) is left to the loop
+    weights = np.asarray(entry_weight, dtype=np.float64) + 0.0
+    caps = np.asarray(flow_cap, dtype=np.float64) + 0.0
+    if np.isnan(weights).any() or np.isnan(caps).any():
+        return _flow_classes_loop(starts, entry_link, entry_weight, num_flows, flow_cap)
+    # flows of each link count as rows (links, weight bits, ceiling bits): identical
+    # rows are one class; np.unique gives each distinct row's first flow
+    label = np.empty(num_flows, dtype=np.int64)
+    firsts = []
+    labels = 0
+    for length in np.unique(lengths).tolist():
+        flows = np.flatnonzero(lengths == length)
+        index = starts[flows][:, None] + np.arange(length)
+        rows = np.concatenate((entry_link[index], weights[index].view(np.int64),
+                               caps[flows].view(np.int64)[:, None]), axis=1)
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        label[flows] = labels + inverse.reshape(-1)
+        firsts.append(flows[first])
+        labels += first.size
+    first_flow = np.concatenate(firsts) if firsts else np.zeros(0, dtype=np.int64)
+    order = np.argsort(first_flow, kind="stable")  # classes by first appearance
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return rank[label], first_flow[order]
+
+
+def _flow_classes_loop(starts: np.ndarray, entry_link: np.ndarray, entry_weight: np.ndarray,
+                       num_flows: int, flow_cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`flow_classes` by a walk over the flows, keyed by tuples (the definition;
+    used when a weight or ceiling is NaN)."""
     links, weights = entry_link.tolist(), entry_weight.tolist()
     caps = flow_cap.tolist()
     seen: dict[tuple, int] = {}
@@ -237,7 +321,7 @@ class _Template:
     """
 
     __slots__ = ("requests", "entry_flow", "entry_link", "entry_weight", "payload", "caps",
-                 "no_links", "pattern", "links_used", "entry_local_link", "class_of", "classes", "class_entry_flow",
+                 "no_links", "pattern", "live", "key", "links_used", "link_set", "_delivered", "entry_local_link", "class_of", "classes", "class_entry_flow",
                  "class_entry_link", "class_entry_weight", "class_caps")
 
     def __init__(self, requests: Sequence[FlowRequest] | FlowBatch) -> None:
@@ -261,11 +345,20 @@ class _Template:
         # a batch's link bytes are summed over these, not over the whole fabric.
         self.links_used, self.entry_local_link = np.unique(self.entry_link,
                                                            return_inverse=True)
+        # the same as a set: whether two lists share a link (FlowNetwork._groups)
+        self.link_set = frozenset(self.links_used.tolist())
+        self._delivered: np.ndarray | None = None
         # A flow that crosses no link (GPU to itself) is delivered at once.
         self.no_links = np.bincount(self.entry_flow, minlength=self.payload.size) == 0
         # Identical link patterns get identical rates: key for the rate cache.
         self.pattern = hash((self.entry_flow.tobytes(), self.entry_link.tobytes(),
                              self.entry_weight.tobytes(), self.caps.tobytes()))
+        # the flows that run (bytes to move, a link to cross) and a batch's rate-cache
+        # key when they start (_Batch.key; None: none runs)
+        self.live = (self.payload > 0) & ~self.no_links
+        self.key: tuple | None = (
+            None if not self.live.any() else (self.pattern, None) if self.live.all()
+            else (self.pattern, (~self.live).tobytes()))
         self.class_of, first = flow_classes(self.entry_flow, self.entry_link,
                                             self.entry_weight, len(requests), self.caps)
         self.classes = first.size
@@ -280,6 +373,17 @@ class _Template:
             self.class_caps = self.caps[first]
 
 
+    def delivered_link_bytes(self) -> np.ndarray:
+        """Wire bytes per link of :attr:`links_used` once every flow has delivered its
+        payload: :meth:`_Batch.link_bytes` with nothing remaining (computed once)."""
+        if self._delivered is None:
+            delivered = np.maximum(self.payload - np.zeros(self.payload.size), 0.0)
+            self._delivered = np.bincount(
+                self.entry_local_link, weights=delivered[self.entry_flow] * self.entry_weight,
+                minlength=self.links_used.size)
+        return self._delivered
+
+
 class _Batch:
     """Flows submitted together; its event fires when all have finished. Its flows'
     remaining bytes, rates and liveness live in :class:`FlowNetwork`'s flat arrays,
@@ -292,8 +396,9 @@ class _Batch:
         self.template = template
         self.offset = 0
         self.size = template.payload.size
-        # this batch's part of the rate-cache key; None while no flow has finished
-        self.key: tuple = (template.pattern, None)
+        # this batch's part of the rate-cache key: its template's and which of its
+        # flows are not running (None: all are)
+        self.key: tuple = template.key  # type: ignore[assignment]
 
     def problem(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                   np.ndarray | None, np.ndarray | None]:
@@ -344,6 +449,8 @@ class FlowNetwork:
 
     Attributes:
         rate_solves: number of max-min computations done (cache misses).
+        joint_solves: those of them made because separately solved groups of
+            batches had levels too close to be solved apart (:func:`_levels_apart`).
         flows_completed: number of flows finished.
     """
 
@@ -357,16 +464,26 @@ class FlowNetwork:
         self._last_update_ns = 0
         self._generation = 0
         self._rate_cache: dict[tuple, np.ndarray] = {}
+        # rates of groups of batches sharing no link with the others, per batch, and
+        # the round levels of their solve (_solve_rates)
+        self._group_cache: dict[tuple, tuple[list[np.ndarray], list[float]]] = {}
+        self._overlaps: dict[tuple[int, int], bool] = {}
+        self._grouping: dict[tuple[int, ...], list[list[int]]] = {}
+        self.joint_solves = 0
         self._templates: dict[int, _Template] = {}
         self.rate_solves = 0
         self.flows_completed = 0
         self._finished_link_bytes = np.zeros(self._capacity.size)
+        # finished batches whose link bytes are not in _finished_link_bytes yet:
+        # (template, remaining bytes of its flows at the end), in order of ending
+        self._unsummed: list[tuple[_Template, np.ndarray]] = []
 
     @property
     def link_bytes(self) -> np.ndarray:
         """Wire bytes every link has carried so far (delivered payload times each
         link's weight), summed once per batch when asked or when the batch ends rather
         than at every rate change."""
+        self._sum_finished()
         total = self._finished_link_bytes.copy()
         for batch in self._batches:
             links, carried = batch.link_bytes(
@@ -374,9 +491,17 @@ class FlowNetwork:
             total[links] += carried
         return total
 
-    def transfer(self, requests: Sequence[FlowRequest] | FlowBatch) -> simpy.Event:
+    def transfer(self, requests: Sequence[FlowRequest] | FlowBatch, *,
+                 last_in_event: bool = False) -> simpy.Event:
         """Start flows now (a list of requests, or the same as a :class:`FlowBatch`);
-        the returned event fires when the last one ends."""
+        the returned event fires when the last one ends.
+
+        ``last_in_event``: the caller is the last callback of a normal-priority event
+        being processed and schedules nothing after this call (hardware.network's
+        callback-driven plans): the wake-up timer is then created at once instead of
+        from an urgent event, the next event SimPy would process (every urgent event
+        due now went before the one being processed), so it gets the same place in
+        the event order."""
         event = self._env.event()
         found = self._templates.get(id(requests))
         if found is None or found.requests is not requests:
@@ -384,19 +509,16 @@ class FlowNetwork:
                 self._templates.clear()
             found = self._templates[id(requests)] = _Template(requests)
         self._advance()
-        live = (found.payload > 0) & ~found.no_links
-        if not live.any():
+        live = found.live
+        if found.key is None:  # no flow to run
             event.succeed()
             return event
         batch = _Batch(event, found)
         batch.offset = self._live.size
-        if not live.all():
-            batch.key = (found.pattern, (~live).tobytes())
         self._batches.append(batch)
         self._remaining = np.concatenate((self._remaining, found.payload))
         self._live = np.concatenate((self._live, live))
-        self._rate = np.concatenate((self._rate, np.zeros(batch.size)))  # set by the solve
-        self._reschedule()
+        self._reschedule(last_in_event)  # sets the rates of all flows, these included
         return event
 
     # ------------------------------------------------------------------ internals
@@ -408,20 +530,25 @@ class FlowNetwork:
         if not self._batches:
             return
         live, rate, remaining = self._live, self._rate, self._remaining
+        # (the rate of a finished flow is 0: its remaining bytes stay as they are)
         if elapsed_s > 0:
-            remaining -= np.where(live, np.minimum(rate * elapsed_s, remaining), 0.0)
-        newly = live & (remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S))
-        if not newly.any():
+            remaining -= np.minimum(rate * elapsed_s, remaining)
+        newly = remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S)
+        newly &= live
+        count = np.count_nonzero(newly)
+        if not count:
             return
         live &= ~newly
-        self.flows_completed += int(np.count_nonzero(newly))
+        self.flows_completed += int(count)
         finished: list[_Batch] = []
-        for batch in self._batches:
-            start, end = batch.offset, batch.offset + batch.size
-            if not newly[start:end].any():
+        batches = self._batches
+        touched = (np.logical_or.reduceat(newly, [b.offset for b in batches])
+                   if len(batches) > 1 else (True,))
+        for batch, hit in zip(batches, touched):
+            if not hit:
                 continue
-            running = live[start:end]
-            if running.any():
+            running = live[batch.offset:batch.offset + batch.size]
+            if np.count_nonzero(running):
                 batch.key = (batch.template.pattern, (~running).tobytes())
             else:
                 finished.append(batch)
@@ -430,32 +557,144 @@ class FlowNetwork:
         keep = np.ones(live.size, dtype=bool)
         for batch in finished:
             start, end = batch.offset, batch.offset + batch.size
-            links, carried = batch.link_bytes(remaining[start:end])
-            self._finished_link_bytes[links] += carried
+            self._unsummed.append((batch.template, remaining[start:end]))
             keep[start:end] = False
             self._batches.remove(batch)
-        self._remaining, self._rate, self._live = remaining[keep], rate[keep], live[keep]
+        # (the rates are set again by the _reschedule that follows every _advance)
+        self._remaining, self._live = remaining[keep], live[keep]
         offset = 0
         for batch in self._batches:
             batch.offset = offset
             offset += batch.size
+        if len(self._unsummed) >= _UNSUMMED_MAX:
+            self._sum_finished()
         for batch in finished:
             batch.event.succeed()
 
+    def _sum_finished(self) -> None:
+        """Add the link bytes of the batches ended since the last call to
+        ``_finished_link_bytes``, as :meth:`_Batch.link_bytes` and
+        ``total[links] += carried`` batch after batch would: one bincount gives every
+        batch's per-link sums (each bin adds its batch's entries in their order,
+        from 0), ``np.add.at`` adds them in the order the batches ended."""
+        unsummed = self._unsummed
+        if not unsummed:
+            return
+        self._unsummed = []
+        base = np.cumsum([0] + [t.links_used.size for t, _ in unsummed])
+        pieces: list[np.ndarray | None] = [None] * len(unsummed)
+        by_template: dict[int, list[int]] = {}
+        for i, (template, remaining) in enumerate(unsummed):
+            if remaining.any():
+                by_template.setdefault(id(template), []).append(i)
+            else:  # every flow drained to 0 exactly (the common case): all delivered
+                pieces[i] = template.delivered_link_bytes()
+        if by_template:
+            bins, weights, members_all = [], [], []
+            for members in by_template.values():
+                template = unsummed[members[0]][0]
+                remaining = np.stack([unsummed[i][1] for i in members])
+                delivered = np.maximum(template.payload - remaining, 0.0)
+                weights.append((delivered[:, template.entry_flow]
+                                * template.entry_weight).reshape(-1))
+                bins.append((base[members][:, None]
+                             + template.entry_local_link[None, :]).reshape(-1))
+                members_all.extend(members)
+            carried = np.bincount(np.concatenate(bins), weights=np.concatenate(weights),
+                                  minlength=int(base[-1]))
+            for i in members_all:
+                pieces[i] = carried[base[i]:base[i + 1]]
+        np.add.at(self._finished_link_bytes,
+                  np.concatenate([t.links_used for t, _ in unsummed]), np.concatenate(pieces))
+
     def _solve_rates(self) -> None:
         """Set every flow's rate: from the cache when the same batches (same templates,
-        same flows finished) ran before, else by :func:`max_min_rates` over the batches'
-        problems laid end to end."""
-        key = tuple(b.key for b in self._batches)
+        same flows finished) ran before, else from the rates of each group of batches
+        that share no link with the others (:meth:`_groups`), each solved by
+        :func:`max_min_rates` on its own and cached, when that provably gives the rates
+        of solving all batches at once (:meth:`_levels_apart`); else by one
+        :func:`max_min_rates` over all batches' problems laid end to end."""
+        batches = self._batches
+        key = tuple([b.key for b in batches])
         cached = self._rate_cache.get(key)
         if cached is not None:
             self._rate = cached  # never written in place: replaced on every change
             return
+        groups = self._groups()
+        per_batch: list[np.ndarray] = [None] * len(batches)  # type: ignore[list-item]
+        levels: list[float] = []
+        for group in groups:
+            group_key = tuple(batches[i].key for i in group)
+            found = self._group_cache.get(group_key)
+            if found is None:
+                group_levels: list[float] = []
+                members = [batches[i] for i in group]
+                rates = self._solve(members, group_levels)
+                for batch, batch_rates in zip(members, rates):
+                    # a flow not running moves nothing (_advance drains rate * time)
+                    batch_rates[~self._live[batch.offset:batch.offset + batch.size]] = 0.0
+                found = (rates, group_levels)
+                self._group_cache[group_key] = found
+            for i, rates in zip(group, found[0]):
+                per_batch[i] = rates
+            levels.extend(found[1])
+        if len(groups) > 1 and not _levels_apart(levels):
+            per_batch = self._solve(batches)
+            for batch, batch_rates in zip(batches, per_batch):
+                batch_rates[~self._live[batch.offset:batch.offset + batch.size]] = 0.0
+            self.joint_solves += 1
+        self._rate = np.concatenate(per_batch)
+        self._rate_cache[key] = self._rate
+
+    def _groups(self) -> list[list[int]]:
+        """The running batches (indices) in groups that share no link with one another:
+        batches whose templates cross a common link are in the same group (directly or
+        through others). Groups in order of their first batch, batches in order."""
+        batches = self._batches
+        count = len(batches)
+        if count == 1:
+            return [[0]]
+        patterns = tuple([b.template.pattern for b in batches])
+        found = self._grouping.get(patterns)
+        if found is not None:
+            return found
+        owner = list(range(count))  # union-find, by index
+        overlaps = self._overlaps
+        for i in range(count):
+            a = batches[i].template
+            for j in range(i + 1, count):
+                b = batches[j].template
+                pair = (a.pattern, b.pattern)
+                meet = overlaps.get(pair)
+                if meet is None:
+                    meet = overlaps[pair] = not a.link_set.isdisjoint(b.link_set)
+                if meet:
+                    x, y = i, j
+                    while owner[x] != x:
+                        x = owner[x]
+                    while owner[y] != y:
+                        y = owner[y]
+                    if x != y:
+                        owner[max(x, y)] = min(x, y)
+        groups: dict[int, list[int]] = {}
+        for i in range(count):
+            root = i
+            while owner[root] != root:
+                root = owner[root]
+            groups.setdefault(root, []).append(i)
+        found = self._grouping[patterns] = list(groups.values())
+        return found
+
+    def _solve(self, batches: Sequence[_Batch], levels: list[float] | None = None
+               ) -> list[np.ndarray]:
+        """Rates of every flow of ``batches`` (one array per batch) by one
+        :func:`max_min_rates` over their problems laid end to end (its round levels
+        appended to ``levels``)."""
         flows, links, weights, caps, mults, offsets = [], [], [], [], [], [0]
         parts = []
         weighted = False
         live = self._live
-        for batch in self._batches:
+        for batch in batches:
             done = ~live[batch.offset:batch.offset + batch.size]
             entry_flow, entry_link, entry_weight, batch_caps, mult, class_of = \
                 batch.problem(done)
@@ -473,25 +712,32 @@ class FlowNetwork:
                                            for m, c in zip(mults, caps)])
         rates = max_min_rates(
             np.concatenate(flows), np.concatenate(links), np.concatenate(weights),
-            offsets[-1], self._capacity, np.concatenate(caps), multiplicity,
+            offsets[-1], self._capacity, np.concatenate(caps), multiplicity, levels,
         )
         self.rate_solves += 1
-        self._rate = np.concatenate([
-            rates[offsets[i]:offsets[i + 1]] if class_of is None
-            else rates[offsets[i]:offsets[i + 1]][class_of]
-            for i, class_of in enumerate(parts)])
-        self._rate_cache[key] = self._rate
+        return [rates[offsets[i]:offsets[i + 1]] if class_of is None
+                else rates[offsets[i]:offsets[i + 1]][class_of]
+                for i, class_of in enumerate(parts)]
 
-    def _reschedule(self) -> None:
-        """Recompute rates and arm the timer for when the next flow will finish."""
+    def _reschedule(self, at_once: bool = False) -> None:
+        """Recompute rates and arm the timer for when the next flow will finish
+        (``at_once``: see :meth:`transfer`)."""
         self._generation += 1
         if not self._batches:
             self._rate = np.zeros(0)
             return
         self._solve_rates()
-        live = self._live
-        next_s = float((self._remaining[live] / self._rate[live]).min())
+        # the soonest end of a running flow: a finished one (rate 0) gives inf or nan,
+        # which fmin passes over
+        with np.errstate(divide="ignore", invalid="ignore"):
+            next_s = float(np.fmin.reduce(self._remaining / self._rate))
         delay_ns = int(np.ceil(next_s * NS_PER_S - _COMPLETION_SLACK_NS))
+        if at_once:
+            # the urgent event below would be the next one processed, nothing being
+            # scheduled in between: its timeout would get the next event id, as here
+            timer = self._env.timeout(max(delay_ns, 0), self._generation)
+            timer.callbacks.append(self._wake)
+            return
         # The timeout is created when an urgent event scheduled now is processed, the
         # point in SimPy's event order at which a process started here would create
         # it: ties with other events at the wake-up time resolve as they always have.
@@ -512,4 +758,6 @@ class FlowNetwork:
         if timer._value != self._generation:
             return  # superseded by a later arrival or completion
         self._advance()
-        self._reschedule()
+        # Processing a timeout (normal priority): every urgent event due now was
+        # processed before it, and _advance schedules only normal ones.
+        self._reschedule(at_once=True)

@@ -279,6 +279,24 @@ class NetworkModel:
                         for c, t in zip(caps, phase.transfers)]
         return caps
 
+    def transfer_caps_columns(self, plan: CommPlanLike, phase: PhaseLike, src: np.ndarray,
+                              dst: np.ndarray, payload: np.ndarray, mode: str) -> np.ndarray:
+        """:meth:`transfer_caps` of a phase whose transfers all have ``mode``, given as
+        arrays (sources, destinations, payload bytes as floats), in numpy: the same
+        products and minima element by element."""
+        caps = np.full(src.size, math.inf)
+        bus_bytes = getattr(phase, "bus_bytes", 0.0)
+        if bus_bytes > 0:
+            cap = self.bus_cap_bytes_per_s(plan)
+            if not math.isinf(cap):
+                caps = payload * cap / bus_bytes
+        if mode == "p2p" and src.size:
+            p2p = self.p2p_cap_bytes_per_s(getattr(plan, "ranks", 2))
+            if not math.isinf(p2p):
+                cross = self.layout.domains_of(src) != self.layout.domains_of(dst)
+                caps = np.where(cross, np.minimum(caps, p2p), caps)
+        return caps
+
     def tree_chunk_bytes(self, plan: CommPlanLike, phase: PhaseLike,
                          size_bytes: float | None = None) -> float:
         """Chunk a tree all-reduce pipelines in (NCCL enqueue.cc): one Simple step of
@@ -481,14 +499,15 @@ class FlowFabric:
         (:meth:`ClusterLayout.paths_links` lists the links of ``path`` in order)."""
         model = self.model
         fill = model.pipeline_factor(plan, phase)
-        caps = model.transfer_caps(plan, phase)
         transfers = phase.transfers
         if getattr(transfers, "columns", False):
             src = np.asarray(transfers.src, dtype=np.int64)
             dst = np.asarray(transfers.dst, dtype=np.int64)
             payload = np.full(src.size, float(transfers.payload_bytes))
             modes = {transfers.mode}
+            caps = model.transfer_caps_columns(plan, phase, src, dst, payload, transfers.mode)
         else:
+            caps = model.transfer_caps(plan, phase)
             src = np.asarray([t.src for t in transfers], dtype=np.int64)
             dst = np.asarray([t.dst for t in transfers], dtype=np.int64)
             payload = np.asarray([float(t.payload_bytes) for t in transfers], dtype=np.float64)
@@ -555,6 +574,19 @@ class FlowFabric:
             transfer(a, b, first.payload_bytes, "p2p") for a, b in pairs if a != b))
         return self._phase_batch(plan, everyone)
 
+    def start(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = (),
+              batches: Sequence[FlowBatch] | None = None, on_done=None) -> bool:
+        """What :meth:`run` does, driven by event callbacks instead of a SimPy process:
+        the same timeouts and flow batches, each created at the point of SimPy's event
+        order where the process would create it (when the event before it is
+        processed, as its only callback), so every tie resolves as with :meth:`run`.
+        ``on_done()`` is called while the last batch's event is processed, where the
+        process would return. False (and no call): nothing to run, done already."""
+        if not plan.phases:
+            return False
+        _PlanRun(self, plan, mirrors, batches, on_done).begin()
+        return True
+
     def run(self, plan: CommPlanLike, mirrors: Sequence[CommPlanLike] = (),
             batches: Sequence[FlowBatch] | None = None) -> Iterator[simpy.Event]:
         """SimPy process body: base latency, then each phase's latency and flows.
@@ -580,3 +612,55 @@ class FlowFabric:
                 else:
                     requests = self._phase_requests(plan, index)
                 yield self.network.transfer(requests)
+
+
+class _PlanRun:
+    """One plan run by :meth:`FlowFabric.start`: base latency, then per phase its
+    latency and its flows, each step a callback of the event ending the one before."""
+
+    __slots__ = ("fabric", "plan", "mirrors", "batches", "on_done", "index")
+
+    def __init__(self, fabric: FlowFabric, plan: CommPlanLike, mirrors: Sequence[CommPlanLike],
+                 batches: Sequence[FlowBatch] | None, on_done) -> None:
+        self.fabric = fabric
+        self.plan = plan
+        self.mirrors = mirrors
+        self.batches = batches
+        self.on_done = on_done
+        self.index = 0
+
+    def begin(self) -> None:
+        """Wait the plan's base latency (FlowFabric.run's first timeout)."""
+        fabric = self.fabric
+        timer = fabric.env.timeout(seconds_to_ns(fabric.model.base_latency_s(self.plan)))
+        timer.callbacks.append(self._phase)
+
+    def _phase(self, _event: simpy.Event) -> None:
+        """The previous step has ended: wait the next phase's latency, or finish."""
+        plan = self.plan
+        if self.index == len(plan.phases):
+            self.on_done()
+            return
+        fabric = self.fabric
+        phase = plan.phases[self.index]
+        timer = fabric.env.timeout(
+            seconds_to_ns(fabric.model.phase_latency_s(phase, plan.protocol, plan.family)))
+        timer.callbacks.append(self._flows)
+
+    def _flows(self, event: simpy.Event) -> None:
+        """The phase's latency has passed: start its flows (none: next phase at once)."""
+        index = self.index
+        self.index += 1
+        plan = self.plan
+        if not plan.phases[index].transfers:
+            self._phase(event)
+            return
+        fabric = self.fabric
+        if self.batches is not None:
+            requests = self.batches[index]
+        elif self.mirrors:
+            requests = fabric._with_mirrors(plan, self.mirrors, index)
+        else:
+            requests = fabric._phase_requests(plan, index)
+        # (the latency timeout, normal priority, has this one callback)
+        fabric.network.transfer(requests, last_in_event=True).callbacks.append(self._phase)

@@ -104,6 +104,12 @@ class ClusterLayout:
             return rank
         return self.node_of(rank) // self._nodes_per_domain
 
+    def domains_of(self, ranks: np.ndarray) -> np.ndarray:
+        """:meth:`domain_of` of every rank of an integer array."""
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            return np.asarray(ranks)
+        return np.asarray(ranks) // self.gpus_per_node // self._nodes_per_domain
+
     def rail_of(self, rank: int) -> int:
         """NIC index (rail) serving a rank's GPU."""
         return self.local_of(rank) * self.spec.nic.count_per_node // self.spec.gpus_per_node

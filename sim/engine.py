@@ -301,8 +301,15 @@ class Engine:
         return choice
 
     def _execute(self, rank: int, op: Op):
-        """Run one communication op; return when data began to move (the last
-        participant arrived)."""
+        """Run one communication op (a generator: its value is when data began to
+        move, the last participant arrived), by event callbacks where the fabric has
+        them (:meth:`_execute_callbacks`), else by fabric processes."""
+        if getattr(self.fabric, "start_collective", None) is not None:
+            return self._execute_callbacks(rank, op)
+        return self._execute_processes(rank, op)
+
+    def _execute_processes(self, rank: int, op: Op):
+        """:meth:`_execute` with the fabric's process bodies (generators)."""
         if isinstance(op, CollectiveOp):
             choice = self._choose(op)
             run = lambda: self.fabric.run_collective(  # noqa: E731
@@ -318,6 +325,47 @@ class Engine:
             meeting = self._meet(("p2p", src, dst, op.tag), 2,
                                  lambda: self.fabric.run_p2p(src, dst, op.size_bytes,
                                                              self._pair_mirrors(src, dst)))
+        else:
+            raise TypeError(f"op: {type(op).__name__} is not a Program op")
+        yield meeting.done
+        return meeting.started_ns
+
+    def _execute_callbacks(self, rank: int, op: Op):
+        """:meth:`_execute` on a fabric that runs communication by event callbacks
+        (hardware.cost.SharedFabric.start_collective): the same events in the same
+        order, without a process per collective.
+
+        Where :meth:`_execute` runs the fabric's process body inside this stream's
+        process, the stream waits on an event that is never scheduled but processed
+        on the spot (:func:`_process_now`) when the fabric finishes, inside the
+        processing of the fabric's last event, as the stream's process would resume
+        there; where it starts a process at the rendezvous, an urgent event scheduled
+        then starts the fabric, as the process's Initialize event would (its end
+        event, which nothing waits on, is left out)."""
+        fabric = self.fabric
+        if isinstance(op, CollectiveOp):
+            choice = self._choose(op)
+            mirrors = self._group_mirrors(op)
+
+            def start(on_done) -> bool:
+                return fabric.start_collective(op.kind, op.group, op.size_bytes, choice,
+                                               mirrors, on_done)
+
+            if self._members_present(op) == 1:
+                # Alone (a reduced program's representative): nobody to wait for.
+                started = self.env.now
+                finished = self.env.event()
+                if start(lambda: _process_now(finished)):
+                    yield finished
+                return started
+            meeting = self._meet(op.key, self._members_present(op), start, callbacks=True)
+        elif isinstance(op, (SendOp, RecvOp)):
+            src, dst = (rank, op.peer) if isinstance(op, SendOp) else (op.peer, rank)
+            mirrors = self._pair_mirrors(src, dst)
+            meeting = self._meet(("p2p", src, dst, op.tag), 2,
+                                 lambda on_done: fabric.start_p2p(src, dst, op.size_bytes,
+                                                                  mirrors, on_done),
+                                 callbacks=True)
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
         yield meeting.done
@@ -349,9 +397,12 @@ class Engine:
             self._present_cache[op.group] = present
         return present
 
-    def _meet(self, key: object, expected: int, communicate) -> _Rendezvous:
+    def _meet(self, key: object, expected: int, communicate, callbacks: bool = False
+              ) -> _Rendezvous:
         """Arrive at a rendezvous; the last to arrive starts ``communicate()`` (a
-        process body of the fabric)."""
+        process body of the fabric), or with ``callbacks`` ``communicate(on_done)``
+        (a fabric's callback start, False when there is nothing to run) from an
+        urgent event scheduled now, where the process would start."""
         meeting = self._meetings.get(key)
         if meeting is None:
             meeting = _Rendezvous(expected, 0, self.env.event())
@@ -360,7 +411,16 @@ class Engine:
         if meeting.arrived == meeting.expected:
             del self._meetings[key]
             meeting.started_ns = self.env.now
-            self.env.process(self._communicate(communicate(), meeting.done))
+            if callbacks:
+                done = meeting.done
+                begin = simpy.Event(self.env)
+                begin._ok = True
+                begin._value = None
+                begin.callbacks.append(
+                    lambda _event: communicate(done.succeed) or done.succeed())
+                self.env.schedule(begin, simpy.core.URGENT)
+            else:
+                self.env.process(self._communicate(communicate(), meeting.done))
         return meeting
 
     def _communicate(self, body: Iterator[simpy.Event], done: simpy.Event
@@ -370,6 +430,16 @@ class Engine:
 
     def _record(self, rank: int, index: int, op: Op, start_ns: int, end_ns: int) -> None:
         record_op(self.timeline, rank, index, op, start_ns, end_ns)
+
+
+def _process_now(event: simpy.Event) -> None:
+    """Trigger ``event`` and run its callbacks at once, as SimPy would when processing
+    it (for an event nobody schedules: the waiting process resumes here and now)."""
+    event._ok = True
+    event._value = None
+    callbacks, event.callbacks = event.callbacks, None
+    for callback in callbacks:
+        callback(event)
 
 
 def simulate(program: Program, cluster: ClusterSpec, *, nodes: int, gpus_per_node: int,
