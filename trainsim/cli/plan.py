@@ -204,7 +204,7 @@ def _confirmed(report) -> str:
     # plans without a pipeline are confirmed by construction (trainsim.planner.
     # analytic_equals_event): their ranked result is the replay's
     free = done - report.counts.get("final_replayed", done)
-    how = (f"; {free} without a replay: no pipeline nor CP, where {i['ranking_fidelity']} equals "
+    how = (f"; {free} without a replay: no pipeline, where {i['ranking_fidelity']} equals "
            f"{i['final_fidelity']} to the ns" if free else "")
     if done == shown:
         return f"confirmed at {i['final_fidelity']} fidelity{how}"
