@@ -85,6 +85,20 @@ def one_line_error(func, *args, **kwargs) -> str:
     return message
 
 
+def validate_for(plan, model, cluster, gpus: int) -> None:
+    """``strategies.plan.validate_plan`` of ``plan`` against ``model``'s shape and
+    ``cluster``'s size on ``gpus`` GPUs (what random-plan tests draw against).
+
+    Raises:
+        ValueError: as validate_plan."""
+    from strategies.plan import validate_plan
+
+    validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
+                  num_kv_heads=model.num_kv_heads,
+                  num_experts=model.moe.num_experts if model.moe else 0, gpus=gpus,
+                  cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
+
+
 def tiny_models():
     """A small dense GPT and a small MoE model for fast step tests."""
     from strategies.model_spec import ModelSpec, MoESpec

@@ -11,13 +11,12 @@ import random
 
 import pytest
 
-from conftest import tiny_models
+from conftest import tiny_models, validate_for
 from hardware.catalog import load_cluster
 from sim.analytic_batch import BatchStepEvaluator
 from sim.step import simulate_step
 from strategies.memory import OutOfMemoryError
 from strategies.models import load_model
-from strategies.plan import validate_plan
 from strategies.schedules import get_schedule, schedule_names
 from trainsim.api import make_plan
 
@@ -56,10 +55,7 @@ def _plans(model, cluster, count: int, seed: int):
         tries += 1
         try:
             plan = _random_plan(rng, model)
-            validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
-                          num_kv_heads=model.num_kv_heads,
-                          num_experts=model.moe.num_experts if model.moe else 0, gpus=GPUS,
-                          cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
+            validate_for(plan, model, cluster, GPUS)
             simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False)
         except ValueError:
             continue

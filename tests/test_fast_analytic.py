@@ -12,13 +12,12 @@ import random
 
 import pytest
 
-from conftest import tiny_models
+from conftest import tiny_models, validate_for
 from hardware.catalog import load_cluster
 from sim.analytic_step import PricingCache, analytic_step
 from sim.step import job_layout
 from strategies.lowering import StepLowerer
 from strategies.models import load_model
-from strategies.plan import validate_plan
 from strategies.schedules import get_schedule, schedule_names
 from strategies.schedules.base import count_actions
 from trainsim.api import make_plan
@@ -59,10 +58,7 @@ def _plans(model, count: int, seed: int):
         tries += 1
         try:
             plan = _random_plan(rng, model)
-            validate_plan(plan, num_layers=model.num_layers, num_heads=model.num_heads,
-                          num_kv_heads=model.num_kv_heads,
-                          num_experts=model.moe.num_experts if model.moe else 0, gpus=GPUS,
-                          cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
+            validate_for(plan, model, cluster, GPUS)
             StepLowerer(model, plan)
         except ValueError:
             continue
