@@ -86,3 +86,41 @@ def test_a_schedule_added_as_one_file_reaches_the_memory_model():
         per_mb = plain.memory[p].activations_bytes / (4 - p)
         assert eager.memory[p].activations_bytes == pytest.approx((2 * (4 - p - 1) + 1) * per_mb)
     assert eager.step_time_s == pytest.approx(plain.step_time_s, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved"])
+def test_held_counts_closed_form_equals_walking_the_lists(name):
+    """Schedules with a closed form for the activations held after each forward
+    (PipelineSchedule.held_counts: issue 16, the planner's memory check builds no
+    action lists) give peak_held's bytes to the float for whole-byte stage sizes, on
+    every shape of a seeded sample, cut at the memory horizon or not."""
+    import random
+
+    from strategies.pipeline import peak_held
+    from strategies.schedules import get_schedule
+
+    schedule = get_schedule(name)
+    rng = random.Random(16)
+    shapes = [(pp, vpp) for pp in (1, 2, 3, 4, 8) for vpp in ((1,) if name == "1f1b"
+                                                              else (2, 3, 4))]
+    checked = 0
+    for pp, vpp in shapes:
+        for m in sorted({pp, 2 * pp, 3 * pp, 5 * pp, 12 * pp} | (
+                {1, 2, 7, 33} if name == "1f1b" else set())):
+            try:
+                schedule.check(pp, m, vpp)
+            except ValueError:
+                continue
+            sizes = [float(rng.randrange(1, 10**11)) for _ in range(pp * vpp)]
+            got = schedule.peak_activation_bytes(pp, m, vpp, sizes)
+            horizon = schedule.memory_horizon(pp, vpp)
+            walked = peak_held(schedule.actions(pp, min(m, horizon or m), vpp), sizes)
+            assert got == walked, (pp, m, vpp)
+            assert peak_held(schedule.actions(pp, m, vpp), sizes) == got, (pp, m, vpp)
+            checked += 1
+    assert checked >= 10
+    # sizes that are not whole bytes walk the lists (the sums' rounding is theirs)
+    schedule.check(2, 4, shapes[0][1])
+    halves = [0.5 + i for i in range(2 * shapes[0][1])]
+    assert schedule.peak_activation_bytes(2, 4, shapes[0][1], halves) == peak_held(
+        schedule.actions(2, 4, shapes[0][1]), halves)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Mapping, Sequence
 
+import numpy as np
+
 from strategies.pipeline import (
     Action,
     StagePlacement,
@@ -248,7 +250,25 @@ class PipelineSchedule:
         """
         horizon = self.memory_horizon(pp, vpp)
         m = microbatches if horizon is None else min(microbatches, horizon)
+        if _whole_bytes(stage_bytes, pp * vpp, m * vpp):
+            self.check(pp, m, vpp)
+            counts = _held_counts(self, pp, m, vpp)
+            if counts is not None:
+                # whole numbers of bytes below 2**53: every sum is exact, so the dot
+                # product is the float peak_held's running total reaches
+                sizes = np.asarray(stage_bytes[:pp * vpp], dtype=np.float64)
+                return [float((rows @ sizes).max(initial=0.0)) for rows in counts]
         return peak_held(self.actions(pp, m, vpp), stage_bytes)
+
+    def held_counts(self, pp: int, microbatches: int, vpp: int
+                    ) -> tuple[np.ndarray, ...] | None:
+        """Closed form of the activations each rank holds right after each of its
+        forwards (where :func:`strategies.pipeline.peak_held` looks for the peak): per
+        rank an int matrix, one row per forward, one column per stage, of how many
+        micro-batches of that stage it holds then (held from F to B or I). None: no
+        closed form, :meth:`peak_activation_bytes` walks the action lists. Overrides
+        are checked against the lists in tests/test_schedules.py."""
+        return None
 
     def peak_inflight(self, pp: int, microbatches: int, vpp: int) -> list[int]:
         """Peak number of (stage, micro-batch) activations each rank holds."""
@@ -257,6 +277,32 @@ class PipelineSchedule:
 
     def __repr__(self) -> str:
         return f"<schedule {self.name}>"
+
+
+def _whole_bytes(stage_bytes: Sequence[float], stages: int, forwards: int) -> bool:
+    """Whether ``stage_bytes`` has a whole number of bytes for each of ``stages`` stages,
+    small enough that ``forwards`` of them add up exactly in float64 (< 2**53)."""
+    if len(stage_bytes) < stages:
+        return False
+    sizes = stage_bytes[:stages]
+    return (all(float(b).is_integer() and b >= 0 for b in sizes)
+            and max(sizes, default=0) * max(forwards, 1) < 2 ** 53)
+
+
+@lru_cache(maxsize=1024)
+def _held_counts(schedule: "PipelineSchedule", pp: int, microbatches: int, vpp: int
+                 ) -> tuple[np.ndarray, ...] | None:
+    """PipelineSchedule.held_counts, memoised, each rank's distinct rows only."""
+    counts = schedule.held_counts(pp, microbatches, vpp)
+    if counts is None:
+        return None
+    out = []
+    for rows in counts:
+        rows = np.unique(rows, axis=0) if len(rows) else np.zeros((1, pp * vpp), np.int64)
+        rows = rows.astype(np.float64)
+        rows.setflags(write=False)
+        out.append(rows)
+    return tuple(out)
 
 
 @lru_cache(maxsize=512)

@@ -3,6 +3,8 @@ arXiv 2104.04473, §2.2)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from strategies.pipeline import Action
 from strategies.schedules.base import OneFOneBFamily, check_positive_shape
 
@@ -68,3 +70,30 @@ class Interleaved(OneFOneBFamily):
 
     def memory_horizon(self, pp: int, vpp: int) -> int | None:
         return pp * (2 * vpp + 2)  # past the warm-up each forward frees one chunk
+
+    def held_counts(self, pp: int, microbatches: int, vpp: int
+                    ) -> tuple[np.ndarray, ...] | None:
+        """From :meth:`rank_actions`' order without building it: right after forward
+        ``j`` (virtual micro-batch ``j``) rank ``r`` has run forwards ``0..j`` and
+        backwards ``0..j - w - 1`` (``w`` its warm-up), and among the first ``n``
+        virtual micro-batches ``(n // pv) p + clip(n % pv - c p, 0, p)`` are of chunk
+        ``c`` (forwards) -- of chunk ``v - 1 - c`` for backwards."""
+        if type(self).rank_actions is not Interleaved.rank_actions:
+            return None  # a subclass with its own order: walk its lists
+        total, group = microbatches * vpp, pp * vpp
+        j = np.arange(total, dtype=np.int64)
+
+        def of_chunk(n: np.ndarray, chunk: int) -> np.ndarray:
+            return (n // group) * pp + np.clip(n % group - chunk * pp, 0, pp)
+
+        out = []
+        for rank in range(pp):
+            warmup = total if microbatches == pp else \
+                min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+            backwards = np.maximum(j - warmup, 0)
+            rows = np.zeros((total, group), dtype=np.int64)
+            for chunk in range(vpp):
+                rows[:, rank + chunk * pp] = (of_chunk(j + 1, chunk)
+                                              - of_chunk(backwards, vpp - 1 - chunk))
+            out.append(rows)
+        return tuple(out)
