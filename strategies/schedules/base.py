@@ -279,6 +279,22 @@ class PipelineSchedule:
         return f"<schedule {self.name}>"
 
 
+def one_stage_held_counts(pp: int, microbatches: int) -> tuple[np.ndarray, ...]:
+    """:meth:`PipelineSchedule.held_counts` of a schedule with one stage per rank whose
+    rank ``r`` runs ``w = min(p - r - 1, m)`` forwards, then each forward followed by
+    the backward (or I) of the oldest micro-batch (1F1B, ZB-H1: Narayanan et al. 2021,
+    §2.2; Qi et al. 2023, §2.1): right after forward ``j`` it holds
+    ``j + 1 - max(j - w, 0)`` micro-batches of its stage."""
+    j = np.arange(microbatches, dtype=np.int64)
+    out = []
+    for rank in range(pp):
+        warmup = min(pp - rank - 1, microbatches)
+        rows = np.zeros((microbatches, pp), dtype=np.int64)
+        rows[:, rank] = j + 1 - np.maximum(j - warmup, 0)
+        out.append(rows)
+    return tuple(out)
+
+
 def _whole_bytes(stage_bytes: Sequence[float], stages: int, forwards: int) -> bool:
     """Whether ``stage_bytes`` has a whole number of bytes for each of ``stages`` stages,
     small enough that ``forwards`` of them add up exactly in float64 (< 2**53)."""

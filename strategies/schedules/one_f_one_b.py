@@ -3,10 +3,8 @@ arXiv 2104.04473, §2.2; Harlap et al. 2018 for PipeDream)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from strategies.pipeline import Action
-from strategies.schedules.base import OneFOneBFamily
+from strategies.schedules.base import OneFOneBFamily, one_stage_held_counts
 
 
 class OneFOneB(OneFOneBFamily):
@@ -35,17 +33,9 @@ class OneFOneB(OneFOneBFamily):
     def memory_horizon(self, pp: int, vpp: int) -> int | None:
         return 4 * pp  # the peak, p - r micro-batches, is reached in the warm-up
 
-    def held_counts(self, pp: int, microbatches: int, vpp: int
-                    ) -> tuple[np.ndarray, ...] | None:
-        """From :meth:`rank_actions`' order: right after forward ``j`` rank ``r`` holds
-        ``j + 1 - max(j - w, 0)`` micro-batches of its stage (``w`` its warm-up)."""
+    def held_counts(self, pp: int, microbatches: int, vpp: int):
+        """:func:`strategies.schedules.base.one_stage_held_counts` (its warm-up of
+        ``min(p - r - 1, m)`` forwards, then one forward and one backward)."""
         if type(self).rank_actions is not OneFOneB.rank_actions:
             return None  # a subclass with its own order: walk its lists
-        j = np.arange(microbatches, dtype=np.int64)
-        out = []
-        for rank in range(pp):
-            warmup = min(pp - rank - 1, microbatches)
-            rows = np.zeros((microbatches, pp), dtype=np.int64)
-            rows[:, rank] = j + 1 - np.maximum(j - warmup, 0)
-            out.append(rows)
-        return tuple(out)
+        return one_stage_held_counts(pp, microbatches)

@@ -19,7 +19,7 @@ weight passes a rank lets pend before it runs one after an I. With ``F``, ``I``,
 from __future__ import annotations
 
 from strategies.pipeline import Action
-from strategies.schedules.base import PipelineSchedule
+from strategies.schedules.base import PipelineSchedule, one_stage_held_counts
 
 
 def _split_backward_row(rank: int, microbatches: int, warmup: int, pending: int
@@ -70,6 +70,13 @@ class ZeroBubbleH1(PipelineSchedule):
 
     def memory_horizon(self, pp: int, vpp: int) -> int | None:
         return 4 * pp
+
+    def held_counts(self, pp: int, microbatches: int, vpp: int):
+        """1F1B's (:func:`strategies.schedules.base.one_stage_held_counts`): the same
+        warm-up and the same forward / I order, an activation held from F to I."""
+        if type(self).rank_actions is not ZeroBubbleH1.rank_actions:
+            return None  # a subclass with its own order: walk its lists
+        return one_stage_held_counts(pp, microbatches)
 
 
 class ZeroBubbleH2(PipelineSchedule):
