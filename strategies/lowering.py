@@ -719,12 +719,19 @@ class StepLowerer:
         kv_bytes = self._kv_block_bytes(kernel)
         group = b.groups['cp']
         start = b.last()
+        # ops the compute stream still waits for (a ZeRO-3 parameter gather before a
+        # selective recompute that starts with this attention): the exchanges wait for
+        # them too, as ProcessGroupNCCL makes its stream wait for the current stream
+        # (which waits for the gather) when an op is issued (PyTorch
+        # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, syncStream)
+        waits = b.pending_waits()
         if kernel.window or self.plan.cp_comm_type == "all_gather":
             # AttnFuncWithCPAndKVAllGather: the forward and the backward each all-gather
             # K/V (the backward gathers again from the local K/V it saved) before the
             # kernel; the backward reduce-scatters dK/dV after it
             gather = self._collective(b, "cp", "all_gather", group, kv_bytes * cp,
-                                      f"{tag}.{phase}.kv", "cp", self._deps_after(b, start))
+                                      f"{tag}.{phase}.kv", "cp",
+                                      self._deps_after(b, start, *waits))
             self._emit_kernel(b, kernel, tag, phase, self._deps_after(b, gather))
             if phase == "F":
                 return
@@ -741,7 +748,7 @@ class StepLowerer:
                 if step < cp - 1:
                     following = self._collective(b, "cp", "sendrecv", group, kv_bytes,
                                                  f"{tag}.{phase}.kv{step}", "cp",
-                                                 self._deps_after(b, start))
+                                                 self._deps_after(b, start, *waits))
                 self._emit_kernel(b, steps[step], tag, phase, self._deps_after(b, exchange))
                 self._emit_kernel(b, merges[step], tag, phase)
                 exchange = following
@@ -750,7 +757,7 @@ class StepLowerer:
             label = "kv" if step == 0 else "dkv" if step == cp - 1 else "kv_dkv"
             following = self._collective(b, "cp", "sendrecv", group, size,
                                          f"{tag}.{phase}.{label}{step}", "cp",
-                                         self._deps_after(b, merged, exchange))
+                                         self._deps_after(b, merged, exchange, *waits))
             self._emit_kernel(b, steps[step], tag, phase, self._deps_after(b, exchange))
             merged = self._emit_kernel(b, merges[step], tag, phase,
                                        self._deps_after(b, following))

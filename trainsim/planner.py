@@ -664,7 +664,7 @@ def search(model: str | ModelSpec, *, cluster: str | ClusterSpec = defaults.CLUS
     # plans whose analytic result is the event replay's by construction
     # (analytic_equals_event: no pipeline) keep their ranked result, relabelled
     equal = [r for r in confirmed
-             if analytic_equals_event(r["_plan"], rank_fidelity, final_fidelity)]
+             if analytic_equals_event(r["_plan"], rank_fidelity, final_fidelity, spec)]
     replayed = [r for r in confirmed if not any(r is e for e in equal)]
     tick_confirm = _ticker(report, f"confirming ({final_fidelity})", len(confirmed))
     redone = {id(r): {**r, "fidelity": final_fidelity, "confirmed_by": "construction"}
@@ -840,36 +840,37 @@ def bands_overlap(row: Mapping, best: Mapping) -> bool:
 MAX_CONFIRM_LAYER_PASSES = 20_000
 
 
-def analytic_equals_event(plan: ParallelPlan, rank_fidelity: str, final_fidelity: str
-                          ) -> bool:
+def analytic_equals_event(plan: ParallelPlan, rank_fidelity: str, final_fidelity: str,
+                          model: ModelSpec | None = None) -> bool:
     """Whether a plan's ``rank_fidelity`` result is its ``final_fidelity`` result by
     construction, so confirming it needs no replay: ``analytic`` against ``event``
     without pipeline parallelism and with all-reduce data parallelism. The closed form
     is then one rank's list schedule of the ops the replay runs, every duration from the
     same cost model (sim/analytic_step.py, OpPricer.schedule); context parallelism adds
-    only symmetric collectives (ring / all-to-all exchanges over the CP group) that the
-    list schedule prices as their members arriving together, as the replay runs them.
+    the ring's K/V exchanges (TE's P2P ring or PyTorch's rotations), which the list
+    schedule prices as the replay runs them, members arriving together.
 
-    Excluded (measured, issue 16):
+    Left to the replay (measured, issue 16):
 
     * pipelines (``pp > 1``, every registered schedule): the fill/drain is the
       schedule's closed form (``PipelineSchedule.timing``) while the replay waits op by
       op, so step times differ (1f1b and zb-h1 by ~1 ns per micro-batch of rounding,
-      interleaved by up to ~1.5 %) -- those plans are confirmed by the replay;
-    * CP with ZeRO-3 and selective recompute: the backward's recomputed attention
-      re-runs CP exchanges while ZeRO-3's gathers run ahead on the data-parallel
-      stream; the list schedule charges a compute wait to the op it waited for
-      (the gather: exposed DP), the replay's breakdown to the first axis in
-      sim.breakdown.AXES_IN_ORDER that runs then (CP), and step times differ too.
+      interleaved by up to ~1.5 %);
+    * CP through TE's all-gather variant (``cp_comm_type="all_gather"``, and every
+      sliding-window layer: ``model.sliding_window``; without ``model`` CP is left to
+      the replay): the K/V gather on the CP stream overlaps the compute stream's TP
+      collectives; the list schedule charges the compute wait to the op it waited for
+      (CP), the replay's breakdown to the first axis of sim.breakdown.AXES_IN_ORDER
+      running then (TP) -- the same step, a different split of exposed time (band).
 
     tests/test_planner.py checks the whole result (step, bands, breakdowns, memory) for
-    seeded samples of plans of the llama3-70b/1,024-GPU space and of smaller models,
-    and that the excluded case still differs. Stragglers and other perturbations never
-    enter a plan search."""
+    seeded samples of plans of the llama3-70b/1,024-GPU space and of smaller models.
+    Stragglers and other perturbations never enter a plan search."""
     if not (rank_fidelity == "analytic" and final_fidelity == "event" and plan.pp == 1
             and plan.dp_mode == "allreduce"):
         return False
-    return plan.cp == 1 or not (plan.zero == 3 and plan.recompute == "selective")
+    return plan.cp == 1 or (model is not None and not model.sliding_window
+                            and plan.cp_comm_type != "all_gather")
 
 
 def _within_confirm_budget(spec: ModelSpec, rows: list[dict]) -> list[dict]:
