@@ -257,7 +257,7 @@ class PipelineSchedule:
                 # whole numbers of bytes below 2**53: every sum is exact, so the dot
                 # product is the float peak_held's running total reaches
                 sizes = np.asarray(stage_bytes[:pp * vpp], dtype=np.float64)
-                return [float((rows @ sizes).max(initial=0.0)) for rows in counts]
+                return [float((rows @ sizes[cols]).max(initial=0.0)) for cols, rows in counts]
         return peak_held(self.actions(pp, m, vpp), stage_bytes)
 
     def held_counts(self, pp: int, microbatches: int, vpp: int
@@ -307,17 +307,19 @@ def _whole_bytes(stage_bytes: Sequence[float], stages: int, forwards: int) -> bo
 
 @lru_cache(maxsize=1024)
 def _held_counts(schedule: "PipelineSchedule", pp: int, microbatches: int, vpp: int
-                 ) -> tuple[np.ndarray, ...] | None:
-    """PipelineSchedule.held_counts, memoised, each rank's distinct rows only."""
+                 ) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
+    """PipelineSchedule.held_counts, memoised: per rank (the stages it ever holds, the
+    counts of those stages as float64)."""
     counts = schedule.held_counts(pp, microbatches, vpp)
     if counts is None:
         return None
     out = []
     for rows in counts:
-        rows = np.unique(rows, axis=0) if len(rows) else np.zeros((1, pp * vpp), np.int64)
-        rows = rows.astype(np.float64)
-        rows.setflags(write=False)
-        out.append(rows)
+        cols = np.flatnonzero(rows.any(axis=0)) if len(rows) else np.zeros(0, np.int64)
+        kept = rows[:, cols].astype(np.float64) if len(rows) else np.zeros((1, 0))
+        cols.setflags(write=False)
+        kept.setflags(write=False)
+        out.append((cols, kept))
     return tuple(out)
 
 
