@@ -58,6 +58,29 @@ class _Miss(Exception):
     """A shared price no plan has computed yet."""
 
 
+def _fill_buckets(pending: list, sums, final: bool, bucket: float, total: int, dp_free: int,
+                  reductions: dict, reduction_ns, rank) -> int:
+    """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets;
+    a bucket reaching ``bucket`` bytes (or the stage's ``final`` part) is reduced on the
+    data-parallel stream from ``max(dp_free, total)``, its duration memoised in
+    ``reductions`` (``reduction_ns(rank, kind, size)``; None: nothing to reduce). Returns
+    the stream's new free time, ns (``pending`` is updated in place), as
+    AnalyticStepModel's bucket walk does."""
+    for slot, added in enumerate(sums):
+        size = pending[slot] + added
+        if size > 0 and (size >= bucket or final):
+            due = (_BUCKETS[slot], size)
+            if due in reductions:
+                duration = reductions[due]
+            else:
+                duration = reductions[due] = reduction_ns(rank, *due)
+            if duration is not None:
+                dp_free = (dp_free if dp_free > total else total) + duration
+            size = 0.0
+        pending[slot] = size
+    return dp_free
+
+
 class BatchStepEvaluator:
     """Step times (ns) of plans of one model on one cluster at ``analytic`` fidelity,
     equal to :func:`sim.step.simulate_step`'s (module docstring).
@@ -447,19 +470,8 @@ class BatchStepEvaluator:
                 final_index = len(parts) - 1
                 for index, (part_ns, sums) in enumerate(parts):
                     total += part_ns
-                    final = index == final_index
-                    for slot, added in enumerate(sums):
-                        size = pending[slot] + added
-                        if size > 0 and (size >= bucket or final):
-                            due = (_BUCKETS[slot], size)
-                            if due in reductions:
-                                duration = reductions[due]
-                            else:
-                                duration = reductions[due] = reduction_ns(p, *due)
-                            if duration is not None:
-                                dp_free = (dp_free if dp_free > total else total) + duration
-                            size = 0.0
-                        pending[slot] = size
+                    dp_free = _fill_buckets(pending, sums, index == final_index, bucket,
+                                            total, dp_free, reductions, reduction_ns, p)
         finish = max(total, dp_free) + optimizer_ns(p)
         gathers_ns = 0
         if gathers:
@@ -541,21 +553,9 @@ class BatchStepEvaluator:
                         total = gathered[part]
                 part_ns, sums = row(part, comp)
                 total += part_ns
-                if not reduce_now:
-                    continue
-                final = index == final_index
-                for slot, added in enumerate(sums):
-                    size = pending[slot] + added
-                    if size > 0 and (size >= bucket or final):
-                        due = (_BUCKETS[slot], size)
-                        if due in reductions:
-                            duration = reductions[due]
-                        else:
-                            duration = reductions[due] = reduction_ns(0, *due)
-                        if duration is not None:
-                            dp_free = (dp_free if dp_free > total else total) + duration
-                        size = 0.0
-                    pending[slot] = size
+                if reduce_now:
+                    dp_free = _fill_buckets(pending, sums, index == final_index, bucket,
+                                            total, dp_free, reductions, reduction_ns, 0)
         return max(total, dp_free) + optimizer_ns(0)
 
     def _row(self, p, part, kind, comp, kind_cost, plan, part_key, compute) -> tuple:
