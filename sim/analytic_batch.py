@@ -39,45 +39,34 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               optimizer_layers_key)
-from strategies.lowering import StepLowerer
+                               fill_by_sums, optimizer_layers_key)
+from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
 from strategies.schedules import get_schedule
-from strategies.lowering import split_layers
 
 __all__ = ["BatchStepEvaluator"]
 
-#: StepLowerer's gradient buckets, in AnalyticStepModel._part_grads' order
-_BUCKETS = ("dense", "expert")
-#: bytes of a bf16 element (StepLowerer.act_bytes: activations move in bf16)
-_BF16_BYTES = 2
 
 
 class _Miss(Exception):
     """A shared price no plan has computed yet."""
 
 
-def _fill_buckets(pending: list, sums, final: bool, bucket: float, total: int, dp_free: int,
+def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, dp_free: int,
                   reductions: dict, reduction_ns, rank) -> int:
-    """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets;
-    a bucket reaching ``bucket`` bytes (or the stage's ``final`` part) is reduced on the
+    """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets
+    (:func:`sim.analytic_step.fill_by_sums`); each bucket now due is reduced on the
     data-parallel stream from ``max(dp_free, total)``, its duration memoised in
     ``reductions`` (``reduction_ns(rank, kind, size)``; None: nothing to reduce). Returns
-    the stream's new free time, ns (``pending`` is updated in place), as
-    AnalyticStepModel's bucket walk does."""
-    for slot, added in enumerate(sums):
-        size = pending[slot] + added
-        if size > 0 and (size >= bucket or final):
-            due = (_BUCKETS[slot], size)
-            if due in reductions:
-                duration = reductions[due]
-            else:
-                duration = reductions[due] = reduction_ns(rank, *due)
-            if duration is not None:
-                dp_free = (dp_free if dp_free > total else total) + duration
-            size = 0.0
-        pending[slot] = size
+    the stream's new free time, ns, as AnalyticStepModel's bucket walk does."""
+    for due in fill_by_sums(pending, sums, bucket, final):
+        if due in reductions:
+            duration = reductions[due]
+        else:
+            duration = reductions[due] = reduction_ns(rank, *due)
+        if duration is not None:
+            dp_free = (dp_free if dp_free > total else total) + duration
     return dp_free
 
 
@@ -411,10 +400,7 @@ class BatchStepEvaluator:
         t_p2p = 0
         if pp > 1:
             cost_model = cache.cost_model(layout)
-            tokens = plan.micro_batch * plan.seq_len // plan.cp
-            act = tokens * model.hidden_size * _BF16_BYTES
-            message = act // plan.tp if plan.sequence_parallel and plan.tp > 1 else act
-            t_p2p = cost_model.p2p_ns(reps[0], reps[1], int(message))
+            t_p2p = cost_model.p2p_ns(reps[0], reps[1], int(pp_message_bytes(model, plan)))
         durations_b = list(phases["B"])
         if split:
             durations_b = [max(b, w) for b, w in zip(durations_b, phases["W"])]
@@ -466,7 +452,7 @@ class BatchStepEvaluator:
                 if is_first[s]:
                     parts.append(self._row(p, "embedding", "embedding", comp, kind_cost,
                                            plan, part_key, compute))
-                pending = [0.0, 0.0]
+                pending: dict[str, float] = {}
                 final_index = len(parts) - 1
                 for index, (part_ns, sums) in enumerate(parts):
                     total += part_ns
@@ -539,7 +525,7 @@ class BatchStepEvaluator:
                 parts = last + list(reversed(layers)) + first
                 order = tuple(reversed(layers))
             gathered: dict[int, int] = {}
-            pending = [0.0, 0.0]
+            pending: dict[str, float] = {}
             final_index = len(parts) - 1
             for index, part in enumerate(parts):
                 if gathers_here and not isinstance(part, str):

@@ -343,6 +343,22 @@ def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
         into[key] = into.get(key, 0) + value * factor
 
 
+def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_bytes: float,
+                 final: bool) -> list[tuple[str, float]]:
+    """StepLowerer.fill_buckets for a part whose gradient bytes per group are known as
+    whole sums (``sums``: dense, expert bytes): add them to the open buckets ``pending``
+    (bytes per group) and return the buckets now due, as (group, bytes): those of at
+    least ``bucket_bytes``, or every open one when ``final``."""
+    due = []
+    for group, added in zip(("dense", "expert"), sums):
+        size = pending.get(group, 0.0) + added
+        if size > 0 and (size >= bucket_bytes or final):
+            due.append((group, size))
+            size = 0.0
+        pending[group] = size
+    return due
+
+
 class AnalyticStepModel:
     """Prices one step of one pipeline in closed form (module docstring).
 
@@ -626,15 +642,7 @@ class AnalyticStepModel:
         grads = self._part_grads(part)
         if grads is None:
             return self.lowerer.fill_buckets(self.lowerer.part_kernels(part), pending, final)
-        bucket = self.plan.grad_bucket_bytes
-        due = []
-        for group, added in zip(("dense", "expert"), grads):
-            size = pending.get(group, 0.0) + added
-            if size > 0 and (size >= bucket or final):
-                due.append((group, size))
-                size = 0.0
-            pending[group] = size
-        return due
+        return fill_by_sums(pending, grads, self.plan.grad_bucket_bytes, final)
 
     def _pair_cost(self, pricer: OpPricer, p: int, forward_stage: int, backward_stage: int,
                    comp: str) -> OpListCost:
@@ -1039,14 +1047,8 @@ class AnalyticStepModel:
                 final = index == last
                 if sums is None:
                     due = lowerer.fill_buckets(lowerer.part_kernels(part), grads, final)
-                else:  # _fill, inline
-                    due = []
-                    for group, added in zip(("dense", "expert"), sums):
-                        size = grads.get(group, 0.0) + added
-                        if size > 0 and (size >= bucket or final):
-                            due.append((group, size))
-                            size = 0.0
-                        grads[group] = size
+                else:
+                    due = fill_by_sums(grads, sums, bucket, final)
                 for due_bucket in due:
                     if due_bucket in reductions:
                         duration = reductions[due_bucket]

@@ -190,6 +190,15 @@ def _segments(ops: Sequence[Op]) -> list[list[tuple[int, Op]]]:
     return [piece for piece in pieces if piece]
 
 
+def pp_message_bytes(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Bytes one pipeline send/recv of a micro-batch's activations moves: its tokens on a
+    context-parallel rank x hidden size in bf16, split over TP with sequence parallelism
+    (each TP rank sends its sequence shard)."""
+    tokens = plan.micro_batch * plan.seq_len // plan.cp
+    act_bytes = tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
+    return act_bytes // plan.tp if plan.sequence_parallel and plan.tp > 1 else act_bytes
+
+
 class StepLowerer:
     """Builds the Program of one training step (see module docstring).
 
@@ -224,10 +233,7 @@ class StepLowerer:
         # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
         # float8 (:meth:`_gathered_matmul`)
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
-        if plan.sequence_parallel and plan.tp > 1:
-            self.pp_message_bytes = self.act_bytes // plan.tp
-        else:
-            self.pp_message_bytes = self.act_bytes
+        self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
