@@ -133,10 +133,16 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     * Megatron-LM 2021 (the commit of the SC21 runs) predates all of it: unfused attention,
       the all-reduce after the backward, no distributed optimizer, blocking TP.
     * llm-foundry (MosaicML's MPT benchmark tables): FSDP ``FULL_SHARD`` with fp32 gradient
-      reduction (its DEFAULT mixed precision); flash-attn 1.x kernels (the ``gpu`` extra of
+      reduction (its DEFAULT mixed precision; a row printing ``mp_mode PURE`` reduces in
+      bf16: :func:`stack_settings`); flash-attn 1.x kernels (the ``gpu`` extra of
       llm-foundry 0.2-0.3 pins ``flash-attn==1.0.x``); FP8 through ``te.Linear`` drop-ins
       (``fc_type: te``); eager PyTorch elementwise kernels; flash-attn's fused loss
-      (``loss_fn: fused_crossentropy``).
+      (``loss_fn: fused_crossentropy``); Composer's ``DecoupledAdamW`` (every MPT yaml's
+      ``optimizer: name: decoupled_adamw``), whose ``adamw`` (composer/optim/
+      decoupled_weight_decay.py) updates the parameters one tensor at a time with unfused
+      ``mul_``/``add_``/``addcmul_``/``sqrt``/``div``/``add_``/``addcdiv_`` kernels:
+      ``optimizer_impl = "for-loop"`` (the 80 bytes per parameter of
+      ``strategies.model_costs.ADAM_BYTES_PER_PARAM``, not a fused kernel's 28).
     * torchtitan: FSDP2 with ``mixed_precision_reduce = "float32"``; SDPA's flash backend
       (FlashAttention-2); torchao float8; without ``torch.compile`` eager RMSNorm, SwiGLU,
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
@@ -178,7 +184,7 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "llm-foundry":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "none",
                 "attention_impl": "fa1", "fp8_recipe": "te-linear", "elementwise": "eager",
-                "cross_entropy": "fused"}
+                "cross_entropy": "fused", "optimizer_impl": "for-loop"}
     if kind == "torchtitan":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
@@ -391,6 +397,14 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         unprinted.append(f"interleaved schedule, {(num_layers + 2) // pp} virtual stages of "
                          "one layer, the first and last holding only the embedding and the "
                          "loss (described in Section 3.3.2, not printed)")
+    if kind == "llm-foundry" and "mp_mode PURE" in notes_text:
+        # Composer's FSDP mixed precision (composer/trainer/mosaic_fsdp_utils.py
+        # get_mixed_precision, every version): 'PURE' sets param_dtype, reduce_dtype and
+        # buffer_dtype to the precision's dtype, so the gradients are reduce-scattered in
+        # bf16 ('DEFAULT' reduces in float32); the sharded flat parameters and the
+        # optimizer state stay fp32 (FSDP keeps the full-precision shard)
+        fields["grad_reduce_dtype"] = "bf16"
+        notes.append("Composer FSDP mixed precision PURE (printed): gradients reduced in bf16")
     if _is_nemo1(framework, version) and plan_fields.get("grad_reduce_dtype") != "bf16":
         fields["grad_reduce_dtype"] = "bf16"
         notes.append("NeMo 1 launcher: bf16 gradient buffers (optim.grad_sync_dtype bf16, "
