@@ -81,12 +81,17 @@ def test_moe_models_within_todays_bounds(report):
     12.0 %, 32.7 %, -8.3 %: the p90 and bias tighten. AutoModel's rows run as AutoModel runs
     them (no NeMo recipe, bf16-logit loss, FSDP2 fp32 masters, the gpt-oss YAMLs' EP)
     measured 11.8 %, 32.2 %, -9.0 %: automodel_6's +55 % (EP 1) no longer offsets the
-    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens."""
+    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens.
+    The 25.09 token-drop qwen3-30b-a3b presets on B200/GB200 replay full-iteration CUDA
+    graphs (validate.published._FULL_ITERATION_GRAPHS; the B200 token-drop/dropless pair's
+    1.94x is reproduced within 10 %, test_host_issue) measured 12.2 %, 31.8 %, -10.4 %:
+    their eager pricing (+36 %, +4 %, +8 %) had hidden that these rows' GPU time is
+    simulated 19-29 % too fast, so the bias bound opens to 10.5 % (the p90 tightens)."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
     assert moe["median_abs_error"] <= 0.125
-    assert moe["p90_abs_error"] <= 0.325
-    assert abs(moe["bias"]) <= 0.095
+    assert moe["p90_abs_error"] <= 0.32
+    assert abs(moe["bias"]) <= 0.105
 
 
 def test_whole_set_within_todays_bounds(report):
