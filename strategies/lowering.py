@@ -428,6 +428,10 @@ class StepLowerer:
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
+        jax_policy = modules & costs.JAX_REMAT_POLICIES.keys() if modules is not None else ()
+        if jax_policy:
+            self._jax_remat_recompute(b, layer, tag, min(jax_policy))
+            return
         for block, members in _blocks(self.kernels(layer)):
             if modules is not None:
                 members, whole = recomputed(block, members, modules)
@@ -547,6 +551,16 @@ class StepLowerer:
             if share > 0:
                 piece = kernel if share == 1 else self._scaled(kernel, share)
                 self._emit_kernel(b, piece, f"{tag}.l{layer}", "F")
+
+    def _jax_remat_recompute(self, b: _RankBuilder, layer: int, tag: str, policy: str) -> None:
+        """What the backward of a ``jax.checkpoint``-ed ``layer`` re-runs under the JAX
+        remat ``policy``: the kernels :func:`strategies.model_costs.
+        jax_remat_recompute_fractions` marks."""
+        kernels = self.kernels(layer)
+        for kernel, share in zip(kernels, costs.jax_remat_recompute_fractions(
+                kernels, self.model, policy)):
+            if share > 0:
+                self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
 
     # ------------------------------------------------------------ TP and GEMMs
     def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]

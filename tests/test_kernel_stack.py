@@ -307,6 +307,31 @@ def test_grouped_expert_kernels_launch_per_expert_as_transformer_engine_does():
         assert cm.serial_launches(compute_op(up, "u", "B")) == 8
 
 
+def test_jax_remat_recompute_lowers_exactly_the_rerun_kernels():
+    """Under a JAX remat policy a layer's recompute ops carry the FLOPs of the forward
+    kernels the policy re-runs: for Llama 3 8B under save_qkv_proj, the forward's minus
+    the QKV and down-projection GEMMs and the last residual sum."""
+    from strategies.lowering import lower_step
+    from strategies.models import load_model
+    from strategies.plan import ParallelPlan
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(dp=8, zero=3, recompute="selective", recompute_modules=("jax_save_qkv",),
+                        seq_len=2048, micro_batch=1, global_batch=8)
+    ops = lower_step(model, plan).program.ops_by_rank[0]
+    rerun = sum(op.flops for op in ops if ".recompute." in op.name and op.name.endswith(".l3"))
+    kernels = {k.name: k for k in C.layer_kernels(model, 3, micro_batch=1, seq_len=2048,
+                                                   dtype="bf16", elementwise=plan.elementwise)}
+    expected = (sum(k.fwd_flops for k in kernels.values()) - kernels["attn.qkv"].fwd_flops
+                - kernels["mlp.down"].fwd_flops - kernels["mlp.residual"].fwd_flops)
+    assert expected > 0 and rerun == pytest.approx(expected, rel=1e-12)
+
+
+def test_whole_layer_recompute_policies_stand_alone():
+    from strategies.plan import ParallelPlan
+    with pytest.raises(ValueError, match="jax_full is a whole-layer policy and stands alone"):
+        ParallelPlan(dp=8, recompute="selective", recompute_modules=("jax_full", "layernorm"))
+
+
 def test_op_sac_recompute_lowers_exactly_the_rerun_shares():
     """The recompute ops of a layer under torchtitan's per-op policy carry the FLOPs of
     each forward kernel times its re-run share, and nothing else."""

@@ -55,10 +55,13 @@ def test_the_set_spans_sources_generations_and_dtypes(report):
 
 
 def test_dense_models_within_todays_bounds(report):
+    """Pricing llm-foundry's Composer DecoupledAdamW as its per-tensor unfused loop and its
+    mp_mode PURE rows' bf16 gradient reduction measured median 6.0 %, p90 16.1 %, bias
+    -1.4 % (from 6.0 %, 16.4 %, -1.6 %): the p90 bound tightens."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
     assert dense["median_abs_error"] <= 0.065
-    assert dense["p90_abs_error"] <= 0.17
+    assert dense["p90_abs_error"] <= 0.165
     assert abs(dense["bias"]) <= 0.025
 
 
