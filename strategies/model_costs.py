@@ -235,6 +235,13 @@ class Fp8Recipe:
             ``transformer_engine/pytorch/module/{linear,layernorm_linear}.py`` save the
             quantized input) rather than the bf16 inputs (torchao saves bf16).
         source: where the recipe's behaviour is documented.
+        fused_split_quantize: Transformer Engine's ``split_quantize`` (the routed experts'
+            ``GroupedLinear`` quantizing its input and its output gradient per expert) runs
+            one fused kernel for all experts (``nvte_multi_cast_transpose``, which exists
+            for delayed scaling only: "Currently only have fused kernel for FP8 delayed
+            scaling", transformer_engine/pytorch/csrc/extensions/cast.cpp
+            ``multi_tensor_quantize_impl``) rather than one quantize kernel per expert
+            ("Quantize kernels individually", the other recipes).
     """
 
     name: str
@@ -244,11 +251,13 @@ class Fp8Recipe:
     source: str
     weight_copy_bytes_per_param: float = 2.0
     saves_fp8_inputs: bool = True
+    fused_split_quantize: bool = False
 
 
 #: Recipes by name (the ``fp8_recipe`` a plan names). Bytes: see :class:`Fp8Recipe`.
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe(name="te-delayed", quant_bytes_per_element=4.0, norm_fused=True, weight_cache=True,
+              fused_split_quantize=True,
               source="Transformer Engine DelayedScaling (amax history; amax fused into the cast); "
                      "Megatron-Core TE layer spec (LayerNormLinear for QKV/FC1), is_first_microbatch"),
     Fp8Recipe(name="te-current", quant_bytes_per_element=6.0, norm_fused=False, weight_cache=True,
@@ -645,17 +654,21 @@ def _fp8_quant(name: str, block: str, *, m: float, k: int, n: int, groups: int =
     wgrad GEMMs. Backward, weight-gradient part: the transposed fp8 copy of a norm-written
     X for the wgrad GEMM (read and write 1 byte). Each cast moves
     ``recipe.quant_bytes_per_element`` bytes per element (:class:`Fp8Recipe`) and does ~2
-    FLOPs per element (scale, amax).
+    FLOPs per element (scale, amax). A grouped GEMM's (``groups`` > 1, the routed
+    experts' ``GroupedLinear``) quantizations are one kernel per expert (``launches``)
+    unless the recipe fuses them (:attr:`Fp8Recipe.fused_split_quantize`).
     """
     q = recipe.quant_bytes_per_element
     fused = recipe.norm_fused and input_from_norm
     x, w, dy = m * k, groups * k * n, m * n
     fwd_elems = (0.0 if fused else x) + (0.0 if recipe.weight_cache else w)
+    kernels = groups if groups > 1 and not recipe.fused_split_quantize else 1
     return Kernel(
         name=name, block=block, kind="elementwise", shape=(int(round(m)), k), dtype=act,
         fwd_flops=2.0 * fwd_elems, fwd_bytes=q * fwd_elems,
         bwd_input_flops=2.0 * dy, bwd_input_bytes=q * dy,
         bwd_weight_flops=0.0, bwd_weight_bytes=2.0 * x if fused else 0.0,
+        launches=(kernels, kernels),
     )
 
 

@@ -47,7 +47,11 @@ def test_host_launches_per_op_and_the_dropless_sync():
     by_name = {op.name.split(".F")[0]: op for op in ops if isinstance(op, ComputeOp)}
     assert by_name["moe.route"].host_launches == ROUTER_HOST_LAUNCHES == 72
     assert by_name["moe.experts.gate_up"].host_launches == 2        # one GEMM per expert
-    assert by_name["moe.experts.gate_up.quant"].host_launches == 2  # one cast per expert
+    # delayed scaling (the default recipe): TE's fused multi-cast-transpose, one kernel
+    assert by_name["moe.experts.gate_up.quant"].host_launches == 1
+    mx = StepLowerer(model, _plan(ep=4, fp8_recipe="te-mxfp8")).phase_ops(0, 0, "F")
+    mx_quant = [op for op in mx if op.name.startswith("moe.experts.gate_up.quant")][0]
+    assert mx_quant.host_launches == mx_quant.launches == 2  # one quantize kernel per expert
     assert by_name["attn.qkv"].host_launches == by_name["attn.qkv"].launches
     backward = {op.name.split(".B")[0]: op for op in lowerer.phase_ops(0, 0, "B")
                 if isinstance(op, ComputeOp)}
@@ -117,14 +121,21 @@ def test_analytic_equals_event_for_one_moe_rank_with_host_issue():
     off = simulate_step(model, cluster, replace(plan, host_issue="off"), fidelity="analytic",
                         check_memory=False)
     assert analytic.step_time_s > off.step_time_s
-    # one micro-batch: each phase starts with the CPU level with the GPU in both
-    assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.02)
+    # without the host the closed form is the replay, exactly
+    off_event = simulate_step(model, cluster, replace(plan, host_issue="off"), fidelity="event",
+                              check_memory=False)
+    assert off.step_time_s == off_event.step_time_s
+    # one micro-batch: each phase starts with the CPU level with the GPU in both; the
+    # closed form's issue-bound stretches approximate the replay's CPU process (1.9 % apart
+    # before the TE split_quantize launches were counted per kernel, 2.2 % since: fewer
+    # host launches for delayed scaling's fused cast move which ops wait for the CPU)
+    assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.025)
 
 
 def test_cpu_only_calls_and_te_module_calls_closed_form():
     """Beyond kernel launches the CPU pays, per op: TE's module call (forward and
     backward entry) and, for the routed experts, the split view and two allocations of
-    each GroupedLinear GEMM and the four allocations of each quantization."""
+    each GroupedLinear GEMM and the four allocations of each quantization kernel."""
     from hardware.compute import HOST_CALL_S, HOST_MODULE_S
     from strategies.lowering import GROUPED_GEMM_HOST_CALLS, QUANT_HOST_CALLS
     lowerer = StepLowerer(_model(), _plan(ep=4))  # 2 local experts
@@ -135,7 +146,8 @@ def test_cpu_only_calls_and_te_module_calls_closed_form():
     gate_up = fwd["moe.experts.gate_up"]
     assert (gate_up.host_calls, gate_up.host_modules) == (GROUPED_GEMM_HOST_CALLS * 2, 1) == (6, 1)
     assert bwd["moe.experts.gate_up"].host_calls == GROUPED_GEMM_HOST_CALLS * 4  # dgrad + wgrad
-    assert fwd["moe.experts.gate_up.quant"].host_calls == QUANT_HOST_CALLS * 2 == 8
+    # delayed scaling (the default recipe) quantizes all experts in one fused kernel
+    assert fwd["moe.experts.gate_up.quant"].host_calls == QUANT_HOST_CALLS * 1 == 4
     assert fwd["moe.experts.gate_up.quant"].host_modules == 0
     assert fwd["attn.qkv"].host_modules == fwd["attn.core"].host_modules == 1
     assert bwd["attn.qkv"].host_modules == 1

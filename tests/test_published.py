@@ -89,12 +89,19 @@ def test_moe_models_within_todays_bounds(report):
     graphs (validate.published._FULL_ITERATION_GRAPHS; the B200 token-drop/dropless pair's
     1.94x is reproduced within 10 %, test_host_issue) measured 12.2 %, 31.8 %, -10.4 %:
     their eager pricing (+36 %, +4 %, +8 %) had hidden that these rows' GPU time is
-    simulated 19-29 % too fast, so the bias bound opens to 10.5 % (the p90 tightens)."""
+    simulated 19-29 % too fast, so the bias bound opens to 10.5 % (the p90 tightens).
+    Counting the GPU kernels of TE 2.x's grouped experts as TE launches them (a quantize
+    kernel per expert, delayed scaling's one fused cast; per-expert cuBLAS GEMMs four
+    streams wide; strategies.model_costs Fp8Recipe.fused_split_quantize,
+    hardware.compute ComputeModel.serial_launches) measured 12.6 %, 30.7 %, -10.1 %: the
+    p90 and bias tighten; the median opens to 12.7 % because mb260201_13 (H100, FP8 recipe
+    not printed, so delayed scaling) loses 16 per-expert host casts it never issued and
+    goes from -11 % to -20 %, past the median."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.125
-    assert moe["p90_abs_error"] <= 0.32
-    assert abs(moe["bias"]) <= 0.105
+    assert moe["median_abs_error"] <= 0.127
+    assert moe["p90_abs_error"] <= 0.31
+    assert abs(moe["bias"]) <= 0.102
 
 
 def test_whole_set_within_todays_bounds(report):
