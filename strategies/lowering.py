@@ -394,14 +394,11 @@ class StepLowerer:
         op = self._ops.get(key)
         if op is None:
             host = (kernel, phase, self.plan.host_issue, self.local_experts)
-            impl = self.plan.layer_impl
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
                             comm_sms=comm_sms, host_launches=host_launches(*host),
-                            host_calls=host_calls(*host, layer_impl=impl),
-                            host_modules=host_modules(*host, layer_impl=impl),
-                            host_issue=kernel_host_issue(kernel, self.plan.host_issue,
-                                                         layer_impl=impl,
-                                                         local_experts=self.local_experts))
+                            host_calls=host_calls(*host),
+                            host_modules=host_modules(*host, layer_impl=self.plan.layer_impl),
+                            host_issue=kernel_host_issue(kernel, self.plan.host_issue))
             self._ops[key] = op
         return b.add(op)
 
@@ -1506,9 +1503,7 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     ``m_splits``) with its own cuBLAS GEMM (transformer_engine/pytorch/module/
     grouped_linear.py), a GEMM in the forward and two (data and weight gradient) in the
     backward; its quantizations launch the kernels the quantization kernel stands for
-    (one per expert unless the recipe fuses them: ``Fp8Recipe.fused_split_quantize``).
-    Under a ``te`` stack those per-expert launches are issued from C++ loops
-    (:func:`kernel_host_issue`)."""
+    (one per expert unless the recipe fuses them: ``Fp8Recipe.fused_split_quantize``)."""
     if mode in ("off", "graphed"):
         return 0
     if mode == "partial" and kernel.name.startswith(_PARTIAL_GRAPH_PREFIXES):
@@ -1522,58 +1517,33 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     return launches
 
 
-#: CPU-only framework calls per GEMM of a grouped expert GEMM issued from Python (a
-#: ``torch`` stack's per-expert loop): the ``torch.split`` view of its input and two
-#: ``torch.empty`` allocations per GEMM (TE issue 1499, a maintainer's answer on TE 1.x's
-#: ``GroupedLinear``: "CPU overheads of PyTorch ops, such as ``torch.split()`` and
-#: ``torch.empty()`` (2x ``num_gemms`` calls)").
+#: CPU-only framework calls per GEMM of Transformer Engine's ``GroupedLinear``: the
+#: ``torch.split`` view of its input and two ``torch.empty`` allocations per GEMM
+#: (TE issue 1499, a maintainer's answer: "CPU overheads of PyTorch ops, such as
+#: ``torch.split()`` and ``torch.empty()`` (2x ``num_gemms`` calls)").
 GROUPED_GEMM_HOST_CALLS = 3
-#: CPU-only calls per FP8 quantization kernel issued on its own (one ``.quant`` kernel's
-#: launch outside a Transformer Engine grouped call): the quantized tensor's row-wise and
-#: column-wise data and scaling factors, "four tensors need to be allocated" (NVIDIA's
-#: DeepSeek-V3 GB200 guide, Megatron-LM docs/discussions/deepseek-v3-gb200-optimization,
-#: Section 2.1.2).
+#: CPU-only calls per FP8 quantization (one ``.quant`` kernel): the quantized tensor's
+#: row-wise and column-wise data and scaling factors, "four tensors need to be allocated"
+#: (NVIDIA's DeepSeek-V3 GB200 guide, Megatron-LM docs/discussions/deepseek-v3-gb200-
+#: optimization, Section 2.1.2).
 QUANT_HOST_CALLS = 4
-#: CPU-only calls of one Transformer Engine 2.x ``split_quantize`` (the routed experts'
-#: quantization, whatever the number of experts): it bulk-allocates one row-wise and one
-#: column-wise buffer for every expert's data and scales and makes the per-expert tensors
-#: as views of them in C++ (transformer_engine/pytorch/csrc/extensions/cast.cpp
-#: ``bulk_allocate_mxfp8_tensors``, ``at::from_blob``; TE PRs 1793, 1934, 2134, "This
-#: optimization replaces the previous implementation and is enabled by default",
-#: DeepSeek-V3 GB200 guide Section 2.1.2).
-TE_SPLIT_QUANTIZE_HOST_CALLS = 2
-#: Python-level calls per local expert that Transformer Engine 2.x's ``GroupedLinear``
-#: still makes in a loop, by pass (grouped_linear.py ``_GroupedLinear``): the forward's
-#: ``module.get_weight_workspace`` per expert (the cached FP8 weight); the backward's
-#: ``weight.update_usage`` before the data-gradient GEMMs and the ``main_grad`` lookup
-#: per expert for the fused weight-gradient accumulation. Everything else per expert --
-#: the input split, the quantize kernels, the output views, the GEMM launches -- runs in
-#: one C++ call (``tex.split_quantize``, ``tex.te_general_grouped_gemm``).
-TE_GROUPED_PY_CALLS_PER_EXPERT = {"F": 1, "B": 2}
 #: Matmul kernels that are not Transformer Engine modules: Megatron-Core's router gating
 #: (``TopKRouter``, a torch GEMM), its own ``ColumnParallelLinear`` output layer and the
 #: unfused attention's torch batched GEMMs.
 _NON_TE_MATMULS = ("moe.router", "head.logits", "attn.scores", "attn.context")
 
 
-def host_calls(kernel: costs.Kernel, phase: str, mode: str, local_experts: int, *,
-               layer_impl: str = "te") -> int:
+def host_calls(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
     """CPU-only framework calls (allocations, views, splits) of ``kernel``'s ``phase``
-    under ``host_issue`` ``mode``, wherever :func:`host_launches` counts launches. The
-    routed experts of a ``te`` stack (Transformer Engine 2.x ``GroupedLinear``):
-    :data:`TE_SPLIT_QUANTIZE_HOST_CALLS` per quantization and
-    :data:`TE_GROUPED_PY_CALLS_PER_EXPERT` per local expert per GEMM call. Otherwise
-    :data:`GROUPED_GEMM_HOST_CALLS` per routed-expert GEMM and :data:`QUANT_HOST_CALLS`
-    per quantization kernel; 0 for other kernels."""
+    under ``host_issue`` ``mode``, wherever :func:`host_launches` counts launches:
+    :data:`GROUPED_GEMM_HOST_CALLS` per routed-expert GEMM and
+    :data:`QUANT_HOST_CALLS` per quantization kernel; 0 otherwise."""
     launches = host_launches(kernel, phase, mode, local_experts)
     if not launches:
         return 0
-    grouped = layer_impl == "te" and kernel.expert and local_experts > 1
     if kernel.name.endswith(".quant"):
-        return TE_SPLIT_QUANTIZE_HOST_CALLS if grouped else QUANT_HOST_CALLS * launches
+        return QUANT_HOST_CALLS * launches
     if kernel.expert and kernel.kind == "matmul":
-        if grouped:
-            return TE_GROUPED_PY_CALLS_PER_EXPERT["F" if phase == "F" else "B"] * local_experts
         return GROUPED_GEMM_HOST_CALLS * launches
     return 0
 
@@ -1591,26 +1561,15 @@ _COMPILED_BLOCKS = ("attention", "mlp", "moe")
 _COMPILED_AXES = ("tp",)
 
 
-def kernel_host_issue(kernel: costs.Kernel, mode: str, *, layer_impl: str = "te",
-                      local_experts: int = 0) -> str:
+def kernel_host_issue(kernel: costs.Kernel, mode: str) -> str:
     """How the CPU issues ``kernel``'s launches under ``host_issue`` ``mode``
     (``hardware.compute.HOST_ISSUE_S``'s key): ``compiled`` for the kernels of a
     transformer layer (:data:`_COMPILED_BLOCKS`) under ``compiled`` -- Inductor's generated
     wrapper calls each Triton kernel's launcher and each extern kernel (cuBLAS GEMM,
     flash attention) directly, without the Python op, autograd and dispatcher layers of
     an eager op (torch/_inductor/codegen/wrapper.py; AOTAutograd compiles the backward
-    graph the same way) -- and, at the same price per launch, for the per-expert GEMMs
-    and quantizations of a ``te`` stack's routed experts: Transformer Engine 2.x's
-    ``GroupedLinear`` makes one Python call for all of them and loops over the experts
-    in C++ (``tex.split_quantize``: a quantize kernel per expert, cast.cpp;
-    ``tex.te_general_grouped_gemm`` -> ``nvte_multi_tensor_gemm``: a cuBLAS GEMM per
-    expert, gemm.cpp / cublaslt_gemm.cu); else ``eager``."""
-    if mode == "compiled" and kernel.block in _COMPILED_BLOCKS:
-        return "compiled"
-    if (layer_impl == "te" and kernel.expert and local_experts > 1
-            and (kernel.kind == "matmul" or kernel.name.endswith(".quant"))):
-        return "compiled"
-    return "eager"
+    graph the same way) -- else ``eager``."""
+    return "compiled" if mode == "compiled" and kernel.block in _COMPILED_BLOCKS else "eager"
 
 
 def collective_host_issue(axis: str, mode: str) -> str:
