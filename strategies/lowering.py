@@ -414,10 +414,13 @@ class StepLowerer:
             return
         op = self._ops.get(("host_sync", tag))
         if op is None:
-            # int64 counts of every expert, device to host: one copy kernel
+            # int64 counts of every expert, device to host; on the CPU, the preprocess
+            # that computes and copies the splits (dispatch_preprocess_host)
+            launches, calls = dispatch_preprocess_host(self.plan.host_issue, self.plan.ep,
+                                                       self.plan.moe_dispatcher)
             op = ComputeOp(name=f"moe.sync.{_MICROBATCH.sub('', tag)}", kind="memcpy",
                            bytes=8.0 * self.model.moe.num_experts, stream=COMPUTE, phase="F",
-                           host_launches=1, host_sync=True)
+                           host_launches=launches, host_calls=calls, host_sync=True)
             self._ops[("host_sync", tag)] = op
         b.add(op)
 
@@ -1489,6 +1492,39 @@ ROUTER_HOST_LAUNCHES = 72
 #: ``--cuda-graph-scope attn moe_router moe_preprocess``, same document Section 2.3:
 #: attention, router, EP preprocess and shared experts captured; routed experts eager).
 _PARTIAL_GRAPH_PREFIXES = ("attn.", "moe.norm", "moe.router", "moe.route", "moe.shared.")
+
+
+#: CPU launches of Megatron-Core's all-to-all dispatcher preprocess per MoE layer forward
+#: (``MoEAlltoAllTokenDispatcher.preprocess`` and ``_maybe_dtoh_and_synchronize``,
+#: megatron/core/transformer/moe/token_dispatcher.py; dropless, EP > 1, permute fusion):
+#: the kernels ``routing_map.sum(dim=0)``, the ``input_splits`` ``reshape(ep, E_local)
+#: .sum(axis=1)``, the token-count all-gather over the TP x EP group
+#: (``gather_from_sequence_parallel_region``, one NCCL launch), the ``.contiguous()`` of
+#: the local experts' slice and its three sums (per rank, per TP rank, per local expert),
+#: 7; then the device-to-host copies on the side stream of ``tokens_per_expert``,
+#: ``input_splits``, ``output_splits`` and ``output_splits_tp`` (``maybe_move_tensor_to_cpu``;
+#: ``num_out_tokens`` is a Python int when dropless, ``num_global_tokens_per_local_expert``
+#: stays on the GPU under permute fusion), 4: 11.
+DISPATCH_PREPROCESS_HOST_LAUNCHES = 11
+#: CPU-only calls of the same code: the views (``reshape``/``transpose`` of the gathered
+#: counts, the local-expert slice, ``[tp_rank]``, the per-local-expert ``view``), the
+#: all-gather's ``torch.empty`` output, the side stream's ``wait_stream``, stream switch
+#: and ``record_event``, the ``event.synchronize`` and the three ``as_numpy`` conversions
+#: of the splits: 13.
+DISPATCH_PREPROCESS_HOST_CALLS = 13
+
+
+def dispatch_preprocess_host(mode: str, ep: int, dispatcher: str) -> tuple[int, int]:
+    """(CPU launches, CPU-only calls) of the dropless MoE layer's host sync op under
+    ``host_issue`` ``mode``: for Megatron-Core's ``alltoall`` dispatcher over EP > 1, the
+    preprocess that computes the splits and copies them to the host
+    (:data:`DISPATCH_PREPROCESS_HOST_LAUNCHES`, :data:`DISPATCH_PREPROCESS_HOST_CALLS`),
+    except under ``partial`` CUDA graphs, whose ``moe_preprocess`` scope captures it
+    (NVIDIA's DeepSeek-V3 GB200 guide, Section 2.3); otherwise the one copy of the
+    tokens per expert."""
+    if mode in ("eager", "compiled") and dispatcher == "alltoall" and ep > 1:
+        return DISPATCH_PREPROCESS_HOST_LAUNCHES, DISPATCH_PREPROCESS_HOST_CALLS
+    return 1, 0
 
 
 def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
