@@ -136,6 +136,13 @@ class NetworkModel:
         )
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
         self._loads: dict[int, tuple[PhaseLike, dict[str, np.ndarray]]] = {}
+        # the same by what a phase of TransferColumns moves (mode, payload, sources,
+        # destinations): the phases of different algorithms, protocols and collective
+        # kinds over one ring list the same transfers (about half of a plan search's)
+        self._loads_by_content: dict[tuple, dict[str, np.ndarray]] = {}
+        # per loads dict of one mode (by identity, kept alive here): the links it
+        # loads, their payload bytes and tier index (phase_bandwidth_s)
+        self._used: dict[int, tuple[dict, np.ndarray, np.ndarray, np.ndarray, str]] = {}
         self._tier_names = TIERS
         self._tier_index = layout.link_tier_index
         self._weights = {
@@ -383,7 +390,13 @@ class NetworkModel:
         # the entries in the order a walk over the transfers would list them, so each
         # link's bytes add up in the same order)
         by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        content = None
         if getattr(transfers, "columns", False):
+            content = (transfers.mode, transfers.payload_bytes, transfers.src, transfers.dst)
+            found = self._loads_by_content.get(content)
+            if found is not None:
+                self._loads[id(phase)] = (phase, found)
+                return found
             # held as columns (strategies.collectives.plans.TransferColumns: ring and tree
             # builders): the same lists without a Transfer object each
             by_mode[transfers.mode] = (transfers.src, transfers.dst,
@@ -415,6 +428,8 @@ class NetworkModel:
             loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
                                       minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
+        if content is not None:
+            self._loads_by_content[content] = loads
         return loads
 
     def phase_bandwidth_s(self, phase: PhaseLike, protocol: str) -> float:
@@ -427,13 +442,18 @@ class NetworkModel:
             return 0.0
         loads = self._payload_per_link(phase)
         if len(loads) == 1:  # one mode: only the links it loads (same arithmetic)
-            (mode, payload), = loads.items()
-            used = np.flatnonzero(payload)
+            found = self._used.get(id(loads))
+            if found is None or found[0] is not loads:
+                (mode, payload), = loads.items()
+                used = np.flatnonzero(payload)
+                found = (loads, used, payload[used], self._tier_index[used], mode)
+                self._used[id(loads)] = found
+            _, used, used_payload, used_tier, mode = found
             if not used.size:
                 return 0.0
             weight_by_tier = np.asarray(
                 [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
-            wire = payload[used] * weight_by_tier[self._tier_index[used]]
+            wire = used_payload * weight_by_tier[used_tier]
             return float((wire / self.layout.capacity_bytes_per_s[used]).max())
         wire = np.zeros(self.layout.num_links)
         for mode, payload in self._payload_per_link(phase).items():
