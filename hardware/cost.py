@@ -267,6 +267,7 @@ class CostModel:
         self._choices: dict[tuple, CollectiveCost] = {}
         self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
+        self._geometry_classes: dict[int, tuple[GroupGeometry, bytes | None]] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
         self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
@@ -458,7 +459,17 @@ class CostModel:
         per class of groups the machine's symmetry maps onto each other
         (:meth:`hardware.topology.ClusterLayout.group_class`: equal prices by
         construction), else per group."""
-        group_class = self.layout.group_class(geometry.group)
+        # (the class of a geometry's group, once per geometry object: a collective
+        # asks for it per algorithm and protocol, and hashing a large group costs)
+        known = self._geometry_classes.get(id(geometry))
+        if not self.layout.uniform_links:  # (ClusterLayout.group_class: None)
+            known = (geometry, None)
+        elif known is None or known[0] is not geometry:
+            known = (geometry, self.layout.group_class(geometry.group))
+            if len(self._geometry_classes) >= 65536:
+                self._geometry_classes.clear()
+            self._geometry_classes[id(geometry)] = known
+        group_class = known[1]
         key = (kind, geometry.group if group_class is None else group_class, name, protocol)
         found = self._coefficients.get(key)
         if found is None:

@@ -57,13 +57,16 @@ def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, d
     ``reductions`` (``reduction_ns(rank, kind, size)``; None: nothing to reduce). Returns
     the stream's new free time, ns, as AnalyticStepModel's bucket walk does."""
     for due in fill_by_sums(pending, sums, bucket, final):
-        if due in reductions:
-            duration = reductions[due]
-        else:
+        duration = reductions.get(due, _UNSEEN)
+        if duration is _UNSEEN:
             duration = reductions[due] = reduction_ns(rank, *due)
         if duration is not None:
             dp_free = (dp_free if dp_free > total else total) + duration
     return dp_free
+
+
+#: a reduction not looked up yet (_fill_buckets; None is a price: nothing to reduce)
+_UNSEEN = object()
 
 
 class BatchStepEvaluator:

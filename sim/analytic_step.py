@@ -349,13 +349,21 @@ def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_by
     whole sums (``sums``: dense, expert bytes): add them to the open buckets ``pending``
     (bytes per group) and return the buckets now due, as (group, bytes): those of at
     least ``bucket_bytes``, or every open one when ``final``."""
-    due = []
-    for group, added in zip(("dense", "expert"), sums):
-        size = pending.get(group, 0.0) + added
-        if size > 0 and (size >= bucket_bytes or final):
-            due.append((group, size))
-            size = 0.0
-        pending[group] = size
+    # (the two groups unrolled: a plan search calls this once per layer of every
+    # rank's last backward)
+    dense, expert = sums
+    size = pending.get("dense", 0.0) + dense
+    if size > 0 and (size >= bucket_bytes or final):
+        due = [("dense", size)]
+        size = 0.0
+    else:
+        due = []
+    pending["dense"] = size
+    size = pending.get("expert", 0.0) + expert
+    if size > 0 and (size >= bucket_bytes or final):
+        due.append(("expert", size))
+        size = 0.0
+    pending["expert"] = size
     return due
 
 
