@@ -92,6 +92,7 @@ class BatchStepEvaluator:
         self._splits: dict[tuple, tuple] = {}
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
         self._grads: dict[tuple, tuple | None] = {}
+        self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
 
     # ------------------------------------------------------------------ public
@@ -278,11 +279,16 @@ class BatchStepEvaluator:
     def _part_grads(self, plan: ParallelPlan, part_key: tuple, kind, part) -> tuple | None:
         """AnalyticStepModel._part_grads of a part (whole gradient bytes to the dense and
         expert buckets, or None), per (part fields, gradient dtype, kind)."""
+        # (this plan's kinds first: the key below hashes the plan's part fields)
+        found = self._plan_grads.get(kind, _UNSEEN)
+        if found is not _UNSEEN:
+            return found
         key = (part_key, plan.grad_reduce_dtype, kind)
         if key in self._grads:
-            return self._grads[key]
-        found = self._reference_model(plan)._part_grads(part)
-        self._grads[key] = found
+            found = self._grads[key]
+        else:
+            found = self._grads[key] = self._reference_model(plan)._part_grads(part)
+        self._plan_grads[kind] = found
         return found
 
     # ------------------------------------------------------------------ the step
@@ -307,16 +313,25 @@ class BatchStepEvaluator:
         pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
         split = schedule.split_backward
         get = shared.get
+        self._plan_grads = {}
+        # this plan's (rank, kind, phase) prices, once looked up (the shared key hashes
+        # the plan's part fields and groups; a kind is a layer kind or "head" /
+        # "embedding", so it says whether the part is a layer, all the key reads of it)
+        costs: dict = {}
 
         def kind_cost(p: int, part, kind, comp: str):
             # the plan's model prices a (kind, phase) once, on the rank that asks first,
             # and every rank reuses it (AnalyticStepModel._kind_cost): that rank's groups
             p = askers.get((kind, comp), p)
+            cost = costs.get((p, kind, comp))
+            if cost is not None:
+                return cost
             cost = get((part_key, kind, comp, None if isinstance(part, str) else mode,
                         part_groups[p]))
             if cost is None:
                 ref = self._reference_model(plan)
                 cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
+            costs[(p, kind, comp)] = cost
             return cost
 
         def phase_ns(p: int, stage: int, comp: str) -> int:

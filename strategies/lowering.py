@@ -235,6 +235,7 @@ class StepLowerer:
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
+        self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
         self._position_in_stage = {layer: i for layers in self.stage_layers
@@ -389,10 +390,16 @@ class StepLowerer:
         Compute ops are named without their micro-batch and shared between
         micro-batches (a step repeats the same kernels thousands of times).
         """
-        name = f"{kernel.name}.{_MICROBATCH.sub('', tag)}"
-        key = (id(kernel), name, phase, deps, comm_sms)
+        # (the tag without its micro-batch, once per tag: a step emits tens of
+        # thousands of kernels under a few hundred tags; the kernel's identity fixes
+        # its name, so the key need not hold the op's name)
+        stem = self._tag_stems.get(tag)
+        if stem is None:
+            stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
+        key = (id(kernel), stem, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
+            name = f"{kernel.name}.{stem}"
             host = (kernel, phase, self.plan.host_issue, self.local_experts)
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
                             comm_sms=comm_sms, host_launches=host_launches(*host),
