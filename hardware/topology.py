@@ -314,13 +314,18 @@ class ClusterLayout:
             raise ValueError("group: empty; give at least one rank")
         if len(set(key)) != len(key):
             raise ValueError(f"group: {key} repeats a rank; give distinct ranks")
-        bad = [r for r in key if not 0 <= r < self.world_size]
-        if bad:
+        if min(key) < 0 or max(key) >= self.world_size:
+            bad = [r for r in key if not 0 <= r < self.world_size]
             raise ValueError(
                 f"group: rank {bad[0]} is outside the cluster; valid: 0..{self.world_size - 1}")
         by_domain: dict[int, list[int]] = {}
-        for rank in sorted(key):
-            by_domain.setdefault(self.domain_of(rank), []).append(rank)
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            for rank in sorted(key):  # (domain_of: every GPU its own domain)
+                by_domain[rank] = [rank]
+        else:  # domain_of inlined (a large group's ranks one by one)
+            per_domain = self.gpus_per_node * self._nodes_per_domain
+            for rank in sorted(key):
+                by_domain.setdefault(rank // per_domain, []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
         found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
         self._geometries[key] = found

@@ -188,16 +188,29 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = double_binary_trees(len(domains))
     chunk = size_bytes / (2 * channels)
+    # each domain's chain per channel, the same in both trees (built once)
+    chains = []
+    for c in range(channels):
+        row = []
+        for members in domains:
+            k = c % len(members)  # the domain's chain starting at member c
+            order = tuple(members[k:]) + tuple(members[:k])
+            chain_src: list[int] = []
+            chain_dst: list[int] = []
+            for a, b in zip(order, order[1:]):  # b -> a, then a -> b
+                chain_src += (b, a)
+                chain_dst += (a, b)
+            row.append((chain_src, chain_dst))
+        chains.append(row)
     src: list[int] = []
     dst: list[int] = []
     for parents in trees:
         for c in range(channels):
+            row = chains[c]
             for d, members in enumerate(domains):
-                k = c % len(members)  # the domain's chain starting at member c
-                order = tuple(members[k:]) + tuple(members[:k])
-                for a, b in zip(order, order[1:]):  # b -> a, then a -> b
-                    src += (b, a)
-                    dst += (a, b)
+                chain_src, chain_dst = row[d]
+                src += chain_src
+                dst += chain_dst
                 if d in parents:
                     up = domains[parents[d]][c]
                     src += (members[c], up)
