@@ -424,7 +424,9 @@ class NetworkModel:
                 links = np.stack([layout.gpu_out_link(0) + src,
                                   layout.gpu_in_link(0) + dst], axis=1).reshape(-1)
             else:
-                which, links = layout.paths_links(src, dst)
+                # (one payload for every transfer, as TransferColumns have: each link
+                # adds equal terms, the same sum in any order)
+                which, links = layout.paths_links(src, dst, ordered=len(set(payloads)) > 1)
             loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
                                       minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique

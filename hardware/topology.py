@@ -397,11 +397,15 @@ class ClusterLayout:
         self._classes[key] = found
         return found
 
-    def paths_links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def paths_links(self, src: np.ndarray, dst: np.ndarray, ordered: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """The links of :meth:`path` (default rail) for many transfers at once, in numpy:
         ``(transfer index, link)`` entries ordered by transfer and, within one, in
         the order :meth:`path` lists them (so sums over them add in the same order).
-        A transfer from a GPU to itself crosses nothing."""
+        A transfer from a GPU to itself crosses nothing.
+
+        ``ordered`` False: the same entries in no particular order (for sums of equal
+        terms, which no order changes)."""
         spec = self.spec
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
@@ -468,8 +472,10 @@ class ClusterLayout:
         if not parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         transfers = np.concatenate([t for t, _, _ in parts])
-        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
         links = np.concatenate([l for _, _, l in parts])
+        if not ordered:
+            return transfers, links
+        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
         order = np.lexsort((positions, transfers))
         return transfers[order], links[order]
 
