@@ -142,6 +142,7 @@ class NetworkModel:
         self._loads_by_content: dict[tuple, dict[str, np.ndarray]] = {}
         # per loads dict of one mode (by identity, kept alive here): the links it
         # loads, their payload bytes and tier index (phase_bandwidth_s)
+        self._weights_by_tier: dict[tuple[str, str], np.ndarray] = {}
         self._used: dict[int, tuple[dict, np.ndarray, np.ndarray, np.ndarray, str]] = {}
         self._tier_names = TIERS
         self._tier_index = layout.link_tier_index
@@ -453,8 +454,10 @@ class NetworkModel:
             _, used, used_payload, used_tier, mode = found
             if not used.size:
                 return 0.0
-            weight_by_tier = np.asarray(
-                [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
+            weight_by_tier = self._weights_by_tier.get((protocol, mode))
+            if weight_by_tier is None:
+                weight_by_tier = self._weights_by_tier[(protocol, mode)] = np.asarray(
+                    [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
             wire = used_payload * weight_by_tier[used_tier]
             return float((wire / self.layout.capacity_bytes_per_s[used]).max())
         wire = np.zeros(self.layout.num_links)
