@@ -667,11 +667,27 @@ class ComputeModel:
         memory_s = op.bytes / (self.gpu.hbm_bytes_per_s * self.gpu.memory_efficiency)
         return max(compute_s, memory_s) / self.gpu.sustained_fraction
 
+    def serial_launches(self, op: ComputeOp) -> int:
+        """Kernel launches of ``op`` that follow one another on the GPU: its ``launches``
+        (:func:`op_launches`), and for a grouped GEMM of ``g`` GEMMs
+        (:func:`op_gemm_groups`) each of those launches is a round of ``g`` per-expert cuBLAS
+        GEMMs spread over :attr:`grouped_gemm_streams` streams, ``ceil(g / streams)`` in a
+        row on each: Transformer Engine's ``te_general_grouped_gemm`` hands the per-expert
+        GEMMs to ``nvte_multi_tensor_gemm``, which launches GEMM ``i`` on compute stream
+        ``i % num_streams`` (transformer_engine/pytorch/csrc/extensions/gemm.cpp,
+        transformer_engine/common/gemm/cublaslt_gemm.cu)."""
+        launches = op_launches(op)
+        groups = op_gemm_groups(op) if op.kind == "matmul" else 1
+        if groups <= 1:
+            return launches
+        return launches * -(-groups // self.grouped_gemm_streams)
+
     def duration_s(self, op: ComputeOp) -> float:
         """Time the op occupies its stream, seconds: ``kernel_launch_s`` per GPU kernel the
-        op stands for (its ``launches`` attribute, default 1: an eager RMSNorm is 8) plus the
+        op stands for in a row (:meth:`serial_launches`: its ``launches`` attribute, default
+        1, an eager RMSNorm is 8; a grouped expert GEMM's per-stream rounds) plus the
         roofline time."""
-        return self.gpu.kernel_launch_s * op_launches(op) + self.kernel_time_s(op)
+        return self.gpu.kernel_launch_s * self.serial_launches(op) + self.kernel_time_s(op)
 
     def host_time_s(self, op: ComputeOp) -> float:
         """CPU time to issue the op's kernels under :attr:`host_mode` (0 without one):

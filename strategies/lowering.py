@@ -435,6 +435,10 @@ class StepLowerer:
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
+        jax_policy = modules & costs.JAX_REMAT_POLICIES.keys() if modules is not None else ()
+        if jax_policy:
+            self._jax_remat_recompute(b, layer, tag, min(jax_policy))
+            return
         for block, members in _blocks(self.kernels(layer)):
             if modules is not None:
                 members, whole = recomputed(block, members, modules)
@@ -554,6 +558,16 @@ class StepLowerer:
             if share > 0:
                 piece = kernel if share == 1 else self._scaled(kernel, share)
                 self._emit_kernel(b, piece, f"{tag}.l{layer}", "F")
+
+    def _jax_remat_recompute(self, b: _RankBuilder, layer: int, tag: str, policy: str) -> None:
+        """What the backward of a ``jax.checkpoint``-ed ``layer`` re-runs under the JAX
+        remat ``policy``: the kernels :func:`strategies.model_costs.
+        jax_remat_recompute_fractions` marks."""
+        kernels = self.kernels(layer)
+        for kernel, share in zip(kernels, costs.jax_remat_recompute_fractions(
+                kernels, self.model, policy)):
+            if share > 0:
+                self._emit_kernel(b, kernel, f"{tag}.l{layer}", "F")
 
     # ------------------------------------------------------------ TP and GEMMs
     def _tp_matmuls(self, block: str, members: Sequence[costs.Kernel]
@@ -1491,11 +1505,12 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     ``compiled`` one launch per kernel of the fused graph, the plan's ``elementwise``
     saying how far elementwise work is fused), the router's
     :data:`ROUTER_HOST_LAUNCHES`, and for the routed experts one per local expert per
-    GEMM and per quantization: Transformer Engine's ``GroupedLinear`` (Megatron-Core
-    ``TEGroupedMLP``, ``--moe-grouped-gemm``) splits its input by ``m_splits`` and
-    quantizes and multiplies each expert's slice with its own call
-    (transformer_engine/pytorch/module/grouped_linear.py), a GEMM in the forward and
-    two (data and weight gradient) in the backward."""
+    GEMM: Transformer Engine's ``GroupedLinear`` (Megatron-Core ``TEGroupedMLP``,
+    ``--moe-grouped-gemm``) multiplies each expert's slice of its input (split by
+    ``m_splits``) with its own cuBLAS GEMM (transformer_engine/pytorch/module/
+    grouped_linear.py), a GEMM in the forward and two (data and weight gradient) in the
+    backward; its quantizations launch the kernels the quantization kernel stands for
+    (one per expert unless the recipe fuses them: ``Fp8Recipe.fused_split_quantize``)."""
     if mode in ("off", "graphed"):
         return 0
     if mode == "partial" and kernel.name.startswith(_PARTIAL_GRAPH_PREFIXES):
@@ -1503,9 +1518,8 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     launches = max(1, kernel.launches[0 if phase == "F" else 1])
     if kernel.name == "moe.route":
         return ROUTER_HOST_LAUNCHES
-    if kernel.expert and local_experts > 1 and (kernel.kind == "matmul"
-                                                or kernel.name.endswith(".quant")):
-        gemms = 2 if (phase == "B" and kernel.kind == "matmul") else 1
+    if kernel.expert and local_experts > 1 and kernel.kind == "matmul":
+        gemms = 2 if phase == "B" else 1
         return launches * local_experts * gemms
     return launches
 
@@ -1612,6 +1626,11 @@ def compute_op(kernel: costs.Kernel, name: str, phase: str, *, attention_impl: s
         flops, nbytes = kernel.bwd_weight_flops, kernel.bwd_weight_bytes
     launches = kernel.launches[0 if phase == "F" else 1]
     groups = kernel.shape[0] if kernel.expert and kernel.kind == "matmul" and kernel.shape else 1
+    if groups > 1 and phase == "B":
+        # the whole backward of a grouped expert GEMM is two grouped calls, the data and
+        # the weight gradients (grouped_linear.py: two general_grouped_gemm calls), each a
+        # round of per-expert GEMMs on the GPU (hardware.compute.ComputeModel.serial_launches)
+        launches = 2 * max(1, launches)
     return ComputeOp(name=name, kind=kernel.kind, flops=flops, bytes=nbytes,
                      shape=tuple(kernel.shape), dtype=kernel.dtype, stream=COMPUTE, deps=deps,
                      comm_sms=comm_sms, phase=phase, launches=max(1, launches),

@@ -128,6 +128,8 @@ __all__ = [
     "mtp_params",
     "optimizer_kernels",
     "op_sac_recompute_fractions",
+    "JAX_REMAT_POLICIES",
+    "jax_remat_recompute_fractions",
     "param_counts",
     "rank_params",
 ]
@@ -144,7 +146,27 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 #: ``torchtitan/distributed/activation_checkpoint.py``): each transformer block keeps the
 #: outputs of the ops in its save list (matmuls, SDPA, reduce-scatter, amax) except every
 #: second matmul, and the backward re-runs the rest (:func:`op_sac_recompute_fractions`).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj", "op_sac")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj", "op_sac",
+                     "jax_full", "jax_save_qkv", "jax_save_qkv_out")
+
+#: JAX rematerialisation policies (``jax.checkpoint`` around each scanned decoder layer) as
+#: recompute modules, and the matmul outputs each saves (:data:`RECOMPUTE_MODULES`,
+#: :func:`jax_remat_recompute_fractions`):
+#:
+#: * ``jax_full``: ``jax.checkpoint_policies.nothing_saveable`` -- MaxText
+#:   ``remat_policy: 'full'`` (``MaxText/configs/base.yml``; ``policy = None`` in the
+#:   decoder's ``nn.remat``), Praxis ``AutodiffCheckpointType.SAVE_NOTHING``;
+#: * ``jax_save_qkv``: MaxText ``remat_policy=save_qkv_proj``, ``save_only_these_names(
+#:   "query_proj", "value_proj", "key_proj", "qkv_proj")`` (MaxText/layers/models.py): the
+#:   Q, K and V projection outputs are kept;
+#: * ``jax_save_qkv_out``: Praxis ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ``,
+#:   ``save_only_these_names('combined_qkv_proj', 'out_proj')``
+#:   (praxis/layers/checkpoint_policy.py); Transformer Engine's JAX ``MultiHeadAttention``
+#:   names its fused QKV output ``combined_qkv_proj`` and its output projection
+#:   ``out_proj`` (transformer_engine/jax/flax/transformer.py), so Paxml with TE layers
+#:   keeps both.
+JAX_REMAT_POLICIES = {"jax_full": (), "jax_save_qkv": ("attn.qkv",),
+                      "jax_save_qkv_out": ("attn.qkv", "attn.out")}
 
 #: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
@@ -213,6 +235,13 @@ class Fp8Recipe:
             ``transformer_engine/pytorch/module/{linear,layernorm_linear}.py`` save the
             quantized input) rather than the bf16 inputs (torchao saves bf16).
         source: where the recipe's behaviour is documented.
+        fused_split_quantize: Transformer Engine's ``split_quantize`` (the routed experts'
+            ``GroupedLinear`` quantizing its input and its output gradient per expert) runs
+            one fused kernel for all experts (``nvte_multi_cast_transpose``, which exists
+            for delayed scaling only: "Currently only have fused kernel for FP8 delayed
+            scaling", transformer_engine/pytorch/csrc/extensions/cast.cpp
+            ``multi_tensor_quantize_impl``) rather than one quantize kernel per expert
+            ("Quantize kernels individually", the other recipes).
     """
 
     name: str
@@ -222,11 +251,13 @@ class Fp8Recipe:
     source: str
     weight_copy_bytes_per_param: float = 2.0
     saves_fp8_inputs: bool = True
+    fused_split_quantize: bool = False
 
 
 #: Recipes by name (the ``fp8_recipe`` a plan names). Bytes: see :class:`Fp8Recipe`.
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe(name="te-delayed", quant_bytes_per_element=4.0, norm_fused=True, weight_cache=True,
+              fused_split_quantize=True,
               source="Transformer Engine DelayedScaling (amax history; amax fused into the cast); "
                      "Megatron-Core TE layer spec (LayerNormLinear for QKV/FC1), is_first_microbatch"),
     Fp8Recipe(name="te-current", quant_bytes_per_element=6.0, norm_fused=False, weight_cache=True,
@@ -623,17 +654,21 @@ def _fp8_quant(name: str, block: str, *, m: float, k: int, n: int, groups: int =
     wgrad GEMMs. Backward, weight-gradient part: the transposed fp8 copy of a norm-written
     X for the wgrad GEMM (read and write 1 byte). Each cast moves
     ``recipe.quant_bytes_per_element`` bytes per element (:class:`Fp8Recipe`) and does ~2
-    FLOPs per element (scale, amax).
+    FLOPs per element (scale, amax). A grouped GEMM's (``groups`` > 1, the routed
+    experts' ``GroupedLinear``) quantizations are one kernel per expert (``launches``)
+    unless the recipe fuses them (:attr:`Fp8Recipe.fused_split_quantize`).
     """
     q = recipe.quant_bytes_per_element
     fused = recipe.norm_fused and input_from_norm
     x, w, dy = m * k, groups * k * n, m * n
     fwd_elems = (0.0 if fused else x) + (0.0 if recipe.weight_cache else w)
+    kernels = groups if groups > 1 and not recipe.fused_split_quantize else 1
     return Kernel(
         name=name, block=block, kind="elementwise", shape=(int(round(m)), k), dtype=act,
         fwd_flops=2.0 * fwd_elems, fwd_bytes=q * fwd_elems,
         bwd_input_flops=2.0 * dy, bwd_input_bytes=q * dy,
         bwd_weight_flops=0.0, bwd_weight_bytes=2.0 * x if fused else 0.0,
+        launches=(kernels, kernels),
     )
 
 
@@ -1814,7 +1849,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     recomputed); ``moe_act`` drops the experts' activation outputs (fc2 inputs);
     ``mla_up_proj`` drops MLA's per-head queries, keys and values (the up projections are
     re-run); ``core_attn`` is the flash-attention no-op; ``op_sac`` keeps what torchtitan's
-    per-op policy saves (:func:`_op_sac_activation_bytes`). Others are rejected.
+    per-op policy saves (:func:`_op_sac_activation_bytes`); ``jax_full``,
+    ``jax_save_qkv`` and ``jax_save_qkv_out`` keep the layer input and what their JAX remat
+    policy saves (:func:`_jax_remat_activation_bytes`). Others are rejected.
 
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
@@ -1843,6 +1880,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
         return e * n_sp * h
     if "op_sac" in modules:
         return _op_sac_activation_bytes(model, layer, n, n_sp, tp, e)
+    jax_policies = sorted(modules & set(JAX_REMAT_POLICIES))
+    if jax_policies:
+        return _jax_remat_activation_bytes(model, layer, jax_policies[0], n, n_sp, tp, e)
 
     # element bytes of a saved linear-layer input (TE keeps only its FP8 copy)
     e_in = 1.0 if fp8_linear_inputs else e
@@ -1973,6 +2013,75 @@ def op_sac_recompute_fractions(kernels: Sequence[Kernel], model: ModelSpec) -> l
         else:
             fractions.append(1.0)
     return fractions
+
+
+def jax_remat_recompute_fractions(kernels: Sequence[Kernel], model: ModelSpec,
+                                  policy: str) -> list[float]:
+    """The share (0 or 1) of each of a dense layer's forward ``kernels`` that the backward
+    of a ``jax.checkpoint``-ed layer re-runs under ``policy`` (:data:`JAX_REMAT_POLICIES`).
+
+    JAX's remat partial evaluation stages for the backward only the primal operations whose
+    outputs the linearised layer needs and the policy did not save (``jax/_src/
+    ad_checkpoint.py`` ``remat_partial_eval``, then ``pe.dce_jaxpr``; XLA's dead-code
+    elimination drops the rest of the re-run forward). So, unlike Megatron's full
+    recompute (which re-runs the checkpointed forward whole):
+
+    * the layer's last matmul (the MLP's down projection, whose output only enters the
+      residual sum) and that residual sum (the next layer's input, the scan carry the
+      checkpoint keeps) are not re-run: nothing in the backward reads them;
+    * a saved matmul output (``attn.qkv``, ``attn.out`` per policy) is read, not re-run;
+    * everything else re-runs: norms (their outputs are the next matmul's input, which its
+      weight gradient reads), the attention core (its output and softmax statistics), the
+      activation function, the attention residual sum (the second norm's input), and each
+      FP8 input cast ``<gemm>.quant`` (the weight gradient reads the cast input, whether or
+      not the GEMM itself re-runs).
+
+    TP communication around re-run matmuls is not modelled (the JAX recipes modelled run
+    without TP).
+
+    Raises:
+        ValueError: ``policy`` not in :data:`JAX_REMAT_POLICIES`, or the kernels of an MoE
+            layer (the policies are modelled for dense layers).
+    """
+    if policy not in JAX_REMAT_POLICIES:
+        raise ValueError(f"policy: {policy!r} is not a JAX remat policy; valid: "
+                         f"{', '.join(JAX_REMAT_POLICIES)}")
+    if any(kernel.block == "moe" for kernel in kernels):
+        raise ValueError(f"recompute_modules: {policy} is modelled for dense layers; "
+                         "got an MoE layer's kernels")
+    saved = set(JAX_REMAT_POLICIES[policy])
+    matmuls = [i for i, k in enumerate(kernels) if k.kind == "matmul"]
+    # the last matmul and what follows it (the residual sum into the next layer's input)
+    dead = set(range(matmuls[-1], len(kernels))) if matmuls else set()
+    fractions = []
+    for index, kernel in enumerate(kernels):
+        if kernel.name.endswith(".quant"):
+            fractions.append(1.0)
+        elif index in dead or (kernel.kind == "matmul" and kernel.name in saved):
+            fractions.append(0.0)
+        else:
+            fractions.append(1.0)
+    return fractions
+
+
+def _jax_remat_activation_bytes(model: ModelSpec, layer: int, policy: str, n: float,
+                                n_sp: float, tp: int, e: float) -> float:
+    """Bytes a dense layer keeps under a JAX remat policy (:data:`JAX_REMAT_POLICIES`):
+    the layer input (the scan carry ``jax.checkpoint`` keeps) and the saved matmul
+    outputs, Q/K/V (``n*(a + 2g)*d/t``) and the output projection's (``n*h``).
+
+    Raises:
+        ValueError: ``layer`` is an MoE layer."""
+    if model.is_moe_layer(layer):
+        raise ValueError(f"recompute_modules: {policy} is modelled for dense layers; "
+                         f"layer {layer} is an MoE layer")
+    saved = JAX_REMAT_POLICIES[policy]
+    kept = n_sp * model.hidden_size
+    if "attn.qkv" in saved:
+        kept += n * (model.num_heads // tp + 2 * _kv_local(model, tp)) * model.head_dim
+    if "attn.out" in saved:
+        kept += n * model.hidden_size
+    return e * kept
 
 
 def embedding_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 1,

@@ -198,7 +198,10 @@ class ParallelPlan:
             copies exist only gathered). Needs ZeRO-3.
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
-            RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default).
+            RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default), or one whole-layer
+            policy alone: torchtitan's ``op_sac`` or a JAX remat policy (``jax_full``,
+            ``jax_save_qkv``, ``jax_save_qkv_out``: :data:`strategies.model_costs.
+            JAX_REMAT_POLICIES`).
         activation_offload_layers: layers per pipeline rank whose saved activations go to
             host memory (Megatron-Core ``cpu_offloading_num_layers``); the copies run on
             their own stream beside compute and are not timed.
@@ -417,6 +420,11 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if unknown:
         raise ValueError(f"recompute_modules: {', '.join(map(str, unknown))} not known; valid: "
                          f"{', '.join(model_costs.RECOMPUTE_MODULES)}")
+    policies = [m for m in plan.recompute_modules
+                if m in model_costs.JAX_REMAT_POLICIES or m == "op_sac"]
+    if policies and len(plan.recompute_modules) > 1:
+        raise ValueError(f"recompute_modules: {','.join(plan.recompute_modules)} is not valid; "
+                         f"{policies[0]} is a whole-layer policy and stands alone")
     if plan.recompute_modules and plan.recompute != "selective":
         raise ValueError(f"recompute_modules: {','.join(plan.recompute_modules)} needs recompute "
                          f"'selective', not {plan.recompute!r}; give no recompute_modules")

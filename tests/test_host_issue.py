@@ -47,7 +47,11 @@ def test_host_launches_per_op_and_the_dropless_sync():
     by_name = {op.name.split(".F")[0]: op for op in ops if isinstance(op, ComputeOp)}
     assert by_name["moe.route"].host_launches == ROUTER_HOST_LAUNCHES == 72
     assert by_name["moe.experts.gate_up"].host_launches == 2        # one GEMM per expert
-    assert by_name["moe.experts.gate_up.quant"].host_launches == 2  # one cast per expert
+    # delayed scaling (the default recipe): TE's fused multi-cast-transpose, one kernel
+    assert by_name["moe.experts.gate_up.quant"].host_launches == 1
+    mx = StepLowerer(model, _plan(ep=4, fp8_recipe="te-mxfp8")).phase_ops(0, 0, "F")
+    mx_quant = [op for op in mx if op.name.startswith("moe.experts.gate_up.quant")][0]
+    assert mx_quant.host_launches == mx_quant.launches == 2  # one quantize kernel per expert
     assert by_name["attn.qkv"].host_launches == by_name["attn.qkv"].launches
     backward = {op.name.split(".B")[0]: op for op in lowerer.phase_ops(0, 0, "B")
                 if isinstance(op, ComputeOp)}
@@ -117,14 +121,21 @@ def test_analytic_equals_event_for_one_moe_rank_with_host_issue():
     off = simulate_step(model, cluster, replace(plan, host_issue="off"), fidelity="analytic",
                         check_memory=False)
     assert analytic.step_time_s > off.step_time_s
-    # one micro-batch: each phase starts with the CPU level with the GPU in both
-    assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.02)
+    # without the host the closed form is the replay, exactly
+    off_event = simulate_step(model, cluster, replace(plan, host_issue="off"), fidelity="event",
+                              check_memory=False)
+    assert off.step_time_s == off_event.step_time_s
+    # one micro-batch: each phase starts with the CPU level with the GPU in both; the
+    # closed form's issue-bound stretches approximate the replay's CPU process (1.9 % apart
+    # before the TE split_quantize launches were counted per kernel, 2.2 % since: fewer
+    # host launches for delayed scaling's fused cast move which ops wait for the CPU)
+    assert analytic.step_time_s == pytest.approx(event.step_time_s, rel=0.025)
 
 
 def test_cpu_only_calls_and_te_module_calls_closed_form():
     """Beyond kernel launches the CPU pays, per op: TE's module call (forward and
     backward entry) and, for the routed experts, the split view and two allocations of
-    each GroupedLinear GEMM and the four allocations of each quantization."""
+    each GroupedLinear GEMM and the four allocations of each quantization kernel."""
     from hardware.compute import HOST_CALL_S, HOST_MODULE_S
     from strategies.lowering import GROUPED_GEMM_HOST_CALLS, QUANT_HOST_CALLS
     lowerer = StepLowerer(_model(), _plan(ep=4))  # 2 local experts
@@ -135,7 +146,8 @@ def test_cpu_only_calls_and_te_module_calls_closed_form():
     gate_up = fwd["moe.experts.gate_up"]
     assert (gate_up.host_calls, gate_up.host_modules) == (GROUPED_GEMM_HOST_CALLS * 2, 1) == (6, 1)
     assert bwd["moe.experts.gate_up"].host_calls == GROUPED_GEMM_HOST_CALLS * 4  # dgrad + wgrad
-    assert fwd["moe.experts.gate_up.quant"].host_calls == QUANT_HOST_CALLS * 2 == 8
+    # delayed scaling (the default recipe) quantizes all experts in one fused kernel
+    assert fwd["moe.experts.gate_up.quant"].host_calls == QUANT_HOST_CALLS * 1 == 4
     assert fwd["moe.experts.gate_up.quant"].host_modules == 0
     assert fwd["attn.qkv"].host_modules == fwd["attn.core"].host_modules == 1
     assert bwd["attn.qkv"].host_modules == 1
@@ -196,11 +208,43 @@ def test_published_rows_host_issue_rule():
     }
     got = {row: scenario_for(runs[row], models, recipes).plan.host_issue for row in expected}
     assert got == expected
-    moe = scenario_for(runs["mb2509_09"], models, recipes)  # qwen3-30b-a3b, Bridge, GB200
+    moe = scenario_for(runs["mb2511_08"], models, recipes)  # qwen3-30b-a3b dropless, GB200
     assert moe.plan.host_issue == "partial"  # _moe_settings' rule, unchanged
     assert [n for n in moe.settings if n.startswith("host issue")] == [
         "host issue partial (the CPU launches the routed experts; dropless dispatch syncs "
         "per layer)"]
+    # the 25.09 token-drop presets of qwen3-30b-a3b on Blackwell capture the whole
+    # iteration (validate.published._FULL_ITERATION_GRAPHS); on H100 they issue eagerly,
+    # and the dropless rows of the same model keep the eager / partial rule
+    modes = {row: scenario_for(runs[row], models, recipes).plan.host_issue
+             for row in ("mb2509_09", "mb2509_19", "mb2509_26", "mb2511_16", "mb2511_22")}
+    assert modes == {"mb2509_09": "graphed", "mb2509_19": "graphed", "mb2509_26": "eager",
+                     "mb2511_16": "eager", "mb2511_22": "eager"}
+    graphed = scenario_for(runs["mb2509_19"], models, recipes)
+    assert [n for n in graphed.settings if n.startswith("host issue")] == [
+        "host issue graphed (Megatron-Bridge token-drop preset: cuda_graph_scope "
+        "full_iteration)"]
+
+
+def test_token_drop_vs_dropless_pair_on_b200():
+    """The same qwen3-30b-a3b configuration on 8 B200 (FP8, EP 8, micro-batch 1, GBS 512):
+    the 25.09 token-drop run (mb2509_19, 14.51 s, a full-iteration CUDA graph) and the
+    25.11 dropless run (mb2511_16, 28.19 s, eager: the tokens-per-expert sync forbids the
+    graph) are 1.94x apart. The simulated ratio is within 10 % of it: the host issue of
+    the eager dropless step is what separates them, not the expert GEMMs (identical rows
+    per expert under forced balance)."""
+    from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
+    runs = {r.row_id: r for r in load_runs()}
+    models, recipes = load_models(), load_nemo_recipes()
+    steps = {}
+    for row in ("mb2509_19", "mb2511_16"):
+        scenario = scenario_for(runs[row], models, recipes)
+        steps[row] = simulate_step(scenario.model, scenario.cluster, scenario.plan,
+                                   fidelity="analytic", check_memory=False).step_time_s
+    published = (runs["mb2511_16"].published_step_time_s
+                 / runs["mb2509_19"].published_step_time_s)
+    assert published == pytest.approx(28.191 / 14.51)
+    assert steps["mb2511_16"] / steps["mb2509_19"] == pytest.approx(published, rel=0.10)
 
 
 # ------------------------------------------------------- compiled issue and layer impl

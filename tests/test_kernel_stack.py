@@ -17,7 +17,7 @@ from hardware.compute import HOST_ISSUE_S, ComputeModel
 from hardware.spec import GpuSpec
 from strategies import model_costs as C
 from strategies.ir import ComputeOp
-from strategies.model_spec import ModelSpec
+from strategies.model_spec import ModelSpec, MoESpec
 
 H100 = GpuSpec(
     name="H100 (stack test)",
@@ -274,6 +274,62 @@ def test_grouped_expert_gemm_runs_at_the_efficiency_of_its_streams():
     assert one_kernel.compute_flops_per_s(experts) == pytest.approx(cm.compute_flops_per_s(dense))
     with pytest.raises(ValueError, match="grouped_gemm_streams"):
         ComputeModel(H100, grouped_gemm_streams=0)
+
+
+def test_grouped_expert_kernels_launch_per_expert_as_transformer_engine_does():
+    """TE 2.x GroupedLinear: te_general_grouped_gemm launches one cuBLAS GEMM per expert on
+    stream i % 4, so 16 experts are 4 launches in a row per grouped call, and the backward
+    is two grouped calls (data and weight gradients): 8. split_quantize launches one
+    quantize kernel per expert, except delayed scaling's fused multi-cast-transpose: 1."""
+    from strategies.lowering import compute_op
+    cm = ComputeModel(H100)
+    per = 2.0 * 2048 * 1536 * 2048
+    fwd = ComputeOp(name="moe.experts.gate_up.F0.l1", kind="matmul", flops=16 * per,
+                    shape=(16, 2048, 1536, 2048), gemm_groups=16)
+    assert cm.serial_launches(fwd) == 4
+    assert cm.duration_s(fwd) == pytest.approx(4 * H100.kernel_launch_s + cm.kernel_time_s(fwd))
+    assert ComputeModel(H100, grouped_gemm_streams=64).serial_launches(fwd) == 1
+    assert cm.serial_launches(replace(fwd, gemm_groups=5, shape=(5, 2048, 1536, 2048))) == 2
+    dense = ComputeOp(name="mlp.fc1.F0.l1", kind="matmul", flops=per, shape=(1, 2048, 1536, 2048))
+    assert cm.serial_launches(dense) == 1
+    model = ModelSpec(name="moe", num_layers=2, hidden_size=2048, num_heads=32, num_kv_heads=4,
+                      head_dim=128, ffn_hidden_size=768, vocab_size=151936, mlp="swiglu",
+                      norm="rmsnorm", moe=MoESpec(num_experts=128, top_k=8,
+                                                    expert_ffn_hidden_size=768))
+    for recipe, quant_kernels in (("te-mxfp8", 16), ("te-current", 16), ("te-delayed", 1)):
+        kernels = {k.name: k for k in C.layer_kernels(model, 1, micro_batch=1, seq_len=4096, ep=8,
+                                                        dtype="fp8", fp8_recipe=recipe)}
+        quant = kernels["moe.experts.gate_up.quant"]
+        assert quant.launches == (quant_kernels, quant_kernels)
+        assert kernels["attn.out.quant"].launches == (1, 1)
+        up = kernels["moe.experts.gate_up"]
+        assert compute_op(up, "u", "F").launches == 1 and compute_op(up, "u", "B").launches == 2
+        assert cm.serial_launches(compute_op(up, "u", "B")) == 8
+
+
+def test_jax_remat_recompute_lowers_exactly_the_rerun_kernels():
+    """Under a JAX remat policy a layer's recompute ops carry the FLOPs of the forward
+    kernels the policy re-runs: for Llama 3 8B under save_qkv_proj, the forward's minus
+    the QKV and down-projection GEMMs and the last residual sum."""
+    from strategies.lowering import lower_step
+    from strategies.models import load_model
+    from strategies.plan import ParallelPlan
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(dp=8, zero=3, recompute="selective", recompute_modules=("jax_save_qkv",),
+                        seq_len=2048, micro_batch=1, global_batch=8)
+    ops = lower_step(model, plan).program.ops_by_rank[0]
+    rerun = sum(op.flops for op in ops if ".recompute." in op.name and op.name.endswith(".l3"))
+    kernels = {k.name: k for k in C.layer_kernels(model, 3, micro_batch=1, seq_len=2048,
+                                                   dtype="bf16", elementwise=plan.elementwise)}
+    expected = (sum(k.fwd_flops for k in kernels.values()) - kernels["attn.qkv"].fwd_flops
+                - kernels["mlp.down"].fwd_flops - kernels["mlp.residual"].fwd_flops)
+    assert expected > 0 and rerun == pytest.approx(expected, rel=1e-12)
+
+
+def test_whole_layer_recompute_policies_stand_alone():
+    from strategies.plan import ParallelPlan
+    with pytest.raises(ValueError, match="jax_full is a whole-layer policy and stands alone"):
+        ParallelPlan(dp=8, recompute="selective", recompute_modules=("jax_full", "layernorm"))
 
 
 def test_op_sac_recompute_lowers_exactly_the_rerun_shares():

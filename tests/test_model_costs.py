@@ -501,3 +501,50 @@ def test_op_sac_is_refused_on_moe_layers():
     with pytest.raises(ValueError, match="op_sac is modelled for dense layers"):
         activation_bytes_per_layer(model, 0, micro_batch=1, seq_len=4096,
                                    recompute="selective", recompute_modules=("op_sac",))
+
+
+# ------------------------------------------------------------- JAX remat policies
+
+
+def test_jax_remat_skips_the_last_matmul_and_what_each_policy_saves():
+    """jax.checkpoint re-runs only what the backward reads: never the MLP's down projection
+    (its output only enters the residual sum, the next layer's input) nor that sum; the
+    saved projections are read; FP8 input casts, norms, attention core, activation and the
+    attention residual re-run."""
+    from strategies.model_costs import jax_remat_recompute_fractions
+    model = load_model("llama3-8b")
+    kernels = layer_kernels(model, 0, micro_batch=1, seq_len=4096, dtype="fp8")
+    names = [k.name for k in kernels]
+    rerun = {policy: {n for n, f in zip(names, jax_remat_recompute_fractions(kernels, model, policy))
+                      if f == 1.0}
+             for policy in ("jax_full", "jax_save_qkv", "jax_save_qkv_out")}
+    for policy, chosen in rerun.items():
+        assert set(jax_remat_recompute_fractions(kernels, model, policy)) <= {0.0, 1.0}
+        assert {"mlp.down", "mlp.residual"}.isdisjoint(chosen), policy
+        assert {"attn.norm", "attn.core", "attn.residual", "mlp.norm", "mlp.gate_up", "mlp.act",
+                "mlp.down.quant", "attn.qkv.quant", "attn.out.quant"} <= chosen, policy
+    assert {"attn.qkv", "attn.out"} <= rerun["jax_full"]
+    assert "attn.qkv" not in rerun["jax_save_qkv"] and "attn.out" in rerun["jax_save_qkv"]
+    assert {"attn.qkv", "attn.out"}.isdisjoint(rerun["jax_save_qkv_out"])
+    with pytest.raises(ValueError, match="policy: 'jax_none' is not a JAX remat policy"):
+        jax_remat_recompute_fractions(kernels, model, "jax_none")
+
+
+def test_jax_remat_activation_bytes_closed_form():
+    """Kept: the layer input n*h, plus Q, K, V n*(a + 2g)*d (save_qkv) and the output
+    projection's n*h (save_qkv_out), 2 bytes each."""
+    model = load_model("llama3-8b")
+    n, h, d = 2 * 4096, model.hidden_size, model.head_dim
+    qkv = n * (32 + 2 * 8) * d
+    got = {policy: activation_bytes_per_layer(model, 0, micro_batch=2, seq_len=4096,
+                                              recompute="selective", recompute_modules=(policy,))
+           for policy in ("jax_full", "jax_save_qkv", "jax_save_qkv_out")}
+    assert got == {"jax_full": 2 * n * h, "jax_save_qkv": 2 * (n * h + qkv),
+                   "jax_save_qkv_out": 2 * (n * h + qkv + n * h)}
+
+
+def test_jax_remat_is_refused_on_moe_layers():
+    model = load_model("mixtral-8x7b")
+    with pytest.raises(ValueError, match="jax_full is modelled for dense layers"):
+        activation_bytes_per_layer(model, 0, micro_batch=1, seq_len=4096,
+                                   recompute="selective", recompute_modules=("jax_full",))

@@ -55,10 +55,13 @@ def test_the_set_spans_sources_generations_and_dtypes(report):
 
 
 def test_dense_models_within_todays_bounds(report):
+    """Pricing llm-foundry's Composer DecoupledAdamW as its per-tensor unfused loop and its
+    mp_mode PURE rows' bf16 gradient reduction measured median 6.0 %, p90 16.1 %, bias
+    -1.4 % (from 6.0 %, 16.4 %, -1.6 %): the p90 bound tightens."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
     assert dense["median_abs_error"] <= 0.065
-    assert dense["p90_abs_error"] <= 0.17
+    assert dense["p90_abs_error"] <= 0.165
     assert abs(dense["bias"]) <= 0.025
 
 
@@ -81,12 +84,24 @@ def test_moe_models_within_todays_bounds(report):
     12.0 %, 32.7 %, -8.3 %: the p90 and bias tighten. AutoModel's rows run as AutoModel runs
     them (no NeMo recipe, bf16-logit loss, FSDP2 fp32 masters, the gpt-oss YAMLs' EP)
     measured 11.8 %, 32.2 %, -9.0 %: automodel_6's +55 % (EP 1) no longer offsets the
-    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens."""
+    under-predicted rows, so the bias bound goes back to 9.5 % while the p90 tightens.
+    The 25.09 token-drop qwen3-30b-a3b presets on B200/GB200 replay full-iteration CUDA
+    graphs (validate.published._FULL_ITERATION_GRAPHS; the B200 token-drop/dropless pair's
+    1.94x is reproduced within 10 %, test_host_issue) measured 12.2 %, 31.8 %, -10.4 %:
+    their eager pricing (+36 %, +4 %, +8 %) had hidden that these rows' GPU time is
+    simulated 19-29 % too fast, so the bias bound opens to 10.5 % (the p90 tightens).
+    Counting the GPU kernels of TE 2.x's grouped experts as TE launches them (a quantize
+    kernel per expert, delayed scaling's one fused cast; per-expert cuBLAS GEMMs four
+    streams wide; strategies.model_costs Fp8Recipe.fused_split_quantize,
+    hardware.compute ComputeModel.serial_launches) measured 12.6 %, 30.7 %, -10.1 %: the
+    p90 and bias tighten; the median opens to 12.7 % because mb260201_13 (H100, FP8 recipe
+    not printed, so delayed scaling) loses 16 per-expert host casts it never issued and
+    goes from -11 % to -20 %, past the median."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.125
-    assert moe["p90_abs_error"] <= 0.325
-    assert abs(moe["bias"]) <= 0.095
+    assert moe["median_abs_error"] <= 0.127
+    assert moe["p90_abs_error"] <= 0.31
+    assert abs(moe["bias"]) <= 0.102
 
 
 def test_whole_set_within_todays_bounds(report):

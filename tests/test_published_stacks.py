@@ -104,3 +104,68 @@ def test_automodel_gpt_oss_rows_run_the_yaml_expert_parallelism(row, model, ep):
                                       published.load_nemo_recipes())
     assert scenario.plan.ep == ep
     assert any("ep_size" in s for s in scenario.settings)
+
+
+FOUNDRY = {"framework": "Composer / llm-foundry (PyTorch FSDP)", "framework_version": ""}
+
+
+def test_llm_foundry_mixed_precision_pure_reduces_in_bf16_default_in_fp32():
+    """Composer's get_mixed_precision: PURE reduces in the precision's dtype (bf16),
+    DEFAULT in float32 (the framework default stays)."""
+    pure = _settings({**FOUNDRY, "model": "mpt-7b", "gpu": "A100-40GB", "dtype": "bf16",
+                      "notes": "GA 1, precision 'bf16', mp_mode PURE, sharding_strategy "
+                               "FULL_SHARD"}, zero=3)
+    assert pure.fields["grad_reduce_dtype"] == "bf16"
+    assert any("PURE" in n for n in pure.notes)
+    default = _settings({**FOUNDRY, "model": "mpt-7b", "gpu": "H100-SXM", "dtype": "bf16",
+                         "notes": "GA 1, precision 'amp_bf16', mp_mode DEFAULT"}, zero=3)
+    assert "grad_reduce_dtype" not in default.fields
+    assert framework_defaults(FOUNDRY["framework"])["grad_reduce_dtype"] == "fp32"
+
+
+def test_llm_foundry_runs_composer_decoupled_adamw_tensor_by_tensor():
+    """The MPT yamls' decoupled_adamw is Composer's per-tensor loop of unfused kernels:
+    80 bytes per parameter (plus the fp32 gradient read and bf16 copy), not 28."""
+    assert framework_defaults(FOUNDRY["framework"])["optimizer_impl"] == "for-loop"
+    params = 1_000_000
+    adam = {k.name: k for k in model_costs.optimizer_kernels(
+        params, implementation="for-loop", grad_bytes=4.0, tensors=10)}["optimizer.adam"]
+    assert adam.fwd_bytes == (80.0 - 4.0 + 4.0 + 2.0) * params
+    assert adam.launches == (8 * 10, 0)
+    fused = {k.name: k for k in model_costs.optimizer_kernels(
+        params, implementation="fused", grad_bytes=4.0)}["optimizer.adam"]
+    assert fused.fwd_bytes == 30.0 * params
+
+
+def test_published_llm_foundry_rows_carry_the_composer_settings():
+    """Every MosaicML row runs the for-loop Adam; exactly its mp_mode PURE rows reduce in bf16."""
+    runs = published.load_runs(sources=["mosaicml_llmfoundry"])
+    models = published.load_models()
+    pure = 0
+    for run in runs:
+        plan = published.scenario_for(run, models).plan
+        assert plan.optimizer_impl == "for-loop", run.row_id
+        is_pure = "mp_mode PURE" in run.get("notes")
+        pure += is_pure
+        assert plan.grad_reduce_dtype == ("bf16" if is_pure else "fp32"), run.row_id
+    assert pure > 0
+
+
+@pytest.mark.parametrize("framework, model, policy", [
+    ("MaxText (JAX)", "llama2-70b", "jax_save_qkv"),      # dgxc maxtext/configure.sh
+    ("Paxml (JAX)", "gpt3-175b", None),   # recipe SAVE_QKV_OUT_PROJ not applied (stacks)
+    ("MaxText (JAX)", "llama3-8b", "jax_full"),           # MaxText's default remat_policy
+])
+def test_jax_rows_rematerialise_with_their_recipes_policy(framework, model, policy):
+    settings = stack_settings({"framework": framework, "model": model, "dtype": "bf16"},
+                              {"zero": 3, "recompute": "none"}, None)
+    if policy is None:
+        assert settings.fields["recompute"] == "full"
+        assert "recompute_modules" not in settings.fields
+    else:
+        assert settings.fields["recompute"] == "selective"
+        assert settings.fields["recompute_modules"] == (policy,)
+        assert any(policy in u for u in settings.unprinted)
+    printed = stack_settings({"framework": framework, "model": model, "recompute": "full"},
+                             {"zero": 3, "recompute": "full"}, None)
+    assert "recompute_modules" not in printed.fields
