@@ -389,8 +389,17 @@ class ClusterLayout:
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         columns = [] if one_nic_each else [local]
-        columns += [np.unique(values, return_inverse=True)[1].reshape(-1)
-                    for values in relabelled]
+        ascending = bool((ranks[1:] > ranks[:-1]).all())
+        for values in relabelled:
+            if ascending and values is not local:
+                # nodes, domains, units and spine groups of ascending ranks never
+                # decrease: each one's rank among the distinct values (np.unique's
+                # inverse) counts the steps up before it
+                rank_of = np.zeros(values.size, dtype=np.int64)
+                np.cumsum(values[1:] != values[:-1], out=rank_of[1:])
+                columns.append(rank_of)
+            else:
+                columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
         found = np.stack(columns).astype(np.int64).tobytes()
         if len(self._classes) >= 65536:
             self._classes.clear()
