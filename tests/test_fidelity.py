@@ -38,6 +38,11 @@ EXACT = [
          tp_comm_overlap="dtensor"),
     dict(model="llama3-8b", gpus=16, tp=8, seq_len=4096, global_batch=16, zero=3,
          tp_comm_overlap="symmetric_memory", dtype="fp8", fp8_recipe="torchao"),
+    # PyTorch FSDP v1 outside no_sync (Composer): every micro-batch reduce-scatters
+    dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
+         zero=3, grad_reduce_every_microbatch=True),
+    dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
+         zero=2, grad_reduce_every_microbatch=True, grad_reduce_dtype="bf16"),
 ]
 
 
