@@ -508,6 +508,21 @@ class FlowFabric:
         # Keyed by identity; the plan is kept so its id cannot be reused.
         self._requests: dict[int, tuple[CommPlanLike, list[FlowBatch]]] = {}
         self._mirrored: dict[tuple, tuple[tuple, FlowBatch]] = {}
+        self._latencies: dict[int, tuple[CommPlanLike, int, tuple[int, ...]]] = {}
+
+    def latencies_ns(self, plan: CommPlanLike) -> tuple[int, tuple[int, ...]]:
+        """A plan's base latency and each phase's latency, ns (as :meth:`run` rounds
+        them), once per plan (keyed by identity, the plan kept alive with its entry): a
+        step runs each plan hundreds of times."""
+        found = self._latencies.get(id(plan))
+        if found is None or found[0] is not plan:
+            model = self.model
+            found = (plan, seconds_to_ns(model.base_latency_s(plan)),
+                     tuple(seconds_to_ns(model.phase_latency_s(phase, plan.protocol,
+                                                               plan.family))
+                           for phase in plan.phases))
+            self._latencies[id(plan)] = found
+        return found[1], found[2]
 
     def _phase_requests(self, plan: CommPlanLike, index: int) -> FlowBatch:
         cached = self._requests.get(id(plan))
@@ -657,7 +672,7 @@ class _PlanRun:
     def begin(self) -> None:
         """Wait the plan's base latency (FlowFabric.run's first timeout)."""
         fabric = self.fabric
-        timer = fabric.env.timeout(seconds_to_ns(fabric.model.base_latency_s(self.plan)))
+        timer = fabric.env.timeout(fabric.latencies_ns(self.plan)[0])
         timer.callbacks.append(self._phase)
 
     def _phase(self, _event: simpy.Event) -> None:
@@ -667,9 +682,7 @@ class _PlanRun:
             self.on_done()
             return
         fabric = self.fabric
-        phase = plan.phases[self.index]
-        timer = fabric.env.timeout(
-            seconds_to_ns(fabric.model.phase_latency_s(phase, plan.protocol, plan.family)))
+        timer = fabric.env.timeout(fabric.latencies_ns(plan)[1][self.index])
         timer.callbacks.append(self._flows)
 
     def _flows(self, event: simpy.Event) -> None:
