@@ -466,6 +466,46 @@ def leave_one_source_out(frame: pd.DataFrame, *, miscalibrate: float = 1.0
     return predicted, coverage_table(predicted)
 
 
+def shift_source(frame: pd.DataFrame, source: str, factor: float) -> pd.DataFrame:
+    """``frame`` with the published step times of ``source`` multiplied by ``factor``
+    (and their errors recomputed): what a physics change that moves one stack's rows
+    does to the band (the robustness check of :func:`perturbation_table`).
+
+    Raises:
+        ValueError: for a factor that is not positive, or a source ``frame`` lacks.
+    """
+    if not factor > 0:
+        raise ValueError(f"factor: {factor!r} is not valid; give a positive number")
+    if source not in set(frame["source_id"]):
+        raise ValueError(f"source: {source!r} is not in the rows; give one of "
+                         f"{sorted(set(frame['source_id']))}")
+    out = frame.copy()
+    mine = out["source_id"] == source
+    out.loc[mine, "published_step_s"] = out.loc[mine, "published_step_s"] * factor
+    out.loc[mine, "error"] = (1 + out.loc[mine, "error"]) / factor - 1  # simulated/published - 1
+    return out
+
+
+def perturbation_table(frame: pd.DataFrame, shift: float = 0.05, min_rows: int = 100
+                       ) -> pd.DataFrame:
+    """Leave-one-source-out coverage after shifting each validation source of at least
+    ``min_rows`` rows by ``+-shift`` in turn (:func:`shift_source`): per shift, the
+    overall coverage and width, and the coverage of every such source."""
+    rows = validation_rows(frame)
+    counts = rows["source_id"].value_counts()
+    large = sorted(counts[counts >= min_rows].index)
+    out = []
+    for source in large:
+        for sign in (1, -1):
+            table = leave_one_source_out(shift_source(frame, source, 1 + sign * shift))[1]
+            table = table.set_index("source_id")
+            out.append({"shifted": source, "shift": sign * shift,
+                        "coverage": float(table.loc["all", "coverage"]),
+                        "median_width": float(table.loc["all", "median_width"]),
+                        **{f"coverage_{s}": float(table.loc[s, "coverage"]) for s in large}})
+    return pd.DataFrame(out)
+
+
 def coverage_table(predicted: pd.DataFrame) -> pd.DataFrame:
     """Per source and ``all``: rows, coverage of the band, median width."""
     groups = [*predicted.groupby("source_id"), ("all", predicted)]
@@ -539,8 +579,14 @@ def write_rows(path: Path = ROWS_FILE) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Simulate the published rows (unless ``--reuse-rows``), write them and the fitted
     band model with its leave-one-source-out coverage; with ``--write-readme PATH``, also
-    that coverage into the README's generated block (:func:`readme_block`)."""
+    that coverage into the README's generated block (:func:`readme_block`). With
+    ``--perturb``, only print :func:`perturbation_table` of the stored rows (writes
+    nothing)."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--perturb" in argv:
+        with pd.option_context("display.width", 250, "display.max_columns", 20):
+            print(perturbation_table(load_rows()).round(3).to_string(index=False))
+        return
     readme = None
     if "--write-readme" in argv:
         at = argv.index("--write-readme")
