@@ -206,8 +206,9 @@ def model_terms(model: BandModel, shares: Mapping[str, float]) -> tuple[float, f
     the conformal ``scale``."""
     mean = model.bias_0 + sum(shares[k] * model.bias[k] for k in COMPONENTS)
     x = [*(shares[k] for k in COMPONENTS), 1.0]
-    uncertainty = sum(x[i] * x[j] * c for i, row in enumerate(model.bias_covariance)
-                      for j, c in enumerate(row))
+    used = [i for i, v in enumerate(x) if v]  # most components are absent from a step
+    covariance = model.bias_covariance
+    uncertainty = sum(x[i] * x[j] * covariance[i][j] for i in used for j in used)
     variance = (uncertainty + model.sigma_0 ** 2 + model.sigma_source ** 2
                 + sum((shares[k] * model.sigma[k]) ** 2 for k in COMPONENTS))
     return mean, model.scale * math.sqrt(variance)
