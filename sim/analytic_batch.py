@@ -27,7 +27,8 @@ Covered (:meth:`BatchStepEvaluator.covers`): dense models, all-reduce data
 parallelism, schedules whose micro-batches take one route and whose lists pair no
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
-reduction, no per-stage recompute count and a compute model that prices by shape.
+reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
+per-stage recompute count and a compute model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
 number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
 """
@@ -101,7 +102,7 @@ class BatchStepEvaluator:
         if self.model.moe is not None or plan.dp_mode != "allreduce":
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
-                or not plan.overlap_grad_reduce:
+                or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
             return False
         schedule = get_schedule(plan.schedule)
         if schedule.pairs_own_actions or schedule.placement(plan.pp, plan.vpp).routes != 1:

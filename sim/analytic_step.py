@@ -941,7 +941,7 @@ class AnalyticStepModel:
                 parts = self._stage_parts(stage)
                 layers.reverse()
             reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and action.microbatch == lowerer.last_microbatch(stage))
+                          and lowerer.reduces_grads(stage, action.microbatch))
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
             gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
@@ -1024,7 +1024,7 @@ class AnalyticStepModel:
         for action in actions:
             stage, comp = action.stage, action.comp
             reduce_now = (finish and comp in ("B", "W") and overlap
-                          and action.microbatch == lowerer.last_microbatch(stage))
+                          and lowerer.reduces_grads(stage, action.microbatch))
             grads = pending.setdefault(stage, {})
             if not reduce_now:
                 # the parts' sums, kind by kind (whole ns): _phase_cost, whose exposed
@@ -1074,7 +1074,8 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
-        if pp == 1 and self.lowerer.gathers_params("F", 0):
+        if pp == 1 and (self.lowerer.gathers_params("F", 0)
+                        or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
@@ -1102,7 +1103,9 @@ class AnalyticStepModel:
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every
-        action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
+        action in order, ZeRO-3's gathers prefetched across them and, with
+        ``grad_reduce_every_microbatch``, every micro-batch's gradient buckets reduced as
+        they fill (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
         actions = list(self.lowerer.actions()[0])
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)

@@ -1199,6 +1199,17 @@ class StepLowerer:
         route = stage // self.placement.num_chunks
         return route + (m - 1 - route) // routes * routes
 
+    def reduces_grads(self, stage: int, microbatch: int) -> bool:
+        """Whether the backward (B or W) of ``microbatch`` through ``stage`` reduces its
+        gradients over data parallelism: the route's last micro-batch's (gradients
+        accumulated locally before it, DDP's ``no_sync`` and Megatron's deferred
+        reduction), every micro-batch's with ``plan.grad_reduce_every_microbatch``
+        (PyTorch FSDP v1 outside ``no_sync``: torch/distributed/fsdp/_runtime_utils.py
+        ``_post_backward_hook`` reduce-scatters whenever ``_sync_gradients`` is set,
+        which only ``FullyShardedDataParallel.no_sync`` clears)."""
+        return (self.plan.grad_reduce_every_microbatch
+                or microbatch == self.last_microbatch(stage))
+
     def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
@@ -1250,8 +1261,8 @@ class StepLowerer:
         plan, placement = self.plan, self.placement
         s, j = action.stage, action.microbatch
         dp_ops: list[int] = []
-        weights_done = action.comp in ("B", "W") and j == self.last_microbatch(s)
-        reduce_now = weights_done and plan.overlap_grad_reduce and communicate
+        reduce_now = (action.comp in ("B", "W") and self.reduces_grads(s, j)
+                      and plan.overlap_grad_reduce and communicate)
         grads = pending.setdefault(s, {})
         if action.comp in ("B", "I") and communicate:
             self._backward_recv(b, s, j)
