@@ -985,6 +985,9 @@ class AnalyticStepModel:
         optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
+        # compute kernels of the optimizer step that are not Adam's (the per-step FP8 weight
+        # quantization): compute, as the replay's breakdown counts them (sim.breakdown)
+        cost.compute_ns += optimizer.compute_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
 
@@ -1178,7 +1181,9 @@ class AnalyticStepModel:
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        compute = rank.per_step.compute_ns
+        # what finishing the step computes besides Adam (the FP8 weight quantization)
+        compute = (rank.per_step.compute_ns + rank.finish.compute_ns
+                   - rank.last_backward.compute_ns)
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9
