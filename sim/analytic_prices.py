@@ -70,7 +70,8 @@ _NOT_IN_PARTS = frozenset({
     "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
     "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
-    "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps"})
+    "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
+    "grad_reduce_every_microbatch"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) and a layer's
 #: parameter gather (StepLowerer.param_gather_op: its kernels' parameters) do not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
@@ -83,7 +84,7 @@ _NOT_IN_OPTIMIZER = frozenset({
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "store_param_remainders",
-    "fsdp_fp32_params"})
+    "fsdp_fp32_params", "grad_reduce_every_microbatch"})
 #: What places a rank's groups and picks what runs on its data-parallel group: the
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.

@@ -349,13 +349,21 @@ def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_by
     whole sums (``sums``: dense, expert bytes): add them to the open buckets ``pending``
     (bytes per group) and return the buckets now due, as (group, bytes): those of at
     least ``bucket_bytes``, or every open one when ``final``."""
-    due = []
-    for group, added in zip(("dense", "expert"), sums):
-        size = pending.get(group, 0.0) + added
-        if size > 0 and (size >= bucket_bytes or final):
-            due.append((group, size))
-            size = 0.0
-        pending[group] = size
+    # (the two groups unrolled: a plan search calls this once per layer of every
+    # rank's last backward)
+    dense, expert = sums
+    size = pending.get("dense", 0.0) + dense
+    if size > 0 and (size >= bucket_bytes or final):
+        due = [("dense", size)]
+        size = 0.0
+    else:
+        due = []
+    pending["dense"] = size
+    size = pending.get("expert", 0.0) + expert
+    if size > 0 and (size >= bucket_bytes or final):
+        due.append(("expert", size))
+        size = 0.0
+    pending["expert"] = size
     return due
 
 
@@ -941,7 +949,7 @@ class AnalyticStepModel:
                 parts = self._stage_parts(stage)
                 layers.reverse()
             reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and action.microbatch == lowerer.last_microbatch(stage))
+                          and lowerer.reduces_grads(stage, action.microbatch))
             grads = pending.setdefault(stage, {})
             gathered: dict[int, int] = {}
             gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
@@ -977,6 +985,9 @@ class AnalyticStepModel:
         optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
+        # compute kernels of the optimizer step that are not Adam's (the per-step FP8 weight
+        # quantization): compute, as the replay's breakdown counts them (sim.breakdown)
+        cost.compute_ns += optimizer.compute_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
 
@@ -1024,7 +1035,7 @@ class AnalyticStepModel:
         for action in actions:
             stage, comp = action.stage, action.comp
             reduce_now = (finish and comp in ("B", "W") and overlap
-                          and action.microbatch == lowerer.last_microbatch(stage))
+                          and lowerer.reduces_grads(stage, action.microbatch))
             grads = pending.setdefault(stage, {})
             if not reduce_now:
                 # the parts' sums, kind by kind (whole ns): _phase_cost, whose exposed
@@ -1074,7 +1085,8 @@ class AnalyticStepModel:
             if signature not in by_signature:
                 by_signature[signature] = self._rank_costs(p)
             ranks.append(by_signature[signature])
-        if pp == 1 and self.lowerer.gathers_params("F", 0):
+        if pp == 1 and (self.lowerer.gathers_params("F", 0)
+                        or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
@@ -1102,7 +1114,9 @@ class AnalyticStepModel:
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every
-        action in order, ZeRO-3's gathers prefetched across them (O(m * layers))."""
+        action in order, ZeRO-3's gathers prefetched across them and, with
+        ``grad_reduce_every_microbatch``, every micro-batch's gradient buckets reduced as
+        they fill (O(m * layers))."""
         pricer = self.stage_pricers.get(0, self.pricer)
         actions = list(self.lowerer.actions()[0])
         cost = self._walk(pricer, 0, actions, finish=True, gathers=True)
@@ -1167,7 +1181,9 @@ class AnalyticStepModel:
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        compute = rank.per_step.compute_ns
+        # what finishing the step computes besides Adam (the FP8 weight quantization)
+        compute = (rank.per_step.compute_ns + rank.finish.compute_ns
+                   - rank.last_backward.compute_ns)
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9

@@ -235,6 +235,7 @@ class StepLowerer:
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
+        self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
         self._position_in_stage = {layer: i for layers in self.stage_layers
@@ -389,10 +390,16 @@ class StepLowerer:
         Compute ops are named without their micro-batch and shared between
         micro-batches (a step repeats the same kernels thousands of times).
         """
-        name = f"{kernel.name}.{_MICROBATCH.sub('', tag)}"
-        key = (id(kernel), name, phase, deps, comm_sms)
+        # (the tag without its micro-batch, once per tag: a step emits tens of
+        # thousands of kernels under a few hundred tags; the kernel's identity fixes
+        # its name, so the key need not hold the op's name)
+        stem = self._tag_stems.get(tag)
+        if stem is None:
+            stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
+        key = (id(kernel), stem, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
+            name = f"{kernel.name}.{stem}"
             host = (kernel, phase, self.plan.host_issue, self.local_experts)
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
                             comm_sms=comm_sms, host_launches=host_launches(*host),
@@ -1202,6 +1209,17 @@ class StepLowerer:
         route = stage // self.placement.num_chunks
         return route + (m - 1 - route) // routes * routes
 
+    def reduces_grads(self, stage: int, microbatch: int) -> bool:
+        """Whether the backward (B or W) of ``microbatch`` through ``stage`` reduces its
+        gradients over data parallelism: the route's last micro-batch's (gradients
+        accumulated locally before it, DDP's ``no_sync`` and Megatron's deferred
+        reduction), every micro-batch's with ``plan.grad_reduce_every_microbatch``
+        (PyTorch FSDP v1 outside ``no_sync``: torch/distributed/fsdp/_runtime_utils.py
+        ``_post_backward_hook`` reduce-scatters whenever ``_sync_gradients`` is set,
+        which only ``FullyShardedDataParallel.no_sync`` clears)."""
+        return (self.plan.grad_reduce_every_microbatch
+                or microbatch == self.last_microbatch(stage))
+
     def _lower_rank(self, p: int, rank: int, actions: Sequence[Action]) -> list[Op]:
         plan = self.plan
         b = _RankBuilder(rank, self._groups(rank))
@@ -1253,8 +1271,8 @@ class StepLowerer:
         plan, placement = self.plan, self.placement
         s, j = action.stage, action.microbatch
         dp_ops: list[int] = []
-        weights_done = action.comp in ("B", "W") and j == self.last_microbatch(s)
-        reduce_now = weights_done and plan.overlap_grad_reduce and communicate
+        reduce_now = (action.comp in ("B", "W") and self.reduces_grads(s, j)
+                      and plan.overlap_grad_reduce and communicate)
         grads = pending.setdefault(s, {})
         if action.comp in ("B", "I") and communicate:
             self._backward_recv(b, s, j)

@@ -196,6 +196,11 @@ class ParallelPlan:
             parameters: the fp32 sharded parameters are the optimizer's master weights
             (4 weight bytes per parameter, 8 optimizer bytes: Adam's two moments; the bf16
             copies exist only gathered). Needs ZeRO-3.
+        grad_reduce_every_microbatch: reduce-scatter the gradients after every
+            micro-batch's backward, not only the last one's: PyTorch FSDP v1 outside
+            ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
+            ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
+            ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
             RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default), or one whole-layer
@@ -333,6 +338,9 @@ class ParallelPlan:
     fsdp_fp32_params: bool = _field(False, "PyTorch FSDP2 over fp32 parameters: the sharded "
                                            "fp32 parameters are the optimizer's master "
                                            "weights (ZeRO-3).")
+    grad_reduce_every_microbatch: bool = _field(
+        False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
+               "no_sync), not only the last one (ZeRO 2/3, pp 1).")
     recompute_modules: tuple[str, ...] = _field(
         (), "With selective recompute: modules re-run in the backward, e.g. "
             "core_attn,mlp (empty: core_attn).")
@@ -434,6 +442,12 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.fsdp_fp32_params and plan.zero != 3:
         raise ValueError(f"fsdp_fp32_params: true needs zero 3 (FSDP2 shards the parameters), "
                          f"not zero {plan.zero}; give fsdp_fp32_params false")
+    if plan.grad_reduce_every_microbatch and (plan.zero not in (2, 3) or plan.pp != 1
+                                              or not plan.overlap_grad_reduce):
+        raise ValueError(f"grad_reduce_every_microbatch: true needs zero 2 or 3, pp 1 and "
+                         f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
+                         f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
+                         f"grad_reduce_every_microbatch false")
     _check_moe_fields(plan)
     _validate_dp_mode(plan)
 

@@ -38,6 +38,11 @@ EXACT = [
          tp_comm_overlap="dtensor"),
     dict(model="llama3-8b", gpus=16, tp=8, seq_len=4096, global_batch=16, zero=3,
          tp_comm_overlap="symmetric_memory", dtype="fp8", fp8_recipe="torchao"),
+    # PyTorch FSDP v1 outside no_sync (Composer): every micro-batch reduce-scatters
+    dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
+         zero=3, grad_reduce_every_microbatch=True),
+    dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
+         zero=2, grad_reduce_every_microbatch=True, grad_reduce_dtype="bf16"),
 ]
 
 
@@ -248,3 +253,30 @@ def test_every_schedule_times_long_pipelines_as_a_replay(schedule):
                 timing = sched.timing(pp, m, vpp, t_f, t_b, t_w, comm)
                 assert timing.makespan == full.makespan, (pp, vpp, m, equal)
                 assert timing.rank_end[0] == max(e for _, _, e in full.spans[0])
+
+
+def test_grad_reduce_every_microbatch_reduces_each_microbatch_and_needs_fsdp_without_pipeline():
+    """FSDP v1 outside no_sync (Composer): the lowering issues the step's gradient
+    reduce-scatters once per micro-batch (m times those of the last-micro-batch
+    reduction, exactly), and the option is refused where it is not modelled."""
+    from strategies.lowering import StepLowerer
+    from strategies.models import load_model
+    model = load_model("llama2-7b")
+
+    def reductions(**fields):
+        plan = api.make_plan(gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=1,
+                             zero=3, **fields)
+        program = StepLowerer(model, plan).lower().program
+        count = sum(op.kind == "reduce_scatter" for ops in program.ops_by_rank.values()
+                    for op in ops)
+        return count, plan.num_microbatches
+
+    once, m = reductions()
+    every, _ = reductions(grad_reduce_every_microbatch=True)
+    assert m == 4 and every == m * once
+    with pytest.raises(ValueError, match="grad_reduce_every_microbatch"):
+        api.make_plan(gpus=16, tp=1, pp=2, seq_len=2048, global_batch=64, zero=3,
+                      grad_reduce_every_microbatch=True)
+    with pytest.raises(ValueError, match="grad_reduce_every_microbatch"):
+        api.make_plan(gpus=16, tp=1, seq_len=2048, global_batch=64, zero=1,
+                      grad_reduce_every_microbatch=True)

@@ -109,18 +109,27 @@ def test_automodel_gpt_oss_rows_run_the_yaml_expert_parallelism(row, model, ep):
 FOUNDRY = {"framework": "Composer / llm-foundry (PyTorch FSDP)", "framework_version": ""}
 
 
-def test_llm_foundry_mixed_precision_pure_reduces_in_bf16_default_in_fp32():
-    """Composer's get_mixed_precision: PURE reduces in the precision's dtype (bf16),
-    DEFAULT in float32 (the framework default stays)."""
+def test_llm_foundry_reduce_dtype_follows_the_composer_version_of_its_section():
+    """Composer's get_mixed_precision: PURE reduces in bf16 in every version; DEFAULT of
+    Composer 0.13.2-0.16 leaves reduce_dtype None with param_dtype bf16, so PyTorch FSDP
+    reduces in bf16 too; only the large-scale H100 section (after composer PR #2628's
+    reduce_dtype float32) reduces in fp32. Every row reduce-scatters per micro-batch."""
     pure = _settings({**FOUNDRY, "model": "mpt-7b", "gpu": "A100-40GB", "dtype": "bf16",
                       "notes": "GA 1, precision 'bf16', mp_mode PURE, sharding_strategy "
                                "FULL_SHARD"}, zero=3)
     assert pure.fields["grad_reduce_dtype"] == "bf16"
     assert any("PURE" in n for n in pure.notes)
     default = _settings({**FOUNDRY, "model": "mpt-7b", "gpu": "H100-SXM", "dtype": "bf16",
-                         "notes": "GA 1, precision 'amp_bf16', mp_mode DEFAULT"}, zero=3)
-    assert "grad_reduce_dtype" not in default.fields
+                         "notes": "GA 1, precision 'amp_bf16', mp_mode DEFAULT. Section "
+                                  "title: H100 80GB BF16."}, zero=3)
+    assert default.fields["grad_reduce_dtype"] == "bf16"
+    large = _settings({**FOUNDRY, "model": "mpt-7b", "gpu": "H100-SXM", "dtype": "bf16",
+                       "notes": "GA 1, precision 'amp_bf16', mp_mode DEFAULT. Section title: "
+                                "H100 80GB BF16 (Large Scale, >= 128 GPUs)."}, zero=3)
+    assert "grad_reduce_dtype" not in large.fields
     assert framework_defaults(FOUNDRY["framework"])["grad_reduce_dtype"] == "fp32"
+    for out in (pure, default, large):
+        assert out.fields["grad_reduce_every_microbatch"] is True
 
 
 def test_llm_foundry_runs_composer_decoupled_adamw_tensor_by_tensor():
@@ -138,34 +147,32 @@ def test_llm_foundry_runs_composer_decoupled_adamw_tensor_by_tensor():
 
 
 def test_published_llm_foundry_rows_carry_the_composer_settings():
-    """Every MosaicML row runs the for-loop Adam; exactly its mp_mode PURE rows reduce in bf16."""
+    """Every MosaicML row runs the for-loop Adam and reduce-scatters every micro-batch;
+    exactly its large-scale DEFAULT rows reduce in fp32."""
     runs = published.load_runs(sources=["mosaicml_llmfoundry"])
     models = published.load_models()
     pure = 0
     for run in runs:
         plan = published.scenario_for(run, models).plan
         assert plan.optimizer_impl == "for-loop", run.row_id
-        is_pure = "mp_mode PURE" in run.get("notes")
-        pure += is_pure
-        assert plan.grad_reduce_dtype == ("bf16" if is_pure else "fp32"), run.row_id
+        assert plan.grad_reduce_every_microbatch, run.row_id
+        fp32 = "mp_mode DEFAULT" in run.get("notes") and "Large Scale" in run.get("notes")
+        pure += "mp_mode PURE" in run.get("notes")
+        assert plan.grad_reduce_dtype == ("fp32" if fp32 else "bf16"), run.row_id
     assert pure > 0
 
 
 @pytest.mark.parametrize("framework, model, policy", [
     ("MaxText (JAX)", "llama2-70b", "jax_save_qkv"),      # dgxc maxtext/configure.sh
-    ("Paxml (JAX)", "gpt3-175b", None),   # recipe SAVE_QKV_OUT_PROJ not applied (stacks)
+    ("Paxml (JAX)", "gpt3-175b", "jax_save_qkv_out"),     # dgxc paxml_mod_configs.py
     ("MaxText (JAX)", "llama3-8b", "jax_full"),           # MaxText's default remat_policy
 ])
 def test_jax_rows_rematerialise_with_their_recipes_policy(framework, model, policy):
     settings = stack_settings({"framework": framework, "model": model, "dtype": "bf16"},
                               {"zero": 3, "recompute": "none"}, None)
-    if policy is None:
-        assert settings.fields["recompute"] == "full"
-        assert "recompute_modules" not in settings.fields
-    else:
-        assert settings.fields["recompute"] == "selective"
-        assert settings.fields["recompute_modules"] == (policy,)
-        assert any(policy in u for u in settings.unprinted)
+    assert settings.fields["recompute"] == "selective"
+    assert settings.fields["recompute_modules"] == (policy,)
+    assert any(policy in u for u in settings.unprinted)
     printed = stack_settings({"framework": framework, "model": model, "recompute": "full"},
                              {"zero": 3, "recompute": "full"}, None)
     assert "recompute_modules" not in printed.fields

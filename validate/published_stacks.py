@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
-           "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE", "PAXML_WHOLE_LAYER_RECOMPUTE",
+           "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
+           "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
            "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
            "recompute_modules_of",
            "stack_settings", "torchtitan_pipeline"]
@@ -94,13 +95,13 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: ``Synthetic175BCkpt`` with ``CHECKPOINT_POLICY = AutodiffCheckpointType.SAVE_QKV_OUT_PROJ``,
 #: the config ``paxml/configure.sh`` launches (``--fdl_config=...Synthetic175BCkpt``).
 #: Other JAX rows: MaxText's default ``remat_policy: 'full'`` (``jax_full``).
-#: Paxml GPT-3 175B stays priced as before (Megatron-style whole-layer recompute,
-#: ``PAXML_WHOLE_LAYER_RECOMPUTE``): its recipe's policy (``jax_save_qkv_out``) alone takes
-#: its rows from -18..-23 % to -29..-33 % (a mechanism that slows the real run is missing:
-#: the recipe's FSDP-128 x DP hierarchy and TE-JAX FP8 overheads are not modelled) and,
-#: with those outliers, the band's leave-one-source-out coverage falls to 72 %.
-JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv"}
-PAXML_WHOLE_LAYER_RECOMPUTE = ("gpt3-175b",)
+#: The Paxml policy is applied as its recipe states although its rows then come out
+#: 29-33 % too fast (18-23 % with Megatron-style whole-layer recompute): what slows the
+#: real run is another mechanism the simulator lacks (the recipe's FSDP-128 x DP hierarchy,
+#: TE-JAX FP8 casts, XLA's collective combining), not a reason to price a remat policy the
+#: recipe does not run.
+JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv",
+                     ("paxml", "gpt3-175b"): "jax_save_qkv_out"}
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
@@ -150,8 +151,10 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     * Megatron-LM 2021 (the commit of the SC21 runs) predates all of it: unfused attention,
       the all-reduce after the backward, no distributed optimizer, blocking TP.
     * llm-foundry (MosaicML's MPT benchmark tables): FSDP ``FULL_SHARD`` with fp32 gradient
-      reduction (its DEFAULT mixed precision; a row printing ``mp_mode PURE`` reduces in
-      bf16: :func:`stack_settings`); flash-attn 1.x kernels (the ``gpu`` extra of
+      reduction (Composer's DEFAULT mixed precision after composer PR #2628; the rows of
+      older Composer versions and ``mp_mode PURE`` reduce in bf16, and every row
+      reduce-scatters each micro-batch: :func:`stack_settings`,
+      :func:`composer_reduce_dtype`); flash-attn 1.x kernels (the ``gpu`` extra of
       llm-foundry 0.2-0.3 pins ``flash-attn==1.0.x``); FP8 through ``te.Linear`` drop-ins
       (``fc_type: te``); eager PyTorch elementwise kernels; flash-attn's fused loss
       (``loss_fn: fused_crossentropy``); Composer's ``DecoupledAdamW`` (every MPT yaml's
@@ -364,6 +367,49 @@ def layer_impl_of(row: Mapping[str, str]) -> tuple[str, str]:
     return "torch", f"layers: PyTorch modules ({kind}: no Transformer Engine modules)"
 
 
+#: The llm-foundry table sections that ran after Composer's FSDP ``DEFAULT`` mixed precision
+#: was given ``reduce_dtype = torch.float32`` (composer PR #2628, 2023-10-10, "Fixes default
+#: precision to use fp32 reduce dtype"): the large-scale H100 section appears only in the
+#: benchmarking README's last version (scripts/train/benchmarking/README.md), after the
+#: H100 and re-run A100 80GB sections; its rows are taken to run that fix (assumption: the
+#: README names no Composer version).
+COMPOSER_FP32_REDUCE_SECTIONS = ("Large Scale",)
+
+
+def composer_reduce_dtype(notes: str) -> tuple[str, str]:
+    """The dtype an llm-foundry row's Composer FSDP reduce-scatters gradients in, and why.
+
+    Composer's ``get_mixed_precision`` (composer/trainer/mosaic_fsdp_utils.py) per version:
+
+    * ``PURE`` (every version): ``param_dtype = reduce_dtype = buffer_dtype`` = the
+      precision's dtype: bf16.
+    * ``DEFAULT`` from composer PR #2047 (2023-03-09, Composer 0.13.2-0.16.x, the
+      torch-2.0 sweep of llm-foundry's scripts/train/benchmarking/sweep.sh: image
+      ``mosaicml/pytorch:2.0.1_cu118``): ``param_dtype`` and ``buffer_dtype`` = the
+      precision's dtype, ``reduce_dtype`` left None; PyTorch FSDP then infers the
+      reduction dtype from the parameter dtype (torch/distributed/fsdp/_flat_param.py
+      ``FlatParamHandle._init_param_reduce_dtypes``: "Special case: infer gradient
+      reduction mixed precision", ``_reduce_dtype = mp_param_dtype``): bf16. The H100 BF16,
+      H100 FP8 (``amp_fp8`` maps to bf16 in ``get_torch_dtype``) and the re-run A100 80GB
+      sections print ``amp_bf16``/``amp_fp8`` DEFAULT and came with that sweep (the first
+      A100 80GB table printed ``bf16`` PURE: an older README version).
+    * ``DEFAULT`` after composer PR #2628 (2023-10-10): ``reduce_dtype = torch.float32``;
+      the sections of :data:`COMPOSER_FP32_REDUCE_SECTIONS`.
+    * ``DEFAULT`` before PR #2047 (composer/trainer/dist_strategy.py and mosaic_fsdp.py of
+      Composer <= 0.13.1: fp32 parameters, bf16 reduction) ran none of the tables: the
+      tables of that time printed ``bf16`` PURE (torch 1.13, submit_benchmarks.py's
+      ``--fsdp_config_mixed_precision`` default PURE).
+    """
+    if "mp_mode PURE" in notes:
+        return "bf16", ("Composer FSDP mixed precision PURE (printed): gradients reduced "
+                        "in bf16")
+    if any(section in notes for section in COMPOSER_FP32_REDUCE_SECTIONS):
+        return "fp32", ("Composer FSDP mixed precision DEFAULT after composer PR #2628: "
+                        "gradients reduced in fp32")
+    return "bf16", ("Composer FSDP mixed precision DEFAULT (Composer 0.13.2-0.16: "
+                    "reduce_dtype None, FSDP reduces in the bf16 param_dtype)")
+
+
 def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                    recipe: Mapping[str, str] | None, *, num_layers: int = 0) -> StackSettings:
     """What a published row runs with beyond its printed configuration and its
@@ -414,14 +460,18 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         unprinted.append(f"interleaved schedule, {(num_layers + 2) // pp} virtual stages of "
                          "one layer, the first and last holding only the embedding and the "
                          "loss (described in Section 3.3.2, not printed)")
-    if kind == "llm-foundry" and "mp_mode PURE" in notes_text:
-        # Composer's FSDP mixed precision (composer/trainer/mosaic_fsdp_utils.py
-        # get_mixed_precision, every version): 'PURE' sets param_dtype, reduce_dtype and
-        # buffer_dtype to the precision's dtype, so the gradients are reduce-scattered in
-        # bf16 ('DEFAULT' reduces in float32); the sharded flat parameters and the
-        # optimizer state stay fp32 (FSDP keeps the full-precision shard)
-        fields["grad_reduce_dtype"] = "bf16"
-        notes.append("Composer FSDP mixed precision PURE (printed): gradients reduced in bf16")
+    if kind == "llm-foundry":
+        reduce_dtype, why = composer_reduce_dtype(notes_text)
+        if reduce_dtype == "bf16":
+            fields["grad_reduce_dtype"] = "bf16"
+            notes.append(why)
+        # Composer's trainer enters ddp_sync_context (composer/trainer/trainer.py
+        # _train_microbatches -> composer/distributed/dist_strategy.py ddp_sync_context),
+        # which only calls no_sync() on a DistributedDataParallel module: under FSDP it
+        # yields at once, so FSDP v1 reduce-scatters every micro-batch's gradients
+        fields["grad_reduce_every_microbatch"] = True
+        notes.append("Composer FSDP: gradients reduce-scattered after every micro-batch "
+                     "(ddp_sync_context is a no-op for FSDP)")
     if _is_nemo1(framework, version) and plan_fields.get("grad_reduce_dtype") != "bf16":
         fields["grad_reduce_dtype"] = "bf16"
         notes.append("NeMo 1 launcher: bf16 gradient buffers (optim.grad_sync_dtype bf16, "
@@ -432,18 +482,12 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         # (MaxText/configs/base.yml); JAX re-runs only what the backward reads
         # (strategies.model_costs.jax_remat_recompute_fractions)
         name = framework.lower()
-        if "paxml" in name and row.get("model") in PAXML_WHOLE_LAYER_RECOMPUTE:
-            fields.update(recompute="full", recompute_layers=0)
-            unprinted.append("full rematerialisation, whole layer (the recipe's "
-                             "SAVE_QKV_OUT_PROJ is not applied: JAX_REMAT_RECIPES)")
-        else:
-            policy = next((p for (word, m), p in JAX_REMAT_RECIPES.items()
-                           if word in name and m == row.get("model")), "jax_full")
-            fields.update(recompute="selective", recompute_layers=0,
-                          recompute_modules=(policy,))
-            unprinted.append(f"JAX remat policy {policy} ("
-                             + ("the published recipe's" if policy != "jax_full"
-                                else "MaxText's default 'full'") + ")")
+        policy = next((p for (word, m), p in JAX_REMAT_RECIPES.items()
+                       if word in name and m == row.get("model")), "jax_full")
+        fields.update(recompute="selective", recompute_layers=0, recompute_modules=(policy,))
+        unprinted.append(f"JAX remat policy {policy} ("
+                         + ("the published recipe's" if policy != "jax_full"
+                            else "MaxText's default 'full'") + ")")
     is_bridge = "megatron-bridge" in framework.lower()
     if is_bridge and version.startswith("NeMo 2"):
         fields["store_param_remainders"] = True
