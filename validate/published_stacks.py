@@ -155,7 +155,13 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       older Composer versions and ``mp_mode PURE`` reduce in bf16, and every row
       reduce-scatters each micro-batch: :func:`stack_settings`,
       :func:`composer_reduce_dtype`); flash-attn 1.x kernels (the ``gpu`` extra of
-      llm-foundry 0.2-0.3 pins ``flash-attn==1.0.x``); FP8 through ``te.Linear`` drop-ins
+      llm-foundry 0.2-0.3 pins ``flash-attn==1.0.x``; its ``triton`` impl, Tri Dao's 2022
+      ``flash_attn_triton.py``, is of the same class). The rows agree: the fwd+bwd
+      attention rate each 8k-64k row leaves after trainsim's non-attention time
+      (tools/llmfoundry_attention_rates.py) is 5-18 % above the derived ``fa1`` rows in
+      every section (A100 40GB/80GB, H100 BF16/FP8) and 1.45x or more below what
+      FlashAttention-2 or cuDNN would run (tests/test_llmfoundry_attention.py; the
+      README names no kernel per section); FP8 through ``te.Linear`` drop-ins
       (``fc_type: te``); eager PyTorch elementwise kernels; flash-attn's fused loss
       (``loss_fn: fused_crossentropy``); Composer's ``DecoupledAdamW`` (every MPT yaml's
       ``optimizer: name: decoupled_adamw``), whose ``adamw`` (composer/optim/
