@@ -41,10 +41,12 @@ def summary():
             if hdim == 128 and s["rows"] >= 4}
 
 
+@pytest.mark.slow  # simulates every llm-foundry row twice (~8 s)
 def test_every_section_is_summarised(summary):
     assert sorted(section for section, _ in summary) == sorted(SECTIONS)
 
 
+@pytest.mark.slow  # simulates every llm-foundry row twice (~8 s)
 def test_implied_rates_are_fa1_class(summary):
     """Median implied / derived fa1 efficiency within [1.0, 1.25] in every section
     (measured 1.05-1.18): the kernel is no slower than the fa1 rows and at most 25 %
@@ -53,6 +55,7 @@ def test_implied_rates_are_fa1_class(summary):
         assert 1.0 <= stats["fa1"] <= 1.25, (key, stats)
 
 
+@pytest.mark.slow  # simulates every llm-foundry row twice (~8 s)
 def test_flash_attention_2_and_cudnn_are_ruled_out(summary):
     """FA2 (flash-attn 2.x, SDPA flash) and cuDNN would run the rows' attention at least
     1/0.75 = 1.33x faster than the published steps allow (measured 1.45-2.4x)."""
@@ -61,6 +64,7 @@ def test_flash_attention_2_and_cudnn_are_ruled_out(summary):
         assert stats["cudnn"] <= 0.75, (key, stats)
 
 
+@pytest.mark.slow  # simulates every llm-foundry row twice (~8 s)
 def test_triton_tutorial_kernel_is_ruled_out_on_h100(summary):
     """The table's H100 Triton rows (the FA3 paper's Triton tutorial kernel) are ~1.6x
     faster than the H100 sections imply."""
