@@ -40,7 +40,7 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               fill_by_sums, optimizer_layers_key)
+                               fill_by_sums, optimizer_layers_key, plan_contention)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
@@ -202,7 +202,8 @@ class BatchStepEvaluator:
             return self._model_of[1]
         layout = self.cache.layout(self.cluster, plan.world_size)
         lowerer = StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
-        model = AnalyticStepModel(lowerer, OpPricer(self.cache.cost_model(layout)),
+        model = AnalyticStepModel(lowerer, OpPricer(self.cache.cost_model(layout),
+                                                    comm_contention=plan_contention(plan)),
                                   shared=self.cache.shared_prices(layout))
         self._model_of = (plan, model)
         return model

@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
-from hardware.cost import ComputeTimer, CostModel, RankConditions, prices_ops_by_shape
+from hardware.cost import (ComputeTimer, CostModel, RankConditions, prices_ops_by_shape,
+                           shared_sm_ns)
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_prices import SharedPrices, plan_fields
@@ -168,11 +169,23 @@ class OpPricer:
     Args:
         cost: the cost model (hardware.cost.CostModel).
         rank: the rank whose conditions (speed) apply; None: an ordinary rank.
+        comm_contention: None: overlapped communication takes no SMs from compute;
+            else the most CTAs an NCCL kernel holds (0: NCCL's default): compute kernels
+            overlapping communication run on the SMs left, as the event engine runs
+            them (:func:`hardware.cost.shared_sm_ns`; the plan's ``comm_sm_contention``
+            and ``nccl_max_ctas``).
     """
 
-    def __init__(self, cost: CostModel, rank: int | None = None) -> None:
+    #: fixed-point rounds of a list schedule under SM contention (:meth:`schedule`)
+    CONTENTION_ROUNDS = 64
+
+    def __init__(self, cost: CostModel, rank: int | None = None,
+                 comm_contention: int | None = None) -> None:
         self.cost = cost
         self.rank = rank
+        sms = cost.layout.spec.gpu.sm_count
+        self.max_ctas = comm_contention if sms > 0 else None
+        self.sms = sms
         self.speed = cost.rank_speed(rank)
         self._kept_groups: dict[int, tuple[int, ...]] = {}
         self._own_prices: dict[tuple, int] = {}
@@ -202,8 +215,30 @@ class OpPricer:
         """Nanoseconds of one point-to-point transfer."""
         return self.cost.p2p_ns(src, dst, size_bytes)
 
-    def schedule(self, ops: Sequence[Op]) -> OpListCost:
+    def ctas(self, op: Op) -> int:
+        """SMs a communication op's NCCL kernel holds while it runs (0: none, or SM
+        contention off; :meth:`hardware.cost.CostModel.collective_ctas`)."""
+        if self.max_ctas is None:
+            return 0
+        if isinstance(op, CollectiveOp):
+            if not op.holds_sms:
+                return 0
+            choice = self.cost.collective(op.kind, op.group, op.size_bytes, op.algorithm)
+            return self.cost.collective_ctas(op.kind, op.group, op.size_bytes, choice,
+                                             self.max_ctas)
+        return 0
+
+    def schedule(self, ops: Sequence[Op],
+                 external: Sequence[tuple[int, int, int]] = ()) -> OpListCost:
         """List-schedule ``ops`` (stream order and ``deps``) on one rank.
+
+        Under SM contention (``comm_contention``) a compute op runs on the SMs that the
+        communication in flight leaves: this list's own collectives and ``external``
+        ones ``(begin_ns, end_ns, ctas)`` from the list's start (the data-parallel
+        stream's). A collective's start can depend on compute it slows, so the
+        schedule is repeated with the previous round's collective intervals until
+        they no longer change (the event engine's causal order; at most
+        :data:`CONTENTION_ROUNDS` rounds, each a list schedule).
 
         The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
         CostModel.host_ns` each, from the list's start: the host is taken to be level
@@ -211,7 +246,22 @@ class OpPricer:
         issue, and after a ``host_sync`` op the CPU waits for it to end. GPU time lost
         waiting for the CPU on the compute stream counts as compute (the kernels run
         at the host's pace). Without host costs nothing changes."""
+        if self.max_ctas is None:
+            return self._schedule(ops, ())
+        comm: tuple = ()
+        for _ in range(self.CONTENTION_ROUNDS):
+            cost, held = self._schedule(ops, tuple(external) + comm, True)
+            if held == comm:
+                break
+            comm = held
+        return cost
+
+    def _schedule(self, ops: Sequence[Op], busy: Sequence[tuple[int, int, int]],
+                  contention: bool = False):
+        """:meth:`schedule` of one round: compute stretched by ``busy``; with
+        ``contention`` returns (the cost, this list's collective intervals)."""
         self.ops_scheduled += len(ops)
+        held: list[tuple[int, int, int]] = []
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
         cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
@@ -226,6 +276,14 @@ class OpPricer:
             host += host_ns(op)
             starved = host - ready if host > ready else 0
             duration = self.duration_ns(op)
+            if contention:
+                if isinstance(op, ComputeOp):
+                    if busy:
+                        duration = shared_sm_ns(ready + starved, duration, self.sms, busy)
+                elif duration:
+                    ctas = self.ctas(op)
+                    if ctas:
+                        held.append((ready + starved, ready + starved + duration, ctas))
             end[index] = ready + starved + duration
             if getattr(op, "host_sync", False) and end[index] > host:
                 host = end[index]
@@ -252,7 +310,7 @@ class OpPricer:
             last = max(range(len(ops)), key=lambda i: (end[i], -i))
             axis = getattr(ops[last], "axis", "")
             cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + cost.total_ns - compute_end
-        return cost
+        return (cost, tuple(held)) if contention else cost
 
 
 @dataclass
@@ -894,6 +952,24 @@ class AnalyticStepModel:
 
     def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
               finish: bool, gathers: bool = False) -> OpListCost:
+        """:meth:`_walk_round`; under SM contention with data-parallel collectives
+        overlapping the walk (``finish`` or ``gathers``), repeated with the previous
+        round's data-parallel intervals until they no longer change: a gather the
+        stream runs ahead of its action overlaps parts walked before it was issued
+        (the event engine's causal order; at most ``OpPricer.CONTENTION_ROUNDS``)."""
+        if pricer.max_ctas is None or not (finish or gathers):
+            return self._walk_round(pricer, p, actions, finish, gathers)[0]
+        prior: list | None = None
+        for _ in range(pricer.CONTENTION_ROUNDS):
+            cost, busy = self._walk_round(pricer, p, actions, finish, gathers, prior)
+            if busy == prior:
+                break
+            prior = busy
+        return cost
+
+    def _walk_round(self, pricer: OpPricer, p: int, actions: list[Action],
+                    finish: bool, gathers: bool = False, prior: list | None = None
+                    ) -> tuple[OpListCost, list]:
         """List schedule of ``actions`` on rank ``p``, part by part in the order the
         lowering issues them: layers and edges run back to back on the compute
         stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
@@ -902,25 +978,36 @@ class AnalyticStepModel:
         and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
         gathers run on the data-parallel stream in issue order (all of an action's
         at its start) and each layer waits for its own: for a rank whose actions
-        run back to back (no pipeline) this is the replay's schedule exactly."""
+        run back to back (no pipeline) this is the replay's schedule exactly.
+
+        Returns the cost and the data-parallel stream's (begin, end, CTAs) under SM
+        contention; parts are priced against ``prior``'s (None: those issued so far)."""
         lowerer, plan = self.lowerer, self.plan
         cost = OpListCost(exposed_ns={})
         dp_free = 0
+        # SM contention: the data-parallel stream's collectives (begin, end, CTAs), which
+        # the parts they overlap are list-scheduled against (OpPricer.schedule)
+        contention = pricer.max_ctas is not None
+        dp_busy: list[tuple[int, int, int]] = []
 
-        def on_dp_stream_ns(duration: int | None, ready_ns: int) -> int:
+        def on_dp_stream_ns(duration: int | None, ready_ns: int, ctas: int = 0) -> int:
             nonlocal dp_free
             if duration is not None:
-                dp_free = max(dp_free, ready_ns) + duration
+                begin = max(dp_free, ready_ns)
+                dp_free = begin + duration
+                if ctas and duration:
+                    dp_busy.append((begin, dp_free, ctas))
             return dp_free
 
         def reduce(due: list[tuple[str, float]]) -> None:
             for group, size in due:
-                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns)
+                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns,
+                                self._dp_ctas(pricer, p, "reduce", (group, size)))
 
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
         placement = lowerer.placement
-        if self.fast and not gathers:
+        if self.fast and not gathers and not (contention and finish):
             # the same walk from per-plan tables of each stage's parts
             dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
             actions_left: Sequence[Action] = ()
@@ -928,7 +1015,8 @@ class AnalyticStepModel:
             actions_left = actions
         for action in actions_left:
             stage, comp = action.stage, action.comp
-            if self.fast and not lowerer.gathers_params(comp, action.microbatch):
+            if (self.fast and not lowerer.gathers_params(comp, action.microbatch)
+                    and not (contention and finish)):
                 # (an action that gathers nothing: from the tables too)
                 dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
                                            dp_free)
@@ -948,13 +1036,18 @@ class AnalyticStepModel:
             for index, part in enumerate(parts):
                 if gathers_here and not isinstance(part, str):
                     if not gathered:  # issued at the action's start, waited for per layer
-                        gathered = {layer: on_dp_stream_ns(self._gather_ns(pricer, p, layer), 0)
-                                    for layer in layers}
+                        gathered = {layer: on_dp_stream_ns(
+                            self._gather_ns(pricer, p, layer), 0,
+                            self._dp_ctas(pricer, p, "gather", layer)) for layer in layers}
                     wait = gathered[part] - cost.total_ns
                     if wait > 0:
                         cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
                         cost.total_ns += wait
                 part_cost = self._part_cost(pricer, p, part, comp)
+                busy = dp_busy if prior is None else prior
+                if contention and busy and busy[-1][1] > cost.total_ns:
+                    part_cost = self._overlapped_cost(pricer, p, part, comp, part_cost,
+                                                      cost.total_ns, busy)
                 cost.total_ns += part_cost.total_ns
                 cost.compute_ns += part_cost.compute_ns
                 if part_cost.exposed_ns:
@@ -966,7 +1059,7 @@ class AnalyticStepModel:
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
-            return cost
+            return cost, dp_busy
         if not plan.overlap_grad_reduce:
             for stage in sorted({a.stage for a in actions}):
                 reduce(lowerer.fill_buckets([k for part in reversed(self._stage_parts(stage))
@@ -978,7 +1071,44 @@ class AnalyticStepModel:
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
-        return cost
+        return cost, dp_busy
+
+    def _dp_ctas(self, pricer: OpPricer, p: int, what: str, arg: object) -> int:
+        """SMs a data-parallel collective of rank ``p`` holds (``what``: ``reduce`` of a
+        (group, size) bucket, ``gather`` of a layer), 0 without SM contention."""
+        if pricer.max_ctas is None:
+            return 0
+        key = (id(pricer), p, what, arg, "ctas")
+        found = self._durations.get(key)
+        if found is None:
+            if what == "reduce":
+                op_key = (what, p, arg)
+                build = lambda: self.lowerer.reduction_op(p, *arg)  # noqa: E731
+            else:
+                op_key = (what, p, self._flags[arg])
+                build = lambda: self.lowerer.param_gather_op(p, arg)  # noqa: E731
+            if op_key not in self._ops:
+                self._ops[op_key] = build()
+            op = self._ops[op_key]
+            found = self._durations[key] = 0 if op is None else pricer.ctas(op)
+        return found
+
+    def _overlapped_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str,
+                         alone: OpListCost, start_ns: int,
+                         dp_busy: Sequence[tuple[int, int, int]]) -> OpListCost:
+        """List schedule of ``part`` starting at ``start_ns`` while the data-parallel
+        collectives ``dp_busy`` hold SMs (OpPricer.schedule's ``external``), once per
+        (kind, phase, overlap); ``alone`` when none overlaps it."""
+        external = tuple((b - start_ns, e - start_ns, c) for b, e, c in dp_busy
+                         if e > start_ns)
+        if not external:
+            return alone
+        key = (id(pricer), _kind(self.lowerer, part), comp, external)
+        found = self._part_costs.get(key)
+        if found is None:
+            found = pricer.schedule(self.lowerer.phase_ops(p, part, comp), external)
+            self._part_costs[key] = found
+        return found
 
     def _stage_table(self, pricer: OpPricer, p: int, stage: int, comp: str) -> tuple:
         """The parts of one virtual stage's ``comp`` in the order the lowering runs them
@@ -1170,13 +1300,22 @@ class AnalyticStepModel:
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        compute = rank.per_step.compute_ns
+        # (the last backward's compute as it ran beside the reductions: slower under SM
+        # contention, else the same)
+        compute = rank.per_step.compute_ns + rank.finish.compute_ns - rank.last_backward.compute_ns
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9
         busy = compute + rank.finish.optimizer_ns + sum(exposed.get(a, 0) for a in AXES_IN_ORDER)
         row["bubble"] = max(step_ns - busy, 0) / 1e9
         return row
+
+
+def plan_contention(plan: ParallelPlan) -> int | None:
+    """The SM-contention setting of ``plan`` for :class:`OpPricer` and
+    :class:`sim.engine.Engine`: None when ``comm_sm_contention`` is off, else the most
+    CTAs an NCCL kernel holds (``nccl_max_ctas``; 0: NCCL's default)."""
+    return plan.nccl_max_ctas if plan.comm_sm_contention else None
 
 
 def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -1208,7 +1347,8 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     else:
         cost = cache.cost_model(layout, compute)
         shared = cache.shared_prices(layout, compute)
-    pricer = OpPricer(cost)
+    contention = plan_contention(plan)
+    pricer = OpPricer(cost, comm_contention=contention)
     step = AnalyticStepModel(lowerer, pricer, shared=shared, fast=fast).run()
     if not stragglers:
         return step
@@ -1223,7 +1363,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     slowed = CostModel(layout, ALGORITHMS, compute=cost.compute, fidelity="analytic",
                        ranks={r: RankConditions(speed=v) for r, v in stragglers.items()})
     for _, slow_ranks in sorted(replicas.items()):
-        slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
+        slow = {p: OpPricer(slowed, rank, contention) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
         candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared, fast=fast).run()
         if candidate.step_ns > step.step_ns:

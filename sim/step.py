@@ -40,7 +40,7 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_step import PricingCache, analytic_step
+from sim.analytic_step import PricingCache, analytic_step, plan_contention
 from sim.engine import Engine
 from sim.step_bands import StepBand, band_shares, step_band
 from sim.timeline import Timeline
@@ -271,7 +271,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     # with strategies.program_check); skipping the check saves ~10 % here.
     cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity=fidelity,
                      ranks=applied.rank_conditions)
-    engine = Engine(lowering.program, cost, check=False)
+    engine = Engine(lowering.program, cost, check=False,
+                    comm_contention=plan_contention(plan))
     result = engine.run()
     timeline = result.timeline
     step_ns = result.makespan_ns

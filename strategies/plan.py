@@ -201,6 +201,14 @@ class ParallelPlan:
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
             ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
             ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
+        comm_sm_contention: NCCL kernels overlapped with compute (data-parallel
+            reduce-scatters and gathers, EP all-to-alls, CP ring exchanges, pipeline
+            send/recvs) hold one SM per channel for as long as they run, and compute
+            kernels beside them get the SMs left (:func:`hardware.cost.shared_sm_ns`);
+            False: overlapped communication is free for the compute it overlaps.
+        nccl_max_ctas: most CTAs (SMs) one NCCL kernel holds (NCCL_MAX_CTAS, or a
+            framework pinning its communicator's ``maxCTAs``); 0: NCCL's default, one per
+            channel it runs at that size (the cost model's channel count).
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
             RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default), or one whole-layer
@@ -341,6 +349,11 @@ class ParallelPlan:
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
+    comm_sm_contention: bool = _field(True, "Overlapped NCCL kernels hold one SM per "
+                                            "channel; compute beside them runs on the "
+                                            "SMs left.")
+    nccl_max_ctas: int = _field(0, "Most CTAs (SMs) an NCCL kernel holds (NCCL_MAX_CTAS; "
+                                   "0: NCCL's default, one per channel).", minimum=0)
     recompute_modules: tuple[str, ...] = _field(
         (), "With selective recompute: modules re-run in the backward, e.g. "
             "core_attn,mlp (empty: core_attn).")
