@@ -176,9 +176,6 @@ class OpPricer:
             and ``nccl_max_ctas``).
     """
 
-    #: fixed-point rounds of a list schedule under SM contention (:meth:`schedule`)
-    CONTENTION_ROUNDS = 64
-
     def __init__(self, cost: CostModel, rank: int | None = None,
                  comm_contention: int | None = None) -> None:
         self.cost = cost
@@ -189,6 +186,7 @@ class OpPricer:
         self.speed = cost.rank_speed(rank)
         self._kept_groups: dict[int, tuple[int, ...]] = {}
         self._own_prices: dict[tuple, int] = {}
+        self._own_ctas: dict[tuple, int] = {}
         self.ops_scheduled = 0
 
     def duration_ns(self, op: Op) -> int:
@@ -223,9 +221,14 @@ class OpPricer:
         if isinstance(op, CollectiveOp):
             if not op.holds_sms:
                 return 0
-            choice = self.cost.collective(op.kind, op.group, op.size_bytes, op.algorithm)
-            return self.cost.collective_ctas(op.kind, op.group, op.size_bytes, choice,
-                                             self.max_ctas)
+            key = (op.kind, id(op.group), op.size_bytes, op.algorithm)
+            found = self._own_ctas.get(key)
+            if found is None:
+                self._kept_groups[id(op.group)] = op.group
+                choice = self.cost.collective(op.kind, op.group, op.size_bytes, op.algorithm)
+                found = self._own_ctas[key] = self.cost.collective_ctas(
+                    op.kind, op.group, op.size_bytes, choice, self.max_ctas)
+            return found
         return 0
 
     def schedule(self, ops: Sequence[Op],
@@ -235,10 +238,10 @@ class OpPricer:
         Under SM contention (``comm_contention``) a compute op runs on the SMs that the
         communication in flight leaves: this list's own collectives and ``external``
         ones ``(begin_ns, end_ns, ctas)`` from the list's start (the data-parallel
-        stream's). A collective's start can depend on compute it slows, so the
-        schedule is repeated with the previous round's collective intervals until
-        they no longer change (the event engine's causal order; at most
-        :data:`CONTENTION_ROUNDS` rounds, each a list schedule).
+        stream's). A collective's start can depend on compute it slows and a compute
+        op's end on collectives listed after it, so the op times come from one pass in
+        time order (:meth:`contended_durations`, the event engine's causal order),
+        then the list schedule's accounting runs with them.
 
         The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
         CostModel.host_ns` each, from the list's start: the host is taken to be level
@@ -247,21 +250,98 @@ class OpPricer:
         waiting for the CPU on the compute stream counts as compute (the kernels run
         at the host's pace). Without host costs nothing changes."""
         if self.max_ctas is None:
-            return self._schedule(ops, ())
-        comm: tuple = ()
-        for _ in range(self.CONTENTION_ROUNDS):
-            cost, held = self._schedule(ops, tuple(external) + comm, True)
-            if held == comm:
-                break
-            comm = held
-        return cost
+            return self._schedule(ops)
+        return self._schedule(ops, self.contended_durations(ops, external))
 
-    def _schedule(self, ops: Sequence[Op], busy: Sequence[tuple[int, int, int]],
-                  contention: bool = False):
-        """:meth:`schedule` of one round: compute stretched by ``busy``; with
-        ``contention`` returns (the cost, this list's collective intervals)."""
+    def contended_durations(self, ops: Sequence[Op],
+                            external: Sequence[tuple[int, int, int]] = ()) -> list[int]:
+        """Each op's duration in the list schedule of ``ops`` under SM contention: a
+        discrete-event pass in time order (what :class:`sim.engine.Engine` does), each
+        op starting when its stream is free, its ``deps`` have ended and the CPU has
+        issued it (:meth:`schedule`); a collective holds its CTAs
+        (:meth:`ctas`) from its start to its end, and a compute op running when one
+        starts is re-timed from its own start with every interval known
+        (:func:`hardware.cost.shared_sm_ns`: the intervals that start before it ends
+        are all known by then). Events at one instant in list order; O(n^2) in the
+        list's length at worst (tens of ops per part)."""
+        n = len(ops)
+        base = [self.duration_ns(op) for op in ops]
+        if not external and not any(base[i] and not isinstance(op, ComputeOp) and self.ctas(op)
+                                    for i, op in enumerate(ops)):
+            return base
+        sms = self.sms
+        busy = list(external)
+        start: list[int | None] = [None] * n
+        end: list[int | None] = [None] * n
+        issue: list[int | None] = [None] * n
+        queues: dict[str, list[int]] = {}
+        for index, op in enumerate(ops):
+            queues.setdefault(op.stream, []).append(index)
+        heads = {stream: 0 for stream in queues}
+        stream_free = {stream: 0 for stream in queues}
+        running: dict[int, int] = {}  # compute op -> its tentative end
+        host_ns = self.cost.host_ns
+        host, issued, left = 0, 0, n
+        while left:
+            while issued < n:  # the CPU issues in list order, waiting after a host_sync
+                previous = ops[issued - 1] if issued else None
+                if previous is not None and getattr(previous, "host_sync", False):
+                    if end[issued - 1] is None or issued - 1 in running:
+                        break
+                    host = max(host, end[issued - 1])
+                host += host_ns(ops[issued])
+                issue[issued] = host
+                issued += 1
+            best_time, best = None, None
+            for stream, queue in queues.items():
+                if heads[stream] >= len(queue) or stream_free[stream] is None:
+                    continue
+                index = queue[heads[stream]]
+                if issue[index] is None:
+                    continue
+                ready = max(stream_free[stream], issue[index])
+                for dep in ops[index].deps:
+                    if end[dep] is None or dep in running:
+                        ready = None
+                        break
+                    if end[dep] > ready:
+                        ready = end[dep]
+                if ready is not None and (best_time is None or (ready, index) < (best_time, best)):
+                    best_time, best = ready, index
+            if running:
+                first = min(running, key=lambda i: (running[i], i))
+                if best_time is None or running[first] <= best_time:
+                    del running[first]  # a compute op ends: nothing can start before
+                    stream_free[ops[first].stream] = end[first]
+                    left -= 1
+                    continue
+            index, now = best, best_time
+            op = ops[index]
+            heads[op.stream] += 1
+            start[index] = now
+            if isinstance(op, ComputeOp):
+                end[index] = now + (shared_sm_ns(now, base[index], sms, busy) if busy
+                                    else base[index])
+                running[index] = end[index]
+                stream_free[op.stream] = None
+                continue
+            end[index] = now + base[index]
+            stream_free[op.stream] = end[index]
+            left -= 1
+            ctas = self.ctas(op) if base[index] else 0
+            if ctas:
+                busy.append((now, end[index], ctas))
+                for other in running:  # compute in flight gets fewer SMs from now on
+                    if running[other] > now:
+                        end[other] = running[other] = start[other] + shared_sm_ns(
+                            start[other], base[other], sms, busy)
+        return [end[i] - start[i] for i in range(n)]
+
+    def _schedule(self, ops: Sequence[Op], durations: Sequence[int] | None = None
+                  ) -> OpListCost:
+        """:meth:`schedule`'s list schedule, with each op's ``durations`` when given
+        (under SM contention, :meth:`contended_durations`), else the cost model's."""
         self.ops_scheduled += len(ops)
-        held: list[tuple[int, int, int]] = []
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
         cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
@@ -275,15 +355,7 @@ class OpPricer:
                     ready, blocker = end[dep], dep
             host += host_ns(op)
             starved = host - ready if host > ready else 0
-            duration = self.duration_ns(op)
-            if contention:
-                if isinstance(op, ComputeOp):
-                    if busy:
-                        duration = shared_sm_ns(ready + starved, duration, self.sms, busy)
-                elif duration:
-                    ctas = self.ctas(op)
-                    if ctas:
-                        held.append((ready + starved, ready + starved + duration, ctas))
+            duration = self.duration_ns(op) if durations is None else durations[index]
             end[index] = ready + starved + duration
             if getattr(op, "host_sync", False) and end[index] > host:
                 host = end[index]
@@ -310,7 +382,7 @@ class OpPricer:
             last = max(range(len(ops)), key=lambda i: (end[i], -i))
             axis = getattr(ops[last], "axis", "")
             cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + cost.total_ns - compute_end
-        return (cost, tuple(held)) if contention else cost
+        return cost
 
 
 @dataclass
@@ -461,6 +533,9 @@ class AnalyticStepModel:
         self._kind_gathers: dict[tuple, int] = {}
         self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
+        #: the walk under SM contention met a schedule it does not price exactly
+        #: (:meth:`_walk`); the event engine is then the reference
+        self.inexact = False
 
     # ------------------------------------------------------------ shared keys
     def _moe_flags(self) -> tuple[tuple[bool, int], ...]:
@@ -952,36 +1027,28 @@ class AnalyticStepModel:
 
     def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
               finish: bool, gathers: bool = False) -> OpListCost:
-        """:meth:`_walk_round`; under SM contention with data-parallel collectives
-        overlapping the walk (``finish`` or ``gathers``), repeated with the previous
-        round's data-parallel intervals until they no longer change: a gather the
-        stream runs ahead of its action overlaps parts walked before it was issued
-        (the event engine's causal order; at most ``OpPricer.CONTENTION_ROUNDS``)."""
-        if pricer.max_ctas is None or not (finish or gathers):
-            return self._walk_round(pricer, p, actions, finish, gathers)[0]
-        prior: list | None = None
-        for _ in range(pricer.CONTENTION_ROUNDS):
-            cost, busy = self._walk_round(pricer, p, actions, finish, gathers, prior)
-            if busy == prior:
-                break
-            prior = busy
-        return cost
-
-    def _walk_round(self, pricer: OpPricer, p: int, actions: list[Action],
-                    finish: bool, gathers: bool = False, prior: list | None = None
-                    ) -> tuple[OpListCost, list]:
         """List schedule of ``actions`` on rank ``p``, part by part in the order the
         lowering issues them: layers and edges run back to back on the compute
         stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
         end inside them); with ``finish``, the data-parallel stream reduces the
         gradient buckets of the last micro-batch as they fill, then the optimizer
         and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
-        gathers run on the data-parallel stream in issue order (all of an action's
-        at its start) and each layer waits for its own: for a rank whose actions
-        run back to back (no pipeline) this is the replay's schedule exactly.
+        gathers run on the data-parallel stream in issue order (an action's after the
+        reductions of the actions before it) and each layer waits for its own: for a
+        rank whose actions run back to back (no pipeline) this is the replay's
+        schedule exactly.
 
-        Returns the cost and the data-parallel stream's (begin, end, CTAs) under SM
-        contention; parts are priced against ``prior``'s (None: those issued so far)."""
+        Under SM contention the data-parallel collectives hold SMs while they run and
+        a part overlapping them is list-scheduled against them (:meth:`_overlapped_cost`).
+        The walk is causal, one pass: before a part is priced, the stream runs every
+        gather that nothing unknown precedes in its order (those of the next actions,
+        up to one that reduces gradients, whose reductions are issued only as its
+        parts are walked), so every interval that starts before the part ends is known
+        (a reduction is issued at a part's end, and what follows it on the stream no
+        earlier). A gather that would start before the part being walked when its
+        action's turn came (the stream ran it behind a reduction the walk expected but
+        that issued nothing) makes the result inexact: ``self.inexact`` is set and the
+        event engine is the reference (:func:`analytic_step` callers, tests)."""
         lowerer, plan = self.lowerer, self.plan
         cost = OpListCost(exposed_ns={})
         dp_free = 0
@@ -1007,47 +1074,84 @@ class AnalyticStepModel:
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
         placement = lowerer.placement
-        if self.fast and not gathers and not (contention and finish):
+        if self.fast and not gathers and not contention:
             # the same walk from per-plan tables of each stage's parts
             dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
             actions_left: Sequence[Action] = ()
         else:
             actions_left = actions
+        # the data-parallel stream's gathers in issue order: an action's layers at its
+        # start, after the reductions of the actions before it (those that reduce)
+        plans = []
         for action in actions_left:
             stage, comp = action.stage, action.comp
+            layers = list(lowerer.stage_layers[stage])
+            if comp != "F":
+                layers.reverse()
+            # (an action's gathers are issued at its first layer: after the reductions
+            # of the edges before it, the head's in a backward)
+            lead = (int(placement.is_first(stage)) if comp == "F"
+                    else int(placement.is_last(stage)))
+            plans.append((layers if gathers and lowerer.gathers_params(comp, action.microbatch)
+                          else None,
+                          finish and comp in ("B", "W") and plan.overlap_grad_reduce
+                          and lowerer.reduces_grads(stage, action.microbatch), lead))
+        gathered: dict[int, dict[int, int]] = {}  # action -> its layers' gather ends
+        next_gather = live = 0
+
+        def run_gathers(current: int, walked: int) -> None:
+            """Issue every gather the stream reaches before part ``walked`` of action
+            ``current``."""
+            nonlocal next_gather
+            while next_gather < len(plans):
+                if next_gather > current and any(plans[j][1]
+                                                  for j in range(current, next_gather)):
+                    return  # behind a reduction not issued yet
+                if plans[next_gather][1] and plans[next_gather][2] and (
+                        next_gather > current or walked < plans[next_gather][2]):
+                    return  # behind its own edge's reductions, not issued yet
+                layers = plans[next_gather][0]
+                if layers:
+                    first = len(dp_busy)
+                    gathered[next_gather] = {layer: on_dp_stream_ns(
+                        self._gather_ns(pricer, p, layer), 0,
+                        self._dp_ctas(pricer, p, "gather", layer)) for layer in layers}
+                    if contention and any(b < cost.total_ns for b, _, _ in dp_busy[first:]):
+                        self.inexact = True  # overlaps compute already walked
+                next_gather += 1
+
+        for position, action in enumerate(actions_left):
+            stage, comp = action.stage, action.comp
+            run_gathers(position, 0)
             if (self.fast and not lowerer.gathers_params(comp, action.microbatch)
-                    and not (contention and finish)):
-                # (an action that gathers nothing: from the tables too)
+                    and not (contention and (plans[position][1] or dp_busy
+                                             and dp_busy[-1][1] > cost.total_ns))):
+                # (an action that gathers nothing, and under SM contention reduces
+                # nothing and runs beside no data-parallel collective: from the tables)
                 dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
                                            dp_free)
                 continue
-            layers = list(lowerer.stage_layers[stage])
             if comp == "F":
-                parts = (["embedding"] if placement.is_first(stage) else []) + layers
+                parts = (["embedding"] if placement.is_first(stage) else [])
+                parts += list(lowerer.stage_layers[stage])
                 parts += ["head"] if placement.is_last(stage) else []
             else:
                 parts = self._stage_parts(stage)
-                layers.reverse()
-            reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and lowerer.reduces_grads(stage, action.microbatch))
+            reduce_now = plans[position][1]
             grads = pending.setdefault(stage, {})
-            gathered: dict[int, int] = {}
-            gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
             for index, part in enumerate(parts):
-                if gathers_here and not isinstance(part, str):
-                    if not gathered:  # issued at the action's start, waited for per layer
-                        gathered = {layer: on_dp_stream_ns(
-                            self._gather_ns(pricer, p, layer), 0,
-                            self._dp_ctas(pricer, p, "gather", layer)) for layer in layers}
-                    wait = gathered[part] - cost.total_ns
-                    if wait > 0:
+                run_gathers(position, index)
+                if position in gathered and not isinstance(part, str):
+                    wait = gathered[position][part] - cost.total_ns
+                    if wait > 0:  # the layer waits for its parameters
                         cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
                         cost.total_ns += wait
                 part_cost = self._part_cost(pricer, p, part, comp)
-                busy = dp_busy if prior is None else prior
-                if contention and busy and busy[-1][1] > cost.total_ns:
+                if contention and dp_busy and dp_busy[-1][1] > cost.total_ns:
+                    while dp_busy[live][1] <= cost.total_ns:
+                        live += 1  # (ends ascend: those over are over for good)
                     part_cost = self._overlapped_cost(pricer, p, part, comp, part_cost,
-                                                      cost.total_ns, busy)
+                                                      cost.total_ns, dp_busy, live)
                 cost.total_ns += part_cost.total_ns
                 cost.compute_ns += part_cost.compute_ns
                 if part_cost.exposed_ns:
@@ -1056,10 +1160,11 @@ class AnalyticStepModel:
                     # the stage's last backward part flushes its partly filled buckets
                     final = index == len(parts) - 1
                     reduce(self._fill(part, grads, final))
+            gathered.pop(position, None)
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
-            return cost, dp_busy
+            return cost
         if not plan.overlap_grad_reduce:
             for stage in sorted({a.stage for a in actions}):
                 reduce(lowerer.fill_buckets([k for part in reversed(self._stage_parts(stage))
@@ -1071,7 +1176,7 @@ class AnalyticStepModel:
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
-        return cost, dp_busy
+        return cost
 
     def _dp_ctas(self, pricer: OpPricer, p: int, what: str, arg: object) -> int:
         """SMs a data-parallel collective of rank ``p`` holds (``what``: ``reduce`` of a
@@ -1095,15 +1200,26 @@ class AnalyticStepModel:
 
     def _overlapped_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str,
                          alone: OpListCost, start_ns: int,
-                         dp_busy: Sequence[tuple[int, int, int]]) -> OpListCost:
+                         dp_busy: Sequence[tuple[int, int, int]], first: int = 0
+                         ) -> OpListCost:
         """List schedule of ``part`` starting at ``start_ns`` while the data-parallel
-        collectives ``dp_busy`` hold SMs (OpPricer.schedule's ``external``), once per
-        (kind, phase, overlap); ``alone`` when none overlaps it."""
-        external = tuple((b - start_ns, e - start_ns, c) for b, e, c in dp_busy
-                         if e > start_ns)
+        collectives ``dp_busy[first:]`` (one stream: begins and ends ascending) hold SMs
+        (OpPricer.schedule's ``external``); ``alone`` when none overlaps it. Intervals
+        are clipped to the most the part can last (every SM but one taken:
+        ``alone * sms``), so parts overlapped the same way share one price per (kind,
+        phase, overlap)."""
+        kind = _kind(self.lowerer, part)
+        limit = alone.total_ns * pricer.sms
+        external = []
+        for index in range(first, len(dp_busy)):
+            begin, end, ctas = dp_busy[index]
+            if begin - start_ns >= limit:
+                break
+            if end > start_ns:
+                external.append((max(begin - start_ns, 0), min(end - start_ns, limit), ctas))
         if not external:
             return alone
-        key = (id(pricer), _kind(self.lowerer, part), comp, external)
+        key = (id(pricer), kind, comp, tuple(external))
         found = self._part_costs.get(key)
         if found is None:
             found = pricer.schedule(self.lowerer.phase_ops(p, part, comp), external)
