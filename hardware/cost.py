@@ -215,15 +215,29 @@ def host_copy_s(size_bytes: float, *, gpus: int, pcie_bytes_per_s: float,
     return (size_bytes / gpus) / (pcie_bytes_per_s * efficiency)
 
 
-class _Coefficients(NamedTuple):
+class _Coefficients:
     """Fast-path prices of one algorithm × protocol on one group.
 
     Attributes:
         fixed_ns: base and hop latencies.
         per_byte: per phase, seconds per byte of the size: (its links' time, its
-            NCCL bus bytes, its size-independent ceilings' time).
+            NCCL bus bytes, its size-independent ceilings' time); None until a price
+            needs them (:meth:`CostModel._per_byte`: a candidate whose latencies alone
+            lose never does).
         plan: the plan at the reference size (what the ceilings are read from).
+        phases: the reference phases the plan was built from (shared by the protocols).
+        protocol: the protocol the plan runs.
     """
+
+    __slots__ = ("fixed_ns", "per_byte", "plan", "phases", "protocol")
+
+    def __init__(self, fixed_ns: int, per_byte: tuple | None, plan: CommPlanLike,
+                 phases: tuple, protocol: str) -> None:
+        self.fixed_ns = fixed_ns
+        self.per_byte = per_byte
+        self.plan = plan
+        self.phases = phases
+        self.protocol = protocol
 
     fixed_ns: int
     per_byte: tuple[tuple[float, float, float], ...]
@@ -293,6 +307,7 @@ class CostModel:
         self._choices: dict[tuple, CollectiveCost] = {}
         self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
+        self._geometry_classes: dict[int, tuple[GroupGeometry, bytes | None]] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
         self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
@@ -415,6 +430,12 @@ class CostModel:
             best: CollectiveCost | None = None
             for name in candidates:
                 for proto in self._protocols(name, protocol, size_bytes):
+                    if best is not None and self._coefficients_of(
+                            kind, geometry, name, proto).fixed_ns >= best.duration_ns:
+                        # its latencies alone reach the best: streaming adds >= 0 ns,
+                        # and a tie keeps the earlier candidate (its per-byte prices
+                        # are left to a size that needs them)
+                        continue
                     duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
                     if best is None or duration < best.duration_ns:
                         best = CollectiveCost(name, proto, duration)
@@ -472,7 +493,8 @@ class CostModel:
         network = self.network
         bus_cap = network.bus_cap_bytes_per_s(found.plan, size_bytes)
         total = found.fixed_ns
-        for phase, (link_s, bus_s, cap_s) in zip(found.plan.phases, found.per_byte):
+        per_byte = found.per_byte if found.per_byte is not None else self._per_byte(found)
+        for phase, (link_s, bus_s, cap_s) in zip(found.plan.phases, per_byte):
             per_byte = max(link_s, cap_s, bus_s / bus_cap if bus_s else 0.0)
             fill = network.pipeline_factor(found.plan, phase, size_bytes)
             total += seconds_to_ns(size_bytes * per_byte * fill)
@@ -484,7 +506,17 @@ class CostModel:
         per class of groups the machine's symmetry maps onto each other
         (:meth:`hardware.topology.ClusterLayout.group_class`: equal prices by
         construction), else per group."""
-        group_class = self.layout.group_class(geometry.group)
+        # (the class of a geometry's group, once per geometry object: a collective
+        # asks for it per algorithm and protocol, and hashing a large group costs)
+        known = self._geometry_classes.get(id(geometry))
+        if not self.layout.uniform_links:  # (ClusterLayout.group_class: None)
+            known = (geometry, None)
+        elif known is None or known[0] is not geometry:
+            known = (geometry, self.layout.group_class(geometry.group))
+            if len(self._geometry_classes) >= 65536:
+                self._geometry_classes.clear()
+            self._geometry_classes[id(geometry)] = known
+        group_class = known[1]
         key = (kind, geometry.group if group_class is None else group_class, name, protocol)
         found = self._coefficients.get(key)
         if found is None:
@@ -497,14 +529,20 @@ class CostModel:
             fixed = seconds_to_ns(model.base_latency_s(plan))
             fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family))
                          for ph in phases)
-            per_byte = []
-            for ph in phases:
-                per_byte.append((model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES,
-                                 getattr(ph, "bus_bytes", 0.0) / _REFERENCE_BYTES,
-                                 self._p2p_cap_of(plan, ph) / _REFERENCE_BYTES))
-            found = _Coefficients(fixed, tuple(per_byte), plan)
+            found = _Coefficients(fixed, None, plan, phases, protocol)
             self._coefficients[key] = found
         return found
+
+    def _per_byte(self, found: _Coefficients) -> tuple:
+        """The per-byte coefficients of ``found``'s phases (computed once, kept in it)."""
+        model, plan, protocol = self.network, found.plan, found.protocol
+        per_byte = []
+        for ph in found.phases:
+            per_byte.append((model.phase_bandwidth_s(ph, protocol) / _REFERENCE_BYTES,
+                             getattr(ph, "bus_bytes", 0.0) / _REFERENCE_BYTES,
+                             self._p2p_cap_of(plan, ph) / _REFERENCE_BYTES))
+        found.per_byte = tuple(per_byte)
+        return found.per_byte
 
     def _p2p_cap_of(self, plan: CommPlanLike, phase: PhaseLike) -> float:
         """:func:`_p2p_only_cap_s` of a reference phase, once for all the protocols that

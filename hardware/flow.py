@@ -434,6 +434,27 @@ class _Batch:
             minlength=template.links_used.size)
 
 
+class _Rates:
+    """The rates of every flow of the running batches (never written in place) and
+    what :class:`FlowNetwork` derives from them on every rescheduling, computed once
+    per set of running batches: ``positive``, the flows of positive rate (None when
+    all are, the common case), and their rates ``positive_rate``."""
+
+    __slots__ = ("rate", "positive", "positive_rate")
+
+    def __init__(self, rate: np.ndarray) -> None:
+        self.rate = rate
+        moving = rate > 0
+        if moving.all():
+            self.positive = self.positive_rate = None
+        else:
+            self.positive = np.flatnonzero(moving)
+            self.positive_rate = rate[self.positive]
+
+
+_NO_RATES = _Rates(np.zeros(0))
+
+
 class FlowNetwork:
     """Fluid max-min fair network living in one SimPy environment.
 
@@ -459,11 +480,15 @@ class FlowNetwork:
         self._capacity = np.asarray(capacity_bytes_per_s, dtype=np.float64)
         self._batches: list[_Batch] = []
         self._remaining = np.zeros(0)
-        self._rate = np.zeros(0)
         self._live = np.zeros(0, dtype=bool)
         self._last_update_ns = 0
         self._generation = 0
-        self._rate_cache: dict[tuple, np.ndarray] = {}
+        # the rates of every set of running batches seen (same templates, same flows
+        # finished), with what is derived from them (_Rates)
+        self._rate_cache: dict[tuple, _Rates] = {}
+        self._rates: _Rates = _NO_RATES
+        # the time (ns) before which no flow can complete (_reschedule; 0: unknown)
+        self._quiet_until_ns = 0
         # rates of groups of batches sharing no link with the others, per batch, and
         # the round levels of their solve (_solve_rates)
         self._group_cache: dict[tuple, tuple[list[np.ndarray], list[float]]] = {}
@@ -477,6 +502,11 @@ class FlowNetwork:
         # finished batches whose link bytes are not in _finished_link_bytes yet:
         # (template, remaining bytes of its flows at the end), in order of ending
         self._unsummed: list[tuple[_Template, np.ndarray]] = []
+
+    @property
+    def _rate(self) -> np.ndarray:
+        """Every running flow's rate (payload bytes/s), batches end to end."""
+        return self._rates.rate
 
     @property
     def link_bytes(self) -> np.ndarray:
@@ -529,11 +559,15 @@ class FlowNetwork:
         self._last_update_ns = now
         if not self._batches:
             return
-        live, rate, remaining = self._live, self._rate, self._remaining
+        rates = self._rates
+        remaining = self._remaining
         # (the rate of a finished flow is 0: its remaining bytes stay as they are)
         if elapsed_s > 0:
-            remaining -= np.minimum(rate * elapsed_s, remaining)
-        newly = remaining <= rate * (_COMPLETION_SLACK_NS / NS_PER_S)
+            remaining -= np.minimum(rates.rate * elapsed_s, remaining)
+        if now < self._quiet_until_ns:
+            return  # no flow can have finished yet (_reschedule)
+        live = self._live
+        newly = remaining <= rates.rate * (_COMPLETION_SLACK_NS / NS_PER_S)
         newly &= live
         count = np.count_nonzero(newly)
         if not count:
@@ -554,14 +588,22 @@ class FlowNetwork:
                 finished.append(batch)
         if not finished:
             return
-        keep = np.ones(live.size, dtype=bool)
-        for batch in finished:
+        if len(finished) == 1:  # (the common case: the two slices around it)
+            batch = finished[0]
             start, end = batch.offset, batch.offset + batch.size
             self._unsummed.append((batch.template, remaining[start:end]))
-            keep[start:end] = False
             self._batches.remove(batch)
+            self._remaining = np.concatenate((remaining[:start], remaining[end:]))
+            self._live = np.concatenate((live[:start], live[end:]))
+        else:
+            keep = np.ones(live.size, dtype=bool)
+            for batch in finished:
+                start, end = batch.offset, batch.offset + batch.size
+                self._unsummed.append((batch.template, remaining[start:end]))
+                keep[start:end] = False
+                self._batches.remove(batch)
+            self._remaining, self._live = remaining[keep], live[keep]
         # (the rates are set again by the _reschedule that follows every _advance)
-        self._remaining, self._live = remaining[keep], live[keep]
         offset = 0
         for batch in self._batches:
             batch.offset = offset
@@ -618,7 +660,7 @@ class FlowNetwork:
         key = tuple([b.key for b in batches])
         cached = self._rate_cache.get(key)
         if cached is not None:
-            self._rate = cached  # never written in place: replaced on every change
+            self._rates = cached  # never written in place: replaced on every change
             return
         groups = self._groups()
         per_batch: list[np.ndarray] = [None] * len(batches)  # type: ignore[list-item]
@@ -643,8 +685,7 @@ class FlowNetwork:
             for batch, batch_rates in zip(batches, per_batch):
                 batch_rates[~self._live[batch.offset:batch.offset + batch.size]] = 0.0
             self.joint_solves += 1
-        self._rate = np.concatenate(per_batch)
-        self._rate_cache[key] = self._rate
+        self._rates = self._rate_cache[key] = _Rates(np.concatenate(per_batch))
 
     def _groups(self) -> list[list[int]]:
         """The running batches (indices) in groups that share no link with one another:
@@ -724,14 +765,29 @@ class FlowNetwork:
         (``at_once``: see :meth:`transfer`)."""
         self._generation += 1
         if not self._batches:
-            self._rate = np.zeros(0)
+            self._rates = _NO_RATES
             return
         self._solve_rates()
-        # the soonest end of a running flow: a finished one (rate 0) gives inf or nan,
-        # which fmin passes over
-        with np.errstate(divide="ignore", invalid="ignore"):
-            next_s = float(np.fmin.reduce(self._remaining / self._rate))
+        rates = self._rates
+        # the soonest end of a running flow: a flow of rate 0 (finished) would give
+        # inf or nan, which fmin passes over: the minimum over the flows of positive
+        # rate is the same number
+        if rates.positive is None:
+            next_s = float(np.fmin.reduce(self._remaining / rates.rate))
+        elif rates.positive.size:
+            next_s = float(np.fmin.reduce(self._remaining[rates.positive]
+                                          / rates.positive_rate))
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                next_s = float(np.fmin.reduce(self._remaining / rates.rate))
         delay_ns = int(np.ceil(next_s * NS_PER_S - _COMPLETION_SLACK_NS))
+        # No flow finishes before now + delay_ns - 1: a running flow (remaining bytes
+        # R > 0 after _advance, rate r) is complete at elapsed e when R - r e <=
+        # r * slack, i.e. e_ns >= 1e9 R / r - slack_ns >= 1e9 next_s - slack_ns >
+        # delay_ns - 1 (delay_ns being that rounded up); rounding errors are ~1e-16
+        # relative, far below the 1 ns margin. A running flow of rate 0 never finishes.
+        # So _advance skips the completion test before then (same result).
+        self._quiet_until_ns = self._env.now + delay_ns - 1
         if at_once:
             # the urgent event below would be the next one processed, nothing being
             # scheduled in between: its timeout would get the next event id, as here

@@ -136,6 +136,14 @@ class NetworkModel:
         )
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
         self._loads: dict[int, tuple[PhaseLike, dict[str, np.ndarray]]] = {}
+        # the same by what a phase of TransferColumns moves (mode, payload, sources,
+        # destinations): the phases of different algorithms, protocols and collective
+        # kinds over one ring list the same transfers (about half of a plan search's)
+        self._loads_by_content: dict[tuple, dict[str, np.ndarray]] = {}
+        # per loads dict of one mode (by identity, kept alive here): the links it
+        # loads, their payload bytes and tier index (phase_bandwidth_s)
+        self._weights_by_tier: dict[tuple[str, str], np.ndarray] = {}
+        self._used: dict[int, tuple[dict, np.ndarray, np.ndarray, np.ndarray, str]] = {}
         self._tier_names = TIERS
         self._tier_index = layout.link_tier_index
         self._weights = {
@@ -383,7 +391,13 @@ class NetworkModel:
         # the entries in the order a walk over the transfers would list them, so each
         # link's bytes add up in the same order)
         by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        content = None
         if getattr(transfers, "columns", False):
+            content = (transfers.mode, transfers.payload_bytes, transfers.src, transfers.dst)
+            found = self._loads_by_content.get(content)
+            if found is not None:
+                self._loads[id(phase)] = (phase, found)
+                return found
             # held as columns (strategies.collectives.plans.TransferColumns: ring and tree
             # builders): the same lists without a Transfer object each
             by_mode[transfers.mode] = (transfers.src, transfers.dst,
@@ -411,10 +425,14 @@ class NetworkModel:
                 links = np.stack([layout.gpu_out_link(0) + src,
                                   layout.gpu_in_link(0) + dst], axis=1).reshape(-1)
             else:
-                which, links = layout.paths_links(src, dst)
+                # (one payload for every transfer, as TransferColumns have: each link
+                # adds equal terms, the same sum in any order)
+                which, links = layout.paths_links(src, dst, ordered=len(set(payloads)) > 1)
             loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
                                       minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
+        if content is not None:
+            self._loads_by_content[content] = loads
         return loads
 
     def phase_bandwidth_s(self, phase: PhaseLike, protocol: str) -> float:
@@ -427,13 +445,20 @@ class NetworkModel:
             return 0.0
         loads = self._payload_per_link(phase)
         if len(loads) == 1:  # one mode: only the links it loads (same arithmetic)
-            (mode, payload), = loads.items()
-            used = np.flatnonzero(payload)
+            found = self._used.get(id(loads))
+            if found is None or found[0] is not loads:
+                (mode, payload), = loads.items()
+                used = np.flatnonzero(payload)
+                found = (loads, used, payload[used], self._tier_index[used], mode)
+                self._used[id(loads)] = found
+            _, used, used_payload, used_tier, mode = found
             if not used.size:
                 return 0.0
-            weight_by_tier = np.asarray(
-                [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
-            wire = payload[used] * weight_by_tier[self._tier_index[used]]
+            weight_by_tier = self._weights_by_tier.get((protocol, mode))
+            if weight_by_tier is None:
+                weight_by_tier = self._weights_by_tier[(protocol, mode)] = np.asarray(
+                    [self._weights[(tier, protocol, mode)] for tier in self._tier_names])
+            wire = used_payload * weight_by_tier[used_tier]
             return float((wire / self.layout.capacity_bytes_per_s[used]).max())
         wire = np.zeros(self.layout.num_links)
         for mode, payload in self._payload_per_link(phase).items():
@@ -483,6 +508,21 @@ class FlowFabric:
         # Keyed by identity; the plan is kept so its id cannot be reused.
         self._requests: dict[int, tuple[CommPlanLike, list[FlowBatch]]] = {}
         self._mirrored: dict[tuple, tuple[tuple, FlowBatch]] = {}
+        self._latencies: dict[int, tuple[CommPlanLike, int, tuple[int, ...]]] = {}
+
+    def latencies_ns(self, plan: CommPlanLike) -> tuple[int, tuple[int, ...]]:
+        """A plan's base latency and each phase's latency, ns (as :meth:`run` rounds
+        them), once per plan (keyed by identity, the plan kept alive with its entry): a
+        step runs each plan hundreds of times."""
+        found = self._latencies.get(id(plan))
+        if found is None or found[0] is not plan:
+            model = self.model
+            found = (plan, seconds_to_ns(model.base_latency_s(plan)),
+                     tuple(seconds_to_ns(model.phase_latency_s(phase, plan.protocol,
+                                                               plan.family))
+                           for phase in plan.phases))
+            self._latencies[id(plan)] = found
+        return found[1], found[2]
 
     def _phase_requests(self, plan: CommPlanLike, index: int) -> FlowBatch:
         cached = self._requests.get(id(plan))
@@ -632,7 +672,7 @@ class _PlanRun:
     def begin(self) -> None:
         """Wait the plan's base latency (FlowFabric.run's first timeout)."""
         fabric = self.fabric
-        timer = fabric.env.timeout(seconds_to_ns(fabric.model.base_latency_s(self.plan)))
+        timer = fabric.env.timeout(fabric.latencies_ns(self.plan)[0])
         timer.callbacks.append(self._phase)
 
     def _phase(self, _event: simpy.Event) -> None:
@@ -642,9 +682,7 @@ class _PlanRun:
             self.on_done()
             return
         fabric = self.fabric
-        phase = plan.phases[self.index]
-        timer = fabric.env.timeout(
-            seconds_to_ns(fabric.model.phase_latency_s(phase, plan.protocol, plan.family)))
+        timer = fabric.env.timeout(fabric.latencies_ns(plan)[1][self.index])
         timer.callbacks.append(self._flows)
 
     def _flows(self, event: simpy.Event) -> None:

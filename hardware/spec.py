@@ -12,6 +12,7 @@ Presets are TOML files in ``hardware/catalog`` (see :mod:`hardware.catalog`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping
 
 from hardware.units import gbit_per_s_to_bytes_per_s
@@ -324,12 +325,13 @@ class GroupGeometry:
         """NVLink domains spanned."""
         return len(self.domains)
 
-    @property
+    @cached_property
     def local_size(self) -> int:
-        """Fewest members any domain has (channels a ring can use)."""
+        """Fewest members any domain has (channels a ring can use; computed once: a
+        collective's pricing asks for it per algorithm and protocol)."""
         return min(len(d) for d in self.domains)
 
-    @property
+    @cached_property
     def uniform(self) -> bool:
         """Every domain holds the same number of members."""
         return len({len(d) for d in self.domains}) == 1

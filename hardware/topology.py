@@ -314,13 +314,18 @@ class ClusterLayout:
             raise ValueError("group: empty; give at least one rank")
         if len(set(key)) != len(key):
             raise ValueError(f"group: {key} repeats a rank; give distinct ranks")
-        bad = [r for r in key if not 0 <= r < self.world_size]
-        if bad:
+        if min(key) < 0 or max(key) >= self.world_size:
+            bad = [r for r in key if not 0 <= r < self.world_size]
             raise ValueError(
                 f"group: rank {bad[0]} is outside the cluster; valid: 0..{self.world_size - 1}")
         by_domain: dict[int, list[int]] = {}
-        for rank in sorted(key):
-            by_domain.setdefault(self.domain_of(rank), []).append(rank)
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            for rank in sorted(key):  # (domain_of: every GPU its own domain)
+                by_domain[rank] = [rank]
+        else:  # domain_of inlined (a large group's ranks one by one)
+            per_domain = self.gpus_per_node * self._nodes_per_domain
+            for rank in sorted(key):
+                by_domain.setdefault(rank // per_domain, []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
         found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
         self._geometries[key] = found
@@ -384,19 +389,32 @@ class ClusterLayout:
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         columns = [] if one_nic_each else [local]
-        columns += [np.unique(values, return_inverse=True)[1].reshape(-1)
-                    for values in relabelled]
+        ascending = bool((ranks[1:] > ranks[:-1]).all())
+        for values in relabelled:
+            if ascending and values is not local:
+                # nodes, domains, units and spine groups of ascending ranks never
+                # decrease: each one's rank among the distinct values (np.unique's
+                # inverse) counts the steps up before it
+                rank_of = np.zeros(values.size, dtype=np.int64)
+                np.cumsum(values[1:] != values[:-1], out=rank_of[1:])
+                columns.append(rank_of)
+            else:
+                columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
         found = np.stack(columns).astype(np.int64).tobytes()
         if len(self._classes) >= 65536:
             self._classes.clear()
         self._classes[key] = found
         return found
 
-    def paths_links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def paths_links(self, src: np.ndarray, dst: np.ndarray, ordered: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """The links of :meth:`path` (default rail) for many transfers at once, in numpy:
         ``(transfer index, link)`` entries ordered by transfer and, within one, in
         the order :meth:`path` lists them (so sums over them add in the same order).
-        A transfer from a GPU to itself crosses nothing."""
+        A transfer from a GPU to itself crosses nothing.
+
+        ``ordered`` False: the same entries in no particular order (for sums of equal
+        terms, which no order changes)."""
         spec = self.spec
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
@@ -463,8 +481,10 @@ class ClusterLayout:
         if not parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         transfers = np.concatenate([t for t, _, _ in parts])
-        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
         links = np.concatenate([l for _, _, l in parts])
+        if not ordered:
+            return transfers, links
+        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
         order = np.lexsort((positions, transfers))
         return transfers[order], links[order]
 

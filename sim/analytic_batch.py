@@ -50,10 +50,6 @@ __all__ = ["BatchStepEvaluator"]
 
 
 
-class _Miss(Exception):
-    """A shared price no plan has computed yet."""
-
-
 def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, dp_free: int,
                   reductions: dict, reduction_ns, rank) -> int:
     """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets
@@ -62,13 +58,16 @@ def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, d
     ``reductions`` (``reduction_ns(rank, kind, size)``; None: nothing to reduce). Returns
     the stream's new free time, ns, as AnalyticStepModel's bucket walk does."""
     for due in fill_by_sums(pending, sums, bucket, final):
-        if due in reductions:
-            duration = reductions[due]
-        else:
+        duration = reductions.get(due, _UNSEEN)
+        if duration is _UNSEEN:
             duration = reductions[due] = reduction_ns(rank, *due)
         if duration is not None:
             dp_free = (dp_free if dp_free > total else total) + duration
     return dp_free
+
+
+#: a reduction not looked up yet (_fill_buckets; None is a price: nothing to reduce)
+_UNSEEN = object()
 
 
 class BatchStepEvaluator:
@@ -94,6 +93,7 @@ class BatchStepEvaluator:
         self._splits: dict[tuple, tuple] = {}
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
         self._grads: dict[tuple, tuple | None] = {}
+        self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
 
     # ------------------------------------------------------------------ public
@@ -117,12 +117,9 @@ class BatchStepEvaluator:
             found = None
             if self.covers(plan):
                 try:
-                    try:
-                        found = self._plan_step_ns(plan)
-                    except _Miss:
-                        # a price no plan computed yet: the plan's own model computes
-                        # what it needs (and stores it where it would)
-                        found = self._plan_step_ns(plan, compute=True)
+                    # (a price no plan computed yet: the plan's own model computes what
+                    # it needs and stores it where it would, then the walk goes on)
+                    found = self._plan_step_ns(plan)
                 except _Unsupported:
                     found = None
             if found is not None:
@@ -281,23 +278,28 @@ class BatchStepEvaluator:
             self._splits[key] = found
         return found
 
-    def _part_grads(self, plan: ParallelPlan, part_key: tuple, kind, part, compute: bool
-                    ) -> tuple | None:
+    def _part_grads(self, plan: ParallelPlan, part_key: tuple, kind, part) -> tuple | None:
         """AnalyticStepModel._part_grads of a part (whole gradient bytes to the dense and
         expert buckets, or None), per (part fields, gradient dtype, kind)."""
+        # (this plan's kinds first: the key below hashes the plan's part fields)
+        found = self._plan_grads.get(kind, _UNSEEN)
+        if found is not _UNSEEN:
+            return found
         key = (part_key, plan.grad_reduce_dtype, kind)
         if key in self._grads:
-            return self._grads[key]
-        if not compute:
-            raise _Miss
-        found = self._reference_model(plan)._part_grads(part)
-        self._grads[key] = found
+            found = self._grads[key]
+        else:
+            found = self._grads[key] = self._reference_model(plan)._part_grads(part)
+        self._plan_grads[kind] = found
         return found
 
     # ------------------------------------------------------------------ the step
-    def _plan_step_ns(self, plan: ParallelPlan, compute: bool = False) -> int | None:
-        """AnalyticStepModel(...).run().step_ns from shared prices; raises _Miss on a
-        price not yet computed unless ``compute`` (then the plan's model computes it)."""
+    def _plan_step_ns(self, plan: ParallelPlan) -> int | None:
+        """AnalyticStepModel(...).run().step_ns from shared prices; a price not yet
+        computed is computed by the plan's own model (:meth:`_reference_model`, built
+        on the first such price), in one pass: looking the prices up has no side
+        effect, so a pass that stopped at the first miss and started again (as before)
+        gave the same integers at up to twice the walk."""
         model, cache = self.model, self.cache
         layout = cache.layout(self.cluster, plan.world_size)
         shared = cache.shared_prices(layout)
@@ -313,18 +315,25 @@ class BatchStepEvaluator:
         pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
         split = schedule.split_backward
         get = shared.get
+        self._plan_grads = {}
+        # this plan's (rank, kind, phase) prices, once looked up (the shared key hashes
+        # the plan's part fields and groups; a kind is a layer kind or "head" /
+        # "embedding", so it says whether the part is a layer, all the key reads of it)
+        costs: dict = {}
 
         def kind_cost(p: int, part, kind, comp: str):
             # the plan's model prices a (kind, phase) once, on the rank that asks first,
             # and every rank reuses it (AnalyticStepModel._kind_cost): that rank's groups
             p = askers.get((kind, comp), p)
+            cost = costs.get((p, kind, comp))
+            if cost is not None:
+                return cost
             cost = get((part_key, kind, comp, None if isinstance(part, str) else mode,
                         part_groups[p]))
             if cost is None:
-                if not compute:
-                    raise _Miss
                 ref = self._reference_model(plan)
                 cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
+            costs[(p, kind, comp)] = cost
             return cost
 
         def phase_ns(p: int, stage: int, comp: str) -> int:
@@ -340,8 +349,6 @@ class BatchStepEvaluator:
         def reduction_ns(p: int, group: str, size: float) -> int | None:
             found = get((groups_key, None, "reduce", p, (group, size)))
             if found is None:
-                if not compute:
-                    raise _Miss
                 ref = self._reference_model(plan)
                 return ref._reduction_ns(ref.pricer, p, group, size)
             return found[0]
@@ -349,8 +356,6 @@ class BatchStepEvaluator:
         def gather_ns(p: int, layer: int) -> int:
             found = get((groups_key, opt_key, "gather", p, self._flags[layer]))
             if found is None:
-                if not compute:
-                    raise _Miss
                 ref = self._reference_model(plan)
                 return ref._gather_ns(ref.pricer, p, layer) or 0
             return found[0] or 0
@@ -362,8 +367,6 @@ class BatchStepEvaluator:
             holds_last = any(is_last[s] for s in stages_of[p])
             found = get((opt_key, groups_key, p, layers, holds_first, holds_last))
             if found is None:
-                if not compute:
-                    raise _Miss
                 ref = self._reference_model(plan)
                 found = ref._optimizer_cost(ref.pricer, p)
             return found.total_ns
@@ -387,7 +390,7 @@ class BatchStepEvaluator:
         if pp == 1 and gathers:
             return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
                                        phases, kind_cost, reduction_ns, optimizer_ns,
-                                       gather_ns, part_key, compute)
+                                       gather_ns, part_key)
         # each distinct rank (AnalyticStepModel._signature) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}
         rank_costs = []
@@ -397,7 +400,7 @@ class BatchStepEvaluator:
                 found = by_signature[signature] = self._rank_ns(
                     p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
                     kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                    placement, plan, part_key, compute)
+                    placement, plan, part_key)
             rank_costs.append(found)
         t_p2p = 0
         if pp > 1:
@@ -425,7 +428,7 @@ class BatchStepEvaluator:
 
     def _rank_ns(self, p, stages, stage_layers, kinds, is_first, is_last, split, phases,
                  kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                 placement, plan, part_key, compute) -> tuple[int, int, int]:
+                 placement, plan, part_key) -> tuple[int, int, int]:
         """(the last micro-batch's backward through the rank's stages, the same with its
         buckets reduced as they fill and the optimizer, the step's parameter gathers back
         to back): AnalyticStepModel._rank_costs' totals."""
@@ -445,15 +448,14 @@ class BatchStepEvaluator:
                 # (each kind's list schedule and whole gradient bytes, looked up once)
                 rows = {}
                 for kind, layer, _ in kinds[s]:
-                    rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key,
-                                           compute)
+                    rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key)
                 parts = [rows[flags[layer]] for layer in reversed(stage_layers[s])]
                 if is_last[s]:
                     parts.insert(0, self._row(p, "head", "head", comp, kind_cost, plan,
-                                              part_key, compute))
+                                              part_key))
                 if is_first[s]:
                     parts.append(self._row(p, "embedding", "embedding", comp, kind_cost,
-                                           plan, part_key, compute))
+                                           plan, part_key))
                 pending: dict[str, float] = {}
                 final_index = len(parts) - 1
                 for index, (part_ns, sums) in enumerate(parts):
@@ -479,8 +481,7 @@ class BatchStepEvaluator:
         return last_backward, finish, gathers_ns
 
     def _whole_rank_ns(self, plan, schedule, stage_layers, is_first, is_last, phases,
-                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key,
-                       compute) -> int:
+                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key) -> int:
         """AnalyticStepModel._whole_rank_step without pipeline parallelism, with
         parameter gathers: one rank's list schedule of every action in order
         (AnalyticStepModel._walk with ``gathers``): an action that gathers issues its
@@ -497,7 +498,7 @@ class BatchStepEvaluator:
             found = rows.get((kind, comp))
             if found is None:
                 found = rows[(kind, comp)] = self._row(0, part, kind, comp, kind_cost, plan,
-                                                       part_key, compute)
+                                                       part_key)
             return found
 
         gathers: dict = {}
@@ -546,10 +547,10 @@ class BatchStepEvaluator:
                                             total, dp_free, reductions, reduction_ns, 0)
         return max(total, dp_free) + optimizer_ns(0)
 
-    def _row(self, p, part, kind, comp, kind_cost, plan, part_key, compute) -> tuple:
+    def _row(self, p, part, kind, comp, kind_cost, plan, part_key) -> tuple:
         """(a part's list-scheduled ns in ``comp``, its whole gradient bytes to the dense
         and expert buckets)."""
-        sums = self._part_grads(plan, part_key, kind, part, compute)
+        sums = self._part_grads(plan, part_key, kind, part)
         if sums is None:
             raise _Unsupported  # filled kernel by kernel: analytic_step
         return kind_cost(p, part, kind, comp).total_ns, sums

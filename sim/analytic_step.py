@@ -479,13 +479,21 @@ def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_by
     whole sums (``sums``: dense, expert bytes): add them to the open buckets ``pending``
     (bytes per group) and return the buckets now due, as (group, bytes): those of at
     least ``bucket_bytes``, or every open one when ``final``."""
-    due = []
-    for group, added in zip(("dense", "expert"), sums):
-        size = pending.get(group, 0.0) + added
-        if size > 0 and (size >= bucket_bytes or final):
-            due.append((group, size))
-            size = 0.0
-        pending[group] = size
+    # (the two groups unrolled: a plan search calls this once per layer of every
+    # rank's last backward)
+    dense, expert = sums
+    size = pending.get("dense", 0.0) + dense
+    if size > 0 and (size >= bucket_bytes or final):
+        due = [("dense", size)]
+        size = 0.0
+    else:
+        due = []
+    pending["dense"] = size
+    size = pending.get("expert", 0.0) + expert
+    if size > 0 and (size >= bucket_bytes or final):
+        due.append(("expert", size))
+        size = 0.0
+    pending["expert"] = size
     return due
 
 
@@ -1175,6 +1183,9 @@ class AnalyticStepModel:
         optimizer = self._optimizer_cost(pricer, p)
         cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
         cost.optimizer_ns = optimizer.optimizer_ns
+        # compute kernels of the optimizer step that are not Adam's (the per-step FP8 weight
+        # quantization): compute, as the replay's breakdown counts them (sim.breakdown)
+        cost.compute_ns += optimizer.compute_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
 
@@ -1416,9 +1427,11 @@ class AnalyticStepModel:
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        # (the last backward's compute as it ran beside the reductions: slower under SM
-        # contention, else the same)
-        compute = rank.per_step.compute_ns + rank.finish.compute_ns - rank.last_backward.compute_ns
+        # what finishing the step computes besides Adam (the FP8 weight quantization),
+        # and the last backward's compute as it ran beside the reductions (slower under
+        # SM contention, else the same)
+        compute = (rank.per_step.compute_ns + rank.finish.compute_ns
+                   - rank.last_backward.compute_ns)
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
         for axis in AXES_IN_ORDER:
             row[f"exposed_{axis}"] = exposed.get(axis, 0) / 1e9

@@ -8,19 +8,25 @@ run would measure, ``T * exp(L)``, with ``L`` the sum of three stated terms:
    dtype (bf16, fp8) and kernel class (dense, MoE: grouped-GEMM experts), exposed
    communication per axis (tp, cp, ep, pp, dp), pipeline bubble, a fixed per-step
    overhead whose share is ``overhead_reference_s / T`` -- a bias ``b_k`` and a spread
-   ``s_k`` weighted by the component's share ``f_k`` of the step (:func:`band_shares`)::
+   ``s_k`` weighted by the component's share ``f_k`` of the step (:func:`band_shares`),
+   with ``x = (f_1 .. f_K, 1)`` and the constant term last::
 
-       L_model ~ Normal(sum_k f_k b_k + b_0, sigma^2),
-       sigma^2 = c^2 (s_0^2 + s_source^2 + sum_k f_k^2 s_k^2)
+       L_model ~ Normal(x' b, sigma^2),
+       sigma^2 = c^2 (x' C x + s_source^2 + s_0^2 + sum_k f_k^2 s_k^2)
 
-   so a TP-heavy FP8 plan gets another band than a DP-only BF16 one; ``s_source`` is
-   the spread between software stacks (sources), which a new job draws afresh. ``c``
-   (``scale``) calibrates the spread on sources the fit did not see: the spreads fitted
-   in-sample are too narrow for a new software stack, and ``c`` is the cross-conformal
-   quantile of held-out normalized errors (leave one source out; Vovk, 'Cross-conformal
-   predictors', Ann. Math. Artif. Intell. 74, 2015; normalized scores as in Lei et al.,
-   'Distribution-free predictive inference for regression', JASA 2018, sec. 5.2), so
-   that the 80 % band covers 80 % of the rows of a source it was not fitted on.
+   so a TP-heavy FP8 plan gets another band than a DP-only BF16 one. The fit is a
+   two-level (hierarchical) model: each validation source -- a software stack -- has its
+   own offset, ``s_source`` the spread of those offsets, which a new job draws afresh;
+   ``C`` is the posterior covariance of the biases ``b``, so a component mix that few
+   sources exercise gets the uncertainty of its biases on top (the posterior predictive
+   of a Bayesian linear mixed model; Gelman et al., 'Bayesian Data Analysis', 3rd ed.,
+   ch. 15). ``c`` (``scale``) calibrates the whole spread on sources the fit did not see:
+   the pooled-CDF conformal quantile of held-out normalized errors, leaving one source
+   out at a time with each source weighted equally (Dunn, Wasserman, Ramdas,
+   'Distribution-free prediction sets for two-layer hierarchical models', JASA 2022;
+   normalized scores as in Lei et al., 'Distribution-free predictive inference for
+   regression', JASA 2018, sec. 5.2), so that the 80 % band covers 80 % of the rows of a
+   new source.
 2. **Parameter uncertainty** of the hardware model: each preset's one fitted number,
    ``gpu.sustained_fraction``, is known to the standard error of its calibration fit
    (``sustained_fraction_se``, in log units of the compute time); it is sampled and
@@ -81,8 +87,10 @@ class BandModel:
         sigma_source: the spread of a software stack's own offset: the validation
             sources (frameworks, versions, recipes) differ by more than their rows'
             components explain, and a new job is a new draw of it.
-        scale: the cross-conformal factor on the model-error spread (module docstring),
-            1 = the in-sample fit as it is.
+        scale: the conformal factor on the model-error spread (module docstring),
+            1 = the fitted hierarchical model's predictive spread as it is.
+        bias_covariance: the posterior covariance of the biases (log units squared),
+            rows and columns in the order of :data:`COMPONENTS` then the constant.
         overhead_reference_s: the fixed overhead's share is this over the step time.
         gpu_speed_cv: GPU-to-GPU speed spread (coefficient of variation, 1 = 100 %).
         sustained_fraction_se: per GPU name, the calibration fit's standard error
@@ -97,6 +105,7 @@ class BandModel:
     sigma_0: float
     sigma_source: float
     scale: float
+    bias_covariance: tuple[tuple[float, ...], ...]
     overhead_reference_s: float
     gpu_speed_cv: float
     sustained_fraction_se: Mapping[str, float] = field(default_factory=dict)
@@ -120,6 +129,7 @@ class BandModel:
                        sigma_0=float(data["constant"]["sigma"]),
                        sigma_source=float(data["source"]["sigma"]),
                        scale=float(data["calibration"]["scale"]),
+                       bias_covariance=_covariance(data["bias_covariance"]),
                        overhead_reference_s=float(data["overhead_reference_s"]),
                        gpu_speed_cv=float(data["gpu_speed_cv"]["value"]),
                        sustained_fraction_se={g: float(v["sustained_fraction_se"])
@@ -131,6 +141,20 @@ class BandModel:
         except (KeyError, TypeError, ValueError) as problem:
             raise ValueError(f"band model: entry {problem} is missing or malformed; refit with "
                              "python -m validate.fit_bands") from None
+
+
+#: Order of the bias covariance's rows and columns: the components, then the constant.
+COVARIANCE_ORDER = (*COMPONENTS, "constant")
+
+
+def _covariance(entry: Mapping[str, object]) -> tuple[tuple[float, ...], ...]:
+    """The bias covariance of a band file's entry (``order`` and ``matrix``), checked."""
+    if list(entry["order"]) != list(COVARIANCE_ORDER):
+        raise ValueError(f"bias_covariance.order {entry['order']!r}")
+    matrix = tuple(tuple(float(v) for v in row) for row in entry["matrix"])
+    if len(matrix) != len(COVARIANCE_ORDER) or any(len(r) != len(matrix) for r in matrix):
+        raise ValueError("bias_covariance.matrix (not square in COVARIANCE_ORDER)")
+    return matrix
 
 
 @lru_cache(maxsize=4)
@@ -176,9 +200,16 @@ def compute_share(shares: Mapping[str, float]) -> float:
 
 
 def model_terms(model: BandModel, shares: Mapping[str, float]) -> tuple[float, float]:
-    """(mean, standard deviation) of the model-error term ``L_model`` (log units)."""
+    """(mean, standard deviation) of the model-error term ``L_model`` (log units):
+    the fitted biases' mean, and the spread of a new source's step (module docstring:
+    the biases' uncertainty ``x' C x``, the source offset, the per-row spread), times
+    the conformal ``scale``."""
     mean = model.bias_0 + sum(shares[k] * model.bias[k] for k in COMPONENTS)
-    variance = (model.sigma_0 ** 2 + model.sigma_source ** 2
+    x = [*(shares[k] for k in COMPONENTS), 1.0]
+    used = [i for i, v in enumerate(x) if v]  # most components are absent from a step
+    covariance = model.bias_covariance
+    uncertainty = sum(x[i] * x[j] * covariance[i][j] for i in used for j in used)
+    variance = (uncertainty + model.sigma_0 ** 2 + model.sigma_source ** 2
                 + sum((shares[k] * model.sigma[k]) ** 2 for k in COMPONENTS))
     return mean, model.scale * math.sqrt(variance)
 

@@ -235,6 +235,7 @@ class StepLowerer:
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
+        self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
         self._position_in_stage = {layer: i for layers in self.stage_layers
@@ -392,10 +393,16 @@ class StepLowerer:
         Compute ops are named without their micro-batch and shared between
         micro-batches (a step repeats the same kernels thousands of times).
         """
-        name = f"{kernel.name}.{_MICROBATCH.sub('', tag)}"
-        key = (id(kernel), name, phase, deps, comm_sms)
+        # (the tag without its micro-batch, once per tag: a step emits tens of
+        # thousands of kernels under a few hundred tags; the kernel's identity fixes
+        # its name, so the key need not hold the op's name)
+        stem = self._tag_stems.get(tag)
+        if stem is None:
+            stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
+        key = (id(kernel), stem, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
+            name = f"{kernel.name}.{stem}"
             host = (kernel, phase, self.plan.host_issue, self.local_experts)
             op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
                             comm_sms=comm_sms, host_launches=host_launches(*host),
@@ -417,17 +424,21 @@ class StepLowerer:
             return
         op = self._ops.get(("host_sync", tag))
         if op is None:
-            # int64 counts of every expert, device to host: one copy kernel
+            # int64 counts of every expert, device to host; on the CPU, the preprocess
+            # that computes and copies the splits (dispatch_preprocess_host)
+            launches, calls = dispatch_preprocess_host(self.plan.host_issue, self.plan.ep,
+                                                       self.plan.moe_dispatcher)
             op = ComputeOp(name=f"moe.sync.{_MICROBATCH.sub('', tag)}", kind="memcpy",
                            bytes=8.0 * self.model.moe.num_experts, stream=COMPUTE, phase="F",
-                           host_launches=1, host_sync=True)
+                           host_launches=launches, host_calls=calls, host_sync=True)
             self._ops[("host_sync", tag)] = op
         b.add(op)
 
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
-                       modules: frozenset[str] | None = None) -> None:
+                       modules: frozenset[str] | None = None, early_stop: bool = False) -> None:
         """The forward of ``layer``; with ``modules``, only what selective recompute of
-        those modules re-runs (:func:`recomputed`)."""
+        those modules re-runs (:func:`recomputed`); with ``early_stop``, a full recompute
+        that ends where PyTorch's checkpoint early stop ends it (:func:`early_stop_end`)."""
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
@@ -435,7 +446,13 @@ class StepLowerer:
         if jax_policy:
             self._jax_remat_recompute(b, layer, tag, min(jax_policy))
             return
-        for block, members in _blocks(self.kernels(layer)):
+        blocks = _blocks(self.kernels(layer))
+        for position, (block, members) in enumerate(blocks):
+            end = len(members)
+            if early_stop and position == len(blocks) - 1:
+                end = early_stop_end(block, members, dropout=self.model.dropout,
+                                     aten_matmul=(self.plan.layer_impl == "torch"
+                                                  and "fp8" not in self.plan.dtype))
             if modules is not None:
                 members, whole = recomputed(block, members, modules)
                 if not whole:
@@ -454,7 +471,7 @@ class StepLowerer:
             column, row = self._tp_matmuls(block, members)
             if column is None:
                 self._tp_boundary(b, label, entering=True, backward=False)
-            for index, kernel in enumerate(members):
+            for index, kernel in enumerate(members[:end]):
                 if kernel.kind == "attention" and self.plan.cp > 1:
                     self._ring_attention(b, kernel, f"{tag}.l{layer}", "F")
                     continue
@@ -685,10 +702,12 @@ class StepLowerer:
         return "full" if self._position_in_stage[layer] < plan.recompute_layers else "none"
 
     def _recompute(self, b: _RankBuilder, layer: int, tag: str) -> None:
-        """Re-run what the backward of ``layer`` needs and did not keep."""
+        """Re-run what the backward of ``layer`` needs and did not keep (under
+        ``plan.recompute_early_stop``, up to :func:`early_stop_end` of its last block)."""
         mode = self.recompute_of(layer)
         if mode == "full":
-            self._layer_forward(b, layer, f"recompute.{tag}")
+            self._layer_forward(b, layer, f"recompute.{tag}",
+                                early_stop=self.plan.recompute_early_stop)
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
@@ -1505,6 +1524,39 @@ ROUTER_HOST_LAUNCHES = 72
 _PARTIAL_GRAPH_PREFIXES = ("attn.", "moe.norm", "moe.router", "moe.route", "moe.shared.")
 
 
+#: CPU launches of Megatron-Core's all-to-all dispatcher preprocess per MoE layer forward
+#: (``MoEAlltoAllTokenDispatcher.preprocess`` and ``_maybe_dtoh_and_synchronize``,
+#: megatron/core/transformer/moe/token_dispatcher.py; dropless, EP > 1, permute fusion):
+#: the kernels ``routing_map.sum(dim=0)``, the ``input_splits`` ``reshape(ep, E_local)
+#: .sum(axis=1)``, the token-count all-gather over the TP x EP group
+#: (``gather_from_sequence_parallel_region``, one NCCL launch), the ``.contiguous()`` of
+#: the local experts' slice and its three sums (per rank, per TP rank, per local expert),
+#: 7; then the device-to-host copies on the side stream of ``tokens_per_expert``,
+#: ``input_splits``, ``output_splits`` and ``output_splits_tp`` (``maybe_move_tensor_to_cpu``;
+#: ``num_out_tokens`` is a Python int when dropless, ``num_global_tokens_per_local_expert``
+#: stays on the GPU under permute fusion), 4: 11.
+DISPATCH_PREPROCESS_HOST_LAUNCHES = 11
+#: CPU-only calls of the same code: the views (``reshape``/``transpose`` of the gathered
+#: counts, the local-expert slice, ``[tp_rank]``, the per-local-expert ``view``), the
+#: all-gather's ``torch.empty`` output, the side stream's ``wait_stream``, stream switch
+#: and ``record_event``, the ``event.synchronize`` and the three ``as_numpy`` conversions
+#: of the splits: 13.
+DISPATCH_PREPROCESS_HOST_CALLS = 13
+
+
+def dispatch_preprocess_host(mode: str, ep: int, dispatcher: str) -> tuple[int, int]:
+    """(CPU launches, CPU-only calls) of the dropless MoE layer's host sync op under
+    ``host_issue`` ``mode``: for Megatron-Core's ``alltoall`` dispatcher over EP > 1, the
+    preprocess that computes the splits and copies them to the host
+    (:data:`DISPATCH_PREPROCESS_HOST_LAUNCHES`, :data:`DISPATCH_PREPROCESS_HOST_CALLS`),
+    except under ``partial`` CUDA graphs, whose ``moe_preprocess`` scope captures it
+    (NVIDIA's DeepSeek-V3 GB200 guide, Section 2.3); otherwise the one copy of the
+    tokens per expert."""
+    if mode in ("eager", "compiled") and dispatcher == "alltoall" and ep > 1:
+        return DISPATCH_PREPROCESS_HOST_LAUNCHES, DISPATCH_PREPROCESS_HOST_CALLS
+    return 1, 0
+
+
 def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: int) -> int:
     """Kernels the CPU issues one by one for ``kernel``'s ``phase`` under ``host_issue``
     ``mode`` (:data:`strategies.plan.HOST_ISSUE_MODES`): none when off or graphed (or
@@ -1691,6 +1743,39 @@ def _scaled(kernel: costs.Kernel, factor: float) -> costs.Kernel:
                    bwd_input_bytes=kernel.bwd_input_bytes * factor,
                    bwd_weight_flops=kernel.bwd_weight_flops * factor,
                    bwd_weight_bytes=kernel.bwd_weight_bytes * factor)
+
+
+def early_stop_end(block: str, members: Sequence[costs.Kernel], *, dropout: bool,
+                   aten_matmul: bool) -> int:
+    """How many of a layer's last block's kernels (``members``, in forward order) a full
+    recompute re-runs when it stops early, as PyTorch's non-reentrant checkpoint does
+    from 2.1 on (torch/utils/checkpoint.py: the recompute's pack hook raises
+    ``_StopRecomputationError`` once it has re-packed as many tensors as the forward saved;
+    ``early_stop`` default True, pytorch PR #96866).
+
+    What the recompute re-packs last is the last tensor the block's backward saved: in a
+    dense MLP block (``block == "mlp"``) ending in the down projection and the residual add,
+    the down projection's inputs. An ATen ``mm`` (``aten_matmul``: a plain
+    ``torch.nn.Linear`` in 16-bit) saves its inputs *before* it runs (the generated
+    autograd kernel, torch/csrc/autograd/generated/VariableType_*.cpp ``mm``, builds its
+    ``SavedVariable`` s and so calls the pack hook before ``redispatch::mm``), so the
+    recompute stops before that GEMM: ``index of the GEMM``. A custom autograd Function
+    (Transformer Engine's linear, torchao's ``Float8Linear``) packs what
+    ``ctx.save_for_backward`` named only after its forward returned, so the GEMM runs and
+    only the residual add is left: ``index + 1``. The add saves nothing; with dropout the
+    fused dropout-add saves its mask and runs too (every kernel: ``len(members)``), as does
+    any other block (attention, MoE: the whole block re-runs).
+    """
+    if block != "mlp" or dropout:
+        return len(members)
+    matmuls = [i for i, kernel in enumerate(members) if kernel.kind == "matmul"]
+    if not matmuls:
+        return len(members)
+    last = matmuls[-1]
+    trailing = members[last + 1:]
+    if not all(k.kind == "elementwise" and k.name.endswith(".residual") for k in trailing):
+        return len(members)
+    return last if aten_matmul else last + 1
 
 
 def _blocks(kernels: Sequence[costs.Kernel]) -> list[tuple[str, list[costs.Kernel]]]:

@@ -209,6 +209,15 @@ class ParallelPlan:
         nccl_max_ctas: most CTAs (SMs) one NCCL kernel holds (NCCL_MAX_CTAS, or a
             framework pinning its communicator's ``maxCTAs``); 0: NCCL's default, one per
             channel it runs at that size (the cost model's channel count).
+        recompute_early_stop: with ``recompute = "full"``, the recompute of a layer stops
+            once it has re-packed the last tensor the layer's backward saved: PyTorch's
+            non-reentrant ``torch.utils.checkpoint`` from 2.1 on (``early_stop`` default
+            True, pytorch PR #96866; torchtitan's and other ``checkpoint_wrapper`` users').
+            An ATen ``mm`` saves its inputs before it runs, so a layer ending in a plain
+            ``torch.nn.Linear`` (the MLP down projection) and a residual add does not
+            re-run that GEMM (:func:`strategies.lowering.early_stop_end`). False: the
+            whole forward re-runs (Megatron's ``CheckpointFunction``, reentrant
+            checkpointing, PyTorch <= 2.0).
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
             RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default), or one whole-layer
@@ -354,6 +363,9 @@ class ParallelPlan:
                                             "SMs left.")
     nccl_max_ctas: int = _field(0, "Most CTAs (SMs) an NCCL kernel holds (NCCL_MAX_CTAS; "
                                    "0: NCCL's default, one per channel).", minimum=0)
+    recompute_early_stop: bool = _field(
+        False, "Full recompute stops at the last tensor the layer's backward saved "
+               "(PyTorch >= 2.1 non-reentrant checkpoint early stop).")
     recompute_modules: tuple[str, ...] = _field(
         (), "With selective recompute: modules re-run in the backward, e.g. "
             "core_attn,mlp (empty: core_attn).")

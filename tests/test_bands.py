@@ -16,13 +16,21 @@ from validate import fit_bands
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The 80 % band must cover between these fractions of held-out rows overall: a window
-#: around the nominal 80 %. The spread is calibrated cross-conformally on held-out sources
+#: around the nominal 80 %. The spread is calibrated conformally on held-out sources
 #: (validate.fit_bands.conformal_scale) and the check is nested (the held-out source never
 #: sets its own band's width), so a band that is too narrow or too wide for new sources
-#: fails either end. Before that calibration (branch bandcal) it covered 69 % of 484 rows.
+#: fails either end (test_a_miscalibrated_band_fails). Before that calibration (branch
+#: bandcal) it covered 69 % of 484 rows.
 COVERAGE_RANGE = (0.75, 0.85)
 #: ... and be no wider than this (median of (p90 - p10) / p50).
 MAX_MEDIAN_WIDTH = 0.45
+#: Every source of at least LARGE_SOURCE_ROWS held-out rows must be covered at least this
+#: much: a band honest for a new software stack, not 80 % on average with one large stack
+#: left out. The one-level fit before branch bands2 covered mosaicml (213 rows) 53 %; the
+#: two-level fit 70 %. The floor sits below that by the swing a +-5 % shift of another
+#: large source's published times causes (mosaicml 62-82 %), so a physics refit does not
+#: trip it while a return to the old fit does.
+LARGE_SOURCE_ROWS, LARGE_SOURCE_MIN_COVERAGE = 100, 0.6
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +49,50 @@ def test_band_covers_held_out_sources_as_stated(held_out):
     assert low <= overall["coverage"] <= high, table.to_string()
     assert overall["median_width"] <= MAX_MEDIAN_WIDTH, table.to_string()
     assert overall["rows"] == len(fit_bands.validation_rows(fit_bands.load_rows()))
+    large = table.drop(index="all")
+    large = large[large["rows"] >= LARGE_SOURCE_ROWS]
+    assert len(large) >= 2, table.to_string()
+    assert (large["coverage"] >= LARGE_SOURCE_MIN_COVERAGE).all(), table.to_string()
     assert seconds < 20, f"leave-one-source-out took {seconds:.1f} s"
+
+
+def test_a_miscalibrated_band_fails():
+    """The coverage check has power: the same nested fits with every fold's scale 0.6x or
+    1.6x leave COVERAGE_RANGE (too narrow below, too wide above)."""
+    frame = fit_bands.load_rows()
+    low, high = COVERAGE_RANGE
+    narrow = fit_bands.leave_one_source_out(frame, miscalibrate=0.6)[1]
+    wide = fit_bands.leave_one_source_out(frame, miscalibrate=1.6)[1]
+    assert narrow.set_index("source_id").loc["all", "coverage"] < low
+    assert wide.set_index("source_id").loc["all", "coverage"] > high
+
+
+@pytest.mark.slow
+def test_coverage_survives_a_shift_of_one_large_source():
+    """Robust to a physics refit: shifting the published times of any source of 100+
+    rows by +-5 % (what an attention-table or host-cost change does to one stack) keeps
+    the held-out coverage within 0.70-0.90 (the one-level fit fell to 0.70 and 0.74;
+    this fit spans 0.75-0.89, mosaicml's 213 rows being most of the swing)."""
+    table = fit_bands.perturbation_table(fit_bands.load_rows(), shift=0.05)
+    assert len(table) >= 4, table.to_string()
+    assert table["coverage"].between(0.70, 0.90).all(), table.to_string()
+
+
+def test_shift_source_moves_only_that_source():
+    frame = fit_bands.load_rows()
+    shifted = fit_bands.shift_source(frame, "pytorch_torchtitan", 1.05)
+    mine = frame["source_id"] == "pytorch_torchtitan"
+    rows = fit_bands.validation_rows(shifted)
+    before = fit_bands.validation_rows(frame)
+    moved = (rows["residual"] - before["residual"]).to_numpy()
+    assert np.allclose(moved[(before["source_id"] == "pytorch_torchtitan").to_numpy()],
+                       np.log(1.05), rtol=1e-9)
+    assert np.allclose(moved[(before["source_id"] != "pytorch_torchtitan").to_numpy()], 0.0)
+    assert (shifted.loc[~mine, "published_step_s"] == frame.loc[~mine, "published_step_s"]).all()
+    with pytest.raises(ValueError, match="^factor: "):
+        fit_bands.shift_source(frame, "pytorch_torchtitan", 0.0)
+    with pytest.raises(ValueError, match="^source: "):
+        fit_bands.shift_source(frame, "nobody", 1.05)
 
 
 def test_band_is_fitted_on_validation_rows_only_of_the_current_data():
@@ -60,7 +111,12 @@ def test_band_is_fitted_on_validation_rows_only_of_the_current_data():
         assert refitted.sigma[name] == pytest.approx(stored.sigma[name], rel=1e-6)
     assert refitted.sigma_source == pytest.approx(stored.sigma_source, rel=1e-6)
     assert refitted.scale == pytest.approx(stored.scale, rel=1e-6)
-    assert refitted.scale > 1  # the in-sample spread is too narrow for a new source
+    assert np.allclose(refitted.bias_covariance, stored.bias_covariance, rtol=1e-6, atol=1e-12)
+    # the two-level model's predictive spread is nearly calibrated for a new source by
+    # itself (the one-level fit needed 1.8x): a factor far from 1 means it is misspecified
+    assert 0.7 < refitted.scale < 1.6
+    # stacks differ: the offsets' spread is not the ~0.01 of the one-level fit
+    assert stored.sigma_source > 0.03
 
 
 def test_conformal_scale_is_the_stated_rank_of_the_scores():
@@ -80,6 +136,17 @@ def test_conformal_scale_is_the_stated_rank_of_the_scores():
     assert fit_bands.conformal_scale(np.array([0.1]), np.ones(1), np.ones(1)) == 0.0
     with pytest.raises(ValueError, match="^coverage: "):
         fit_bands.conformal_scale(errors, np.ones(9), np.zeros(9), coverage=1.0)
+    # grouped (CDF pooling): each group weighs 1/2, its rows 1/n_group. Group a's one row
+    # has score 1 (weight 1/2), group b's four rows 4, 9, 16, 25 (1/8 each): the pooled
+    # CDF reaches 0.8 at 16 (1/2 + 3/8 = 0.875 >= 0.8 > 0.75), so c = 4
+    errors = z * np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    groups = np.array(["a", "b", "b", "b", "b"])
+    scale = fit_bands.conformal_scale(errors, np.ones(5), np.zeros(5), groups=groups)
+    assert scale == pytest.approx(4.0, rel=1e-12)
+    # ... where the rows alone would give rank ceil(6 * 0.8) = 5 of 5: c = 5
+    assert fit_bands.conformal_scale(errors, np.ones(5), np.zeros(5)) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="^groups: "):
+        fit_bands.conformal_scale(errors, np.ones(5), np.zeros(5), groups=groups[:3])
     with pytest.raises(ValueError, match="^error: "):
         fit_bands.conformal_scale(np.array([]), np.array([]), np.array([]))
 
@@ -95,11 +162,74 @@ def test_batched_fits_equal_separate_fits():
                                       (offset[train], variance[train]), iterations=300)
     batched = fit_bands._fit_folds(rows, (offset, variance),
                                    np.array([train, ~train | train]), iterations=300)[0]
-    bias, sigma, bias_0, sigma_0, source_sigma = fit_bands._as_terms(batched)
+    bias, sigma, bias_0, sigma_0, source_sigma, covariance = fit_bands._as_terms(batched)
     for name in COMPONENTS:
         assert bias[name] == pytest.approx(alone[0][name], rel=1e-9, abs=1e-12)
         assert sigma[name] == pytest.approx(alone[1][name], rel=1e-9)
-    assert (bias_0, sigma_0, source_sigma) == pytest.approx(alone[2:], rel=1e-9)
+    assert (bias_0, sigma_0, source_sigma) == pytest.approx(alone[2:5], rel=1e-9)
+    assert np.allclose(covariance, alone[5], rtol=1e-9, atol=1e-15)
+
+
+def test_marginal_likelihood_and_gradient_are_exact():
+    """Closed form: on a small synthetic set, the Woodbury / Sherman-Morrison terms equal
+    the dense Gaussian N(0, D + tau^2 Z Z' + P X X') negative log-likelihood (plus the
+    log-normal priors), the biases equal the dense posterior mean, and the gradient
+    equals central differences."""
+    rng = np.random.default_rng(3)
+    n, k = 30, 3
+    shares = rng.random((n, k))
+    design = np.hstack([shares, np.ones((n, 1))])
+    residual = rng.normal(0.0, 0.1, n)
+    known = rng.random(n) * 1e-3
+    labels = rng.integers(0, 4, n)
+    one_hot = fit_bands._source_matrix(labels)
+    weights = np.array([np.ones(n), (labels != 2).astype(float)])
+    theta = rng.normal(-2.0, 0.3, (2, k + 2))
+    terms = fit_bands._marginal_terms(theta, design, residual, known, one_hot, weights)
+    for fold in range(2):
+        rows = weights[fold] > 0
+        x, r, z = design[rows], residual[rows], one_hot[rows]
+        sigma2, tau2 = np.exp(2 * theta[fold, :k + 1]), np.exp(2 * theta[fold, k + 1])
+        within = np.diag(known[rows] + x ** 2 @ sigma2) + tau2 * z @ z.T
+        covariance = within + fit_bands.PRIOR_BIAS ** 2 * x @ x.T
+        centre = np.append(np.full(k + 1, np.log(fit_bands.PRIOR_SIGMA)),
+                           np.log(fit_bands.PRIOR_SOURCE_SIGMA))
+        nll = 0.5 * (np.linalg.slogdet(covariance)[1] + r @ np.linalg.solve(covariance, r)) \
+            + 0.5 * ((theta[fold] - centre) ** 2).sum()
+        assert terms["nll"][fold] == pytest.approx(nll, rel=1e-10)
+        precision = np.eye(k + 1) / fit_bands.PRIOR_BIAS ** 2 \
+            + x.T @ np.linalg.solve(within, x)
+        posterior = np.linalg.solve(precision, x.T @ np.linalg.solve(within, r))
+        assert np.allclose(terms["bias"][fold], posterior, rtol=1e-9, atol=1e-12)
+    for j in range(k + 2):
+        step = np.zeros_like(theta)
+        step[:, j] = 1e-6
+        plus = fit_bands._marginal_terms(theta + step, design, residual, known, one_hot,
+                                         weights, gradient=False)["nll"]
+        minus = fit_bands._marginal_terms(theta - step, design, residual, known, one_hot,
+                                          weights, gradient=False)["nll"]
+        assert np.allclose(terms["gradient"][:, j], (plus - minus) / 2e-6, rtol=1e-5)
+
+
+def test_band_spread_is_the_fits_predictive():
+    """sim.step_bands.model_terms (what every answer uses) is fit_bands.predictive (what
+    the coverage check scored) times the stored scale: the two packages agree."""
+    from sim.step_bands import COVARIANCE_ORDER, model_terms
+
+    model = load_band_model()
+    p = len(COVARIANCE_ORDER)
+    fitted = (np.array([*(model.bias[k] for k in COMPONENTS), model.bias_0]),
+              np.array(model.bias_covariance),
+              np.array([*(model.sigma[k] for k in COMPONENTS), model.sigma_0]),
+              model.sigma_source)
+    assert np.array(model.bias_covariance).shape == (p, p)
+    rows = fit_bands.validation_rows(fit_bands.load_rows()).groupby("source_id").head(2)
+    shares = rows[fit_bands.SHARE_COLUMNS].to_numpy(float)
+    mean, variance = fit_bands.predictive(fitted, shares)
+    for i, row in enumerate(shares):
+        m, s = model_terms(model, dict(zip(COMPONENTS, row)))
+        assert m == pytest.approx(mean[i], rel=1e-12, abs=1e-15)
+        assert s == pytest.approx(model.scale * np.sqrt(variance[i]), rel=1e-12)
 
 
 def test_stored_rows_are_what_the_simulator_gives_now():
@@ -233,10 +363,10 @@ def test_readme_states_the_coverage_the_test_measures(held_out):
 
 
 def test_readme_states_the_stored_conformal_scale():
-    """The widening factor the README quotes is the one the band file holds (a refit
+    """The conformal factor the README quotes is the one the band file holds (a refit
     that moves it fails here until the README says the new one)."""
     from sim.step_bands import load_band_model
 
     scale = load_band_model().scale
     text = (ROOT / "README.md").read_text()
-    assert f"is widened by a factor {scale:.2f} (cross-conformal" in text
+    assert f"is scaled by a factor {scale:.2f} (conformal, each source weighted equally" in text

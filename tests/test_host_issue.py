@@ -371,3 +371,31 @@ def test_published_rows_layer_impl_rule():
                 "automodel_1": "te"}
     got = {row: scenario_for(runs[row], models, recipes).plan.layer_impl for row in expected}
     assert got == expected
+
+
+def test_dispatch_preprocess_host_work_counted_from_megatron_core():
+    """The dropless all-to-all dispatcher's preprocess (token_dispatcher.py ``preprocess``
+    and ``_maybe_dtoh_and_synchronize``) rides on the host-sync op: 7 kernels (the count
+    sums, the token-count all-gather, the local-expert slice) plus 4 device-to-host copies
+    of the splits, and 13 CPU-only calls; captured under partial graphs (moe_preprocess),
+    and only the one copy without EP (no splits to compute)."""
+    from strategies.lowering import (DISPATCH_PREPROCESS_HOST_CALLS,
+                                     DISPATCH_PREPROCESS_HOST_LAUNCHES,
+                                     dispatch_preprocess_host)
+    assert DISPATCH_PREPROCESS_HOST_LAUNCHES == 7 + 4
+    assert DISPATCH_PREPROCESS_HOST_CALLS == 13
+    assert dispatch_preprocess_host("eager", 8, "alltoall") == (11, 13)
+    assert dispatch_preprocess_host("partial", 8, "alltoall") == (1, 0)
+    assert dispatch_preprocess_host("eager", 1, "alltoall") == (1, 0)
+    assert dispatch_preprocess_host("eager", 8, "deepep") == (1, 0)
+    model = _model()
+    sync = [op for op in StepLowerer(model, _plan(ep=4)).phase_ops(0, 0, "F")
+            if getattr(op, "host_sync", False)][0]
+    assert (sync.host_launches, sync.host_calls) == (11, 13)
+    layout = job_layout(load_cluster("dgx-h100"), 8)
+    cost = CostModel(layout, ALGORITHMS)
+    # x86 reference host: 11 eager launches at 10 us and 13 calls at 3 us = 149 us
+    assert cost.host_ns(sync) == 149_000
+    partial = [op for op in StepLowerer(model, _plan(ep=4, host_issue="partial"))
+               .phase_ops(0, 0, "F") if getattr(op, "host_sync", False)][0]
+    assert (partial.host_launches, partial.host_calls) == (1, 0)

@@ -96,12 +96,16 @@ def test_moe_models_within_todays_bounds(report):
     hardware.compute ComputeModel.serial_launches) measured 12.6 %, 30.7 %, -10.1 %: the
     p90 and bias tighten; the median opens to 12.7 % because mb260201_13 (H100, FP8 recipe
     not printed, so delayed scaling) loses 16 per-expert host casts it never issued and
-    goes from -11 % to -20 %, past the median."""
+    goes from -11 % to -20 %, past the median. Counting the dropless all-to-all
+    dispatcher's preprocess on the host (strategies.lowering.dispatch_preprocess_host:
+    11 launches, 13 CPU-only calls per MoE layer forward, eager only) measured 12.2 %,
+    30.5 %, -9.9 %: all three tighten (the eager x86 micro-batch-1 rows stay 25-57 % fast,
+    host-bound in the measurement by far more than the source counts)."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.127
-    assert moe["p90_abs_error"] <= 0.31
-    assert abs(moe["bias"]) <= 0.102
+    assert moe["median_abs_error"] <= 0.124
+    assert moe["p90_abs_error"] <= 0.307
+    assert abs(moe["bias"]) <= 0.1
 
 
 def test_whole_set_within_todays_bounds(report):

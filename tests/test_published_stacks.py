@@ -164,19 +164,15 @@ def test_published_llm_foundry_rows_carry_the_composer_settings():
 
 @pytest.mark.parametrize("framework, model, policy", [
     ("MaxText (JAX)", "llama2-70b", "jax_save_qkv"),      # dgxc maxtext/configure.sh
-    ("Paxml (JAX)", "gpt3-175b", None),   # recipe SAVE_QKV_OUT_PROJ not applied (stacks)
+    ("Paxml (JAX)", "gpt3-175b", "jax_save_qkv_out"),     # dgxc paxml_mod_configs.py
     ("MaxText (JAX)", "llama3-8b", "jax_full"),           # MaxText's default remat_policy
 ])
 def test_jax_rows_rematerialise_with_their_recipes_policy(framework, model, policy):
     settings = stack_settings({"framework": framework, "model": model, "dtype": "bf16"},
                               {"zero": 3, "recompute": "none"}, None)
-    if policy is None:
-        assert settings.fields["recompute"] == "full"
-        assert "recompute_modules" not in settings.fields
-    else:
-        assert settings.fields["recompute"] == "selective"
-        assert settings.fields["recompute_modules"] == (policy,)
-        assert any(policy in u for u in settings.unprinted)
+    assert settings.fields["recompute"] == "selective"
+    assert settings.fields["recompute_modules"] == (policy,)
+    assert any(policy in u for u in settings.unprinted)
     printed = stack_settings({"framework": framework, "model": model, "recompute": "full"},
                              {"zero": 3, "recompute": "full"}, None)
     assert "recompute_modules" not in printed.fields

@@ -2,28 +2,44 @@
 
 The band (:mod:`sim.step_bands`) has three terms; two are fitted here:
 
-* **model error** on the *validation* rows (never the calibration rows): the log
-  residual ``r = ln(published / simulated)`` of a row is modelled as Normal with mean
-  ``b_0 + sum_k f_k b_k`` and variance ``known + s_0^2 + sum_k f_k^2 s_k^2``, ``f_k``
-  the row's component shares (``share_*`` columns of :func:`validate.published.evaluate`)
-  and ``known`` the variance the other two terms already explain. The fit is the
-  maximum a posteriori estimate under weak priors (``b_k ~ N(0, PRIOR_BIAS^2)``,
-  ``ln s_k ~ N(ln PRIOR_SIGMA, 1)``), so a component the rows barely exercise keeps a
-  prior spread instead of none; Adam on the exact gradient, from a fixed start
+* **model error** on the *validation* rows (never the calibration rows), a two-level
+  (hierarchical) linear model of the log residual ``r = ln(published / simulated)`` of
+  row ``i`` of source ``j`` (a source is one software stack: framework, version,
+  recipe)::
+
+      r_ij = known_ij + x_ij' b + u_j + e_ij,    x_ij = (f_1 .. f_K, 1)
+      b ~ N(0, PRIOR_BIAS^2 I),   u_j ~ N(0, tau^2),
+      e_ij ~ N(0, known_var_ij + s_0^2 + sum_k f_k^2 s_k^2)
+
+  ``f_k`` the row's component shares (``share_*`` columns of
+  :func:`validate.published.evaluate`), ``known`` the mean and variance the other two
+  terms already explain, ``u_j`` the stack's own offset (``tau`` = ``sigma_source``).
+  The spreads ``s_k``, ``s_0`` and ``tau`` maximize the marginal likelihood with ``b`` and
+  every ``u_j`` integrated out, times weak log-normal priors (``ln s ~ N(ln PRIOR_SIGMA,
+  1)``, ``ln tau ~ N(ln PRIOR_SOURCE_SIGMA, 1)``): empirical Bayes, the Bayesian form of
+  REML (Patterson & Thompson, Biometrika 58, 1971; Harville, JASA 72, 1977). Because the
+  rows of one source share one offset in that likelihood, a source counts as one draw of
+  ``u`` however many rows it has, and the component biases cannot absorb the differences
+  between stacks for free (the earlier fit treated every row as independent and took the
+  offsets' spread as a median over sources, which left ``tau`` ~0.01 while the sources'
+  mean errors differ by ~0.1). ``b`` is then its posterior (mean and covariance ``C``)
+  given the spreads, and a new source's row has the posterior predictive ``N(x' b, x' C
+  x + tau^2 + s_0^2 + sum_k f_k^2 s_k^2)`` (Gelman et al., 'Bayesian Data Analysis', 3rd
+  ed., ch. 15): a component mix few sources exercise gets its biases' uncertainty.
+  Adam on the exact gradient (:func:`_marginal_terms`), from the priors' centres
   (deterministic).
-* **calibration of that spread on unseen sources**: the in-sample spreads cover ~83 %
-  of the rows they were fitted on but only ~69 % of a source left out (a new software
-  stack is off in ways the others' components do not predict). So the spread gets a
-  factor ``c`` (``scale``), cross-conformal (Vovk, 'Cross-conformal predictors', Ann.
-  Math. Artif. Intell. 74, 2015; normalized nonconformity scores as in Lei, G'Sell,
-  Rinaldo, Tibshirani, Wasserman, 'Distribution-free predictive inference for
-  regression', JASA 2018, sec. 5.2): leave each training source out in turn, fit on the
-  rest, and score each held-out row by the factor its model spread needs for the 80 %
-  band to reach it, ``c_i^2 = max(0, e_i^2 / z_0.9^2 - known_i) / m_i`` (``e_i`` its
-  error, ``m_i`` the model variance, ``known_i`` the other terms'); ``c`` is their
-  ``ceil((n + 1) 0.8)``-th smallest (the split-conformal finite-sample rank). An
-  empirical quantile of the held-out scores, not a normal assumption about their tails,
-  sets the width, so heavy-tailed residuals are covered as stated.
+* **calibration of that spread on unseen sources**: a factor ``c`` (``scale``) on the
+  predictive spread, conformal over held-out sources: leave each training source out in
+  turn, fit on the rest, and score each held-out row by the factor its spread needs for
+  the 80 % band to reach it, ``c_i^2 = max(0, e_i^2 / z_0.9^2 - known_i) / m_i`` (``e_i``
+  its error, ``m_i`` the predictive variance, ``known_i`` the other terms'; normalized
+  scores as in Lei, G'Sell, Rinaldo, Tibshirani, Wasserman, 'Distribution-free
+  predictive inference for regression', JASA 2018, sec. 5.2). Rows of one source are not
+  exchangeable with another's, so ``c`` is the 80 % quantile of the scores' pooled CDF
+  with each held-out source weighted equally (Dunn, Wasserman, Ramdas,
+  'Distribution-free prediction sets for two-layer hierarchical models', JASA 2022,
+  "CDF pooling"): a 213-row source no longer sets a new stack's width by itself. An
+  empirical quantile of held-out scores, not a normal tail, sets the width.
 * **parameter uncertainty**: per GPU, the standard error of its calibrated
   ``sustained_fraction`` from the spread of its calibration rows' residuals (the
   standard error of a median, ``1.2533 sd / sqrt(n)``), in log units of compute time
@@ -55,8 +71,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sim.step_bands import (BAND_FILE, COMPONENTS, BandModel, compute_share, step_band,
-                            slowest_of_n)
+from sim.step_bands import BAND_FILE, COMPONENTS, COVARIANCE_ORDER, BandModel, step_band
 from validate.published import DATA_DIR, evaluate, load_runs
 from validate.published_report import readme_text, replace_readme_block
 
@@ -70,14 +85,16 @@ GPU_SPEED_CV_SOURCE = (
     "performance variation across GPUs of one SKU and cluster, read as the range of "
     "about +-2 standard deviations, so cv = 8 % / 4 = 2 %; outliers up to 1.5x slower "
     "are stragglers, not this spread")
-#: Weak priors of the model-error fit (log units).
-PRIOR_BIAS, PRIOR_SIGMA = 0.2, 0.1
+#: Weak priors of the model-error fit (log units): the biases' prior spread, and the
+#: centres of the log-normal priors (one e-fold wide) of the row spreads and of the
+#: spread between sources.
+PRIOR_BIAS, PRIOR_SIGMA, PRIOR_SOURCE_SIGMA = 0.2, 0.1, 0.05
+#: Adam's steps and step size on the log spreads (converged to 1e-3 relative by 300).
+ITERATIONS, LEARNING_RATE = 300, 0.05
 #: A fixed per-step overhead's share is this over the step time (sim.step_bands).
 OVERHEAD_REFERENCE_S = 1.0
 #: Quantile of a standard normal at 0.9, and the efficiency factor of a median.
 MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
-#: Median of a chi-square variable with one degree of freedom.
-CHI2_1_MEDIAN = 0.4549364231195724
 SHARE_COLUMNS = [f"share_{k}" for k in COMPONENTS]
 #: The band's nominal coverage (p10..p90), and the standard normal's quantile at its top.
 NOMINAL_COVERAGE = 0.8
@@ -120,8 +137,8 @@ def known_terms(rows: pd.DataFrame, gpus_terms: Mapping[str, Mapping[str, float]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the mean and variance (log units) of the parameter and run-to-run terms:
     what the model-error term need not explain."""
-    model = _band_model({k: 0.0 for k in COMPONENTS}, {k: 0.0 for k in COMPONENTS},
-                        0.0, 0.0, 0.0, gpus_terms)
+    p = len(COVARIANCE_ORDER)
+    model = _band_model((np.zeros(p), np.zeros((p, p)), np.zeros(p), 0.0), gpus_terms)
     offset, variance = [], []
     for _, row in rows.iterrows():
         band = step_band(1.0, _shares(row), gpus=int(row["gpus"]), gpu_name=row["gpu_name"],
@@ -136,100 +153,143 @@ def _shares(row: Mapping) -> dict[str, float]:
     return {k: float(row[f"share_{k}"]) for k in COMPONENTS}
 
 
-def _map_fit(shares: np.ndarray, residual: np.ndarray, known: np.ndarray,
-             iterations: int, weights: np.ndarray | None = None
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """MAP estimate of (biases with bias_0 last, sigmas with sigma_0 last): Adam on the
-    exact gradient of the Gaussian negative log-posterior, from the priors' centres.
+def _source_matrix(sources: np.ndarray) -> np.ndarray:
+    """One-hot rows x sources (sorted source names)."""
+    _, index = np.unique(sources, return_inverse=True)
+    matrix = np.zeros((len(sources), index.max() + 1 if len(sources) else 0))
+    matrix[np.arange(len(sources)), index] = 1.0
+    return matrix
+
+
+def _marginal_terms(theta: np.ndarray, design: np.ndarray, residual: np.ndarray,
+                    known: np.ndarray, sources: np.ndarray, weights: np.ndarray,
+                    gradient: bool = True) -> dict[str, np.ndarray]:
+    """The hierarchical model of each fold at log-spreads ``theta`` (folds x (p + 1): the
+    p row spreads, constant last, then the source spread): the biases' posterior mean
+    and covariance, the negative log marginal likelihood (biases and source offsets
+    integrated out; priors included) and, with ``gradient``, its exact gradient in
+    ``theta``.
+
+    With ``W = D + tau^2 Z Z'`` (``D`` the rows' variances, ``Z`` the one-hot sources:
+    block diagonal, inverted per source by Sherman-Morrison) and ``V = W + X P X'`` (``P``
+    the biases' prior covariance, inverted by Woodbury), the fold's rows are ``N(0, V)``:
+    ``A = P^-1 + X' W^-1 X`` is the biases' posterior precision, their mean is
+    ``A^-1 X' W^-1 r``, and ``d nll / d ln s_a = s_a^2 (tr(V^-1 G_a) - a' G_a a)``
+    with ``a = V^-1 r = W^-1 (r - X b)`` (Harville, 'Maximum likelihood approaches to
+    variance component estimation', JASA 72, 1977, eq. 4.2)."""
+    p = design.shape[1]
+    squares = design ** 2
+    sigma2 = np.exp(2 * theta[:, :p])
+    tau2 = np.exp(2 * theta[:, p])
+    variance = known + sigma2 @ squares.T
+    d_inv = weights / variance  # a row outside the fold has no weight: infinite variance
+    per_source = d_inv @ sources
+    shrink = tau2[:, None] / (1 + tau2[:, None] * per_source)
+
+    def w_inverse(v: np.ndarray) -> np.ndarray:  # W^-1 v per fold
+        u = d_inv * v
+        return u - d_inv * ((shrink * (u @ sources)) @ sources.T)
+
+    u = d_inv[:, :, None] * design
+    index = sources.argmax(axis=1)  # each row's source
+    w_design = u - d_inv[:, :, None] * (shrink[:, :, None] * (sources.T @ u))[:, index, :]
+    precision = np.eye(p) / PRIOR_BIAS ** 2 + design.T @ w_design
+    covariance = np.linalg.inv(precision)
+    bias = (covariance @ (w_inverse(np.broadcast_to(residual, d_inv.shape)) @ design)[:, :, None]
+            )[:, :, 0]
+    alpha = w_inverse(residual - bias @ design.T)
+    centre = np.append(np.full(p, math.log(PRIOR_SIGMA)), math.log(PRIOR_SOURCE_SIGMA))
+    log_det = (np.where(weights > 0, np.log(variance), 0.0).sum(axis=1)
+               + np.log1p(tau2[:, None] * per_source).sum(axis=1)
+               + np.linalg.slogdet(precision)[1] + 2 * p * math.log(PRIOR_BIAS))
+    out = {"bias": bias, "covariance": covariance, "sigma": np.sqrt(sigma2),
+           "source_sigma": np.sqrt(tau2),
+           "nll": 0.5 * (log_det + (residual * alpha).sum(axis=1))
+           + 0.5 * ((theta - centre) ** 2).sum(axis=1)}
+    if gradient:
+        w_diagonal = d_inv - d_inv ** 2 * shrink[:, index]
+        v_diagonal = w_diagonal - ((w_design @ covariance) * w_design).sum(axis=2)
+        grad_sigma = sigma2 * ((v_diagonal - alpha ** 2) @ squares)
+        w_sources = sources.T @ w_design
+        ones_v_ones = (per_source - shrink * per_source ** 2
+                       - ((w_sources @ covariance) * w_sources).sum(axis=2))
+        grad_tau = tau2 * (ones_v_ones.sum(axis=1) - ((alpha @ sources) ** 2).sum(axis=1))
+        out["gradient"] = np.concatenate([grad_sigma, grad_tau[:, None]], axis=1) + theta - centre
+    return out
+
+
+def _marginal_fit(shares: np.ndarray, residual: np.ndarray, known: np.ndarray,
+                  sources: np.ndarray, iterations: int, weights: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
+    """The hierarchical model's fit of each fold (module docstring): the spreads maximize
+    the marginal likelihood times their priors (Adam on the exact gradient of
+    :func:`_marginal_terms`, from the priors' centres: deterministic); the biases are
+    their posterior given those spreads.
 
     Several fits at once: ``weights`` (folds x rows, 1 = the fold is fitted on the row;
-    default one fold of every row) and ``known`` (rows, or folds x rows) give one fit per
-    fold, each the same as fitting that fold's rows alone (Adam is per parameter).
+    default one fold of every row) gives one fit per fold, each the same as fitting that
+    fold's rows alone (Adam is per parameter).
 
     Returns:
-        (biases, sigmas), each folds x (components + 1).
+        ``bias`` (folds x p, constant last), ``covariance`` (folds x p x p), ``sigma``
+        (folds x p), ``source_sigma`` (folds), ``nll`` (folds).
     """
-    k = shares.shape[1]
-    weights = np.ones((1, len(residual))) if weights is None else np.asarray(weights, float)
-    folds = len(weights)
-    counts = weights.sum(axis=1, keepdims=True)
-    theta = np.concatenate([np.zeros((folds, k + 1)),
-                            np.full((folds, k + 1), math.log(PRIOR_SIGMA))], axis=1)
-    moment, second = np.zeros_like(theta), np.zeros_like(theta)
     design = np.hstack([shares, np.ones((len(residual), 1))])
-    squares = design ** 2
+    weights = np.ones((1, len(residual))) if weights is None else np.asarray(weights, float)
+    one_hot = _source_matrix(np.asarray(sources))
+    p = design.shape[1]
+    theta = np.tile(np.append(np.full(p, math.log(PRIOR_SIGMA)), math.log(PRIOR_SOURCE_SIGMA)),
+                    (len(weights), 1))
+    counts = weights.sum(axis=1, keepdims=True)
+    moment, second = np.zeros_like(theta), np.zeros_like(theta)
     for step in range(1, iterations + 1):
-        bias, log_sigma = theta[:, :k + 1], theta[:, k + 1:]
-        sigma2 = np.exp(2 * log_sigma)
-        variance = known + sigma2 @ squares.T
-        error = residual - bias @ design.T
-        d_variance = weights * 0.5 * (1 / variance - error ** 2 / variance ** 2)
-        grad_bias = -((weights * error / variance) @ design) + bias / PRIOR_BIAS ** 2
-        grad_log_sigma = (d_variance @ squares) * 2 * sigma2 \
-            + (log_sigma - math.log(PRIOR_SIGMA))
-        grad = np.concatenate([grad_bias, grad_log_sigma], axis=1) / counts
+        grad = _marginal_terms(theta, design, residual, known, one_hot, weights)["gradient"]
+        grad = grad / counts
         moment = 0.9 * moment + 0.1 * grad
         second = 0.999 * second + 0.001 * grad ** 2
-        theta -= 0.02 * (moment / (1 - 0.9 ** step)) / (np.sqrt(second / (1 - 0.999 ** step))
-                                                        + 1e-9)
-    return theta[:, :k + 1], np.exp(theta[:, k + 1:])
+        theta -= LEARNING_RATE * (moment / (1 - 0.9 ** step)) / (
+            np.sqrt(second / (1 - 0.999 ** step)) + 1e-9)
+    return _marginal_terms(theta, design, residual, known, one_hot, weights, gradient=False)
 
 
-def _source_sigma(sources: np.ndarray, error: np.ndarray, variance: np.ndarray) -> float:
-    """Spread of the sources' own offsets, each source one draw: per source, its mean
-    error squared less that mean's sampling variance; their median over the median of
-    a chi-square with one degree of freedom (:data:`CHI2_1_MEDIAN`) estimates the
-    offsets' variance robustly (one source the simulator misses badly does not set
-    every band's width)."""
-    excess = []
-    for source in np.unique(sources):
-        mine = sources == source
-        excess.append(error[mine].mean() ** 2 - variance[mine].mean() / mine.sum())
-    return math.sqrt(max(float(np.median(excess)) / CHI2_1_MEDIAN, 0.0))
+Fitted = tuple[np.ndarray, np.ndarray, np.ndarray, float]
 
 
 def _fit_folds(rows: pd.DataFrame, known: tuple[np.ndarray, np.ndarray], masks: np.ndarray,
-               iterations: int) -> list[tuple[np.ndarray, np.ndarray, float]]:
+               iterations: int = ITERATIONS) -> list[Fitted]:
     """The model-error fit (:func:`fit_model_error`) of each fold's rows (``masks``:
-    folds x rows, True = fitted on), all folds at once: per fold (biases, sigmas with the
-    constant last, sigma_source)."""
-    shares = rows[SHARE_COLUMNS].to_numpy(float)
+    folds x rows, True = fitted on), all folds at once: per fold (biases, their
+    covariance, sigmas -- the constant last in each -- and sigma_source)."""
     offset, variance = known
-    residual = rows["residual"].to_numpy(float) - offset
-    sources = rows["source_id"].to_numpy()
-    masks = np.asarray(masks, bool)
-    bias, sigma = _map_fit(shares, residual, variance, iterations, masks)
-    design = np.hstack([shares, np.ones((len(rows), 1))])
-    source_sigma = np.array([
-        _source_sigma(sources[m], (residual - design @ b)[m], (variance + design ** 2 @ s ** 2)[m])
-        for m, b, s in zip(masks, bias, sigma)])
-    bias, sigma = _map_fit(shares, residual, variance + source_sigma[:, None] ** 2, iterations,
-                           masks)
-    return [(b, s, float(t)) for b, s, t in zip(bias, sigma, source_sigma)]
+    out = _marginal_fit(rows[SHARE_COLUMNS].to_numpy(float),
+                        rows["residual"].to_numpy(float) - offset, variance,
+                        rows["source_id"].to_numpy(), iterations, np.asarray(masks, bool))
+    return [(b, c, s, float(t)) for b, c, s, t in
+            zip(out["bias"], out["covariance"], out["sigma"], out["source_sigma"])]
 
 
-def _as_terms(fitted: tuple[np.ndarray, np.ndarray, float]) -> tuple[dict, dict, float, float,
-                                                                       float]:
-    bias, sigma, source_sigma = fitted
+def _as_terms(fitted: Fitted) -> tuple[dict, dict, float, float, float, np.ndarray]:
+    bias, covariance, sigma, source_sigma = fitted
     k = len(COMPONENTS)
     return (dict(zip(COMPONENTS, map(float, bias[:k]))),
             dict(zip(COMPONENTS, map(float, sigma[:k]))), float(bias[k]), float(sigma[k]),
-            source_sigma)
+            source_sigma, covariance)
 
 
 def fit_model_error(rows: pd.DataFrame, known: tuple[np.ndarray, np.ndarray], *,
-                    iterations: int = 2000) -> tuple[dict, dict, float, float, float]:
+                    iterations: int = ITERATIONS
+                    ) -> tuple[dict, dict, float, float, float, np.ndarray]:
     """Fit the model-error term on validation ``rows`` (module docstring): the
-    components' MAP fit, the spread between sources from what is left, then the
-    components again with that spread known (uncalibrated: see :func:`conformal_scale`).
+    hierarchical model's spreads by marginal likelihood, the biases' posterior given them
+    (uncalibrated: see :func:`conformal_scale`).
 
     Args:
         rows: validation rows (:func:`validation_rows`).
         known: per row, the mean and variance of the other terms (:func:`known_terms`).
 
     Returns:
-        (bias per component, sigma per component, bias_0, sigma_0, sigma_source), log
-        units.
+        (bias per component, sigma per component, bias_0, sigma_0, sigma_source, the
+        biases' covariance in :data:`sim.step_bands.COVARIANCE_ORDER`), log units.
 
     Raises:
         ValueError: with fewer than 10 rows.
@@ -240,16 +300,34 @@ def fit_model_error(rows: pd.DataFrame, known: tuple[np.ndarray, np.ndarray], *,
     return _as_terms(_fit_folds(rows, known, np.ones((1, len(rows)), bool), iterations)[0])
 
 
+def predictive(fitted: Fitted, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``shares`` (rows x components), the mean and variance (log units) of a
+    new source's model error under ``fitted`` (uncalibrated): ``x' b`` and ``x' C x +
+    s_source^2 + s_0^2 + sum_k f_k^2 s_k^2`` (:func:`sim.step_bands.model_terms`)."""
+    bias, covariance, sigma, source_sigma = fitted
+    design = np.hstack([shares, np.ones((len(shares), 1))])
+    variance = (np.einsum("np,pq,nq->n", design, covariance, design) + source_sigma ** 2
+                + design ** 2 @ sigma ** 2)
+    return design @ bias, variance
+
+
 def conformal_scale(error: np.ndarray, model_variance: np.ndarray, known_variance: np.ndarray,
-                    coverage: float = NOMINAL_COVERAGE) -> float:
+                    coverage: float = NOMINAL_COVERAGE,
+                    groups: np.ndarray | None = None) -> float:
     """The factor ``c`` on the model-error spread that puts ``coverage`` of held-out rows
     inside the band (module docstring): each row's score ``c_i^2 = max(0, e_i^2 / z^2 -
     known_i) / m_i`` (``z`` the normal quantile at ``(1 + coverage) / 2``), and ``c`` the
-    square root of their ``ceil((n + 1) coverage)``-th smallest (the largest when that
-    rank passes ``n``).
+    square root of their quantile at ``coverage``.
+
+    Without ``groups`` the rows are exchangeable: the ``ceil((n + 1) coverage)``-th
+    smallest score (the split-conformal rank; the largest when that rank passes ``n``).
+    With ``groups`` (the held-out source of each row) each group weighs the same, its
+    rows ``1 / n_group`` each, and ``c^2`` is the smallest score whose pooled weight
+    reaches ``coverage`` (CDF pooling: Dunn, Wasserman, Ramdas, JASA 2022, sec. 3.1), so
+    a source of 200 rows does not set a new source's band alone.
 
     Raises:
-        ValueError: for no rows, or a coverage outside (0, 1).
+        ValueError: for no rows, a coverage outside (0, 1), or groups of another length.
     """
     if not 0 < coverage < 1:
         raise ValueError(f"coverage: {coverage!r} is not valid; give a fraction in (0, 1)")
@@ -258,20 +336,30 @@ def conformal_scale(error: np.ndarray, model_variance: np.ndarray, known_varianc
         raise ValueError("error: no held-out rows to calibrate the spread on; give 1 or more")
     z = NormalDist().inv_cdf((1 + coverage) / 2)
     scores = np.maximum(error ** 2 / z ** 2 - known_variance, 0.0) / model_variance
-    rank = min(math.ceil((error.size + 1) * coverage), error.size)
-    return math.sqrt(float(np.sort(scores)[rank - 1]))
+    if groups is None:
+        rank = min(math.ceil((error.size + 1) * coverage), error.size)
+        return math.sqrt(float(np.sort(scores)[rank - 1]))
+    groups = np.asarray(groups)
+    if groups.shape != error.shape:
+        raise ValueError(f"groups: {groups.size} labels for {error.size} rows; give one per row")
+    _, index, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    weights = 1.0 / counts[index]
+    order = np.argsort(scores, kind="stable")
+    pooled = np.cumsum(weights[order]) / weights.sum()
+    at = min(int(np.searchsorted(pooled, coverage - 1e-12)), error.size - 1)
+    return math.sqrt(float(scores[order][at]))
 
 
 def _calibrated_fits(rows: pd.DataFrame, known: tuple[np.ndarray, np.ndarray],
-                     trains: Sequence[np.ndarray], iterations: int = 2000
-                     ) -> list[tuple[tuple, float, int]]:
+                     trains: Sequence[np.ndarray], iterations: int = ITERATIONS
+                     ) -> list[tuple[Fitted, float, int]]:
     """Per training mask in ``trains``: the model-error terms fitted on its rows, the
-    cross-conformal scale (:func:`conformal_scale`) from leaving each of its sources out
-    in turn, and the number of held-out rows that scale was set on. Every fit needed
-    (each training set and each of its leave-one-source-out folds) runs in one batch."""
+    conformal scale (:func:`conformal_scale`, each source weighted equally) from leaving
+    each of its sources out in turn, and the number of held-out rows that scale was set
+    on. Every fit needed (each training set and each of its leave-one-source-out folds)
+    runs in one batch."""
     sources = rows["source_id"].to_numpy()
     shares = rows[SHARE_COLUMNS].to_numpy(float)
-    design = np.hstack([shares, np.ones((len(rows), 1))])
     residual = rows["residual"].to_numpy(float) - known[0]
     wanted: dict[bytes, np.ndarray] = {}
     plans = []
@@ -287,34 +375,37 @@ def _calibrated_fits(rows: pd.DataFrame, known: tuple[np.ndarray, np.ndarray],
                                        iterations)))
     out = []
     for train, inner in plans:
-        errors, model_variance, known_variance = [], [], []
+        errors, model_variance, known_variance, groups = [], [], [], []
         for held, fold in inner:
-            bias, sigma, source_sigma = fitted[fold.tobytes()]
-            errors.append(residual[held] - design[held] @ bias)
-            model_variance.append(design[held] ** 2 @ sigma ** 2 + source_sigma ** 2)
+            mean, variance = predictive(fitted[fold.tobytes()], shares[held])
+            errors.append(residual[held] - mean)
+            model_variance.append(variance)
             known_variance.append(known[1][held])
+            groups.append(sources[held])
         scale = conformal_scale(np.concatenate(errors), np.concatenate(model_variance),
-                                np.concatenate(known_variance))
-        out.append((_as_terms(fitted[train.tobytes()]), scale, int(train.sum())))
+                                np.concatenate(known_variance), groups=np.concatenate(groups))
+        out.append((fitted[train.tobytes()], scale, int(train.sum())))
     return out
 
 
-def _band_model(bias, sigma, bias_0, sigma_0, sigma_source, gpus_terms,
-                scale: float = 1.0) -> BandModel:
-    return BandModel.from_dict(_band_dict(bias, sigma, bias_0, sigma_0, sigma_source,
-                                          gpus_terms, scale))
+def _band_model(fitted: Fitted, gpus_terms, scale: float = 1.0) -> BandModel:
+    return BandModel.from_dict(_band_dict(fitted, gpus_terms, scale))
 
 
-def _band_dict(bias, sigma, bias_0, sigma_0, sigma_source, gpus_terms, scale: float = 1.0,
+def _band_dict(fitted: Fitted, gpus_terms, scale: float = 1.0,
                heldout_rows: int | None = None) -> dict:
+    bias, sigma, bias_0, sigma_0, sigma_source, covariance = _as_terms(fitted)
     calibration = {"scale": scale, "nominal_coverage": NOMINAL_COVERAGE,
-                   "method": "cross-conformal (leave one source out) quantile of normalized "
-                             "held-out errors: Vovk 2015, Lei et al. JASA 2018 sec. 5.2"}
+                   "method": "conformal quantile of normalized held-out errors, leaving one "
+                             "source out, each source weighted equally (CDF pooling): Dunn, "
+                             "Wasserman, Ramdas JASA 2022; Lei et al. JASA 2018 sec. 5.2"}
     if heldout_rows is not None:
         calibration["heldout_rows"] = heldout_rows
     return {"components": {k: {"bias": bias[k], "sigma": sigma[k]} for k in COMPONENTS},
             "constant": {"bias": bias_0, "sigma": sigma_0},
             "source": {"sigma": sigma_source},
+            "bias_covariance": {"order": list(COVARIANCE_ORDER),
+                                "matrix": [[float(v) for v in row] for row in covariance]},
             "calibration": calibration,
             "overhead_reference_s": OVERHEAD_REFERENCE_S,
             "gpu_speed_cv": {"value": GPU_SPEED_CV, "source": GPU_SPEED_CV_SOURCE},
@@ -330,8 +421,8 @@ def fit(frame: pd.DataFrame) -> BandModel:
         raise ValueError(f"validation rows: {len(rows)} is too few to fit the band on; "
                          "give 10 or more")
     known = known_terms(rows, gpus_terms)
-    terms, scale, _ = _calibrated_fits(rows, known, [np.ones(len(rows), bool)])[0]
-    return _band_model(*terms, gpus_terms, scale)
+    fitted, scale, _ = _calibrated_fits(rows, known, [np.ones(len(rows), bool)])[0]
+    return _band_model(fitted, gpus_terms, scale)
 
 
 def predict(rows: pd.DataFrame, model: BandModel) -> pd.DataFrame:
@@ -349,11 +440,13 @@ def predict(rows: pd.DataFrame, model: BandModel) -> pd.DataFrame:
     return out
 
 
-def leave_one_source_out(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def leave_one_source_out(frame: pd.DataFrame, *, miscalibrate: float = 1.0
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Coverage of the 80 % band on sources it was not fitted on: for each validation
     source, fit on the others' validation rows -- the spread's scale calibrated by
     leaving each of *those* sources out in turn (nested; the held-out source never sets
-    its own band) -- and predict its rows.
+    its own band) -- and predict its rows. ``miscalibrate`` multiplies every fold's
+    scale (1 = as fitted; the tests check that a band too narrow or too wide fails).
 
     Returns:
         (every held-out row with its band, ``inside`` and ``width``; per source and
@@ -366,11 +459,51 @@ def leave_one_source_out(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFram
     trains = [(rows["source_id"] != source).to_numpy() for source in sources]
     fits = _calibrated_fits(rows, (offset, variance), trains)
     held_out = []
-    for source, (terms, scale, _) in zip(sources, fits):
-        model = _band_model(*terms, gpus_terms, scale)
+    for source, (fitted, scale, _) in zip(sources, fits):
+        model = _band_model(fitted, gpus_terms, scale * miscalibrate)
         held_out.append(predict(rows[rows["source_id"] == source], model))
     predicted = pd.concat(held_out, ignore_index=True)
     return predicted, coverage_table(predicted)
+
+
+def shift_source(frame: pd.DataFrame, source: str, factor: float) -> pd.DataFrame:
+    """``frame`` with the published step times of ``source`` multiplied by ``factor``
+    (and their errors recomputed): what a physics change that moves one stack's rows
+    does to the band (the robustness check of :func:`perturbation_table`).
+
+    Raises:
+        ValueError: for a factor that is not positive, or a source ``frame`` lacks.
+    """
+    if not factor > 0:
+        raise ValueError(f"factor: {factor!r} is not valid; give a positive number")
+    if source not in set(frame["source_id"]):
+        raise ValueError(f"source: {source!r} is not in the rows; give one of "
+                         f"{sorted(set(frame['source_id']))}")
+    out = frame.copy()
+    mine = out["source_id"] == source
+    out.loc[mine, "published_step_s"] = out.loc[mine, "published_step_s"] * factor
+    out.loc[mine, "error"] = (1 + out.loc[mine, "error"]) / factor - 1  # simulated/published - 1
+    return out
+
+
+def perturbation_table(frame: pd.DataFrame, shift: float = 0.05, min_rows: int = 100
+                       ) -> pd.DataFrame:
+    """Leave-one-source-out coverage after shifting each validation source of at least
+    ``min_rows`` rows by ``+-shift`` in turn (:func:`shift_source`): per shift, the
+    overall coverage and width, and the coverage of every such source."""
+    rows = validation_rows(frame)
+    counts = rows["source_id"].value_counts()
+    large = sorted(counts[counts >= min_rows].index)
+    out = []
+    for source in large:
+        for sign in (1, -1):
+            table = leave_one_source_out(shift_source(frame, source, 1 + sign * shift))[1]
+            table = table.set_index("source_id")
+            out.append({"shifted": source, "shift": sign * shift,
+                        "coverage": float(table.loc["all", "coverage"]),
+                        "median_width": float(table.loc["all", "median_width"]),
+                        **{f"coverage_{s}": float(table.loc[s, "coverage"]) for s in large}})
+    return pd.DataFrame(out)
 
 
 def coverage_table(predicted: pd.DataFrame) -> pd.DataFrame:
@@ -388,13 +521,13 @@ README_END = "<!-- band-coverage:end -->"
 
 
 def readme_block(table: pd.DataFrame, scale: float) -> str:
-    """The README's coverage block: the widening factor ``scale`` of the fitted band, the
+    """The README's coverage block: the conformal factor ``scale`` of the fitted band, the
     overall leave-one-source-out figure and the per-source table (``coverage_table``'s
     rows), between :data:`README_BEGIN` and :data:`README_END`."""
     overall = table[table["source_id"] == "all"].iloc[0]
     lines = [README_BEGIN,
-             f"The model-error spread is widened by a factor {scale:.2f} (cross-conformal, "
-             "above).",
+             f"The model-error spread is scaled by a factor {scale:.2f} (conformal, each "
+             "source weighted equally, above).",
              f"Leave-one-source-out, the 80 % band covers {overall['coverage']:.0%} of "
              f"{int(overall['rows'])} held-out rows, median width "
              f"{overall['median_width']:.0%} of the median (`(p90 - p10) / p50`):", "",
@@ -446,8 +579,14 @@ def write_rows(path: Path = ROWS_FILE) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Simulate the published rows (unless ``--reuse-rows``), write them and the fitted
     band model with its leave-one-source-out coverage; with ``--write-readme PATH``, also
-    that coverage into the README's generated block (:func:`readme_block`)."""
+    that coverage into the README's generated block (:func:`readme_block`). With
+    ``--perturb``, only print :func:`perturbation_table` of the stored rows (writes
+    nothing)."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--perturb" in argv:
+        with pd.option_context("display.width", 250, "display.max_columns", 20):
+            print(perturbation_table(load_rows()).round(3).to_string(index=False))
+        return
     readme = None
     if "--write-readme" in argv:
         at = argv.index("--write-readme")
@@ -461,11 +600,12 @@ def main(argv: list[str] | None = None) -> None:
     if "--reuse-rows" not in argv:
         write_rows()
     frame = load_rows()
-    model = fit(frame)
-    _, table = leave_one_source_out(frame)
+    gpus_terms = calibration_spread(frame)
     rows = validation_rows(frame)
-    data = _band_dict(model.bias, model.sigma, model.bias_0, model.sigma_0,
-                      model.sigma_source, calibration_spread(frame), model.scale, int(len(rows)))
+    fitted, scale, _ = _calibrated_fits(rows, known_terms(rows, gpus_terms),
+                                        [np.ones(len(rows), bool)])[0]
+    _, table = leave_one_source_out(frame)
+    data = _band_dict(fitted, gpus_terms, scale, int(len(rows)))
     data["provenance"] = {
         "fitted_by": "python -m validate.fit_bands",
         "rows_file": str(ROWS_FILE.relative_to(DATA_DIR.parents[2])),
@@ -481,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table.to_string(index=False))
     print(f"wrote {ROWS_FILE} and {BAND_FILE}", file=sys.stderr)
     if readme is not None:
-        replace_readme_block(readme, readme_block(table, model.scale), README_BEGIN, README_END)
+        replace_readme_block(readme, readme_block(table, scale), README_BEGIN, README_END)
         print(f"wrote the coverage block of {readme}", file=sys.stderr)
 
 

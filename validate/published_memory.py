@@ -109,6 +109,15 @@ KNOWN_GAPS: Mapping[str, str] = {
                  "(GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1) sets micro-batch 1, at which it "
                  "needs 50 GiB, and the row's printed GA 2 is inconsistent with micro-batch 4 "
                  "(GBS/(MBS*DP) = 8); the printed micro-batch is kept",
+    **{row: "Paxml GPT-3 175B FP8 at MBS 2 with the recipe's SAVE_QKV_OUT_PROJ remat policy "
+            "(dgxc paxml_mod_configs.py Synthetic175BCkpt; applied): 45 GiB of saved layer "
+            "inputs, QKV and output projections over 96 layers plus model states sharded over "
+            "the GPUs; the ZeRO-3 buffers are PyTorch FSDP's (two gathered layers with FP8 "
+            "copies, fp32 unsharded gradients: 23.7 GiB), not XLA's buffer assignment of the "
+            "scanned layers, which is not modelled; 5 % (256 GPUs) to 20 % (128) over 80 GB. "
+            "The recipe shards over an FSDP group of 128 (DCN_MESH_SHAPE [DP, 16, 1] x ICI "
+            "[1, 8, 1]), which the plan cannot express (ZeRO-3 over all GPUs)"
+       for row in ("dgxc_pax_01", "dgxc_pax_02")},
     "dsv3_pretrain_avg": "DeepSeek-V3's own pre-training (DualPipe, PP + 1 chunks in flight): "
                          "its FP8 caching of the MoE SwiGLU inputs and the E5M6 caching of "
                          "the attention outputs (arXiv 2412.19437 Section 3.3.2) are not "

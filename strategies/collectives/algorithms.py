@@ -47,6 +47,12 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
         return TransferColumns(members, members[1:] + members[:1], edge_bytes)
     channels = geometry.local_size
     per_channel = edge_bytes / channels
+    # the columns depend on the domains alone: built once per geometry (a collective's
+    # kinds and an all-reduce's two passes over one group share them; the same tuples
+    # also let the network model find their per-link loads by content at once)
+    found = _RING_COLUMNS.get(id(geometry))
+    if found is not None and found[0] is geometry:
+        return TransferColumns(found[1], found[2], per_channel)
     src: list[int] = []
     dst: list[int] = []
     for d, members in enumerate(domains):
@@ -62,7 +68,18 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
                 dst.append(order[0])
             src.append(members[c])
             dst.append(following[c])
-    return TransferColumns(src, dst, per_channel)
+    columns = TransferColumns(src, dst, per_channel)
+    if len(_RING_COLUMNS) >= _RING_COLUMNS_MAX:
+        _RING_COLUMNS.clear()
+    _RING_COLUMNS[id(geometry)] = (geometry, columns.src, columns.dst)
+    return columns
+
+
+#: _ring_columns' sources and destinations per geometry (by identity, the geometry
+#: kept alive with its entry; ClusterLayout.geometry hands one object per group), at
+#: most _RING_COLUMNS_MAX of them
+_RING_COLUMNS: dict[int, tuple[GroupGeometry, tuple[int, ...], tuple[int, ...]]] = {}
+_RING_COLUMNS_MAX = 1024
 
 
 def _ring_steps(geometry: GroupGeometry, steps: int, boundaries: int) -> tuple[int, int]:
@@ -171,16 +188,29 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = double_binary_trees(len(domains))
     chunk = size_bytes / (2 * channels)
+    # each domain's chain per channel, the same in both trees (built once)
+    chains = []
+    for c in range(channels):
+        row = []
+        for members in domains:
+            k = c % len(members)  # the domain's chain starting at member c
+            order = tuple(members[k:]) + tuple(members[:k])
+            chain_src: list[int] = []
+            chain_dst: list[int] = []
+            for a, b in zip(order, order[1:]):  # b -> a, then a -> b
+                chain_src += (b, a)
+                chain_dst += (a, b)
+            row.append((chain_src, chain_dst))
+        chains.append(row)
     src: list[int] = []
     dst: list[int] = []
     for parents in trees:
         for c in range(channels):
+            row = chains[c]
             for d, members in enumerate(domains):
-                k = c % len(members)  # the domain's chain starting at member c
-                order = tuple(members[k:]) + tuple(members[:k])
-                for a, b in zip(order, order[1:]):  # b -> a, then a -> b
-                    src += (b, a)
-                    dst += (a, b)
+                chain_src, chain_dst = row[d]
+                src += chain_src
+                dst += chain_dst
                 if d in parents:
                     up = domains[parents[d]][c]
                     src += (members[c], up)
