@@ -28,7 +28,8 @@ parallelism, schedules whose micro-batches take one route and whose lists pair n
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
 reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
-per-stage recompute count and a compute model that prices by shape.
+per-stage recompute count, no SM contention (``comm_sm_contention``) and a compute
+model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
 number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
 """
@@ -100,6 +101,10 @@ class BatchStepEvaluator:
     def covers(self, plan: ParallelPlan) -> bool:
         """Whether :meth:`step_ns` prices ``plan`` here (else through analytic_step)."""
         if self.model.moe is not None or plan.dp_mode != "allreduce":
+            return False
+        if plan_contention(plan) is not None:
+            # SM contention re-prices each part by the data-parallel collectives it
+            # overlaps: through analytic_step (its closed form, or the engine's fallback)
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:

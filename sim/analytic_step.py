@@ -396,6 +396,10 @@ class AnalyticStep:
             communication per axis and bubble (the keys of sim.breakdown).
         critical: the pipeline rank that sets the pace (sim.breakdown.critical_rank).
         ops_priced: ops list-scheduled to get there (the model's work).
+        exact: False when SM contention (the plan's ``comm_sm_contention``) met a
+            schedule the closed form does not price as the event engine runs it
+            (:func:`contention_closed_form`, :meth:`AnalyticStepModel._walk`); callers
+            that need the engine's number run it instead (:func:`sim.step.simulate_step`).
     """
 
     step_ns: int
@@ -403,6 +407,7 @@ class AnalyticStep:
     breakdown_s: dict[int, dict[str, float]]
     critical: int
     ops_priced: int = 0
+    exact: bool = True
 
 
 @dataclass
@@ -1356,7 +1361,8 @@ class AnalyticStepModel:
         critical = critical_rank(breakdown, step_ns / 1e9)
         pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
-                            critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers))
+                            critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
+                            exact=not self.inexact)
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every
@@ -1372,7 +1378,8 @@ class AnalyticStepModel:
         row["bubble"] = max(cost.total_ns - cost.compute_ns - cost.optimizer_ns
                             - sum(cost.exposed_ns.values()), 0) / 1e9
         return AnalyticStep(step_ns=cost.total_ns, rank_end_ns=[cost.total_ns],
-                            breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled)
+                            breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled,
+                            exact=not self.inexact)
 
     def _pipeline_timing(self, t_p2p: int) -> PipelineTiming:
         """When each pipeline rank's compute ends: the schedule's own timing
@@ -1438,6 +1445,21 @@ class AnalyticStepModel:
         busy = compute + rank.finish.optimizer_ns + sum(exposed.get(a, 0) for a in AXES_IN_ORDER)
         row["bubble"] = max(step_ns - busy, 0) / 1e9
         return row
+
+
+def contention_closed_form(plan: ParallelPlan) -> bool:
+    """Whether the closed form prices ``plan``'s SM contention (``comm_sm_contention``)
+    as the event engine runs it, as far as the plan alone tells: always without
+    contention; with it, not for schedules that pair a forward with a backward
+    (DualPipe: the pair's collectives and the other direction's pipeline transfers
+    overlap each other's compute in ways the per-stage prices do not see; the engine
+    measured 29 % apart on tests/test_fidelity.py's DualPipe case). Pipelines otherwise
+    stay the usual approximation: the closed form does not let pipeline send/recvs take
+    SMs (tests/test_contention.py bounds it)."""
+    if plan_contention(plan) is None:
+        return True
+    from strategies.schedules import get_schedule  # (the module imports this one's users)
+    return not get_schedule(plan.schedule).pairs_own_actions
 
 
 def plan_contention(plan: ParallelPlan) -> int | None:

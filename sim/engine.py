@@ -272,15 +272,18 @@ class Engine:
             duration = self._fixed_ns(op, rank, begin)
             if duration is not None and issued is not None:
                 # the next op's issue is known only when the CPU gets there: one at a time
-                self._running[rank, stream] = begin
+                contended = self._max_ctas is not None
+                if contended:
+                    self._running[rank, stream] = begin
                 yield self.env.timeout(duration)
-                while self._max_ctas is not None and isinstance(op, ComputeOp):
+                while contended and isinstance(op, ComputeOp):
                     # communication that started meanwhile takes SMs: later
                     late = begin + self._fixed_ns(op, rank, begin) - self.env.now
                     if late <= 0:
                         break
                     yield self.env.timeout(late)
-                del self._running[rank, stream]
+                if contended:
+                    del self._running[rank, stream]
                 self._record(rank, index, op, begin, self.env.now)
                 self._finished[rank] += 1
             elif duration is not None:
@@ -299,9 +302,11 @@ class Engine:
                     position += 1
                     index = indices[position]
                     spans.append((index, spans[-1][2], spans[-1][2] + duration))
-                self._running[rank, stream] = begin
+                contended = self._max_ctas is not None
+                if contended:
+                    self._running[rank, stream] = begin
                 yield self.env.timeout(spans[-1][2] - begin)
-                while self._max_ctas is not None:
+                while contended:
                     # communication that started meanwhile takes SMs: re-time the run
                     retimed, end = [], begin
                     for member, _, _ in spans:
@@ -312,7 +317,8 @@ class Engine:
                     if end <= self.env.now:
                         break
                     yield self.env.timeout(end - self.env.now)
-                del self._running[rank, stream]
+                if contended:
+                    del self._running[rank, stream]
                 for member, span_start, span_end in spans:
                     self._record(rank, member, ops[member], span_start, span_end)
                 self._finished[rank] += len(spans)
