@@ -1112,21 +1112,62 @@ class AnalyticStepModel:
         gathered: dict[int, dict[int, int]] = {}  # action -> its layers' gather ends
         next_gather = live = 0
 
+        def parts_of(action: Action) -> list[int | str]:
+            if action.comp == "F":
+                parts = (["embedding"] if placement.is_first(action.stage) else [])
+                parts += list(lowerer.stage_layers[action.stage])
+                return parts + (["head"] if placement.is_last(action.stage) else [])
+            return self._stage_parts(action.stage)
+
+        # Under SM contention with gathers, the buckets each part fills are found first
+        # (they depend on bytes only, not on time): a gather waits on the stream only
+        # behind reductions that are issued, and after[j][i] says whether action j
+        # issues any from its part i on
+        dues: list[list | None] | None = None
+        after: list[list[bool] | None] = []
+        if contention and gathers:
+            dues, scratch = [], {}
+            for position, action in enumerate(actions_left):
+                if not plans[position][1]:
+                    dues.append(None)
+                    after.append(None)
+                    continue
+                parts = parts_of(action)
+                grads = scratch.setdefault(action.stage, {})
+                due = [self._fill(part, grads, index == len(parts) - 1)
+                       for index, part in enumerate(parts)]
+                flags = [False] * (len(due) + 1)
+                for index in range(len(due) - 1, -1, -1):
+                    flags[index] = flags[index + 1] or bool(due[index])
+                dues.append(due)
+                after.append(flags)
+
+        def reduces_from(j: int, index: int, stop: int | None = None) -> bool:
+            """Action ``j`` issues reductions from its part ``index`` (to ``stop``)."""
+            if dues is None:
+                return plans[j][1] and (stop is None or index < stop)
+            flags = after[j]
+            if flags is None:
+                return False
+            if stop is None:
+                return flags[index]
+            return any(dues[j][index:stop])
+
         def run_gathers(current: int, walked: int) -> None:
             """Issue every gather the stream reaches before part ``walked`` of action
             ``current``."""
             nonlocal next_gather
             while next_gather < len(plans):
-                if next_gather > current and any(plans[j][1]
-                                                  for j in range(current, next_gather)):
+                k = next_gather
+                if any(reduces_from(j, walked if j == current else 0)
+                       for j in range(current, k)):
                     return  # behind a reduction not issued yet
-                if plans[next_gather][1] and plans[next_gather][2] and (
-                        next_gather > current or walked < plans[next_gather][2]):
+                if plans[k][2] and reduces_from(k, walked if k == current else 0, plans[k][2]):
                     return  # behind its own edge's reductions, not issued yet
-                layers = plans[next_gather][0]
+                layers = plans[k][0]
                 if layers:
                     first = len(dp_busy)
-                    gathered[next_gather] = {layer: on_dp_stream_ns(
+                    gathered[k] = {layer: on_dp_stream_ns(
                         self._gather_ns(pricer, p, layer), 0,
                         self._dp_ctas(pricer, p, "gather", layer)) for layer in layers}
                     if contention and any(b < cost.total_ns for b, _, _ in dp_busy[first:]):
@@ -1144,12 +1185,7 @@ class AnalyticStepModel:
                 dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
                                            dp_free)
                 continue
-            if comp == "F":
-                parts = (["embedding"] if placement.is_first(stage) else [])
-                parts += list(lowerer.stage_layers[stage])
-                parts += ["head"] if placement.is_last(stage) else []
-            else:
-                parts = self._stage_parts(stage)
+            parts = parts_of(action)
             reduce_now = plans[position][1]
             grads = pending.setdefault(stage, {})
             for index, part in enumerate(parts):
@@ -1169,7 +1205,9 @@ class AnalyticStepModel:
                 cost.compute_ns += part_cost.compute_ns
                 if part_cost.exposed_ns:
                     used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
-                if reduce_now:
+                if reduce_now and dues is not None:
+                    reduce(dues[position][index])  # (filled above)
+                elif reduce_now:
                     # the stage's last backward part flushes its partly filled buckets
                     final = index == len(parts) - 1
                     reduce(self._fill(part, grads, final))
