@@ -31,7 +31,11 @@ reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), 
 per-stage recompute count, no SM contention (``comm_sm_contention``) and a compute
 model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
-number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
+number, the usual cost), or under SM contention without an exact closed form
+(DualPipe, :func:`sim.analytic_step.contention_closed_form`; a walk the closed form
+flags, :attr:`sim.analytic_step.AnalyticStep.exact`) through the event engine, as
+:func:`sim.step.simulate_step` does; :attr:`BatchStepEvaluator.counts` says how many
+took each way.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
+                               contention_closed_form,
                                fill_by_sums, optimizer_layers_key, plan_contention)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
@@ -87,8 +92,9 @@ class BatchStepEvaluator:
         self.model = model
         self.cluster = cluster
         self.cache = cache if cache is not None else PricingCache()
-        #: plans priced here ("batch") and by analytic_step ("reference")
-        self.counts = {"batch": 0, "reference": 0}
+        #: plans priced here ("batch"), by analytic_step ("reference") and by the event
+        #: engine ("event": SM contention without an exact closed form)
+        self.counts = {"batch": 0, "reference": 0, "event": 0}
         self._flags = tuple(model.layer_kind(i) for i in range(model.num_layers))
         self._layouts: dict[tuple, tuple] = {}
         self._splits: dict[tuple, tuple] = {}
@@ -129,13 +135,24 @@ class BatchStepEvaluator:
                     found = None
             if found is not None:
                 self.counts["batch"] += 1
-            else:
+            elif contention_closed_form(plan):
                 layout = self.cache.layout(self.cluster, plan.world_size)
                 lowerer = StepLowerer(self.model, plan,
                                       domain_gpus=self.cluster.scale_up.domain_gpus)
-                found = analytic_step(self.model, self.cluster, plan, layout,
-                                      lowerer=lowerer, cache=self.cache).step_ns
-                self.counts["reference"] += 1
+                step = analytic_step(self.model, self.cluster, plan, layout,
+                                     lowerer=lowerer, cache=self.cache)
+                if step.exact:
+                    found = step.step_ns
+                    self.counts["reference"] += 1
+            if found is None:
+                # SM contention without an exact closed form: simulate_step's fallback
+                # to the event engine (sim.analytic_step.contention_closed_form)
+                from sim.step import simulate_step  # (it builds on this module's imports)
+
+                found = round(simulate_step(self.model, self.cluster, plan,
+                                            fidelity="analytic", check_memory=False,
+                                            cache=self.cache).step_time_s * 1e9)
+                self.counts["event"] += 1
             out.append(found)
         return out
 

@@ -86,3 +86,23 @@ def test_batch_evaluator_hands_contended_plans_to_analytic_step():
     plan = make_plan(gpus=64, tp=8, seq_len=4096, global_batch=64)
     assert evaluator.covers(plan)
     assert not evaluator.covers(replace(plan, comm_sm_contention=True))
+
+
+def test_batch_evaluator_prices_contended_dualpipe_as_the_engine():
+    from hardware.catalog import load_cluster
+    from sim.analytic_batch import BatchStepEvaluator
+    from sim.step import simulate_step
+    from strategies.models import load_model
+    from trainsim.api import make_plan
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    zero3 = make_plan(gpus=64, tp=1, seq_len=4096, global_batch=128, zero=3,
+                      comm_sm_contention=True)
+    dualpipe = make_plan(gpus=64, tp=2, pp=4, seq_len=4096, global_batch=128,
+                         schedule="dualpipe", comm_sm_contention=True)
+    evaluator = BatchStepEvaluator(model, cluster)
+    found = evaluator.step_ns([zero3, dualpipe])
+    assert evaluator.counts == {"batch": 0, "reference": 1, "event": 1}
+    event = [simulate_step(model, cluster, plan, fidelity="event",
+                           check_memory=False).step_time_s for plan in (zero3, dualpipe)]
+    assert [n / 1e9 for n in found] == event
