@@ -164,6 +164,32 @@ def stretched_ns(start_ns: int, work_ns: int, episodes: Sequence[tuple[int, int,
     return math.ceil(now + left - start_ns)
 
 
+def shared_sm_ns(start_ns: int, work_ns: int, sms: int,
+                 busy: Sequence[tuple[int, int, int]]) -> int:
+    """Nanoseconds a compute kernel of ``work_ns`` (alone on all ``sms`` SMs) takes when
+    it starts at ``start_ns`` while NCCL kernels hold SMs during ``busy`` intervals
+    ``(begin_ns, end_ns, ctas)`` (any order, may overlap): while CTAs are held the kernel
+    runs on the SMs left, ``(sms - held) / sms`` of its speed (NCCL runs one CTA per
+    channel on its own SM for the whole collective: src/enqueue.cc launches
+    ``nChannels`` blocks; DeepSeek-V3 report, arXiv 2412.19437 §3.2.2, limits them to 20
+    SMs "to conserve the number of SMs dedicated to communication"). At most
+    ``sms - 1`` SMs are taken (a kernel always keeps one). Integer arithmetic (work in
+    SM-nanoseconds), so the event engine and the closed form agree to the nanosecond."""
+    if work_ns <= 0 or not busy or sms <= 0:
+        return work_ns
+    edges = sorted({e for b, f, _ in busy for e in (b, f) if f > start_ns and e > start_ns})
+    left = work_ns * sms
+    now = start_ns
+    for edge in edges + [None]:
+        held = sum(c for b, f, c in busy if b <= now < f)
+        free = sms - min(held, sms - 1)
+        if edge is None or left <= (edge - now) * free:
+            return now + -(-left // free) - start_ns
+        left -= (edge - now) * free
+        now = edge
+    return now - start_ns  # (unreachable: the last segment is open)
+
+
 def storage_transfer_s(size_bytes: float, *, nodes: int, per_node_bytes_per_s: float,
                        total_bytes_per_s: float) -> float:
     """Seconds to write or read ``size_bytes`` of a checkpoint spread over ``nodes``:
@@ -579,6 +605,28 @@ class CostModel:
             found = self.network.plan_time_ns(self.p2p_plan(src, dst, size_bytes))
             self._p2p[key] = found
         return found
+
+    def collective_ctas(self, kind: str, group: Sequence[int], size_bytes: int,
+                        choice: CollectiveCost, max_ctas: int = 0) -> int:
+        """CTAs (SMs) NCCL's kernel holds on each member for the whole collective: one
+        per channel it runs at this size (src/enqueue.cc: ``nChannels`` blocks, fewer for
+        a small message, :meth:`NetworkModel.channels_running`), at most ``max_ctas``
+        when positive (NCCL_MAX_CTAS, or a framework pinning its communicator's
+        ``maxCTAs``); 0 when nothing moves."""
+        if size_bytes <= 0 or len(group) <= 1 or choice.duration_ns <= 0:
+            return 0
+        ctas = self.network.channels_running(self.plan_of(kind, group, size_bytes, choice),
+                                             size_bytes)
+        return min(ctas, max_ctas) if max_ctas > 0 else ctas
+
+    def p2p_ctas(self, src: int, dst: int, size_bytes: int, max_ctas: int = 0) -> int:
+        """CTAs a send/recv holds on each side: NCCL's p2p channels to one peer
+        (src/graph/paths.cc ncclTopoComputeP2pChannels, :meth:`NetworkModel.
+        p2p_channels_per_peer`), at most ``max_ctas`` when positive; 0 within a rank."""
+        if src == dst or size_bytes <= 0:
+            return 0
+        ctas = self.network.p2p_channels_per_peer(2)
+        return min(ctas, max_ctas) if max_ctas > 0 else ctas
 
     # -------------------------------------------------------------- fidelity
     def fabric(self, env: simpy.Environment, present_ranks: Sequence[int] = ()) -> "Fabric":

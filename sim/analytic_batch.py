@@ -28,9 +28,14 @@ parallelism, schedules whose micro-batches take one route and whose lists pair n
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
 reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
-per-stage recompute count and a compute model that prices by shape.
+per-stage recompute count, no SM contention (``comm_sm_contention``) and a compute
+model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
-number, the usual cost); :attr:`BatchStepEvaluator.counts` says how many took each way.
+number, the usual cost), or under SM contention without an exact closed form
+(DualPipe, :func:`sim.analytic_step.contention_closed_form`; a walk the closed form
+flags, :attr:`sim.analytic_step.AnalyticStep.exact`) through the event engine, as
+:func:`sim.step.simulate_step` does; :attr:`BatchStepEvaluator.counts` says how many
+took each way.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               fill_by_sums, optimizer_layers_key)
+                               contention_closed_form,
+                               fill_by_sums, optimizer_layers_key, plan_contention)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
@@ -86,8 +92,9 @@ class BatchStepEvaluator:
         self.model = model
         self.cluster = cluster
         self.cache = cache if cache is not None else PricingCache()
-        #: plans priced here ("batch") and by analytic_step ("reference")
-        self.counts = {"batch": 0, "reference": 0}
+        #: plans priced here ("batch"), by analytic_step ("reference") and by the event
+        #: engine ("event": SM contention without an exact closed form)
+        self.counts = {"batch": 0, "reference": 0, "event": 0}
         self._flags = tuple(model.layer_kind(i) for i in range(model.num_layers))
         self._layouts: dict[tuple, tuple] = {}
         self._splits: dict[tuple, tuple] = {}
@@ -100,6 +107,10 @@ class BatchStepEvaluator:
     def covers(self, plan: ParallelPlan) -> bool:
         """Whether :meth:`step_ns` prices ``plan`` here (else through analytic_step)."""
         if self.model.moe is not None or plan.dp_mode != "allreduce":
+            return False
+        if plan_contention(plan) is not None:
+            # SM contention re-prices each part by the data-parallel collectives it
+            # overlaps: through analytic_step (its closed form, or the engine's fallback)
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
@@ -124,13 +135,24 @@ class BatchStepEvaluator:
                     found = None
             if found is not None:
                 self.counts["batch"] += 1
-            else:
+            elif contention_closed_form(plan):
                 layout = self.cache.layout(self.cluster, plan.world_size)
                 lowerer = StepLowerer(self.model, plan,
                                       domain_gpus=self.cluster.scale_up.domain_gpus)
-                found = analytic_step(self.model, self.cluster, plan, layout,
-                                      lowerer=lowerer, cache=self.cache).step_ns
-                self.counts["reference"] += 1
+                step = analytic_step(self.model, self.cluster, plan, layout,
+                                     lowerer=lowerer, cache=self.cache)
+                if step.exact:
+                    found = step.step_ns
+                    self.counts["reference"] += 1
+            if found is None:
+                # SM contention without an exact closed form: simulate_step's fallback
+                # to the event engine (sim.analytic_step.contention_closed_form)
+                from sim.step import simulate_step  # (it builds on this module's imports)
+
+                found = round(simulate_step(self.model, self.cluster, plan,
+                                            fidelity="analytic", check_memory=False,
+                                            cache=self.cache).step_time_s * 1e9)
+                self.counts["event"] += 1
             out.append(found)
         return out
 
@@ -199,7 +221,8 @@ class BatchStepEvaluator:
             return self._model_of[1]
         layout = self.cache.layout(self.cluster, plan.world_size)
         lowerer = StepLowerer(self.model, plan, domain_gpus=self.cluster.scale_up.domain_gpus)
-        model = AnalyticStepModel(lowerer, OpPricer(self.cache.cost_model(layout)),
+        model = AnalyticStepModel(lowerer, OpPricer(self.cache.cost_model(layout),
+                                                    comm_contention=plan_contention(plan)),
                                   shared=self.cache.shared_prices(layout))
         self._model_of = (plan, model)
         return model

@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
-from hardware.cost import ComputeTimer, CostModel, RankConditions, prices_ops_by_shape
+from hardware.cost import (ComputeTimer, CostModel, RankConditions, prices_ops_by_shape,
+                           shared_sm_ns)
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_prices import SharedPrices, plan_fields
@@ -168,14 +169,24 @@ class OpPricer:
     Args:
         cost: the cost model (hardware.cost.CostModel).
         rank: the rank whose conditions (speed) apply; None: an ordinary rank.
+        comm_contention: None: overlapped communication takes no SMs from compute;
+            else the most CTAs an NCCL kernel holds (0: NCCL's default): compute kernels
+            overlapping communication run on the SMs left, as the event engine runs
+            them (:func:`hardware.cost.shared_sm_ns`; the plan's ``comm_sm_contention``
+            and ``nccl_max_ctas``).
     """
 
-    def __init__(self, cost: CostModel, rank: int | None = None) -> None:
+    def __init__(self, cost: CostModel, rank: int | None = None,
+                 comm_contention: int | None = None) -> None:
         self.cost = cost
         self.rank = rank
+        sms = cost.layout.spec.gpu.sm_count
+        self.max_ctas = comm_contention if sms > 0 else None
+        self.sms = sms
         self.speed = cost.rank_speed(rank)
         self._kept_groups: dict[int, tuple[int, ...]] = {}
         self._own_prices: dict[tuple, int] = {}
+        self._own_ctas: dict[tuple, int] = {}
         self.ops_scheduled = 0
 
     def duration_ns(self, op: Op) -> int:
@@ -202,8 +213,35 @@ class OpPricer:
         """Nanoseconds of one point-to-point transfer."""
         return self.cost.p2p_ns(src, dst, size_bytes)
 
-    def schedule(self, ops: Sequence[Op]) -> OpListCost:
+    def ctas(self, op: Op) -> int:
+        """SMs a communication op's NCCL kernel holds while it runs (0: none, or SM
+        contention off; :meth:`hardware.cost.CostModel.collective_ctas`)."""
+        if self.max_ctas is None:
+            return 0
+        if isinstance(op, CollectiveOp):
+            if not op.holds_sms:
+                return 0
+            key = (op.kind, id(op.group), op.size_bytes, op.algorithm)
+            found = self._own_ctas.get(key)
+            if found is None:
+                self._kept_groups[id(op.group)] = op.group
+                choice = self.cost.collective(op.kind, op.group, op.size_bytes, op.algorithm)
+                found = self._own_ctas[key] = self.cost.collective_ctas(
+                    op.kind, op.group, op.size_bytes, choice, self.max_ctas)
+            return found
+        return 0
+
+    def schedule(self, ops: Sequence[Op],
+                 external: Sequence[tuple[int, int, int]] = ()) -> OpListCost:
         """List-schedule ``ops`` (stream order and ``deps``) on one rank.
+
+        Under SM contention (``comm_contention``) a compute op runs on the SMs that the
+        communication in flight leaves: this list's own collectives and ``external``
+        ones ``(begin_ns, end_ns, ctas)`` from the list's start (the data-parallel
+        stream's). A collective's start can depend on compute it slows and a compute
+        op's end on collectives listed after it, so the op times come from one pass in
+        time order (:meth:`contended_durations`, the event engine's causal order),
+        then the list schedule's accounting runs with them.
 
         The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
         CostModel.host_ns` each, from the list's start: the host is taken to be level
@@ -211,6 +249,98 @@ class OpPricer:
         issue, and after a ``host_sync`` op the CPU waits for it to end. GPU time lost
         waiting for the CPU on the compute stream counts as compute (the kernels run
         at the host's pace). Without host costs nothing changes."""
+        if self.max_ctas is None:
+            return self._schedule(ops)
+        return self._schedule(ops, self.contended_durations(ops, external))
+
+    def contended_durations(self, ops: Sequence[Op],
+                            external: Sequence[tuple[int, int, int]] = ()) -> list[int]:
+        """Each op's duration in the list schedule of ``ops`` under SM contention: a
+        discrete-event pass in time order (what :class:`sim.engine.Engine` does), each
+        op starting when its stream is free, its ``deps`` have ended and the CPU has
+        issued it (:meth:`schedule`); a collective holds its CTAs
+        (:meth:`ctas`) from its start to its end, and a compute op running when one
+        starts is re-timed from its own start with every interval known
+        (:func:`hardware.cost.shared_sm_ns`: the intervals that start before it ends
+        are all known by then). Events at one instant in list order; O(n^2) in the
+        list's length at worst (tens of ops per part)."""
+        n = len(ops)
+        base = [self.duration_ns(op) for op in ops]
+        if not external and not any(base[i] and not isinstance(op, ComputeOp) and self.ctas(op)
+                                    for i, op in enumerate(ops)):
+            return base
+        sms = self.sms
+        busy = list(external)
+        start: list[int | None] = [None] * n
+        end: list[int | None] = [None] * n
+        issue: list[int | None] = [None] * n
+        queues: dict[str, list[int]] = {}
+        for index, op in enumerate(ops):
+            queues.setdefault(op.stream, []).append(index)
+        heads = {stream: 0 for stream in queues}
+        stream_free = {stream: 0 for stream in queues}
+        running: dict[int, int] = {}  # compute op -> its tentative end
+        host_ns = self.cost.host_ns
+        host, issued, left = 0, 0, n
+        while left:
+            while issued < n:  # the CPU issues in list order, waiting after a host_sync
+                previous = ops[issued - 1] if issued else None
+                if previous is not None and getattr(previous, "host_sync", False):
+                    if end[issued - 1] is None or issued - 1 in running:
+                        break
+                    host = max(host, end[issued - 1])
+                host += host_ns(ops[issued])
+                issue[issued] = host
+                issued += 1
+            best_time, best = None, None
+            for stream, queue in queues.items():
+                if heads[stream] >= len(queue) or stream_free[stream] is None:
+                    continue
+                index = queue[heads[stream]]
+                if issue[index] is None:
+                    continue
+                ready = max(stream_free[stream], issue[index])
+                for dep in ops[index].deps:
+                    if end[dep] is None or dep in running:
+                        ready = None
+                        break
+                    if end[dep] > ready:
+                        ready = end[dep]
+                if ready is not None and (best_time is None or (ready, index) < (best_time, best)):
+                    best_time, best = ready, index
+            if running:
+                first = min(running, key=lambda i: (running[i], i))
+                if best_time is None or running[first] <= best_time:
+                    del running[first]  # a compute op ends: nothing can start before
+                    stream_free[ops[first].stream] = end[first]
+                    left -= 1
+                    continue
+            index, now = best, best_time
+            op = ops[index]
+            heads[op.stream] += 1
+            start[index] = now
+            if isinstance(op, ComputeOp):
+                end[index] = now + (shared_sm_ns(now, base[index], sms, busy) if busy
+                                    else base[index])
+                running[index] = end[index]
+                stream_free[op.stream] = None
+                continue
+            end[index] = now + base[index]
+            stream_free[op.stream] = end[index]
+            left -= 1
+            ctas = self.ctas(op) if base[index] else 0
+            if ctas:
+                busy.append((now, end[index], ctas))
+                for other in running:  # compute in flight gets fewer SMs from now on
+                    if running[other] > now:
+                        end[other] = running[other] = start[other] + shared_sm_ns(
+                            start[other], base[other], sms, busy)
+        return [end[i] - start[i] for i in range(n)]
+
+    def _schedule(self, ops: Sequence[Op], durations: Sequence[int] | None = None
+                  ) -> OpListCost:
+        """:meth:`schedule`'s list schedule, with each op's ``durations`` when given
+        (under SM contention, :meth:`contended_durations`), else the cost model's."""
         self.ops_scheduled += len(ops)
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
@@ -225,7 +355,7 @@ class OpPricer:
                     ready, blocker = end[dep], dep
             host += host_ns(op)
             starved = host - ready if host > ready else 0
-            duration = self.duration_ns(op)
+            duration = self.duration_ns(op) if durations is None else durations[index]
             end[index] = ready + starved + duration
             if getattr(op, "host_sync", False) and end[index] > host:
                 host = end[index]
@@ -266,6 +396,10 @@ class AnalyticStep:
             communication per axis and bubble (the keys of sim.breakdown).
         critical: the pipeline rank that sets the pace (sim.breakdown.critical_rank).
         ops_priced: ops list-scheduled to get there (the model's work).
+        exact: False when SM contention (the plan's ``comm_sm_contention``) met a
+            schedule the closed form does not price as the event engine runs it
+            (:func:`contention_closed_form`, :meth:`AnalyticStepModel._walk`); callers
+            that need the engine's number run it instead (:func:`sim.step.simulate_step`).
     """
 
     step_ns: int
@@ -273,6 +407,7 @@ class AnalyticStep:
     breakdown_s: dict[int, dict[str, float]]
     critical: int
     ops_priced: int = 0
+    exact: bool = True
 
 
 @dataclass
@@ -411,6 +546,9 @@ class AnalyticStepModel:
         self._kind_gathers: dict[tuple, int] = {}
         self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
+        #: the walk under SM contention met a schedule it does not price exactly
+        #: (:meth:`_walk`); the event engine is then the reference
+        self.inexact = False
 
     # ------------------------------------------------------------ shared keys
     def _moe_flags(self) -> tuple[tuple[bool, int], ...]:
@@ -908,69 +1046,172 @@ class AnalyticStepModel:
         end inside them); with ``finish``, the data-parallel stream reduces the
         gradient buckets of the last micro-batch as they fill, then the optimizer
         and ZeRO's parameter all-gathers run. With ``gathers``, ZeRO-3's parameter
-        gathers run on the data-parallel stream in issue order (all of an action's
-        at its start) and each layer waits for its own: for a rank whose actions
-        run back to back (no pipeline) this is the replay's schedule exactly."""
+        gathers run on the data-parallel stream in issue order (an action's after the
+        reductions of the actions before it) and each layer waits for its own: for a
+        rank whose actions run back to back (no pipeline) this is the replay's
+        schedule exactly.
+
+        Under SM contention the data-parallel collectives hold SMs while they run and
+        a part overlapping them is list-scheduled against them (:meth:`_overlapped_cost`).
+        The walk is causal, one pass: before a part is priced, the stream runs every
+        gather that nothing unknown precedes in its order (those of the next actions,
+        up to one that reduces gradients, whose reductions are issued only as its
+        parts are walked), so every interval that starts before the part ends is known
+        (a reduction is issued at a part's end, and what follows it on the stream no
+        earlier). A gather that would start before the part being walked when its
+        action's turn came (the stream ran it behind a reduction the walk expected but
+        that issued nothing) makes the result inexact: ``self.inexact`` is set and the
+        event engine is the reference (:func:`analytic_step` callers, tests)."""
         lowerer, plan = self.lowerer, self.plan
         cost = OpListCost(exposed_ns={})
         dp_free = 0
+        # SM contention: the data-parallel stream's collectives (begin, end, CTAs), which
+        # the parts they overlap are list-scheduled against (OpPricer.schedule)
+        contention = pricer.max_ctas is not None
+        dp_busy: list[tuple[int, int, int]] = []
 
-        def on_dp_stream_ns(duration: int | None, ready_ns: int) -> int:
+        def on_dp_stream_ns(duration: int | None, ready_ns: int, ctas: int = 0) -> int:
             nonlocal dp_free
             if duration is not None:
-                dp_free = max(dp_free, ready_ns) + duration
+                begin = max(dp_free, ready_ns)
+                dp_free = begin + duration
+                if ctas and duration:
+                    dp_busy.append((begin, dp_free, ctas))
             return dp_free
 
         def reduce(due: list[tuple[str, float]]) -> None:
             for group, size in due:
-                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns)
+                on_dp_stream_ns(self._reduction_ns(pricer, p, group, size), cost.total_ns,
+                                self._dp_ctas(pricer, p, "reduce", (group, size)))
 
         pending: dict[int, dict[str, float]] = {}
         used: dict[int, tuple[OpListCost, int]] = {}  # part costs with exposed time, count
         placement = lowerer.placement
-        if self.fast and not gathers:
+        if self.fast and not gathers and not contention:
             # the same walk from per-plan tables of each stage's parts
             dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
             actions_left: Sequence[Action] = ()
         else:
             actions_left = actions
+        # the data-parallel stream's gathers in issue order: an action's layers at its
+        # start, after the reductions of the actions before it (those that reduce)
+        plans = []
         for action in actions_left:
             stage, comp = action.stage, action.comp
-            if self.fast and not lowerer.gathers_params(comp, action.microbatch):
-                # (an action that gathers nothing: from the tables too)
+            layers = list(lowerer.stage_layers[stage])
+            if comp != "F":
+                layers.reverse()
+            # (an action's gathers are issued at its first layer: after the reductions
+            # of the edges before it, the head's in a backward)
+            lead = (int(placement.is_first(stage)) if comp == "F"
+                    else int(placement.is_last(stage)))
+            plans.append((layers if gathers and lowerer.gathers_params(comp, action.microbatch)
+                          else None,
+                          finish and comp in ("B", "W") and plan.overlap_grad_reduce
+                          and lowerer.reduces_grads(stage, action.microbatch), lead))
+        gathered: dict[int, dict[int, int]] = {}  # action -> its layers' gather ends
+        next_gather = live = 0
+
+        def parts_of(action: Action) -> list[int | str]:
+            if action.comp == "F":
+                parts = (["embedding"] if placement.is_first(action.stage) else [])
+                parts += list(lowerer.stage_layers[action.stage])
+                return parts + (["head"] if placement.is_last(action.stage) else [])
+            return self._stage_parts(action.stage)
+
+        # Under SM contention with gathers, the buckets each part fills are found first
+        # (they depend on bytes only, not on time): a gather waits on the stream only
+        # behind reductions that are issued, and after[j][i] says whether action j
+        # issues any from its part i on
+        dues: list[list | None] | None = None
+        after: list[list[bool] | None] = []
+        if contention and gathers:
+            dues, scratch = [], {}
+            for position, action in enumerate(actions_left):
+                if not plans[position][1]:
+                    dues.append(None)
+                    after.append(None)
+                    continue
+                parts = parts_of(action)
+                grads = scratch.setdefault(action.stage, {})
+                due = [self._fill(part, grads, index == len(parts) - 1)
+                       for index, part in enumerate(parts)]
+                flags = [False] * (len(due) + 1)
+                for index in range(len(due) - 1, -1, -1):
+                    flags[index] = flags[index + 1] or bool(due[index])
+                dues.append(due)
+                after.append(flags)
+
+        def reduces_from(j: int, index: int, stop: int | None = None) -> bool:
+            """Action ``j`` issues reductions from its part ``index`` (to ``stop``)."""
+            if dues is None:
+                return plans[j][1] and (stop is None or index < stop)
+            flags = after[j]
+            if flags is None:
+                return False
+            if stop is None:
+                return flags[index]
+            return any(dues[j][index:stop])
+
+        def run_gathers(current: int, walked: int) -> None:
+            """Issue every gather the stream reaches before part ``walked`` of action
+            ``current``."""
+            nonlocal next_gather
+            while next_gather < len(plans):
+                k = next_gather
+                if any(reduces_from(j, walked if j == current else 0)
+                       for j in range(current, k)):
+                    return  # behind a reduction not issued yet
+                if plans[k][2] and reduces_from(k, walked if k == current else 0, plans[k][2]):
+                    return  # behind its own edge's reductions, not issued yet
+                layers = plans[k][0]
+                if layers:
+                    first = len(dp_busy)
+                    gathered[k] = {layer: on_dp_stream_ns(
+                        self._gather_ns(pricer, p, layer), 0,
+                        self._dp_ctas(pricer, p, "gather", layer)) for layer in layers}
+                    if contention and any(b < cost.total_ns for b, _, _ in dp_busy[first:]):
+                        self.inexact = True  # overlaps compute already walked
+                next_gather += 1
+
+        for position, action in enumerate(actions_left):
+            stage, comp = action.stage, action.comp
+            run_gathers(position, 0)
+            if (self.fast and not lowerer.gathers_params(comp, action.microbatch)
+                    and not (contention and (plans[position][1] or dp_busy
+                                             and dp_busy[-1][1] > cost.total_ns))):
+                # (an action that gathers nothing, and under SM contention reduces
+                # nothing and runs beside no data-parallel collective: from the tables)
                 dp_free = self._walk_parts(pricer, p, (action,), finish, cost, pending, used,
                                            dp_free)
                 continue
-            layers = list(lowerer.stage_layers[stage])
-            if comp == "F":
-                parts = (["embedding"] if placement.is_first(stage) else []) + layers
-                parts += ["head"] if placement.is_last(stage) else []
-            else:
-                parts = self._stage_parts(stage)
-                layers.reverse()
-            reduce_now = (finish and comp in ("B", "W") and plan.overlap_grad_reduce
-                          and lowerer.reduces_grads(stage, action.microbatch))
+            parts = parts_of(action)
+            reduce_now = plans[position][1]
             grads = pending.setdefault(stage, {})
-            gathered: dict[int, int] = {}
-            gathers_here = gathers and lowerer.gathers_params(comp, action.microbatch)
             for index, part in enumerate(parts):
-                if gathers_here and not isinstance(part, str):
-                    if not gathered:  # issued at the action's start, waited for per layer
-                        gathered = {layer: on_dp_stream_ns(self._gather_ns(pricer, p, layer), 0)
-                                    for layer in layers}
-                    wait = gathered[part] - cost.total_ns
-                    if wait > 0:
+                run_gathers(position, index)
+                if position in gathered and not isinstance(part, str):
+                    wait = gathered[position][part] - cost.total_ns
+                    if wait > 0:  # the layer waits for its parameters
                         cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
                         cost.total_ns += wait
                 part_cost = self._part_cost(pricer, p, part, comp)
+                if contention and dp_busy and dp_busy[-1][1] > cost.total_ns:
+                    while dp_busy[live][1] <= cost.total_ns:
+                        live += 1  # (ends ascend: those over are over for good)
+                    part_cost = self._overlapped_cost(pricer, p, part, comp, part_cost,
+                                                      cost.total_ns, dp_busy, live)
                 cost.total_ns += part_cost.total_ns
                 cost.compute_ns += part_cost.compute_ns
                 if part_cost.exposed_ns:
                     used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
-                if reduce_now:
+                if reduce_now and dues is not None:
+                    reduce(dues[position][index])  # (filled above)
+                elif reduce_now:
                     # the stage's last backward part flushes its partly filled buckets
                     final = index == len(parts) - 1
                     reduce(self._fill(part, grads, final))
+            gathered.pop(position, None)
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
@@ -990,6 +1231,54 @@ class AnalyticStepModel:
         cost.compute_ns += optimizer.compute_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
+
+    def _dp_ctas(self, pricer: OpPricer, p: int, what: str, arg: object) -> int:
+        """SMs a data-parallel collective of rank ``p`` holds (``what``: ``reduce`` of a
+        (group, size) bucket, ``gather`` of a layer), 0 without SM contention."""
+        if pricer.max_ctas is None:
+            return 0
+        key = (id(pricer), p, what, arg, "ctas")
+        found = self._durations.get(key)
+        if found is None:
+            if what == "reduce":
+                op_key = (what, p, arg)
+                build = lambda: self.lowerer.reduction_op(p, *arg)  # noqa: E731
+            else:
+                op_key = (what, p, self._flags[arg])
+                build = lambda: self.lowerer.param_gather_op(p, arg)  # noqa: E731
+            if op_key not in self._ops:
+                self._ops[op_key] = build()
+            op = self._ops[op_key]
+            found = self._durations[key] = 0 if op is None else pricer.ctas(op)
+        return found
+
+    def _overlapped_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str,
+                         alone: OpListCost, start_ns: int,
+                         dp_busy: Sequence[tuple[int, int, int]], first: int = 0
+                         ) -> OpListCost:
+        """List schedule of ``part`` starting at ``start_ns`` while the data-parallel
+        collectives ``dp_busy[first:]`` (one stream: begins and ends ascending) hold SMs
+        (OpPricer.schedule's ``external``); ``alone`` when none overlaps it. Intervals
+        are clipped to the most the part can last (every SM but one taken:
+        ``alone * sms``), so parts overlapped the same way share one price per (kind,
+        phase, overlap)."""
+        kind = _kind(self.lowerer, part)
+        limit = alone.total_ns * pricer.sms
+        external = []
+        for index in range(first, len(dp_busy)):
+            begin, end, ctas = dp_busy[index]
+            if begin - start_ns >= limit:
+                break
+            if end > start_ns:
+                external.append((max(begin - start_ns, 0), min(end - start_ns, limit), ctas))
+        if not external:
+            return alone
+        key = (id(pricer), kind, comp, tuple(external))
+        found = self._part_costs.get(key)
+        if found is None:
+            found = pricer.schedule(self.lowerer.phase_ops(p, part, comp), external)
+            self._part_costs[key] = found
+        return found
 
     def _stage_table(self, pricer: OpPricer, p: int, stage: int, comp: str) -> tuple:
         """The parts of one virtual stage's ``comp`` in the order the lowering runs them
@@ -1110,7 +1399,8 @@ class AnalyticStepModel:
         critical = critical_rank(breakdown, step_ns / 1e9)
         pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
-                            critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers))
+                            critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
+                            exact=not self.inexact)
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every
@@ -1126,7 +1416,8 @@ class AnalyticStepModel:
         row["bubble"] = max(cost.total_ns - cost.compute_ns - cost.optimizer_ns
                             - sum(cost.exposed_ns.values()), 0) / 1e9
         return AnalyticStep(step_ns=cost.total_ns, rank_end_ns=[cost.total_ns],
-                            breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled)
+                            breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled,
+                            exact=not self.inexact)
 
     def _pipeline_timing(self, t_p2p: int) -> PipelineTiming:
         """When each pipeline rank's compute ends: the schedule's own timing
@@ -1181,7 +1472,9 @@ class AnalyticStepModel:
         _add(exposed, rank.finish.exposed_ns)
         _add(exposed, rank.last_backward.exposed_ns, -1)
         exposed["pp"] = exposed.get("pp", 0) + p2p_ns
-        # what finishing the step computes besides Adam (the FP8 weight quantization)
+        # what finishing the step computes besides Adam (the FP8 weight quantization),
+        # and the last backward's compute as it ran beside the reductions (slower under
+        # SM contention, else the same)
         compute = (rank.per_step.compute_ns + rank.finish.compute_ns
                    - rank.last_backward.compute_ns)
         row = {"compute": compute / 1e9, "optimizer": rank.finish.optimizer_ns / 1e9}
@@ -1190,6 +1483,28 @@ class AnalyticStepModel:
         busy = compute + rank.finish.optimizer_ns + sum(exposed.get(a, 0) for a in AXES_IN_ORDER)
         row["bubble"] = max(step_ns - busy, 0) / 1e9
         return row
+
+
+def contention_closed_form(plan: ParallelPlan) -> bool:
+    """Whether the closed form prices ``plan``'s SM contention (``comm_sm_contention``)
+    as the event engine runs it, as far as the plan alone tells: always without
+    contention; with it, not for schedules that pair a forward with a backward
+    (DualPipe: the pair's collectives and the other direction's pipeline transfers
+    overlap each other's compute in ways the per-stage prices do not see; the engine
+    measured 29 % apart on tests/test_fidelity.py's DualPipe case). Pipelines otherwise
+    stay the usual approximation: the closed form does not let pipeline send/recvs take
+    SMs (tests/test_contention.py bounds it)."""
+    if plan_contention(plan) is None:
+        return True
+    from strategies.schedules import get_schedule  # (the module imports this one's users)
+    return not get_schedule(plan.schedule).pairs_own_actions
+
+
+def plan_contention(plan: ParallelPlan) -> int | None:
+    """The SM-contention setting of ``plan`` for :class:`OpPricer` and
+    :class:`sim.engine.Engine`: None when ``comm_sm_contention`` is off, else the most
+    CTAs an NCCL kernel holds (``nccl_max_ctas``; 0: NCCL's default)."""
+    return plan.nccl_max_ctas if plan.comm_sm_contention else None
 
 
 def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -1221,7 +1536,8 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     else:
         cost = cache.cost_model(layout, compute)
         shared = cache.shared_prices(layout, compute)
-    pricer = OpPricer(cost)
+    contention = plan_contention(plan)
+    pricer = OpPricer(cost, comm_contention=contention)
     step = AnalyticStepModel(lowerer, pricer, shared=shared, fast=fast).run()
     if not stragglers:
         return step
@@ -1236,7 +1552,7 @@ def analytic_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     slowed = CostModel(layout, ALGORITHMS, compute=cost.compute, fidelity="analytic",
                        ranks={r: RankConditions(speed=v) for r, v in stragglers.items()})
     for _, slow_ranks in sorted(replicas.items()):
-        slow = {p: OpPricer(slowed, rank) for p, rank in slow_ranks.items()
+        slow = {p: OpPricer(slowed, rank, contention) for p, rank in slow_ranks.items()
                 if stragglers[rank] != 1.0}
         candidate = AnalyticStepModel(lowerer, pricer, slow, shared=shared, fast=fast).run()
         if candidate.step_ns > step.step_ns:

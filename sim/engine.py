@@ -17,6 +17,18 @@ CPU thread: it issues the ops in program order, each after its host time, and wa
 after a ``host_sync`` op until that op has ended; an op starts no earlier than its
 issue.
 
+SM contention (``comm_contention``, the plan's ``comm_sm_contention`` and
+``nccl_max_ctas``): from the moment a collective or send/recv starts moving data
+until it ends, its NCCL kernel holds CTAs (SMs) on every present member
+(:meth:`hardware.cost.CostModel.collective_ctas`); a compute kernel running on that
+rank meanwhile progresses on the SMs left (:func:`hardware.cost.shared_sm_ns`, a
+deterministic processor-sharing stretch of the overlapped part). A communication
+op's end is known when it starts (closed form; at ``flow`` fidelity its closed-form
+duration stands in for the flows' end, an approximation), so a compute op's end is
+computed from the intervals known at its start and recomputed when it is due: a
+collective that started meanwhile moves it later. No communication op is then run
+ahead of time in a stream's run of known durations.
+
 Determinism: processes are created in (rank, stream) order and SimPy breaks
 ties between events scheduled for the same instant in creation order, so a
 run is identical for identical inputs.
@@ -30,7 +42,7 @@ from typing import Iterator
 
 import simpy
 
-from hardware.cost import CostModel
+from hardware.cost import CostModel, shared_sm_ns
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.timeline import Timeline, record_op
@@ -100,13 +112,17 @@ class Engine:
             collectives and point-to-point transfers, at its fidelity; its layout
             must hold the program's ranks.
         check: validate the program first (:func:`strategies.program_check.check_program`).
+        comm_contention: None: overlapped communication takes no SMs from compute;
+            else the most CTAs an NCCL kernel holds (0: NCCL's default, one per channel;
+            module docstring).
 
     Raises:
         ValueError: when the program does not fit the layout; ProgramError (a
             ValueError) for a malformed program.
     """
 
-    def __init__(self, program: Program, cost: CostModel, *, check: bool = True) -> None:
+    def __init__(self, program: Program, cost: CostModel, *, check: bool = True,
+                 comm_contention: int | None = None) -> None:
         layout = cost.layout
         if program.world_size > layout.world_size:
             raise ValueError(
@@ -132,6 +148,14 @@ class Engine:
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
         self._issued: dict[int, list[simpy.Event]] = {}
         self._complete: dict[int, set[int]] = {}
+        sms = layout.spec.gpu.sm_count
+        #: SM contention: the most CTAs per NCCL kernel (0: NCCL's), None when off
+        self._max_ctas = comm_contention if sms > 0 else None
+        self._sms = sms
+        #: per rank: (begin_ns, end_ns, ctas) of communication holding SMs
+        self._busy: dict[int, list[tuple[int, int, int]]] = {}
+        #: (rank, stream) -> start of the compute run it is timing (re-timed from there)
+        self._running: dict[tuple[int, str], int] = {}
 
     # ------------------------------------------------------------------ running
     def run(self) -> SimulationResult:
@@ -244,18 +268,29 @@ class Engine:
                     yield self.env.all_of(pending)
             if issued is not None and not issued[index].triggered:
                 yield issued[index]
-            duration = self._fixed_ns(op, rank, self.env.now)
+            begin = self.env.now
+            duration = self._fixed_ns(op, rank, begin)
             if duration is not None and issued is not None:
                 # the next op's issue is known only when the CPU gets there: one at a time
+                contended = self._max_ctas is not None
+                if contended:
+                    self._running[rank, stream] = begin
                 yield self.env.timeout(duration)
-                self._record(rank, index, op, self.env.now - duration, self.env.now)
+                while contended and isinstance(op, ComputeOp):
+                    # communication that started meanwhile takes SMs: later
+                    late = begin + self._fixed_ns(op, rank, begin) - self.env.now
+                    if late <= 0:
+                        break
+                    yield self.env.timeout(late)
+                if contended:
+                    del self._running[rank, stream]
+                self._record(rank, index, op, begin, self.env.now)
                 self._finished[rank] += 1
             elif duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
                 # collective nobody else joins, when nothing contends) that
                 # nothing else waits on in between costs one event: their spans
                 # follow from their durations.
-                begin = self.env.now
                 spans = [(index, begin, begin + duration)]
                 while index not in referenced and position + 1 < len(indices):
                     following = ops[indices[position + 1]]
@@ -267,7 +302,23 @@ class Engine:
                     position += 1
                     index = indices[position]
                     spans.append((index, spans[-1][2], spans[-1][2] + duration))
+                contended = self._max_ctas is not None
+                if contended:
+                    self._running[rank, stream] = begin
                 yield self.env.timeout(spans[-1][2] - begin)
+                while contended:
+                    # communication that started meanwhile takes SMs: re-time the run
+                    retimed, end = [], begin
+                    for member, _, _ in spans:
+                        step = self._fixed_ns(ops[member], rank, end)
+                        retimed.append((member, end, end + step))
+                        end += step
+                    spans = retimed
+                    if end <= self.env.now:
+                        break
+                    yield self.env.timeout(end - self.env.now)
+                if contended:
+                    del self._running[rank, stream]
                 for member, span_start, span_end in spans:
                     self._record(rank, member, ops[member], span_start, span_end)
                 self._finished[rank] += len(spans)
@@ -284,19 +335,57 @@ class Engine:
         if it depends on others."""
         if isinstance(op, ComputeOp):
             if rank in self._throttled:  # the duration depends on when it starts
-                return self.cost.compute_ns(op, rank, start_ns)
-            # memoised per op object (a step repeats the same ops thousands of times;
-            # the program keeps them alive, so ids are stable)
-            key = (id(op), rank if rank in self.cost.ranks else None)
-            duration = self._durations.get(key)
-            if duration is None:
-                duration = self.cost.compute_ns(op, rank)
-                self._durations[key] = duration
+                duration = self.cost.compute_ns(op, rank, start_ns)
+            else:
+                # memoised per op object (a step repeats the same ops thousands of times;
+                # the program keeps them alive, so ids are stable)
+                key = (id(op), rank if rank in self.cost.ranks else None)
+                duration = self._durations.get(key)
+                if duration is None:
+                    duration = self.cost.compute_ns(op, rank)
+                    self._durations[key] = duration
+            busy = self._busy.get(rank) if self._max_ctas is not None else None
+            if busy:
+                return shared_sm_ns(start_ns, duration, self._sms, busy)
             return duration
         if (not self.fabric.contended and isinstance(op, CollectiveOp)
-                and self._members_present(op) == 1):
+                and self._max_ctas is None and self._members_present(op) == 1):
             return self._choose(op).duration_ns
         return None
+
+    def _hold_sms(self, ranks, duration_ns: int, ctas: int) -> None:
+        """Communication starting now holds ``ctas`` SMs on each present rank of
+        ``ranks`` for ``duration_ns`` (module docstring); intervals over before now
+        are dropped (every compute op still running started no earlier than the
+        earliest one still listed that matters: a run's ops are re-timed from its
+        start, which is at most one op's length back)."""
+        if self._max_ctas is None or ctas <= 0 or duration_ns <= 0:
+            return
+        now = self.env.now
+        for rank in ranks:
+            if rank not in self.program.ops_by_rank:
+                continue
+            busy = self._busy.setdefault(rank, [])
+            running = [b for (r, _), b in self._running.items() if r == rank]
+            cutoff = min(running, default=now)
+            if busy and busy[0][1] <= cutoff:
+                busy[:] = [span for span in busy if span[1] > cutoff]
+            busy.append((now, now + duration_ns, ctas))
+
+    def _collective_sms(self, op: CollectiveOp, choice) -> None:
+        """A collective starts: its members' SMs (:meth:`_hold_sms`)."""
+        if self._max_ctas is None or not op.holds_sms:
+            return
+        ctas = self.cost.collective_ctas(op.kind, op.group, op.size_bytes, choice,
+                                         self._max_ctas)
+        self._hold_sms(op.group, choice.duration_ns, ctas)
+
+    def _p2p_sms(self, src: int, dst: int, size_bytes: int) -> None:
+        """A send/recv starts: both sides' SMs (:meth:`_hold_sms`)."""
+        if self._max_ctas is None:
+            return
+        self._hold_sms((src, dst), self.cost.p2p_ns(src, dst, size_bytes),
+                       self.cost.p2p_ctas(src, dst, size_bytes, self._max_ctas))
 
     def _choose(self, op: CollectiveOp):
         """The cost model's algorithm, protocol and closed-form duration of a
@@ -323,14 +412,17 @@ class Engine:
             if self._members_present(op) == 1:
                 # Alone (a reduced program's representative): nobody to wait for.
                 started = self.env.now
+                self._collective_sms(op, choice)
                 yield from run()
                 return started
-            meeting = self._meet(op.key, self._members_present(op), run)
+            meeting = self._meet(op.key, self._members_present(op), run,
+                                 on_start=lambda: self._collective_sms(op, choice))
         elif isinstance(op, (SendOp, RecvOp)):
             src, dst = (rank, op.peer) if isinstance(op, SendOp) else (op.peer, rank)
             meeting = self._meet(("p2p", src, dst, op.tag), 2,
                                  lambda: self.fabric.run_p2p(src, dst, op.size_bytes,
-                                                             self._pair_mirrors(src, dst)))
+                                                             self._pair_mirrors(src, dst)),
+                                 on_start=lambda: self._p2p_sms(src, dst, op.size_bytes))
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
         yield meeting.done
@@ -360,18 +452,21 @@ class Engine:
             if self._members_present(op) == 1:
                 # Alone (a reduced program's representative): nobody to wait for.
                 started = self.env.now
+                self._collective_sms(op, choice)
                 finished = self.env.event()
                 if start(lambda: _process_now(finished)):
                     yield finished
                 return started
-            meeting = self._meet(op.key, self._members_present(op), start, callbacks=True)
+            meeting = self._meet(op.key, self._members_present(op), start, callbacks=True,
+                                 on_start=lambda: self._collective_sms(op, choice))
         elif isinstance(op, (SendOp, RecvOp)):
             src, dst = (rank, op.peer) if isinstance(op, SendOp) else (op.peer, rank)
             mirrors = self._pair_mirrors(src, dst)
             meeting = self._meet(("p2p", src, dst, op.tag), 2,
                                  lambda on_done: fabric.start_p2p(src, dst, op.size_bytes,
                                                                   mirrors, on_done),
-                                 callbacks=True)
+                                 callbacks=True,
+                                 on_start=lambda: self._p2p_sms(src, dst, op.size_bytes))
         else:
             raise TypeError(f"op: {type(op).__name__} is not a Program op")
         yield meeting.done
@@ -403,12 +498,13 @@ class Engine:
             self._present_cache[op.group] = present
         return present
 
-    def _meet(self, key: object, expected: int, communicate, callbacks: bool = False
-              ) -> _Rendezvous:
+    def _meet(self, key: object, expected: int, communicate, callbacks: bool = False,
+              on_start=None) -> _Rendezvous:
         """Arrive at a rendezvous; the last to arrive starts ``communicate()`` (a
         process body of the fabric), or with ``callbacks`` ``communicate(on_done)``
         (a fabric's callback start, False when there is nothing to run) from an
-        urgent event scheduled now, where the process would start."""
+        urgent event scheduled now, where the process would start; ``on_start()`` runs
+        when the last member arrives."""
         meeting = self._meetings.get(key)
         if meeting is None:
             meeting = _Rendezvous(expected, 0, self.env.event())
@@ -417,6 +513,8 @@ class Engine:
         if meeting.arrived == meeting.expected:
             del self._meetings[key]
             meeting.started_ns = self.env.now
+            if on_start is not None:
+                on_start()
             if callbacks:
                 done = meeting.done
                 begin = simpy.Event(self.env)

@@ -40,7 +40,8 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_step import PricingCache, analytic_step
+from sim.analytic_step import (PricingCache, analytic_step, contention_closed_form,
+                               plan_contention)
 from sim.engine import Engine
 from sim.step_bands import StepBand, band_shares, step_band
 from sim.timeline import Timeline
@@ -258,20 +259,30 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         for p, breakdown in memory.items():
             check_fits(breakdown, applied.smallest_hbm_bytes, lowerer.representatives[p],
                        plan=plan)
+    fallback = None
     if fidelity == "analytic":
-        result = _analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
-                                  stragglers, cache)
-        if perturbations:
-            result.perturbation_cost = _perturbation_cost(
-                result.step_time_s, int(result.inputs["critical_rank"]), model, cluster, plan,
-                fidelity, compute)
-        return with_band(result, model, cluster, plan)
+        result = (_analytic_result(model, cluster, plan, layout, lowerer, memory, compute,
+                                   stragglers, cache)
+                  if contention_closed_form(plan) else None)
+        if result is not None:
+            if perturbations:
+                result.perturbation_cost = _perturbation_cost(
+                    result.step_time_s, int(result.inputs["critical_rank"]), model, cluster,
+                    plan, fidelity, compute)
+            return with_band(result, model, cluster, plan)
+        # SM contention in a schedule the closed form does not price exactly
+        # (sim.analytic_step.contention_closed_form, AnalyticStep.exact): the event
+        # engine's number, recorded in the stats
+        fallback, fidelity = "event: SM contention without an exact closed form", "event"
+        layout = job_layout(cluster, plan.world_size)
+        applied = apply_perturbations(perturbations, layout)
     lowering = lowerer.lower(distinct=sorted(applied.distinct), mirrors=fidelity == "flow")
     # The lowering builds valid programs by construction (tests check them
     # with strategies.program_check); skipping the check saves ~10 % here.
     cost = CostModel(layout, ALGORITHMS, compute=compute, fidelity=fidelity,
                      ranks=applied.rank_conditions)
-    engine = Engine(lowering.program, cost, check=False)
+    engine = Engine(lowering.program, cost, check=False,
+                    comm_contention=plan_contention(plan))
     result = engine.run()
     timeline = result.timeline
     step_ns = result.makespan_ns
@@ -293,7 +304,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                 "critical_rank": critical},
         timeline=timeline,
         lowering=lowering,
-        stats=dict(result.stats),
+        stats={**result.stats, **({"analytic_fallback": fallback} if fallback else {})},
         critical_stage=lowerer.layout.coords(critical)["pp"],
         perturbation_cost=(_perturbation_cost(step_s, critical, model, cluster, plan, fidelity,
                                               compute) if perturbations else None),
@@ -329,10 +340,13 @@ def _analytic_result(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                      layout: ClusterLayout, lowerer: StepLowerer,
                      memory: dict[int, MemoryBreakdown], compute: ComputeTimer | None,
                      stragglers: Mapping[int, float],
-                     cache: PricingCache | None) -> StepResult:
-    """The StepResult of the closed-form model (no timeline, no program)."""
+                     cache: PricingCache | None) -> StepResult | None:
+    """The StepResult of the closed-form model (no timeline, no program); None when it
+    is not exact under SM contention (:attr:`sim.analytic_step.AnalyticStep.exact`)."""
     step = analytic_step(model, cluster, plan, layout, compute=compute, stragglers=stragglers,
                          lowerer=lowerer, cache=cache)
+    if not step.exact:
+        return None
     step_s = step.step_ns / 1e9
     critical = lowerer.representatives[step.critical]
     return StepResult(

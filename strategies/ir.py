@@ -139,6 +139,10 @@ class CollectiveOp:
             is not modelled.
         host_issue: how the CPU issues them: ``eager`` (a Python call) or ``compiled``
             (a functional collective in torch.compile's generated wrapper).
+        holds_sms: the collective runs as an NCCL kernel holding one SM per channel
+            while it moves data (compute beside it gets the others when the plan's
+            ``comm_sm_contention`` is on); False: Transformer Engine userbuffers (charged
+            through ``ComputeOp.comm_sms``) or copy-engine transfers.
     """
 
     name: str
@@ -154,6 +158,7 @@ class CollectiveOp:
     axis: str = ""
     host_launches: int = 0
     host_issue: str = "eager"
+    holds_sms: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -350,7 +350,10 @@ class StepLowerer:
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
                                   dtype="bf16", axis=axis,
                                   host_launches=self._collective_host_launches(axis),
-                                  host_issue=self._collective_host_issue(axis)))
+                                  host_issue=self._collective_host_issue(axis),
+                                  # TE userbuffers / AsyncTP symmetric memory: not NCCL
+                                  holds_sms=not (axis == "tp"
+                                                 and self.plan.tp_comm_overlap in PIPELINED_TP)))
 
     def _collective_host_launches(self, axis: str) -> int:
         """CPU launches of one collective: an NCCL kernel issued from Python (1), or none

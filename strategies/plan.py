@@ -201,6 +201,18 @@ class ParallelPlan:
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
             ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
             ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
+        comm_sm_contention: NCCL kernels overlapped with compute (data-parallel
+            reduce-scatters and gathers, EP all-to-alls, CP ring exchanges, pipeline
+            send/recvs) hold one SM per channel for as long as they run, and compute
+            kernels beside them get the SMs left (:func:`hardware.cost.shared_sm_ns`);
+            False (default): overlapped communication is free for the compute it
+            overlaps. Opt-in: on the published rows it moves dense p90 16.1 -> 15.6 % and
+            bias -1.9 -> -1.2 % but the median 5.7 -> 5.9 % (dgxc 3.8 -> 4.2 %), and it
+            does not produce dgxc's error growth with GPU count (the shift is about the
+            same at 64 and 2,048 GPUs); see the branch's commit message.
+        nccl_max_ctas: most CTAs (SMs) one NCCL kernel holds (NCCL_MAX_CTAS, or a
+            framework pinning its communicator's ``maxCTAs``); 0: NCCL's default, one per
+            channel it runs at that size (the cost model's channel count).
         recompute_early_stop: with ``recompute = "full"``, the recompute of a layer stops
             once it has re-packed the last tensor the layer's backward saved: PyTorch's
             non-reentrant ``torch.utils.checkpoint`` from 2.1 on (``early_stop`` default
@@ -350,6 +362,11 @@ class ParallelPlan:
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
+    comm_sm_contention: bool = _field(False, "Overlapped NCCL kernels hold one SM per "
+                                            "channel; compute beside them runs on the "
+                                            "SMs left.")
+    nccl_max_ctas: int = _field(0, "Most CTAs (SMs) an NCCL kernel holds (NCCL_MAX_CTAS; "
+                                   "0: NCCL's default, one per channel).", minimum=0)
     recompute_early_stop: bool = _field(
         False, "Full recompute stops at the last tensor the layer's backward saved "
                "(PyTorch >= 2.1 non-reentrant checkpoint early stop).")
