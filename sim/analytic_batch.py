@@ -40,7 +40,7 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               fill_by_sums, optimizer_layers_key)
+                               fill_by_sums, group_price_key, optimizer_layers_key)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
@@ -214,7 +214,9 @@ class BatchStepEvaluator:
             lowerer = StepLowerer(self.model, plan,
                                   domain_gpus=self.cluster.scale_up.domain_gpus)
             reps = lowerer.representatives
-            groups = tuple(tuple(lowerer._groups(reps[p])[name] for name in ("tp", "cp", "ep"))
+            cluster_layout = self.cache.layout(self.cluster, plan.world_size)
+            groups = tuple(tuple(group_price_key(cluster_layout, lowerer._groups(reps[p])[name])
+                                 for name in ("tp", "cp", "ep"))
                            for p in range(plan.pp))
             found = self._layouts[key] = (reps, groups)
         return found

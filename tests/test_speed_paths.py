@@ -294,3 +294,30 @@ def test_flow_batches_built_in_bulk_equal_one_request_per_transfer(cluster, node
         mirrors = [cost.p2p_plan(a, b, size) for a, b in pairs]
         assert arrays(batch) == expected([plan, *mirrors])
     assert compared > 50
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "gb200-nvl72", "polaris"])
+def test_small_group_class_equals_numpy_class(name, monkeypatch):
+    """group_class of a small group (plain Python) is the numpy path's bytes, on strided
+    and scattered groups over several domains, leaves and spine groups."""
+    import hardware.topology as topology
+
+    spec = load_cluster(name)
+    layout = ClusterLayout(spec, min(spec.max_nodes, 512), spec.gpus_per_node)
+    rng = random.Random(3)
+    groups = []
+    for _ in range(300):
+        size = rng.choice((1, 2, 3, 4, 8, 16, 64))
+        if rng.random() < 0.5:
+            stride = rng.choice((1, 2, 8, 64, 512))
+            start = rng.randrange(layout.world_size - (size - 1) * stride) \
+                if (size - 1) * stride < layout.world_size else None
+            if start is None:
+                continue
+            groups.append(tuple(start + i * stride for i in range(size)))
+        else:
+            groups.append(tuple(rng.sample(range(layout.world_size), size)))
+    small = [layout.group_class(group) for group in groups]
+    monkeypatch.setattr(topology, "_SMALL_GROUP", 0)
+    layout._classes.clear()
+    assert [layout.group_class(group) for group in groups] == small
