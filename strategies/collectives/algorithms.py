@@ -181,25 +181,41 @@ def double_binary_trees(num: int) -> tuple[list[dict[int, int]], int]:
     return [first, second], max(height(first), height(second))
 
 
+def _dtree(num: int) -> tuple[list[dict[int, int]], int]:
+    """:func:`double_binary_trees` of ``num`` nodes, built once per ``num`` for the
+    builders here (which only read it)."""
+    found = _DTREES.get(num)
+    if found is None:
+        found = _DTREES[num] = double_binary_trees(num)
+    return found
+
+
+#: _dtree's trees by node count
+_DTREES: dict[int, tuple[list[dict[int, int]], int]] = {}
+
+
 def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     """Double binary tree across domains, chains inside them; reduce and
     broadcast run pipelined at the same time, each tree carries half the data."""
     domains = geometry.domains
     channels = geometry.local_size
-    trees, height = double_binary_trees(len(domains))
+    trees, height = _dtree(len(domains))
     chunk = size_bytes / (2 * channels)
-    # each domain's chain per channel, the same in both trees (built once)
+    # each domain's chain per channel, the same in both trees (built once): for each
+    # consecutive pair (a, b) of the chain, b -> a then a -> b (interleaved by slices)
     chains = []
     for c in range(channels):
         row = []
         for members in domains:
             k = c % len(members)  # the domain's chain starting at member c
             order = tuple(members[k:]) + tuple(members[:k])
-            chain_src: list[int] = []
-            chain_dst: list[int] = []
-            for a, b in zip(order, order[1:]):  # b -> a, then a -> b
-                chain_src += (b, a)
-                chain_dst += (a, b)
+            lower, upper = order[:-1], order[1:]
+            chain_src = [0] * (2 * len(lower))
+            chain_dst = chain_src[:]
+            chain_src[0::2] = upper
+            chain_src[1::2] = lower
+            chain_dst[0::2] = lower
+            chain_dst[1::2] = upper
             row.append((chain_src, chain_dst))
         chains.append(row)
     src: list[int] = []
@@ -211,8 +227,9 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                 chain_src, chain_dst = row[d]
                 src += chain_src
                 dst += chain_dst
-                if d in parents:
-                    up = domains[parents[d]][c]
+                up_domain = parents.get(d)
+                if up_domain is not None:
+                    up = domains[up_domain][c]
                     src += (members[c], up)
                     dst += (up, members[c])
     intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
@@ -238,7 +255,7 @@ def nvls_tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase
     NVLS multicasts the result back; the stages run pipelined, as one phase."""
     domains = geometry.domains
     width = geometry.local_size
-    trees, height = double_binary_trees(len(domains))
+    trees, height = _dtree(len(domains))
     shard = size_bytes / width / 2  # each of the two trees carries half of a shard
     transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
                  for m in members]
