@@ -156,6 +156,7 @@ class BatchStepEvaluator:
         self._layouts: dict[tuple, tuple] = {}
         self._splits: dict[tuple, tuple] = {}
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
+        self._covered: dict[tuple, bool] = {}
         self._grads: dict[tuple, tuple | None] = {}
         self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
@@ -168,6 +169,15 @@ class BatchStepEvaluator:
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
             return False
+        # (the rest reads the schedule, its placement and the job shape: once each)
+        key = (plan.schedule, plan.pp, plan.vpp, plan.world_size)
+        found = self._covered.get(key)
+        if found is None:
+            found = self._covered[key] = self._covers_shape(plan)
+        return found
+
+    def _covers_shape(self, plan: ParallelPlan) -> bool:
+        """:meth:`covers`' schedule and cost-model conditions."""
         schedule = get_schedule(plan.schedule)
         if schedule.pairs_own_actions or schedule.placement(plan.pp, plan.vpp).routes != 1:
             return False
@@ -338,8 +348,14 @@ class BatchStepEvaluator:
             shape_of = tuple(shapes.setdefault(
                 (tuple((k, n) for k, _, n in kinds[s]), first[s], last[s]), s)
                 for s in range(len(stage_layers)))
+            # each rank's part of its optimizer key (AnalyticStepModel._optimizer_cost)
+            optimizer_keys = tuple(
+                (optimizer_layers_key(self.model, [layer for s in stages_of[p]
+                                                   for layer in stage_layers[s]]),
+                 any(first[s] for s in stages_of[p]), any(last[s] for s in stages_of[p]))
+                for p in range(plan.pp))
             found = (placement, stage_layers, tuple(kinds), stages_of, first, last,
-                     tuple(signatures), askers, shape_of)
+                     tuple(signatures), askers, shape_of, optimizer_keys)
             self._splits[key] = found
         return found
 
@@ -370,7 +386,7 @@ class BatchStepEvaluator:
         shared = cache.shared_prices(layout)
         schedule = get_schedule(plan.schedule)
         (placement, stage_layers, kinds, stages_of, is_first, is_last, signatures, askers,
-         shape_of) = self._split(plan, schedule)
+         shape_of, optimizer_keys) = self._split(plan, schedule)
         reps, part_groups = self._layout_of(plan)
         mkey = shared.model_key(model)
         part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
@@ -426,11 +442,7 @@ class BatchStepEvaluator:
             return found[0] or 0
 
         def optimizer_ns(p: int) -> int:
-            layers = optimizer_layers_key(
-                model, [layer for s in stages_of[p] for layer in stage_layers[s]])
-            holds_first = any(is_first[s] for s in stages_of[p])
-            holds_last = any(is_last[s] for s in stages_of[p])
-            found = get((opt_key, groups_key, p, layers, holds_first, holds_last))
+            found = get((opt_key, groups_key, p, *optimizer_keys[p]))
             if found is None:
                 ref = self._reference_model(plan)
                 found = ref._optimizer_cost(ref.pricer, p)
