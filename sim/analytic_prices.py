@@ -84,7 +84,7 @@ _NOT_IN_OPTIMIZER = frozenset({
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "store_param_remainders",
-    "fsdp_fp32_params", "grad_reduce_every_microbatch"})
+    "fsdp_fp32_params", "grad_reduce_every_microbatch", "recompute_early_stop"})
 #: What places a rank's groups and picks what runs on its data-parallel group: the
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.

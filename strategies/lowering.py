@@ -432,9 +432,10 @@ class StepLowerer:
         b.add(op)
 
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
-                       modules: frozenset[str] | None = None) -> None:
+                       modules: frozenset[str] | None = None, early_stop: bool = False) -> None:
         """The forward of ``layer``; with ``modules``, only what selective recompute of
-        those modules re-runs (:func:`recomputed`)."""
+        those modules re-runs (:func:`recomputed`); with ``early_stop``, a full recompute
+        that ends where PyTorch's checkpoint early stop ends it (:func:`early_stop_end`)."""
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
@@ -442,7 +443,13 @@ class StepLowerer:
         if jax_policy:
             self._jax_remat_recompute(b, layer, tag, min(jax_policy))
             return
-        for block, members in _blocks(self.kernels(layer)):
+        blocks = _blocks(self.kernels(layer))
+        for position, (block, members) in enumerate(blocks):
+            end = len(members)
+            if early_stop and position == len(blocks) - 1:
+                end = early_stop_end(block, members, dropout=self.model.dropout,
+                                     aten_matmul=(self.plan.layer_impl == "torch"
+                                                  and "fp8" not in self.plan.dtype))
             if modules is not None:
                 members, whole = recomputed(block, members, modules)
                 if not whole:
@@ -461,7 +468,7 @@ class StepLowerer:
             column, row = self._tp_matmuls(block, members)
             if column is None:
                 self._tp_boundary(b, label, entering=True, backward=False)
-            for index, kernel in enumerate(members):
+            for index, kernel in enumerate(members[:end]):
                 if kernel.kind == "attention" and self.plan.cp > 1:
                     self._ring_attention(b, kernel, f"{tag}.l{layer}", "F")
                     continue
@@ -692,10 +699,12 @@ class StepLowerer:
         return "full" if self._position_in_stage[layer] < plan.recompute_layers else "none"
 
     def _recompute(self, b: _RankBuilder, layer: int, tag: str) -> None:
-        """Re-run what the backward of ``layer`` needs and did not keep."""
+        """Re-run what the backward of ``layer`` needs and did not keep (under
+        ``plan.recompute_early_stop``, up to :func:`early_stop_end` of its last block)."""
         mode = self.recompute_of(layer)
         if mode == "full":
-            self._layer_forward(b, layer, f"recompute.{tag}")
+            self._layer_forward(b, layer, f"recompute.{tag}",
+                                early_stop=self.plan.recompute_early_stop)
         elif mode == "selective":
             self._layer_forward(b, layer, f"recompute.{tag}", modules=self.recompute_modules)
 
@@ -1731,6 +1740,39 @@ def _scaled(kernel: costs.Kernel, factor: float) -> costs.Kernel:
                    bwd_input_bytes=kernel.bwd_input_bytes * factor,
                    bwd_weight_flops=kernel.bwd_weight_flops * factor,
                    bwd_weight_bytes=kernel.bwd_weight_bytes * factor)
+
+
+def early_stop_end(block: str, members: Sequence[costs.Kernel], *, dropout: bool,
+                   aten_matmul: bool) -> int:
+    """How many of a layer's last block's kernels (``members``, in forward order) a full
+    recompute re-runs when it stops early, as PyTorch's non-reentrant checkpoint does
+    from 2.1 on (torch/utils/checkpoint.py: the recompute's pack hook raises
+    ``_StopRecomputationError`` once it has re-packed as many tensors as the forward saved;
+    ``early_stop`` default True, pytorch PR #96866).
+
+    What the recompute re-packs last is the last tensor the block's backward saved: in a
+    dense MLP block (``block == "mlp"``) ending in the down projection and the residual add,
+    the down projection's inputs. An ATen ``mm`` (``aten_matmul``: a plain
+    ``torch.nn.Linear`` in 16-bit) saves its inputs *before* it runs (the generated
+    autograd kernel, torch/csrc/autograd/generated/VariableType_*.cpp ``mm``, builds its
+    ``SavedVariable`` s and so calls the pack hook before ``redispatch::mm``), so the
+    recompute stops before that GEMM: ``index of the GEMM``. A custom autograd Function
+    (Transformer Engine's linear, torchao's ``Float8Linear``) packs what
+    ``ctx.save_for_backward`` named only after its forward returned, so the GEMM runs and
+    only the residual add is left: ``index + 1``. The add saves nothing; with dropout the
+    fused dropout-add saves its mask and runs too (every kernel: ``len(members)``), as does
+    any other block (attention, MoE: the whole block re-runs).
+    """
+    if block != "mlp" or dropout:
+        return len(members)
+    matmuls = [i for i, kernel in enumerate(members) if kernel.kind == "matmul"]
+    if not matmuls:
+        return len(members)
+    last = matmuls[-1]
+    trailing = members[last + 1:]
+    if not all(k.kind == "elementwise" and k.name.endswith(".residual") for k in trailing):
+        return len(members)
+    return last if aten_matmul else last + 1
 
 
 def _blocks(kernels: Sequence[costs.Kernel]) -> list[tuple[str, list[costs.Kernel]]]:

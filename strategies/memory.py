@@ -180,7 +180,7 @@ _NOT_IN_ACTIVATIONS = frozenset({
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "recompute_layers",
     "tp_comm_overlap",
     "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
-    "staleness", "ps_steps", "grad_reduce_every_microbatch"})
+    "staleness", "ps_steps", "grad_reduce_every_microbatch", "recompute_early_stop"})
 #: Plan fields the model states and buffers of :func:`rank_memory` do not read.
 _NOT_IN_STATES = frozenset({
     "global_batch", "micro_batch", "seq_len", "schedule", "pp", "vpp", "layers_per_stage",
@@ -188,7 +188,7 @@ _NOT_IN_STATES = frozenset({
     "flash_attention", "sequence_parallel", "tp_comm_overlap", "attention_impl",
     "elementwise", "overlap_grad_reduce", "overlap_param_gather", "optimizer_impl", "order",
     "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
-    "grad_reduce_every_microbatch"})
+    "grad_reduce_every_microbatch", "recompute_early_stop"})
 _FIELDS = {"activations": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_ACTIVATIONS),
            "states": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_STATES)}
 #: Entries kept before the table starts again (values are recomputed on demand).

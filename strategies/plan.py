@@ -201,6 +201,15 @@ class ParallelPlan:
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
             ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
             ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
+        recompute_early_stop: with ``recompute = "full"``, the recompute of a layer stops
+            once it has re-packed the last tensor the layer's backward saved: PyTorch's
+            non-reentrant ``torch.utils.checkpoint`` from 2.1 on (``early_stop`` default
+            True, pytorch PR #96866; torchtitan's and other ``checkpoint_wrapper`` users').
+            An ATen ``mm`` saves its inputs before it runs, so a layer ending in a plain
+            ``torch.nn.Linear`` (the MLP down projection) and a residual add does not
+            re-run that GEMM (:func:`strategies.lowering.early_stop_end`). False: the
+            whole forward re-runs (Megatron's ``CheckpointFunction``, reentrant
+            checkpointing, PyTorch <= 2.0).
         recompute_modules: with ``recompute = "selective"``, the Megatron-Core
             ``--recompute-modules`` re-run in the backward (:data:`strategies.model_costs.
             RECOMPUTE_MODULES`; empty: ``core_attn``, Megatron's default), or one whole-layer
@@ -341,6 +350,9 @@ class ParallelPlan:
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
+    recompute_early_stop: bool = _field(
+        False, "Full recompute stops at the last tensor the layer's backward saved "
+               "(PyTorch >= 2.1 non-reentrant checkpoint early stop).")
     recompute_modules: tuple[str, ...] = _field(
         (), "With selective recompute: modules re-run in the backward, e.g. "
             "core_attn,mlp (empty: core_attn).")

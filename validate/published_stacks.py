@@ -163,6 +163,14 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       ``mul_``/``add_``/``addcmul_``/``sqrt``/``div``/``add_``/``addcdiv_`` kernels:
       ``optimizer_impl = "for-loop"`` (the 80 bytes per parameter of
       ``strategies.model_costs.ADAM_BYTES_PER_PARAM``, not a fused kernel's 28).
+      Activation checkpointing re-runs the whole MPTBlock (``activation_checkpointing_fn``:
+      every ``MPTBlock``; submit_benchmarks.py sets ``activation_checkpointing_reentrant:
+      False``) without early stop: the benchmark sweeps ran the
+      ``mosaicml/pytorch:2.0.1_cu118`` image (scripts/train/benchmarking/sweep.sh; the
+      A100 40GB table the 1.13.1 default of submit_benchmarks.py), whose non-reentrant
+      checkpoint re-runs the function whole on the first unpack; early stop came with
+      PyTorch 2.1 (pytorch PR #96866). The large-scale section's PyTorch is not printed:
+      taken to be the same (assumption).
     * torchtitan: FSDP2 with ``mixed_precision_reduce = "float32"``; SDPA's flash backend
       (FlashAttention-2); torchao float8; without ``torch.compile`` eager RMSNorm, SwiGLU,
       RoPE and an fp32 ``F.cross_entropy`` (compiled runs: fused; :func:`stack_settings`);
@@ -175,7 +183,10 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       ``_cp_options.rotate_method`` is ``ALL_GATHER`` (torch/distributed/tensor/
       experimental/_attention.py ``_ContextParallelOptions``; torchtitan's
       ``context_parallel_rotate_method`` option came later with the same default):
-      ``cp_comm_type = "torch_allgather"``.
+      ``cp_comm_type = "torch_allgather"``. Activation checkpointing through
+      ``ptd_checkpoint_wrapper`` (torchtitan's ``apply_ac``: PyTorch's non-reentrant
+      checkpoint, torch >= 2.1 nightlies), whose early stop ends a full recompute at
+      the last saved tensor: ``recompute_early_stop`` (strategies.lowering.early_stop_end).
     * Other PyTorch FSDP stacks (NeMo AutoModel): ZeRO-3, fp32 reduction, torchao float8,
       DTensor TP; FSDP2 over fp32 parameters, the sharded fp32 parameters being the
       optimizer's masters (``fsdp_fp32_params``: AutoModel's ``apply_fsdp``,
@@ -184,7 +195,9 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       kept in fp32 ... fp32 master weights under FSDP2", and its benchmark YAMLs run
       ``torch.optim.Adam`` on them); the loss is PyTorch ``F.cross_entropy`` on the bf16
       logits (``cross_entropy = "eager_bf16"``: every benchmark YAML sets ``loss_fn:
-      MaskedCrossEntropy`` with ``fp32_upcast: false``).
+      MaskedCrossEntropy`` with ``fp32_upcast: false``); ``checkpoint_wrapper``
+      activation checkpointing (``apply_ac``), PyTorch's non-reentrant checkpoint with
+      early stop (``recompute_early_stop``).
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
       fp32 reduction; XLA fuses elementwise chains.
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
@@ -208,10 +221,12 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
     if kind == "torchtitan":
         return {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
                 "attention_impl": "fa2", "fp8_recipe": "torchao", "elementwise": "eager",
-                "cross_entropy": "eager", "cp_comm_type": "torch_allgather"}
+                "cross_entropy": "eager", "cp_comm_type": "torch_allgather",
+                "recompute_early_stop": True}
     if kind == "pytorch-fsdp":
         out = {"zero": 3, "grad_reduce_dtype": "fp32", "tp_comm_overlap": "dtensor",
-               "fp8_recipe": "torchao", "cross_entropy": "eager", "fsdp_fp32_params": True}
+               "fp8_recipe": "torchao", "cross_entropy": "eager", "fsdp_fp32_params": True,
+               "recompute_early_stop": True}
         if "automodel" in framework.lower():
             out["cross_entropy"] = "eager_bf16"
         return out
