@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from hardware.spec import GroupGeometry
 from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer, TransferColumns
 
@@ -53,6 +55,7 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
     found = _RING_COLUMNS.get(id(geometry))
     if found is not None and found[0] is geometry:
         return TransferColumns(found[1], found[2], per_channel)
+    # (kept as int64 arrays: what the network model reads, TransferColumns.arrays)
     src: list[int] = []
     dst: list[int] = []
     for d, members in enumerate(domains):
@@ -68,17 +71,18 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
                 dst.append(order[0])
             src.append(members[c])
             dst.append(following[c])
-    columns = TransferColumns(src, dst, per_channel)
+    columns = TransferColumns(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                              per_channel)
     if len(_RING_COLUMNS) >= _RING_COLUMNS_MAX:
         _RING_COLUMNS.clear()
-    _RING_COLUMNS[id(geometry)] = (geometry, columns.src, columns.dst)
+    _RING_COLUMNS[id(geometry)] = (geometry, *columns.arrays())
     return columns
 
 
 #: _ring_columns' sources and destinations per geometry (by identity, the geometry
 #: kept alive with its entry; ClusterLayout.geometry hands one object per group), at
 #: most _RING_COLUMNS_MAX of them
-_RING_COLUMNS: dict[int, tuple[GroupGeometry, tuple[int, ...], tuple[int, ...]]] = {}
+_RING_COLUMNS: dict[int, tuple[GroupGeometry, np.ndarray, np.ndarray]] = {}
 _RING_COLUMNS_MAX = 1024
 
 
@@ -194,6 +198,41 @@ def _dtree(num: int) -> tuple[list[dict[int, int]], int]:
 _DTREES: dict[int, tuple[list[dict[int, int]], int]] = {}
 
 
+def _uniform_tree_columns(domains: tuple[tuple[int, ...], ...], channels: int,
+                          trees: list[dict[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tree_all_reduce`'s sources and destinations when every domain holds
+    ``channels`` members, as int64 arrays built in numpy (the same transfers in the same
+    order as its loop): per tree and channel ``c``, each domain's chain from member
+    ``c`` (``b -> a`` then ``a -> b`` for each consecutive pair) followed, unless the
+    domain is the tree's root, by member ``c``'s exchange with member ``c`` of its
+    parent domain."""
+    members = np.asarray(domains, dtype=np.int64)  # (domains, channels)
+    num, width = members.shape
+    chain = 2 * (width - 1)
+    src_blocks, dst_blocks = [], []
+    for parents in trees:
+        parent = np.full(num, -1, dtype=np.int64)
+        parent[list(parents)] = list(parents.values())
+        has_parent = parent >= 0
+        # per domain row: its chain (2 (width - 1) entries), then 2 for the tree edge
+        keep = np.ones((num, chain + 2), dtype=bool)
+        keep[~has_parent, chain:] = False
+        up_domain = np.where(has_parent, parent, 0)
+        for c in range(channels):
+            order = members[:, (np.arange(width) + c) % width]  # rotated to start at c
+            lower, upper = order[:, :-1], order[:, 1:]
+            src = np.empty((num, chain + 2), dtype=np.int64)
+            dst = np.empty((num, chain + 2), dtype=np.int64)
+            src[:, 0:chain:2], src[:, 1:chain:2] = upper, lower
+            dst[:, 0:chain:2], dst[:, 1:chain:2] = lower, upper
+            own, up = members[:, c], members[up_domain, c]
+            src[:, chain], src[:, chain + 1] = own, up
+            dst[:, chain], dst[:, chain + 1] = up, own
+            src_blocks.append(src[keep])
+            dst_blocks.append(dst[keep])
+    return np.concatenate(src_blocks), np.concatenate(dst_blocks)
+
+
 def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     """Double binary tree across domains, chains inside them; reduce and
     broadcast run pipelined at the same time, each tree carries half the data."""
@@ -201,6 +240,11 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = _dtree(len(domains))
     chunk = size_bytes / (2 * channels)
+    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
+    if geometry.uniform and len(domains) > 1:
+        src, dst = _uniform_tree_columns(domains, channels, trees)
+        return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
+                      geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
     # each domain's chain per channel, the same in both trees (built once): for each
     # consecutive pair (a, b) of the chain, b -> a then a -> b (interleaved by slices)
     chains = []
@@ -232,7 +276,6 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                     up = domains[up_domain][c]
                     src += (members[c], up)
                     dst += (up, members[c])
-    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
     # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
     # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
     return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
