@@ -306,6 +306,8 @@ class CostModel:
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
         self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
+        #: choices by (kind, ClusterLayout.group_class, size, algorithm, protocol)
+        self._choices_by_class: dict[tuple, CollectiveCost] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
         self._geometry_classes: dict[int, tuple[GroupGeometry, bytes | None]] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
@@ -422,6 +424,19 @@ class CostModel:
         if found is not None:
             self._remember_choice(fast_key, group, found)
             return found
+        # a group the machine's symmetry maps onto one already priced at this size gets
+        # its choice: candidates follow from the class's geometry (domains, their sizes)
+        # and every price from the class's coefficients (_coefficients_of), so the whole
+        # choice is a function of the class (None while links are not uniform)
+        group_class = self.layout.group_class(key[1])
+        class_key = None if group_class is None else (kind, group_class, size_bytes,
+                                                      algorithm, protocol)
+        if class_key is not None:
+            found = self._choices_by_class.get(class_key)
+            if found is not None:
+                self._choices[key] = found
+                self._remember_choice(fast_key, group, found)
+                return found
         candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm, protocol)
         if not candidates:
             empty = self.algorithms.empty_plan(kind)
@@ -445,6 +460,8 @@ class CostModel:
                     f"here; valid: auto, {', '.join(PROTOCOLS)}")
             found = best
         self._choices[key] = found
+        if class_key is not None:
+            self._choices_by_class[class_key] = found
         self._remember_choice(fast_key, group, found)
         return found
 

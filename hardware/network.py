@@ -393,15 +393,16 @@ class NetworkModel:
         by_mode: dict[str, tuple[list[int], list[int], list[float]]] = {}
         content = None
         if getattr(transfers, "columns", False):
-            content = (transfers.mode, transfers.payload_bytes, transfers.src, transfers.dst)
+            # held as columns (strategies.collectives.plans.TransferColumns: ring and tree
+            # builders), read as int64 arrays; one payload for all (None below)
+            sources, destinations = transfers.arrays()
+            content = (transfers.mode, transfers.payload_bytes, sources.tobytes(),
+                       destinations.tobytes())
             found = self._loads_by_content.get(content)
             if found is not None:
                 self._loads[id(phase)] = (phase, found)
                 return found
-            # held as columns (strategies.collectives.plans.TransferColumns: ring and tree
-            # builders): the same lists without a Transfer object each
-            by_mode[transfers.mode] = (transfers.src, transfers.dst,
-                                       [transfers.payload_bytes] * len(transfers.src))
+            by_mode[transfers.mode] = (sources, destinations, None)
             modes = set()
         else:
             modes = {t.mode for t in transfers}
@@ -427,9 +428,13 @@ class NetworkModel:
             else:
                 # (one payload for every transfer, as TransferColumns have: each link
                 # adds equal terms, the same sum in any order)
-                which, links = layout.paths_links(src, dst, ordered=len(set(payloads)) > 1)
-            loads[mode] = np.bincount(links, weights=np.asarray(payloads)[which],
-                                      minlength=layout.num_links)
+                which, links = layout.paths_links(
+                    src, dst, ordered=payloads is not None and len(set(payloads)) > 1)
+            if payloads is None:  # columns: every transfer's payload, as a float64 weight
+                weights = np.full(which.size, transfers.payload_bytes, dtype=np.float64)
+            else:
+                weights = np.asarray(payloads)[which]
+            loads[mode] = np.bincount(links, weights=weights, minlength=layout.num_links)
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         if content is not None:
             self._loads_by_content[content] = loads
@@ -541,8 +546,7 @@ class FlowFabric:
         fill = model.pipeline_factor(plan, phase)
         transfers = phase.transfers
         if getattr(transfers, "columns", False):
-            src = np.asarray(transfers.src, dtype=np.int64)
-            dst = np.asarray(transfers.dst, dtype=np.int64)
+            src, dst = transfers.arrays()
             payload = np.full(src.size, float(transfers.payload_bytes))
             modes = {transfers.mode}
             caps = model.transfer_caps_columns(plan, phase, src, dst, payload, transfers.mode)

@@ -23,6 +23,7 @@ destination rail (NCCL's PXN), so it never crosses the spine for a rail change.
 
 from __future__ import annotations
 
+from array import array as _array
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
@@ -30,6 +31,9 @@ from typing import Sequence
 import numpy as np
 
 from hardware.spec import ClusterSpec, GroupGeometry
+
+#: Largest group whose :meth:`ClusterLayout.group_class` is computed in plain Python.
+_SMALL_GROUP = 64
 
 
 #: Link tiers, in the order :attr:`ClusterLayout.link_tier_index` numbers them.
@@ -372,6 +376,12 @@ class ClusterLayout:
         found = self._classes.get(key)
         if found is not None:
             return found
+        if len(key) <= _SMALL_GROUP:
+            found = self._small_group_class(key)
+            if len(self._classes) >= 65536:
+                self._classes.clear()
+            self._classes[key] = found
+            return found
         ranks = np.asarray(key, dtype=np.int64)
         nodes = ranks // self.gpus_per_node
         local = ranks % self.gpus_per_node
@@ -405,6 +415,30 @@ class ClusterLayout:
             self._classes.clear()
         self._classes[key] = found
         return found
+
+    def _small_group_class(self, key: tuple[int, ...]) -> bytes:
+        """:meth:`group_class` of a small group in plain Python (numpy's per-call cost
+        outweighs a few members): the same columns, each value replaced by its rank
+        among the group's distinct values (what ``np.unique``'s inverse gives, and
+        the running count of steps up for ascending ranks), as the same int64 bytes."""
+        gpn = self.gpus_per_node
+        nodes = [rank // gpn for rank in key]
+        local = [rank % gpn for rank in key]
+        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
+            domains = list(key)
+        else:
+            domains = [node // self._nodes_per_domain for node in nodes]
+        fabric = self.spec.fabric
+        units = [node // fabric.nodes_per_leaf for node in nodes]
+        spines = [unit // fabric.leaves_per_spine_group for unit in units]
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
+        relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
+            nodes, domains, units, spines)
+        flat = [] if one_nic_each else list(local)
+        for values in relabelled:
+            order = {value: index for index, value in enumerate(sorted(set(values)))}
+            flat += [order[value] for value in values]
+        return _array("q", flat).tobytes()
 
     def paths_links(self, src: np.ndarray, dst: np.ndarray, ordered: bool = True
                     ) -> tuple[np.ndarray, np.ndarray]:

@@ -45,8 +45,8 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               contention_closed_form,
-                               fill_by_sums, optimizer_layers_key, plan_contention)
+                               contention_closed_form, fill_by_sums, group_price_key,
+                               optimizer_layers_key, plan_contention)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import ParallelPlan
@@ -74,6 +74,70 @@ def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, d
 
 #: a reduction not looked up yet (_fill_buckets; None is a price: nothing to reduce)
 _UNSEEN = object()
+#: Shortest run of identical layers the bucket walk takes in closed form (_fill_run).
+_RUN_MIN = 3
+#: Whole gradient bytes below 2**53 add exactly as floats (in any grouping).
+_EXACT_MAX = float(2 ** 53)
+
+
+def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: float,
+              total: int, dp_free: int, reductions: dict, reduction_ns, rank
+              ) -> tuple[int, int]:
+    """``count`` identical layers (``part_ns`` each, ``dense`` whole gradient bytes to the
+    dense bucket, none to the expert one), none of them the walk's final part, through
+    :func:`_fill_buckets` in closed form; returns (total, dp_free) after them, with
+    ``pending`` as the walk leaves it.
+
+    With ``P`` bytes pending and ``g`` per layer, the first bucket is due at the first
+    layer ``i1`` with ``P + i1 g >= bucket`` and every ``k`` layers after it (``k g >=
+    bucket``, the least such ``k``), at totals ``t_j``; its size is ``P + i1 g``, the
+    others' ``k g`` (whole numbers below 2**53: the same floats as adding one layer at a
+    time). The stream's recursion ``F_j = max(F_{j-1}, t_j) + d`` over ``J`` equal
+    buckets ``K = k part_ns`` apart unrolls to ``max(F_0 + J d, t_1 + J d, t_J + d)``
+    (each term ``t_i + (J - i + 1) d`` is linear in ``i``, so an end binds): the same
+    integers as the walk layer by layer."""
+    start = pending.get("dense", 0.0)
+    first = 1
+    if start + dense < bucket:  # least i with start + i dense >= bucket
+        first = max(1, int((bucket - start) // dense))
+        while first > 1 and start + (first - 1) * dense >= bucket:
+            first -= 1
+        while start + first * dense < bucket:
+            first += 1
+    if first > count:  # no bucket due in the run
+        pending["dense"] = start + count * dense
+        pending["expert"] = pending.get("expert", 0.0) + 0.0
+        return total + count * part_ns, dp_free
+    period = max(1, int(bucket // dense))
+    while period > 1 and (period - 1) * dense >= bucket:
+        period -= 1
+    while period * dense < bucket:
+        period += 1
+
+    def duration_of(size: float):
+        due = ("dense", size)
+        found = reductions.get(due, _UNSEEN)
+        if found is _UNSEEN:
+            found = reductions[due] = reduction_ns(rank, *due)
+        return found
+
+    due_at = total + first * part_ns
+    duration = duration_of(start + first * dense)
+    if duration is not None:
+        dp_free = (dp_free if dp_free > due_at else due_at) + duration
+    more = (count - first) // period  # equal buckets after the first
+    if more:
+        duration = duration_of(period * dense)
+        if duration is not None:
+            step = period * part_ns
+            t_first = due_at + step
+            t_last = due_at + more * step
+            dp_free = max(dp_free + more * duration, t_first + more * duration,
+                          t_last + duration)
+    left = count - first - more * period  # layers after the last due bucket
+    pending["dense"] = left * dense
+    pending["expert"] = pending.get("expert", 0.0) + 0.0
+    return total + count * part_ns, dp_free
 
 
 class BatchStepEvaluator:
@@ -99,6 +163,7 @@ class BatchStepEvaluator:
         self._layouts: dict[tuple, tuple] = {}
         self._splits: dict[tuple, tuple] = {}
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
+        self._covered: dict[tuple, bool] = {}
         self._grads: dict[tuple, tuple | None] = {}
         self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
@@ -115,6 +180,15 @@ class BatchStepEvaluator:
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
             return False
+        # (the rest reads the schedule, its placement and the job shape: once each)
+        key = (plan.schedule, plan.pp, plan.vpp, plan.world_size)
+        found = self._covered.get(key)
+        if found is None:
+            found = self._covered[key] = self._covers_shape(plan)
+        return found
+
+    def _covers_shape(self, plan: ParallelPlan) -> bool:
+        """:meth:`covers`' schedule and cost-model conditions."""
         schedule = get_schedule(plan.schedule)
         if schedule.pairs_own_actions or schedule.placement(plan.pp, plan.vpp).routes != 1:
             return False
@@ -237,7 +311,9 @@ class BatchStepEvaluator:
             lowerer = StepLowerer(self.model, plan,
                                   domain_gpus=self.cluster.scale_up.domain_gpus)
             reps = lowerer.representatives
-            groups = tuple(tuple(lowerer._groups(reps[p])[name] for name in ("tp", "cp", "ep"))
+            cluster_layout = self.cache.layout(self.cluster, plan.world_size)
+            groups = tuple(tuple(group_price_key(cluster_layout, lowerer._groups(reps[p])[name])
+                                 for name in ("tp", "cp", "ep"))
                            for p in range(plan.pp))
             found = self._layouts[key] = (reps, groups)
         return found
@@ -295,8 +371,14 @@ class BatchStepEvaluator:
             shape_of = tuple(shapes.setdefault(
                 (tuple((k, n) for k, _, n in kinds[s]), first[s], last[s]), s)
                 for s in range(len(stage_layers)))
+            # each rank's part of its optimizer key (AnalyticStepModel._optimizer_cost)
+            optimizer_keys = tuple(
+                (optimizer_layers_key(self.model, [layer for s in stages_of[p]
+                                                   for layer in stage_layers[s]]),
+                 any(first[s] for s in stages_of[p]), any(last[s] for s in stages_of[p]))
+                for p in range(plan.pp))
             found = (placement, stage_layers, tuple(kinds), stages_of, first, last,
-                     tuple(signatures), askers, shape_of)
+                     tuple(signatures), askers, shape_of, optimizer_keys)
             self._splits[key] = found
         return found
 
@@ -327,7 +409,7 @@ class BatchStepEvaluator:
         shared = cache.shared_prices(layout)
         schedule = get_schedule(plan.schedule)
         (placement, stage_layers, kinds, stages_of, is_first, is_last, signatures, askers,
-         shape_of) = self._split(plan, schedule)
+         shape_of, optimizer_keys) = self._split(plan, schedule)
         reps, part_groups = self._layout_of(plan)
         mkey = shared.model_key(model)
         part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
@@ -383,11 +465,7 @@ class BatchStepEvaluator:
             return found[0] or 0
 
         def optimizer_ns(p: int) -> int:
-            layers = optimizer_layers_key(
-                model, [layer for s in stages_of[p] for layer in stage_layers[s]])
-            holds_first = any(is_first[s] for s in stages_of[p])
-            holds_last = any(is_last[s] for s in stages_of[p])
-            found = get((opt_key, groups_key, p, layers, holds_first, holds_last))
+            found = get((opt_key, groups_key, p, *optimizer_keys[p]))
             if found is None:
                 ref = self._reference_model(plan)
                 found = ref._optimizer_cost(ref.pricer, p)
@@ -471,19 +549,34 @@ class BatchStepEvaluator:
                 rows = {}
                 for kind, layer, _ in kinds[s]:
                     rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key)
-                parts = [rows[flags[layer]] for layer in reversed(stage_layers[s])]
-                if is_last[s]:
-                    parts.insert(0, self._row(p, "head", "head", comp, kind_cost, plan,
-                                              part_key))
-                if is_first[s]:
-                    parts.append(self._row(p, "embedding", "embedding", comp, kind_cost,
-                                           plan, part_key))
                 pending: dict[str, float] = {}
+                if len(kinds[s]) == 1:
+                    # one kind of layer: the stage's layers are one run of identical
+                    # parts (head, run, embedding); a long run in closed form
+                    kind, _, count = kinds[s][0]
+                    part_ns, sums = rows[kind]
+                    parts = [(part_ns, sums, count)]
+                else:
+                    parts = [(*rows[flags[layer]], 1) for layer in reversed(stage_layers[s])]
+                if is_last[s]:
+                    parts.insert(0, (*self._row(p, "head", "head", comp, kind_cost, plan,
+                                                part_key), 1))
+                if is_first[s]:
+                    parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
+                                             plan, part_key), 1))
                 final_index = len(parts) - 1
-                for index, (part_ns, sums) in enumerate(parts):
-                    total += part_ns
-                    dp_free = _fill_buckets(pending, sums, index == final_index, bucket,
-                                            total, dp_free, reductions, reduction_ns, p)
+                for index, (part_ns, sums, count) in enumerate(parts):
+                    final = index == final_index
+                    if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
+                            and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
+                        run = count - 1 if final else count
+                        total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket,
+                                                   total, dp_free, reductions, reduction_ns, p)
+                        count -= run
+                    for left in range(count, 0, -1):
+                        total += part_ns
+                        dp_free = _fill_buckets(pending, sums, final and left == 1, bucket,
+                                                total, dp_free, reductions, reduction_ns, p)
         finish = max(total, dp_free) + optimizer_ns(p)
         gathers_ns = 0
         if gathers:

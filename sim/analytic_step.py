@@ -473,6 +473,20 @@ def optimizer_layers_key(model: ModelSpec, layers: Sequence[int]) -> tuple:
     return tuple(layers)
 
 
+def group_price_key(layout: ClusterLayout, group: Sequence[int]) -> object:
+    """What every collective price on ``group`` is a function of, for a
+    :class:`SharedPrices` key: its symmetry class
+    (:meth:`hardware.topology.ClusterLayout.group_class`; the cost model keys its
+    per-algorithm coefficients by it and picks candidates from the class's geometry,
+    so :meth:`hardware.cost.CostModel.collective` gives every group of a class the
+    same choice and duration at every size), or the group itself while links are not
+    uniform (no class). A part's ops read their groups only through those prices
+    (StepLowerer.phase_ops: the rank's TP/CP/EP collectives; compute and host costs do
+    not read the group), so groups of one class give the part one list schedule."""
+    found = layout.group_class(group)
+    return tuple(group) if found is None else found
+
+
 def _add(into: dict[str, int], other: dict[str, int], factor: int = 1) -> None:
     for key, value in other.items():
         into[key] = into.get(key, 0) + value * factor
@@ -583,13 +597,16 @@ class AnalyticStepModel:
     def _part_groups(self, p: int) -> tuple:
         """The groups a part's own communication runs on (TP, CP, EP and the expert
         groups) of pipeline rank ``p``'s representative: every group but the
-        data-parallel ones (StepLowerer.phase_ops issues no data-parallel op)."""
+        data-parallel ones (StepLowerer.phase_ops issues no data-parallel op), each as
+        :func:`group_price_key` names it (its symmetry class: pipeline ranks and plans
+        whose groups the machine maps onto each other share a part's price)."""
         key = ("groups", p)
         found = self._keys.get(key)
         if found is None:
             groups = self.lowerer._groups(self.lowerer.representatives[p])
             names = _PART_GROUPS if self.lowerer.model.moe is not None else ("tp", "cp", "ep")
-            found = tuple(groups[name] for name in names)
+            layout = self.pricer.cost.layout
+            found = tuple(group_price_key(layout, groups[name]) for name in names)
             self._keys[key] = found
         return found
 

@@ -131,3 +131,37 @@ def test_search_ranked_by_the_batch_evaluator_is_the_search_by_full_results(monk
     monkeypatch.setattr(planner, "_rank_chunk", planner._evaluate_chunk)
     assert search() == batch
     assert batch[0]["examined"] > 8 * 2
+
+
+def test_fill_run_closed_form_is_the_layer_by_layer_walk():
+    """_fill_run (a run of identical layers in closed form) leaves the same total,
+    stream free time and pending bytes as _fill_buckets layer by layer, over bucket
+    sizes below, at and above a layer's bytes, pending bytes, reductions shorter and
+    longer than the compute between buckets, and nothing to reduce (None)."""
+    from sim.analytic_batch import _fill_buckets, _fill_run
+
+    rng = random.Random(11)
+    for _ in range(3000):
+        dense = float(rng.choice((1, 3, 7, 1000, 2 ** 20, 123_456_789)))
+        bucket = rng.choice((dense, dense * rng.choice((0.5, 2, 3.5, 40)), 40_000_000,
+                             rng.uniform(1, 1e9)))
+        start = float(rng.randrange(0, int(bucket))) if bucket >= 1 and rng.random() < 0.7 \
+            else 0.0
+        count, part_ns = rng.randrange(0, 40), rng.randrange(0, 10_000)
+        scale = rng.choice((0, 1, 100, 100_000))
+        none = rng.random() < 0.1
+
+        def reduction_ns(rank, group, size):
+            return None if none else int(size) % 997 * scale + 1
+
+        total, dp_free = rng.randrange(0, 10 ** 6), rng.randrange(0, 2 * 10 ** 6)
+        walked, closed = {"dense": start}, {"dense": start}
+        t, f = total, dp_free
+        for _ in range(count):
+            t += part_ns
+            f = _fill_buckets(walked, (dense, 0.0), False, bucket, t, f, {}, reduction_ns, 0)
+        got = _fill_run(closed, dense, count, part_ns, bucket, total, dp_free, {},
+                        reduction_ns, 0)
+        assert got == (t, f), (dense, bucket, start, count, part_ns, scale)
+        assert closed["dense"] == walked["dense"] and closed.get("expert", 0.0) == \
+            walked.get("expert", 0.0)

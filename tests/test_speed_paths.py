@@ -294,3 +294,72 @@ def test_flow_batches_built_in_bulk_equal_one_request_per_transfer(cluster, node
         mirrors = [cost.p2p_plan(a, b, size) for a, b in pairs]
         assert arrays(batch) == expected([plan, *mirrors])
     assert compared > 50
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "gb200-nvl72", "polaris"])
+def test_small_group_class_equals_numpy_class(name, monkeypatch):
+    """group_class of a small group (plain Python) is the numpy path's bytes, on strided
+    and scattered groups over several domains, leaves and spine groups."""
+    import hardware.topology as topology
+
+    spec = load_cluster(name)
+    layout = ClusterLayout(spec, min(spec.max_nodes, 512), spec.gpus_per_node)
+    rng = random.Random(3)
+    groups = []
+    for _ in range(300):
+        size = rng.choice((1, 2, 3, 4, 8, 16, 64))
+        if rng.random() < 0.5:
+            stride = rng.choice((1, 2, 8, 64, 512))
+            start = rng.randrange(layout.world_size - (size - 1) * stride) \
+                if (size - 1) * stride < layout.world_size else None
+            if start is None:
+                continue
+            groups.append(tuple(start + i * stride for i in range(size)))
+        else:
+            groups.append(tuple(rng.sample(range(layout.world_size), size)))
+    small = [layout.group_class(group) for group in groups]
+    monkeypatch.setattr(topology, "_SMALL_GROUP", 0)
+    layout._classes.clear()
+    assert [layout.group_class(group) for group in groups] == small
+
+
+def test_tree_columns_built_in_numpy_are_the_listed_tree():
+    """tree_all_reduce over uniform domains (columns built in numpy) lists NCCL's double
+    binary tree as the loop does: per tree and channel, each domain's chain from member c
+    (b -> a, a -> b per consecutive pair) then its exchange with its parent domain's
+    member c; and the columns read as tuples and as arrays agree."""
+    import numpy as np
+
+    from strategies.collectives.algorithms import double_binary_trees, tree_all_reduce
+
+    rng = random.Random(5)
+    for name in ("dgx-a100", "gb200-nvl72"):
+        spec = load_cluster(name)
+        layout = ClusterLayout(spec, 64, spec.gpus_per_node)
+        for _ in range(60):
+            stride, size = rng.choice((1, 2, 4, 8, 16)), rng.choice((2, 3, 8, 16, 64, 128))
+            offset = rng.randrange(0, 16)
+            group = tuple(offset + i * stride for i in range(size))
+            if group[-1] >= layout.world_size:
+                continue
+            geometry = layout.geometry(group)
+            (phase,) = tree_all_reduce(geometry, 1 << 28)
+            src, dst = [], []
+            trees, _ = double_binary_trees(len(geometry.domains))
+            for parents in trees:
+                for c in range(geometry.local_size):
+                    for d, members in enumerate(geometry.domains):
+                        order = members[c % len(members):] + members[:c % len(members)]
+                        for a, b in zip(order, order[1:]):
+                            src += (b, a)
+                            dst += (a, b)
+                        if d in parents:
+                            up = geometry.domains[parents[d]][c]
+                            src += (members[c], up)
+                            dst += (up, members[c])
+            columns = phase.transfers
+            assert (columns.src, columns.dst) == (tuple(src), tuple(dst)), group
+            arrays = columns.arrays()
+            assert arrays[0].tolist() == src and arrays[1].tolist() == dst
+            assert len(columns) == len(src) and list(columns)[0].src == src[0]
+            assert isinstance(arrays[0], np.ndarray)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from hardware.spec import GroupGeometry
 from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer, TransferColumns
 
@@ -53,6 +55,7 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
     found = _RING_COLUMNS.get(id(geometry))
     if found is not None and found[0] is geometry:
         return TransferColumns(found[1], found[2], per_channel)
+    # (kept as int64 arrays: what the network model reads, TransferColumns.arrays)
     src: list[int] = []
     dst: list[int] = []
     for d, members in enumerate(domains):
@@ -68,17 +71,18 @@ def _ring_columns(geometry: GroupGeometry, edge_bytes: float) -> TransferColumns
                 dst.append(order[0])
             src.append(members[c])
             dst.append(following[c])
-    columns = TransferColumns(src, dst, per_channel)
+    columns = TransferColumns(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                              per_channel)
     if len(_RING_COLUMNS) >= _RING_COLUMNS_MAX:
         _RING_COLUMNS.clear()
-    _RING_COLUMNS[id(geometry)] = (geometry, columns.src, columns.dst)
+    _RING_COLUMNS[id(geometry)] = (geometry, *columns.arrays())
     return columns
 
 
 #: _ring_columns' sources and destinations per geometry (by identity, the geometry
 #: kept alive with its entry; ClusterLayout.geometry hands one object per group), at
 #: most _RING_COLUMNS_MAX of them
-_RING_COLUMNS: dict[int, tuple[GroupGeometry, tuple[int, ...], tuple[int, ...]]] = {}
+_RING_COLUMNS: dict[int, tuple[GroupGeometry, np.ndarray, np.ndarray]] = {}
 _RING_COLUMNS_MAX = 1024
 
 
@@ -181,25 +185,81 @@ def double_binary_trees(num: int) -> tuple[list[dict[int, int]], int]:
     return [first, second], max(height(first), height(second))
 
 
+def _dtree(num: int) -> tuple[list[dict[int, int]], int]:
+    """:func:`double_binary_trees` of ``num`` nodes, built once per ``num`` for the
+    builders here (which only read it)."""
+    found = _DTREES.get(num)
+    if found is None:
+        found = _DTREES[num] = double_binary_trees(num)
+    return found
+
+
+#: _dtree's trees by node count
+_DTREES: dict[int, tuple[list[dict[int, int]], int]] = {}
+
+
+def _uniform_tree_columns(domains: tuple[tuple[int, ...], ...], channels: int,
+                          trees: list[dict[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tree_all_reduce`'s sources and destinations when every domain holds
+    ``channels`` members, as int64 arrays built in numpy (the same transfers in the same
+    order as its loop): per tree and channel ``c``, each domain's chain from member
+    ``c`` (``b -> a`` then ``a -> b`` for each consecutive pair) followed, unless the
+    domain is the tree's root, by member ``c``'s exchange with member ``c`` of its
+    parent domain."""
+    members = np.asarray(domains, dtype=np.int64)  # (domains, channels)
+    num, width = members.shape
+    chain = 2 * (width - 1)
+    src_blocks, dst_blocks = [], []
+    for parents in trees:
+        parent = np.full(num, -1, dtype=np.int64)
+        parent[list(parents)] = list(parents.values())
+        has_parent = parent >= 0
+        # per domain row: its chain (2 (width - 1) entries), then 2 for the tree edge
+        keep = np.ones((num, chain + 2), dtype=bool)
+        keep[~has_parent, chain:] = False
+        up_domain = np.where(has_parent, parent, 0)
+        for c in range(channels):
+            order = members[:, (np.arange(width) + c) % width]  # rotated to start at c
+            lower, upper = order[:, :-1], order[:, 1:]
+            src = np.empty((num, chain + 2), dtype=np.int64)
+            dst = np.empty((num, chain + 2), dtype=np.int64)
+            src[:, 0:chain:2], src[:, 1:chain:2] = upper, lower
+            dst[:, 0:chain:2], dst[:, 1:chain:2] = lower, upper
+            own, up = members[:, c], members[up_domain, c]
+            src[:, chain], src[:, chain + 1] = own, up
+            dst[:, chain], dst[:, chain + 1] = up, own
+            src_blocks.append(src[keep])
+            dst_blocks.append(dst[keep])
+    return np.concatenate(src_blocks), np.concatenate(dst_blocks)
+
+
 def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     """Double binary tree across domains, chains inside them; reduce and
     broadcast run pipelined at the same time, each tree carries half the data."""
     domains = geometry.domains
     channels = geometry.local_size
-    trees, height = double_binary_trees(len(domains))
+    trees, height = _dtree(len(domains))
     chunk = size_bytes / (2 * channels)
-    # each domain's chain per channel, the same in both trees (built once)
+    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
+    if geometry.uniform and len(domains) > 1:
+        src, dst = _uniform_tree_columns(domains, channels, trees)
+        return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
+                      geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+    # each domain's chain per channel, the same in both trees (built once): for each
+    # consecutive pair (a, b) of the chain, b -> a then a -> b (interleaved by slices)
     chains = []
     for c in range(channels):
         row = []
         for members in domains:
             k = c % len(members)  # the domain's chain starting at member c
             order = tuple(members[k:]) + tuple(members[:k])
-            chain_src: list[int] = []
-            chain_dst: list[int] = []
-            for a, b in zip(order, order[1:]):  # b -> a, then a -> b
-                chain_src += (b, a)
-                chain_dst += (a, b)
+            lower, upper = order[:-1], order[1:]
+            chain_src = [0] * (2 * len(lower))
+            chain_dst = chain_src[:]
+            chain_src[0::2] = upper
+            chain_src[1::2] = lower
+            chain_dst[0::2] = lower
+            chain_dst[1::2] = upper
             row.append((chain_src, chain_dst))
         chains.append(row)
     src: list[int] = []
@@ -211,11 +271,11 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                 chain_src, chain_dst = row[d]
                 src += chain_src
                 dst += chain_dst
-                if d in parents:
-                    up = domains[parents[d]][c]
+                up_domain = parents.get(d)
+                if up_domain is not None:
+                    up = domains[up_domain][c]
                     src += (members[c], up)
                     dst += (up, members[c])
-    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
     # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
     # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
     return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
@@ -238,7 +298,7 @@ def nvls_tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase
     NVLS multicasts the result back; the stages run pipelined, as one phase."""
     domains = geometry.domains
     width = geometry.local_size
-    trees, height = double_binary_trees(len(domains))
+    trees, height = _dtree(len(domains))
     shard = size_bytes / width / 2  # each of the two trees carries half of a shard
     transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
                  for m in members]

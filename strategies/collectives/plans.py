@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 #: How a transfer is driven, which changes the bandwidth it reaches.
 TRANSFER_MODES = ("collective", "p2p", "nvls")
 
@@ -154,8 +156,12 @@ class TransferColumns(Sequence):
     read-only sequence of :class:`Transfer` it stands for (built once, on first use), so
     it compares equal to that tuple.
 
+    The columns may be given as int64 numpy arrays (a builder that computes them in
+    numpy): the network model reads those (:meth:`arrays`) and the tuples are made only
+    when something asks for them.
+
     Attributes:
-        src, dst: global ranks of each transfer, in listing order.
+        src, dst: global ranks of each transfer, in listing order (tuples).
         payload_bytes: bytes every transfer delivers.
         mode: how the transfers are driven (:data:`TRANSFER_MODES`).
     """
@@ -163,16 +169,42 @@ class TransferColumns(Sequence):
     all_pairs = False
     columns = True
 
-    def __init__(self, src: Sequence[int], dst: Sequence[int], payload_bytes: float,
-                 mode: str = "collective") -> None:
+    def __init__(self, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray,
+                 payload_bytes: float, mode: str = "collective") -> None:
         if len(src) != len(dst):
             raise ValueError(f"dst: {len(dst)} ranks for {len(src)} sources; give one "
                              "destination per source")
-        self.src = tuple(src)
-        self.dst = tuple(dst)
+        given_arrays = isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)
+        self._arrays = (src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)) \
+            if given_arrays else None
+        self._src = None if given_arrays else tuple(src)
+        self._dst = None if given_arrays else tuple(dst)
+        self._size = len(src)
         self.payload_bytes = payload_bytes
         self.mode = mode
         self._listed: tuple[Transfer, ...] | None = None
+
+    @property
+    def src(self) -> tuple[int, ...]:
+        """Sources, in listing order."""
+        if self._src is None:
+            self._src = tuple(self._arrays[0].tolist())
+        return self._src
+
+    @property
+    def dst(self) -> tuple[int, ...]:
+        """Destinations, in listing order."""
+        if self._dst is None:
+            self._dst = tuple(self._arrays[1].tolist())
+        return self._dst
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sources and destinations as int64 numpy arrays (made once; callers must not
+        change them)."""
+        if self._arrays is None:
+            self._arrays = (np.asarray(self._src, dtype=np.int64),
+                            np.asarray(self._dst, dtype=np.int64))
+        return self._arrays
 
     def listed(self) -> tuple[Transfer, ...]:
         """The transfers as :class:`Transfer` objects (built once)."""
@@ -183,7 +215,7 @@ class TransferColumns(Sequence):
         return self._listed
 
     def __len__(self) -> int:
-        return len(self.src)
+        return self._size
 
     def __getitem__(self, index):
         return self.listed()[index]

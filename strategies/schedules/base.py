@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -407,7 +408,9 @@ def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequen
         drained += sum(t_b[s] for s in placement.stages_of(rank)) + t_comm
     # micro-batch 0 fills the pipeline: rank r starts once stages 0 .. r-1 forwarded it;
     # the first rank waits for the fill's and the drain's transfers
-    starts = tuple(sum(t_f[:r]) + r * t_comm for r in range(pp))
+    # (running sums of whole ns: sum(t_f[:r]) for every r in one pass)
+    starts = tuple(done + r * t_comm for r, done in enumerate(accumulate(t_f[:pp - 1],
+                                                                       initial=0)))
     waits = (2 * (pp - 1) * t_comm,) + (0,) * (pp - 1)
     return PipelineTiming(makespan, tuple(ends), starts, waits)
 
