@@ -76,8 +76,9 @@ class Log:
     def label(self) -> str:
         """Short name for tables."""
         note = self.note.split(" (")[0][:22]
-        if " column " in self.citation:  # one column of a report's table: name it
-            note = f"{note} [{self.citation.split(' column ')[1].split(' ')[0][:10]}]"
+        column = self.citation.split(" column ")[1].split(" ")[0] if " column " in self.citation else ""
+        if column and not column.islower():  # one column of a report's table: name it
+            note = f"{note} [{column[:10]}]"
         return f"{self.source[:26]} {self.collective} {self.nodes}x{self.gpus_per_node} {note}"
 
 
