@@ -368,7 +368,8 @@ class RingLatency:
     """One line of a large multi-node ring log read for its latency: the measured time
     minus the time trainsim streams the bytes at ``protocol``, over trainsim's latency
     of the ring at that protocol (base latency + NCCL tuning.cc's steps x hop latency,
-    hardware/network.py ``phase_latency_s``). 1.0: the step model explains the time."""
+    x NCCL's ring plateau for a Simple all-reduce across domains; hardware/network.py
+    ``phase_latency_s``). 1.0: the step model explains the time."""
 
     log: Log
     size_bytes: int
