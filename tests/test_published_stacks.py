@@ -176,3 +176,27 @@ def test_jax_rows_rematerialise_with_their_recipes_policy(framework, model, poli
     printed = stack_settings({"framework": framework, "model": model, "recompute": "full"},
                              {"zero": 3, "recompute": "full"}, None)
     assert "recompute_modules" not in printed.fields
+
+
+def test_dgxc_grok1_rows_run_the_recipes_padded_capacity_userbuffers_and_flash_attention():
+    """Every dgxc Grok-1 row (the NeMo 1 launcher recipe grok1/configure.sh @143b90dd with
+    grok1_314b.yaml) runs capacity factor 1.0 padded, the alltoall dispatcher, TE
+    userbuffers TP overlap and FlashAttention 2 (NVTE_FUSED_ATTN=0); other dgxc rows keep
+    their defaults."""
+    models, recipes = published.load_models(), published.load_nemo_recipes()
+    runs = published.load_runs(sources=["nvidia_dgxc_benchmarking"])
+    grok = [r for r in runs if r.row_id.startswith("dgxc_grok")]
+    assert len(grok) == 18
+    for run in grok:
+        plan = published.scenario_for(run, models, recipes).plan
+        assert (plan.moe_capacity_factor, plan.moe_pad_to_capacity, plan.moe_dispatcher,
+                plan.tp_comm_overlap, plan.attention_impl) == (
+                    "1.0", True, "alltoall", "userbuffers", "fa2"), run.row_id
+    other = next(r for r in runs if r.get("model") == "llama3.1-70b")
+    plan = published.scenario_for(other, models, recipes).plan
+    assert (plan.attention_impl, plan.moe_pad_to_capacity) == ("auto", False)
+    # the recipe applies to the NeMo 1 launcher only (the 2025 NeMo 25.09 Grok recipe differs)
+    row = {"framework": "NeMo (scripts/performance)", "framework_version": "NeMo 25.09",
+           "citation": "GitHub NVIDIA/dgxc-benchmarking grok1/README.md@1f6d9f40",
+           "model": "grok1-314b", "gpu": "H100-SXM", "dtype": "bf16"}
+    assert "attention_impl" not in _settings(row).fields

@@ -532,7 +532,9 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         fields["host_issue"] = "partial" if partial else "eager"
         notes.append(f"host issue {fields['host_issue']} (the CPU launches "
                      + ("the routed experts" if partial else "every kernel")
-                     + "; dropless dispatch syncs per layer)")
+                     + ("; padded to capacity: no dispatch sync)"
+                        if fields.get("moe_pad_to_capacity")
+                        else "; dropless dispatch syncs per layer)"))
     if _TOKEN_DROP.search(text):
         # NeMo's token-drop runs: capacity factor 1 with padding (static shapes, no sync)
         fields.update(moe_capacity_factor="1.0", moe_pad_to_capacity=True)

@@ -13,10 +13,12 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
+           "DGXC_LAUNCHER_RECIPES", "dgxc_recipe_of",
            "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
@@ -50,6 +52,51 @@ MEGATRON_BRIDGE_OFFLOAD = {
 #: settings (``set_qwen3_next_common_configs``) and is not included.
 MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
                                     "gpt-oss-120b")
+
+#: NVIDIA/dgxc-benchmarking recipes run on the NeMo 1 launcher whose configuration sets
+#: plan fields the rows' tables do not print, ``{recipe directory: (fields, source)}``; a
+#: row names its recipe in its citation (``GitHub NVIDIA/dgxc-benchmarking <dir>/...``).
+#: Grok-1 314B (``grok1/configure.sh`` @143b90dd91f9be958fed4773ae95d941a3356a82, the
+#: README_314b.md revision the rows are transcribed from, launches
+#: ``megatron_gpt_pretraining.py --config-name=grok1_314b.yaml``; ``grok1/grok1_314b.yaml``
+#: @35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae, the file's only stored revision):
+#:
+#: * ``model.moe_expert_capacity_factor: 1.0`` and ``moe_pad_expert_input_to_capacity:
+#:   true`` with ``moe_token_dispatcher_type: alltoall``: every expert gets exactly its
+#:   capacity (Megatron-Core's ``drop_and_pad``: static all-to-all splits, no host sync,
+#:   megatron/core/transformer/moe/token_dispatcher.py);
+#: * ``model.ub_tp_comm_overlap=true`` (configure.sh override; the YAML's false is
+#:   replaced): Transformer Engine userbuffers pipeline each TP collective with its GEMM;
+#: * ``NVTE_FUSED_ATTN=0`` with ``use_flash_attention: true``: Transformer Engine's
+#:   ``DotProductAttention`` cannot pick cuDNN's fused attention and runs its
+#:   FlashAttention backend (the flash-attn 2.x package;
+#:   transformer_engine/pytorch/attention.py ``get_attention_backend``).
+#:
+#: Left as the stack's defaults because the source shows them or they change nothing here:
+#: ``moe_grouped_gemm: false`` (Megatron-Core ``SequentialMLP``, one TE linear per local
+#: expert: at EP 8 every rank holds one of Grok's 8 experts, a single GEMM either way),
+#: ``moe_aux_loss_coeff: 0.01`` (the default aux-loss router), no activation recompute,
+#: ``fp8_hybrid`` delayed scaling (amax history 1024, ``max``), ``NCCL_NVLS_ENABLE=0``
+#: (the TP collectives run in userbuffers, not NCCL).
+DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
+    "grok1": ({"moe_dispatcher": "alltoall", "moe_capacity_factor": "1.0",
+               "moe_pad_to_capacity": True, "tp_comm_overlap": "userbuffers",
+               "attention_impl": "fa2"},
+              "dgxc-benchmarking grok1 recipe (configure.sh @143b90dd, grok1_314b.yaml): "
+              "capacity factor 1.0 padded, alltoall dispatcher, userbuffers TP overlap, "
+              "FlashAttention 2 (NVTE_FUSED_ATTN=0)"),
+}
+
+#: A row's citation naming its dgxc-benchmarking recipe directory.
+_DGXC_RECIPE = re.compile(r"NVIDIA/dgxc-benchmarking ([\w.-]+)/")
+
+
+def dgxc_recipe_of(citation: str) -> str | None:
+    """The dgxc-benchmarking recipe directory a row's ``citation`` names when
+    :data:`DGXC_LAUNCHER_RECIPES` configures it, else None."""
+    match = _DGXC_RECIPE.search(citation)
+    return match.group(1) if match and match.group(1) in DGXC_LAUNCHER_RECIPES else None
+
 
 #: Selective recompute modules of Megatron-Bridge's performance presets, ``{(model, gpu,
 #: dtype): modules}``: ``scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py``
@@ -561,6 +608,11 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                      + ("every second layer fully recomputed (selective_ac_option '2')"
                         if fields.get("recompute") == "full" else
                         "its per-op policy (every second matmul of a block re-run)"))
+    dgxc = dgxc_recipe_of(row.get("citation", ""))
+    if dgxc is not None and _is_nemo1(framework, version):
+        recipe_fields, source = DGXC_LAUNCHER_RECIPES[dgxc]
+        fields.update(recipe_fields)
+        unprinted.append(source)
     modules, unknown = recompute_modules_of(row.get("recompute_detail", ""))
     if modules and plan_fields.get("recompute") == "selective":
         fields["recompute_modules"] = modules
