@@ -100,12 +100,15 @@ def test_moe_models_within_todays_bounds(report):
     dispatcher's preprocess on the host (strategies.lowering.dispatch_preprocess_host:
     11 launches, 13 CPU-only calls per MoE layer forward, eager only) measured 12.2 %,
     30.5 %, -9.9 %: all three tighten (the eager x86 micro-batch-1 rows stay 25-57 % fast,
-    host-bound in the measurement by far more than the source counts)."""
+    host-bound in the measurement by far more than the source counts). The dgxc Grok-1
+    rows run their recipe's capacity factor 1.0 padded, userbuffers TP overlap and
+    FlashAttention 2 (validate.published_stacks.DGXC_LAUNCHER_RECIPES): 11.9 %, 30.5 %,
+    -9.3 %; the median and bias tighten."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.124
+    assert moe["median_abs_error"] <= 0.121
     assert moe["p90_abs_error"] <= 0.307
-    assert abs(moe["bias"]) <= 0.1
+    assert abs(moe["bias"]) <= 0.095
 
 
 def test_whole_set_within_todays_bounds(report):
