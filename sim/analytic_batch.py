@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hardware.spec import ClusterSpec
-from sim.analytic_prices import plan_fields
+from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
                                optimizer_layers_key, plan_contention)
@@ -413,6 +413,9 @@ class BatchStepEvaluator:
         reps, part_groups = self._layout_of(plan)
         mkey = shared.model_key(model)
         part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
+        # (a phase that recomputes nothing: sim.analytic_prices.part_recomputes)
+        plain_key = ("part_no_recompute", StepLowerer, mkey,
+                     plan_fields(plan, "part_no_recompute"))
         groups_key = ("groups", StepLowerer, mkey, plan_fields(plan, "groups"), 1)
         opt_key = ("optimizer", StepLowerer, mkey, plan_fields(plan, "optimizer"))
         mode = plan.recompute
@@ -432,8 +435,10 @@ class BatchStepEvaluator:
             cost = costs.get((p, kind, comp))
             if cost is not None:
                 return cost
-            cost = get((part_key, kind, comp, None if isinstance(part, str) else mode,
-                        part_groups[p]))
+            if part_recomputes(part, comp):
+                cost = get((part_key, kind, comp, mode, part_groups[p]))
+            else:
+                cost = get((plain_key, kind, comp, None, part_groups[p]))
             if cost is None:
                 ref = self._reference_model(plan)
                 cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
