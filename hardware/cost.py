@@ -442,18 +442,29 @@ class CostModel:
             empty = self.algorithms.empty_plan(kind)
             found = CollectiveCost(empty.label, empty.protocol, 0)
         else:
+            # every candidate's fixed latencies first (its phases' step counts: the
+            # transfers of a builder's plans.LazyTransfers are not built for them), then
+            # the candidates priced from the lowest latency up: one whose latencies alone
+            # pass the best so far cannot win (streaming adds >= 0 ns), nor one that
+            # reaches it and comes later in the catalog's order, which breaks ties; so the
+            # choice is the catalog-order argmin of the durations, as trying every
+            # candidate in order gives, and a loser's transfers and per-byte prices are
+            # left to a size that needs them
+            order = sorted(
+                (self._coefficients_of(kind, geometry, name, proto).fixed_ns, index, name,
+                 proto)
+                for index, (name, proto) in enumerate(
+                    (name, proto) for name in candidates
+                    for proto in self._protocols(name, protocol, size_bytes)))
             best: CollectiveCost | None = None
-            for name in candidates:
-                for proto in self._protocols(name, protocol, size_bytes):
-                    if best is not None and self._coefficients_of(
-                            kind, geometry, name, proto).fixed_ns >= best.duration_ns:
-                        # its latencies alone reach the best: streaming adds >= 0 ns,
-                        # and a tie keeps the earlier candidate (its per-byte prices
-                        # are left to a size that needs them)
-                        continue
-                    duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
-                    if best is None or duration < best.duration_ns:
-                        best = CollectiveCost(name, proto, duration)
+            best_index = -1
+            for fixed_ns, index, name, proto in order:
+                if best is not None and (fixed_ns > best.duration_ns or (
+                        fixed_ns == best.duration_ns and index > best_index)):
+                    continue
+                duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
+                if best is None or (duration, index) < (best.duration_ns, best_index):
+                    best, best_index = CollectiveCost(name, proto, duration), index
             if best is None:
                 raise ValueError(
                     f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes "

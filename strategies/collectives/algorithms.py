@@ -24,7 +24,8 @@ from typing import Callable
 import numpy as np
 
 from hardware.spec import GroupGeometry
-from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer, TransferColumns
+from strategies.collectives.plans import (AllPairs, CommPlan, LazyTransfers, Phase, Transfer,
+                                          TransferColumns)
 
 #: Largest group whose all-to-all lists its n (n - 1) transfers (262,000 at 512);
 #: above it they are an :class:`AllPairs`, priced from per-link counts.
@@ -97,8 +98,9 @@ def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: floa
     """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
     bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
-    return Phase(name, _ring_columns(geometry, edge_bytes), intra, inter,
-                 geometry.switch_hops, bus_bytes=edge_bytes)
+    # (transfers built when first read: a ring whose latency alone loses never is)
+    return Phase(name, LazyTransfers(lambda: _ring_columns(geometry, edge_bytes)), intra,
+                 inter, geometry.switch_hops, bus_bytes=edge_bytes)
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
@@ -240,11 +242,26 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = _dtree(len(domains))
     chunk = size_bytes / (2 * channels)
-    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
-    if geometry.uniform and len(domains) > 1:
+    uniform = geometry.uniform
+    intra = 2 * (channels - 1) if uniform else 2 * (max(map(len, domains)) - 1)
+    # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
+    # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S. The
+    # transfers are built when first read (a tree whose latency alone loses never is).
+    return [Phase("reduce_broadcast",
+                  LazyTransfers(lambda: _tree_columns(domains, channels, trees, chunk, uniform)),
+                  intra, 2 * height, geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+
+
+def _tree_columns(domains: tuple[tuple[int, ...], ...], channels: int,
+                  trees: list[dict[int, int]], chunk: float, uniform: bool) -> TransferColumns:
+    """:func:`tree_all_reduce`'s transfers (``chunk`` bytes each): per tree and channel
+    ``c``, each domain's chain from member ``c`` (``b -> a`` then ``a -> b`` for each
+    consecutive pair), then, unless the domain is the tree's root, member ``c``'s
+    exchange with member ``c`` of its parent domain (``uniform``: every domain holds
+    ``channels`` members)."""
+    if uniform and len(domains) > 1:
         src, dst = _uniform_tree_columns(domains, channels, trees)
-        return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
-                      geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+        return TransferColumns(src, dst, chunk)
     # each domain's chain per channel, the same in both trees (built once): for each
     # consecutive pair (a, b) of the chain, b -> a then a -> b (interleaved by slices)
     chains = []
@@ -276,10 +293,7 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                     up = domains[up_domain][c]
                     src += (members[c], up)
                     dst += (up, members[c])
-    # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
-    # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
-    return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
-                  geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+    return TransferColumns(src, dst, chunk)
 
 
 # ----------------------------------------------------------------- NVLS, hier
@@ -300,14 +314,19 @@ def nvls_tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase
     width = geometry.local_size
     trees, height = _dtree(len(domains))
     shard = size_bytes / width / 2  # each of the two trees carries half of a shard
-    transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
-                 for m in members]
-    for parents in trees:
-        for d, parent in parents.items():
-            for i in range(width):
-                below, above = domains[d][i], domains[parent][i]
-                transfers += [Transfer(below, above, shard), Transfer(above, below, shard)]
-    return [Phase("nvls_tree", tuple(transfers), 2, 2 * height, geometry.switch_hops)]
+
+    def build() -> tuple[Transfer, ...]:
+        transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
+                     for m in members]
+        for parents in trees:
+            for d, parent in parents.items():
+                for i in range(width):
+                    below, above = domains[d][i], domains[parent][i]
+                    transfers += [Transfer(below, above, shard), Transfer(above, below, shard)]
+        return tuple(transfers)
+
+    # (built when first read: NVLS_TREE's latency alone often loses, and then never is)
+    return [Phase("nvls_tree", LazyTransfers(build), 2, 2 * height, geometry.switch_hops)]
 
 
 def hierarchical_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:

@@ -237,3 +237,63 @@ class TransferColumns(Sequence):
     def __repr__(self) -> str:
         return (f"TransferColumns({len(self.src)} transfers of {self.payload_bytes:g} bytes, "
                 f"{self.mode})")
+
+
+class LazyTransfers(Sequence):
+    """A phase's transfers, built by ``build()`` when something first reads them.
+
+    A collective's price starts with its fixed latencies, which read a phase's step
+    counts and never its transfers (hardware.cost ``CostModel._coefficients_of``); a
+    candidate algorithm whose latencies alone lose (``CostModel.collective``) is then
+    never built (issue 16: NCCL's NVLS_TREE on H100 groups, a double binary tree that a
+    ring beats). Reads through it give what ``build()`` returns: its length, items,
+    equality and hash, and its attributes (``columns``, ``arrays()``, ``mode``, ...).
+
+    Args:
+        build: makes the transfers (a tuple of :class:`Transfer`, a
+            :class:`TransferColumns` or an :class:`AllPairs`), called once.
+    """
+
+    def __init__(self, build) -> None:
+        self._build = build
+        self._built = None
+
+    def built(self):
+        """The transfers (built on the first call)."""
+        if self._built is None:
+            self._built = self._build()
+            self._build = None
+        return self._built
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # (own slots not set yet, dunder probes)
+            raise AttributeError(name)
+        return getattr(self.built(), name)
+
+    def __len__(self) -> int:
+        return len(self.built())
+
+    def __getitem__(self, index):
+        return self.built()[index]
+
+    def __iter__(self):
+        return iter(self.built())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTransfers):
+            other = other.built()
+        return self.built() == other
+
+    def __hash__(self) -> int:
+        return hash(self.built())
+
+    def __reduce__(self):
+        return _identity, (self.built(),)
+
+    def __repr__(self) -> str:
+        return repr(self.built())
+
+
+def _identity(value):
+    """What a pickled :class:`LazyTransfers` unpickles to: its transfers."""
+    return value
