@@ -421,3 +421,54 @@ def test_lazy_transfers_equal_the_built_ones_and_a_loser_is_never_built():
     assert phases and all(p.transfers._built is None for p in phases)
     eager = ALGORITHMS.phases("all_reduce", "nvls_tree", geometry, 1 << 20)
     assert all(p.transfers._built is None for p in eager)
+
+
+@pytest.mark.parametrize("name,nodes,gpn", [("dgx-h100", 64, 8), ("dgx-a100", 48, 8),
+                                             ("gb200-nvl72", 72, 4), ("polaris", 24, 4),
+                                             ("dgx-h100", 16, 4)])
+def test_counted_ring_and_tree_loads_equal_the_listed_transfers(name, nodes, gpn):
+    """Ring and tree phases over several domains give the network model their transfers
+    counted (plans.TransferCounts: those inside a domain per GPU port, the others
+    listed): each link's load must be the very float the listed transfers' bincount
+    gives, for strided, offset and random groups of every collective kind, and the list
+    is never built on the way."""
+    import numpy as np
+
+    from strategies.collectives.plans import Phase
+
+    spec = load_cluster(name)
+    layout = ClusterLayout(spec, min(nodes, spec.max_nodes), gpn)
+    rng = random.Random(13)
+    n = layout.world_size
+    groups = [tuple(range(n)), tuple(range(0, n, gpn)), tuple(range(3, n, 2 * gpn + 1))]
+    for _ in range(40):
+        stride, size = rng.choice((1, 2, 3, 4, 8, 16, 64)), rng.choice((2, 3, 5, 8, 16, 64, 256))
+        offset = rng.randrange(0, 2 * gpn)
+        groups.append(tuple(offset + i * stride for i in range(size)))
+    for _ in range(10):
+        groups.append(tuple(rng.sample(range(n), rng.choice((4, 9, 33)))))
+    counted = 0
+    for group in groups:
+        if group[-1] >= n:
+            continue
+        geometry = layout.geometry(group)
+        for kind, algorithm in (("all_reduce", "ring"), ("all_gather", "ring"),
+                                ("reduce_scatter", "ring"), ("all_reduce", "tree"),
+                                ("broadcast", "ring")):
+            if algorithm not in ALGORITHMS.algorithms(kind) or geometry.size == 1:
+                continue
+            for phase in ALGORITHMS.phases(kind, algorithm, geometry, 3 * (1 << 20) + 7):
+                model = CostModel(layout, ALGORITHMS, fidelity="analytic").network
+                loads = model._payload_per_link(phase)
+                if phase.transfers.counts is None:
+                    continue
+                assert phase.transfers._built is None  # (priced without the list)
+                listed = Phase(phase.name, tuple(phase.transfers.built()), 0, 0)
+                alone = CostModel(layout, ALGORITHMS, fidelity="analytic").network
+                expected = alone._payload_per_link(listed)
+                assert loads.keys() == expected.keys()
+                for mode in loads:
+                    assert loads[mode].tobytes() == expected[mode].tobytes(), (
+                        name, group, kind, algorithm, np.flatnonzero(loads[mode] != expected[mode]))
+                counted += 1
+    assert counted > 40

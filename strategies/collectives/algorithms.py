@@ -25,7 +25,7 @@ import numpy as np
 
 from hardware.spec import GroupGeometry
 from strategies.collectives.plans import (AllPairs, CommPlan, LazyTransfers, Phase, Transfer,
-                                          TransferColumns)
+                                          TransferColumns, TransferCounts)
 
 #: Largest group whose all-to-all lists its n (n - 1) transfers (262,000 at 512);
 #: above it they are an :class:`AllPairs`, priced from per-link counts.
@@ -98,9 +98,33 @@ def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: floa
     """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
     bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
-    # (transfers built when first read: a ring whose latency alone loses never is)
-    return Phase(name, LazyTransfers(lambda: _ring_columns(geometry, edge_bytes)), intra,
-                 inter, geometry.switch_hops, bus_bytes=edge_bytes)
+    # (transfers built when first read: a ring whose latency alone loses never is; its
+    # per-link loads come from _ring_counts, the same transfers counted)
+    if geometry.num_domains > 1:
+        transfers = LazyTransfers(lambda: _ring_columns(geometry, edge_bytes),
+                                  lambda: _ring_counts(geometry),
+                                  edge_bytes / geometry.local_size)
+    else:
+        transfers = LazyTransfers(lambda: _ring_columns(geometry, edge_bytes))
+    return Phase(name, transfers, intra, inter, geometry.switch_hops, bus_bytes=edge_bytes)
+
+
+def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
+    """:func:`_ring_columns` of a group over several domains, counted: channel ``c``'s
+    ring walks every domain of more than one member from member ``c`` round to it
+    again, so each such member sends one transfer and receives one inside its domain
+    per channel (``local_size`` each); listed, each domain's member ``c`` sending to
+    member ``c`` of the next domain, per channel."""
+    domains = geometry.domains
+    channels = geometry.local_size
+    num = len(domains)
+    src = [members[c] for members in domains for c in range(channels)]
+    dst = [domains[(d + 1) % num][c] for d in range(num) for c in range(channels)]
+    inside = np.asarray([m for members in domains if len(members) > 1 for m in members],
+                        dtype=np.int64)
+    each = np.full(inside.size, channels, dtype=np.int64)
+    return TransferCounts(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                          inside, each, each)
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
@@ -247,9 +271,37 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
     # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S. The
     # transfers are built when first read (a tree whose latency alone loses never is).
+    counts = None
+    if uniform and len(domains) > 1:  # (its per-link loads from the transfers counted)
+        counts = lambda: _uniform_tree_counts(domains, channels, trees)  # noqa: E731
     return [Phase("reduce_broadcast",
-                  LazyTransfers(lambda: _tree_columns(domains, channels, trees, chunk, uniform)),
+                  LazyTransfers(lambda: _tree_columns(domains, channels, trees, chunk, uniform),
+                                counts, chunk),
                   intra, 2 * height, geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+
+
+def _uniform_tree_counts(domains: tuple[tuple[int, ...], ...], channels: int,
+                         trees: list[dict[int, int]]) -> TransferCounts:
+    """:func:`_uniform_tree_columns` counted: per tree and channel each domain's chain
+    (its ``channels`` members from member ``c`` on) exchanges both ways along its
+    ``channels - 1`` consecutive pairs, so over the channels a member sends (and
+    receives) as many transfers as its chains give it neighbours: ``2 channels - 2``
+    per tree (each of the ``channels`` rotations is a path whose two ends, member
+    ``c`` and the one before it, have one neighbour, and the others two); listed, the
+    tree edges: member ``c`` of each domain but the tree's root to member ``c`` of its
+    parent domain and back."""
+    members = np.asarray(domains, dtype=np.int64)  # (domains, channels)
+    src_blocks, dst_blocks = [], []
+    for parents in trees:
+        below = np.asarray(list(parents), dtype=np.int64)
+        above = np.asarray(list(parents.values()), dtype=np.int64)
+        own, up = members[below].reshape(-1), members[above].reshape(-1)
+        src_blocks += [own, up]
+        dst_blocks += [up, own]
+    inside = members.reshape(-1) if channels > 1 else np.zeros(0, dtype=np.int64)
+    each = np.full(inside.size, len(trees) * (2 * channels - 2), dtype=np.int64)
+    return TransferCounts(np.concatenate(src_blocks), np.concatenate(dst_blocks), inside,
+                          each, each)
 
 
 def _tree_columns(domains: tuple[tuple[int, ...], ...], channels: int,
