@@ -165,6 +165,7 @@ class BatchStepEvaluator:
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
         self._covered: dict[tuple, bool] = {}
         self._grads: dict[tuple, tuple | None] = {}
+        self._fill_delays: dict[tuple, int] = {}  # _fill_delay_ns by what it reads
         self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
 
@@ -518,9 +519,18 @@ class BatchStepEvaluator:
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
-        first_wait = (self._fill_delay_ns(placement, stage_layers, kinds, kind_cost,
-                                          gather_ns, t_p2p, is_first, is_last)
-                      if gathers else 0)
+        first_wait = 0
+        if gathers:
+            # it reads forward prices (keyed without the recompute fields), gathers and
+            # the p2p time on the split's stages: plans that differ in recompute alone
+            # share it
+            wait_key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule, plain_key,
+                        groups_key, opt_key, part_groups, t_p2p)
+            first_wait = self._fill_delays.get(wait_key)
+            if first_wait is None:
+                first_wait = self._fill_delays[wait_key] = self._fill_delay_ns(
+                    placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p, is_first,
+                    is_last)
         step = 0
         for (last_backward, finish, gathers_ns), compute_end in zip(rank_costs,
                                                                   timing.rank_end):
