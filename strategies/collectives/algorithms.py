@@ -115,6 +115,11 @@ def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
     again, so each such member sends one transfer and receives one inside its domain
     per channel (``local_size`` each); listed, each domain's member ``c`` sending to
     member ``c`` of the next domain, per channel."""
+    # (once per geometry, as _ring_columns: a collective's kinds and an all-reduce's
+    # two passes share them, and the network model finds their loads by content)
+    found = _RING_COUNTS.get(id(geometry))
+    if found is not None and found[0] is geometry:
+        return found[1]
     domains = geometry.domains
     channels = geometry.local_size
     num = len(domains)
@@ -123,8 +128,16 @@ def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
     inside = np.asarray([m for members in domains if len(members) > 1 for m in members],
                         dtype=np.int64)
     each = np.full(inside.size, channels, dtype=np.int64)
-    return TransferCounts(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
-                          inside, each, each)
+    counts = TransferCounts(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                            inside, each, each)
+    if len(_RING_COUNTS) >= _RING_COLUMNS_MAX:
+        _RING_COUNTS.clear()
+    _RING_COUNTS[id(geometry)] = (geometry, counts)
+    return counts
+
+
+#: _ring_counts per geometry (by identity, the geometry kept alive with its entry)
+_RING_COUNTS: dict[int, tuple[GroupGeometry, TransferCounts]] = {}
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
