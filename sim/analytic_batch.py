@@ -80,6 +80,29 @@ _RUN_MIN = 3
 _EXACT_MAX = float(2 ** 53)
 
 
+def _reduce_parts(parts: list, pending: dict, bucket: float, total: int, dp_free: int,
+                  reductions: dict, reduction_ns, rank) -> tuple[int, int]:
+    """One backward's parts in order, ``(part_ns, sums, count)`` each (``count``
+    identical parts in a row), each adding its ns and then its gradient bytes to the
+    ``pending`` buckets (:func:`_fill_buckets`; the last part is the walk's final one),
+    a long run of layers that only fill the dense bucket in closed form
+    (:func:`_fill_run`); returns (total, dp_free) after them."""
+    final_index = len(parts) - 1
+    for index, (part_ns, sums, count) in enumerate(parts):
+        final = index == final_index
+        if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
+                and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
+            run = count - 1 if final else count
+            total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket, total,
+                                       dp_free, reductions, reduction_ns, rank)
+            count -= run
+        for left in range(count, 0, -1):
+            total += part_ns
+            dp_free = _fill_buckets(pending, sums, final and left == 1, bucket, total,
+                                    dp_free, reductions, reduction_ns, rank)
+    return total, dp_free
+
+
 def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: float,
               total: int, dp_free: int, reductions: dict, reduction_ns, rank
               ) -> tuple[int, int]:
@@ -579,19 +602,8 @@ class BatchStepEvaluator:
                 if is_first[s]:
                     parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
                                              plan, part_key), 1))
-                final_index = len(parts) - 1
-                for index, (part_ns, sums, count) in enumerate(parts):
-                    final = index == final_index
-                    if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
-                            and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
-                        run = count - 1 if final else count
-                        total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket,
-                                                   total, dp_free, reductions, reduction_ns, p)
-                        count -= run
-                    for left in range(count, 0, -1):
-                        total += part_ns
-                        dp_free = _fill_buckets(pending, sums, final and left == 1, bucket,
-                                                total, dp_free, reductions, reduction_ns, p)
+                total, dp_free = _reduce_parts(parts, pending, bucket, total, dp_free,
+                                               reductions, reduction_ns, p)
         finish = max(total, dp_free) + optimizer_ns(p)
         gathers_ns = 0
         if gathers:
@@ -651,6 +663,29 @@ class BatchStepEvaluator:
             layers = stage_layers[stage]
             first, last = ["embedding"] if is_first[stage] else [], \
                 ["head"] if is_last[stage] else []
+            if layers and (gathers_here != reduce_now) and all(
+                    flags[layer] == flags[layers[0]] for layer in layers):
+                # one kind of layer (head, run, embedding), in closed form
+                before, after = (first, last) if comp == "F" else (last, first)
+                n = len(layers)
+                if reduce_now:  # the bucket walk's runs (as _rank_ns)
+                    parts = [(*row(part, comp), 1) for part in before]
+                    parts.append((*row(layers[0], comp), n))
+                    parts += [(*row(part, comp), 1) for part in after]
+                    total, dp_free = _reduce_parts(parts, {}, bucket, total, dp_free,
+                                                   reductions, reduction_ns, 0)
+                    continue
+                # gathers issued back to back when the first layer is reached, layer i
+                # waits for the (i + 1)-th: w <- max(w, G + g (i + 1)) + c unrolls to
+                # max(w + n c, G + g + n c + (n - 1) max(g - c, 0)) (_fill_delay_ns)
+                for part in before:
+                    total += row(part, comp)[0]
+                g, c = gather(layers[0]), row(layers[0], comp)[0]
+                total = max(total + n * c, dp_free + g + n * c + (n - 1) * max(g - c, 0))
+                dp_free += n * g
+                for part in after:
+                    total += row(part, comp)[0]
+                continue
             if comp == "F":
                 parts = first + list(layers) + last
                 order = layers
