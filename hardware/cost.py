@@ -450,19 +450,19 @@ class CostModel:
             # choice is the catalog-order argmin of the durations, as trying every
             # candidate in order gives, and a loser's transfers and per-byte prices are
             # left to a size that needs them
-            order = sorted(
-                (self._coefficients_of(kind, geometry, name, proto).fixed_ns, index, name,
-                 proto)
-                for index, (name, proto) in enumerate(
-                    (name, proto) for name in candidates
-                    for proto in self._protocols(name, protocol, size_bytes)))
+            order = []
+            for name in candidates:
+                for proto in self._protocols(name, protocol, size_bytes):
+                    found = self._coefficients_of(kind, geometry, name, proto)
+                    order.append((found.fixed_ns, len(order), name, proto, found))
+            order.sort(key=lambda entry: entry[:2])
             best: CollectiveCost | None = None
             best_index = -1
-            for fixed_ns, index, name, proto in order:
+            for fixed_ns, index, name, proto, found in order:
                 if best is not None and (fixed_ns > best.duration_ns or (
                         fixed_ns == best.duration_ns and index > best_index)):
                     continue
-                duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
+                duration = self._priced_ns(found, size_bytes)
                 if best is None or (duration, index) < (best.duration_ns, best_index):
                     best, best_index = CollectiveCost(name, proto, duration), index
             if best is None:
@@ -512,12 +512,10 @@ class CostModel:
             self._plans[key] = found
         return found
 
-    def _priced_ns(self, kind: str, geometry: GroupGeometry, name: str, protocol: str,
-                   size_bytes: int) -> int:
-        """α-β duration of one candidate from its coefficients (the fast path): the
-        fixed latencies, plus each phase's streaming time at ``size_bytes``, the
-        longer of its links' time and its NCCL ceilings' time."""
-        found = self._coefficients_of(kind, geometry, name, protocol)
+    def _priced_ns(self, found: "_Coefficients", size_bytes: int) -> int:
+        """α-β duration of one candidate from its coefficients (the fast path,
+        :meth:`_coefficients_of`): the fixed latencies, plus each phase's streaming time
+        at ``size_bytes``, the longer of its links' time and its NCCL ceilings' time."""
         network = self.network
         bus_cap = network.bus_cap_bytes_per_s(found.plan, size_bytes)
         total = found.fixed_ns
