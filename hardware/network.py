@@ -362,6 +362,15 @@ class NetworkModel:
         overhead on its NVLink steps too, since its steps are paced by the proxy of
         the network hop (NCCL tuning.cc: ``intraLat = max(intraLat, netOverhead)``
         for inter-node rings, netOverhead x 3 for Simple).
+
+        The Simple steps of a ring all-reduce across several NVLink domains
+        (``phase.ring_plateau``) take ``comm.ring_plateau_factor`` times that: NCCL's
+        "plateau effect of ring" (src/graph/tuning.cc ncclTopoGetAlgoTime, 2.19-2.28;
+        src/tuning/ring.cc ncclTuningRingModelSim, 2.29+: ``lat *= minCompCap < 80 ?
+        1.9 : 1.4`` for Ring/Simple all-reduce when nNodes > 1 and not MNNVL). NCCL
+        applies it from 64 bytes per rank and channel (``nBytes / (nChannels x
+        nRanks) >= 64``, under 1 MiB at 512 ranks); below that LL is the faster
+        protocol by far, so the threshold is not modelled.
         """
         hop = self.comm.hop_latency_s
         switch_s = self.layout.spec.fabric.switch_hop_latency_s
@@ -370,6 +379,8 @@ class NetworkModel:
             intra_hop = max(intra_hop, self.comm.net_step_overhead_s.get(protocol, 0.0))
         intra = phase.intra_steps * intra_hop
         inter = phase.inter_steps * (hop["network"][protocol] + phase.switch_hops * switch_s)
+        if protocol == "Simple" and getattr(phase, "ring_plateau", False):
+            return (intra + inter) * self.comm.ring_plateau_factor
         return intra + inter
 
     def base_latency_s(self, plan: CommPlanLike) -> float:

@@ -241,6 +241,9 @@ class CommTuningSpec:
             crosses the network takes, NVLink steps included: the network proxy's
             post overhead (tuning.cc getNetOverhead: 1 us on Intel CPUs, 2 us on
             AMD; x3 for Simple).
+        ring_plateau_factor: NCCL's "plateau effect of ring": how many times the
+            sum of its step latencies a Simple ring all-reduce across several NVLink
+            domains takes (tuning.cc: 1.4 from compute capability 8.0, 1.9 below).
         tree_chunk_bytes: largest chunk a tree all-reduce pipelines in (one Simple
             step of a channel's buffer, NCCL_BUFFSIZE / NCCL_STEPS); NCCL halves it
             for small messages (enqueue.cc). 0: no pipeline fill modelled.
@@ -267,6 +270,7 @@ class CommTuningSpec:
     p2p_channels: int = 16
     p2p_peers_per_channel: int = 8
     net_step_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    ring_plateau_factor: float = 1.0
     tree_chunk_bytes: int = 0
 
 

@@ -76,6 +76,9 @@ class Log:
     def label(self) -> str:
         """Short name for tables."""
         note = self.note.split(" (")[0][:22]
+        column = self.citation.split(" column ")[1].split(" ")[0] if " column " in self.citation else ""
+        if column and not column.islower():  # one column of a report's table: name it
+            note = f"{note} [{column[:10]}]"
         return f"{self.source[:26]} {self.collective} {self.nodes}x{self.gpus_per_node} {note}"
 
 
@@ -347,6 +350,84 @@ def ring_series(simulate: bool = True) -> list[Series]:
     return series
 
 
+# ------------------------------------------------------- ring latency at scale
+#: Size windows (bytes) where each protocol's latency, not its bandwidth, sets a large
+#: ring's time: LL at 1-2 MiB (NCCL's channel thresholds run one channel there) and
+#: Simple at 64-256 MiB (the streaming time is a fifth or less of the measured time at
+#: >= 80 ranks). LL128 has no such window: its modelled latency is 2-3x too small at
+#: every size of the large logs (see RingLatency), so which of LL128 or Simple NCCL ran
+#: cannot be told from the times.
+LATENCY_WINDOWS = {"LL": (1 * MiB, 2 * MiB), "Simple": (64 * MiB, 256 * MiB)}
+#: Fewest ranks a ring log needs to be read for its step latency (below, the latency
+#: is under a tenth of the time at these sizes and the ratio is noise).
+LATENCY_MIN_RANKS = 64
+
+
+@dataclass(frozen=True)
+class RingLatency:
+    """One line of a large multi-node ring log read for its latency: the measured time
+    minus the time trainsim streams the bytes at ``protocol``, over trainsim's latency
+    of the ring at that protocol (base latency + NCCL tuning.cc's steps x hop latency,
+    x NCCL's ring plateau for a Simple all-reduce across domains; hardware/network.py
+    ``phase_latency_s``). 1.0: the step model explains the time."""
+
+    log: Log
+    size_bytes: int
+    protocol: str
+    steps: int
+    measured_s: float
+    stream_s: float
+    latency_s: float
+
+    @property
+    def ratio(self) -> float:
+        """(measured - streaming) / modelled latency."""
+        return (self.measured_s - self.stream_s) / self.latency_s
+
+
+@lru_cache(maxsize=None)
+def ring_latency_rows() -> tuple[RingLatency, ...]:
+    """:class:`RingLatency` of every ring (forced, or chosen by auto) all_reduce,
+    all_gather and reduce_scatter log over >= LATENCY_MIN_RANKS ranks and several
+    NVLink domains, at the sizes of :data:`LATENCY_WINDOWS`."""
+    out: list[RingLatency] = []
+    for log, rows in compared():
+        if not rows or log.collective not in ("all_reduce", "all_gather", "reduce_scatter"):
+            continue
+        if _domains(log) < 2 or log.nodes * log.gpus_per_node < LATENCY_MIN_RANKS:
+            continue
+        if log.source in MID_SIZE_EXCLUDED:
+            continue
+        preset, overrides, nodes, gpn = system_of(log)
+        cost = _cost_model(preset, tuple(sorted(overrides.items())), nodes, gpn)
+        network, ranks = cost.network, nodes * gpn
+        group = tuple(range(ranks))
+        for row in rows:
+            if not row.plan.startswith("ring/"):
+                continue
+            for protocol, (low, high) in LATENCY_WINDOWS.items():
+                # (1 % slack: some logs print 63.999 MiB for 64 MiB)
+                if not 0.99 * low <= row.size_bytes <= high:
+                    continue
+                plan = cost.collective_plan(log.collective, group, row.size_bytes, "ring",
+                                            protocol)
+                latency = network.base_latency_s(plan) + sum(
+                    network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
+                stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
+                steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
+                # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
+                measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
+                out.append(RingLatency(log, row.size_bytes, protocol, steps,
+                                       measured * 1e-9, stream, latency))
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _cost_model(preset: str, overrides: tuple, nodes: int, gpn: int) -> CostModel:
+    layout = ClusterLayout(load_cluster(preset, dict(overrides)), nodes, gpn)
+    return CostModel(layout, ALGORITHMS, fidelity="analytic")
+
+
 # ------------------------------------------------------------------- printing
 def print_tables(out=sys.stdout) -> None:
     """Every table: per log, per source (sizes >= 1 MiB), per category, ring series."""
@@ -379,6 +460,13 @@ def print_tables(out=sys.stdout) -> None:
         for source, srows in sources.items():
             print(f"      {source:<40} rows {len(srows):4d}  median |err| "
                   f"{median_abs(r.error for r in srows):6.1%}", file=out)
+    print("\n== ring latency at scale: (measured - streamed) / modelled latency (1.0: NCCL's "
+          "step model explains the time)", file=out)
+    for r in ring_latency_rows():
+        print(f"  {r.log.label:<62} {r.size_bytes >> 20:4d} MiB {r.protocol:<6} "
+              f"{r.steps:5d} steps  measured {r.measured_s * 1e6:7.0f} us  streamed "
+              f"{r.stream_s * 1e6:6.0f}  modelled latency {r.latency_s * 1e6:6.0f}  "
+              f"ratio {r.ratio:4.2f}", file=out)
     print("\n== ring vs node count (>= 256 MiB): nodes:measured/simulated; drop = "
           "busbw(most nodes)/busbw(fewest)", file=out)
     for s in ring_series():

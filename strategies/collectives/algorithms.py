@@ -94,7 +94,7 @@ def _ring_steps(geometry: GroupGeometry, steps: int, boundaries: int) -> tuple[i
 
 
 def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: float,
-                boundaries: int) -> Phase:
+                boundaries: int, ring_plateau: bool = False) -> Phase:
     """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
     bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
@@ -106,7 +106,8 @@ def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: floa
                                   edge_bytes / geometry.local_size)
     else:
         transfers = LazyTransfers(lambda: _ring_columns(geometry, edge_bytes))
-    return Phase(name, transfers, intra, inter, geometry.switch_hops, bus_bytes=edge_bytes)
+    return Phase(name, transfers, intra, inter, geometry.switch_hops, bus_bytes=edge_bytes,
+                 ring_plateau=ring_plateau)
 
 
 def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
@@ -141,11 +142,13 @@ _RING_COUNTS: dict[int, tuple[GroupGeometry, TransferCounts]] = {}
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
-    """Ring all-reduce = reduce-scatter then all-gather, each (n-1) steps of S/n."""
+    """Ring all-reduce = reduce-scatter then all-gather, each (n-1) steps of S/n;
+    across several NVLink domains its phases carry NCCL's ring plateau
+    (:attr:`Phase.ring_plateau`)."""
     n, N = geometry.size, geometry.num_domains
     edge = (n - 1) / n * size_bytes
-    return [_ring_phase("reduce_scatter", geometry, n - 1, edge, N),
-            _ring_phase("all_gather", geometry, n - 1, edge, N)]
+    return [_ring_phase("reduce_scatter", geometry, n - 1, edge, N, N > 1),
+            _ring_phase("all_gather", geometry, n - 1, edge, N, N > 1)]
 
 
 def ring_gather_scatter(name: str) -> Callable[[GroupGeometry, int], list[Phase]]:

@@ -51,6 +51,9 @@ class Phase:
             terms (a ring step's edge bytes; twice the size for a tree
             all-reduce), which NCCL's per-protocol and per-channel ceilings
             apply to; 0: none apply.
+        ring_plateau: the phase is half of a ring all-reduce across several
+            NVLink domains, whose Simple steps NCCL prices at its "plateau"
+            factor (hardware.network.NetworkModel.phase_latency_s).
     """
 
     name: str
@@ -59,6 +62,7 @@ class Phase:
     inter_steps: int
     switch_hops: int = 0
     bus_bytes: float = 0.0
+    ring_plateau: bool = False
 
 
 @dataclass(frozen=True, slots=True)
