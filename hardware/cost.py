@@ -442,18 +442,29 @@ class CostModel:
             empty = self.algorithms.empty_plan(kind)
             found = CollectiveCost(empty.label, empty.protocol, 0)
         else:
-            best: CollectiveCost | None = None
+            # every candidate's fixed latencies first (its phases' step counts: the
+            # transfers of a builder's plans.LazyTransfers are not built for them), then
+            # the candidates priced from the lowest latency up: one whose latencies alone
+            # pass the best so far cannot win (streaming adds >= 0 ns), nor one that
+            # reaches it and comes later in the catalog's order, which breaks ties; so the
+            # choice is the catalog-order argmin of the durations, as trying every
+            # candidate in order gives, and a loser's transfers and per-byte prices are
+            # left to a size that needs them
+            order = []
             for name in candidates:
                 for proto in self._protocols(name, protocol, size_bytes):
-                    if best is not None and self._coefficients_of(
-                            kind, geometry, name, proto).fixed_ns >= best.duration_ns:
-                        # its latencies alone reach the best: streaming adds >= 0 ns,
-                        # and a tie keeps the earlier candidate (its per-byte prices
-                        # are left to a size that needs them)
-                        continue
-                    duration = self._priced_ns(kind, geometry, name, proto, size_bytes)
-                    if best is None or duration < best.duration_ns:
-                        best = CollectiveCost(name, proto, duration)
+                    found = self._coefficients_of(kind, geometry, name, proto)
+                    order.append((found.fixed_ns, len(order), name, proto, found))
+            order.sort(key=lambda entry: entry[:2])
+            best: CollectiveCost | None = None
+            best_index = -1
+            for fixed_ns, index, name, proto, found in order:
+                if best is not None and (fixed_ns > best.duration_ns or (
+                        fixed_ns == best.duration_ns and index > best_index)):
+                    continue
+                duration = self._priced_ns(found, size_bytes)
+                if best is None or (duration, index) < (best.duration_ns, best_index):
+                    best, best_index = CollectiveCost(name, proto, duration), index
             if best is None:
                 raise ValueError(
                     f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes "
@@ -501,12 +512,10 @@ class CostModel:
             self._plans[key] = found
         return found
 
-    def _priced_ns(self, kind: str, geometry: GroupGeometry, name: str, protocol: str,
-                   size_bytes: int) -> int:
-        """α-β duration of one candidate from its coefficients (the fast path): the
-        fixed latencies, plus each phase's streaming time at ``size_bytes``, the
-        longer of its links' time and its NCCL ceilings' time."""
-        found = self._coefficients_of(kind, geometry, name, protocol)
+    def _priced_ns(self, found: "_Coefficients", size_bytes: int) -> int:
+        """α-β duration of one candidate from its coefficients (the fast path,
+        :meth:`_coefficients_of`): the fixed latencies, plus each phase's streaming time
+        at ``size_bytes``, the longer of its links' time and its NCCL ceilings' time."""
         network = self.network
         bus_cap = network.bus_cap_bytes_per_s(found.plan, size_bytes)
         total = found.fixed_ns

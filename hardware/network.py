@@ -393,6 +393,11 @@ class NetworkModel:
         if cached is not None:
             return cached[1]
         transfers = phase.transfers
+        counted = getattr(transfers, "counts", None)
+        if counted is not None:  # (plans.LazyTransfers of a builder that counts them)
+            loads = self._counted_loads(transfers.mode, transfers.payload_bytes, counted())
+            self._loads[id(phase)] = (phase, loads)
+            return loads
         if getattr(transfers, "all_pairs", False):  # every member to every other one
             loads = {transfers.mode: self.layout.all_pairs_link_counts(transfers.group)
                      * transfers.payload_bytes}
@@ -449,6 +454,31 @@ class NetworkModel:
         self._loads[id(phase)] = (phase, loads)  # keep the phase so its id stays unique
         if content is not None:
             self._loads_by_content[content] = loads
+        return loads
+
+    def _counted_loads(self, mode: str, payload_bytes: float, counts) -> dict[str, np.ndarray]:
+        """:meth:`_payload_per_link` of transfers of one payload given as
+        :class:`strategies.collectives.plans.TransferCounts`: how many cross each link
+        (those between domains along :meth:`hardware.topology.ClusterLayout.paths_links`,
+        those inside one on their GPUs' ports), then each link's load as the listed
+        transfers' bincount adds it: ``k`` equal payloads added one after another from
+        0.0 (``np.add.accumulate``: the same float as adding them one at a time), so
+        the very same loads (tests/test_speed_paths.py)."""
+        key = (mode, payload_bytes, "counted", counts.src.tobytes(), counts.dst.tobytes(),
+               counts.inside.tobytes(), counts.sends.tobytes(), counts.receives.tobytes())
+        found = self._loads_by_content.get(key)
+        if found is not None:
+            return found
+        layout = self.layout
+        _, links = layout.paths_links(counts.src, counts.dst, ordered=False)
+        crossed = np.bincount(links, minlength=layout.num_links)
+        crossed[layout.gpu_out_link(0) + counts.inside] += counts.sends
+        crossed[layout.gpu_in_link(0) + counts.inside] += counts.receives
+        most = int(crossed.max(initial=0))
+        sums = np.zeros(most + 1)
+        sums[1:] = np.add.accumulate(np.full(most, payload_bytes, dtype=np.float64))
+        loads = {mode: sums[crossed]}
+        self._loads_by_content[key] = loads
         return loads
 
     def phase_bandwidth_s(self, phase: PhaseLike, protocol: str) -> float:

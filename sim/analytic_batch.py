@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hardware.spec import ClusterSpec
-from sim.analytic_prices import plan_fields
+from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
                                optimizer_layers_key, plan_contention)
@@ -78,6 +78,29 @@ _UNSEEN = object()
 _RUN_MIN = 3
 #: Whole gradient bytes below 2**53 add exactly as floats (in any grouping).
 _EXACT_MAX = float(2 ** 53)
+
+
+def _reduce_parts(parts: list, pending: dict, bucket: float, total: int, dp_free: int,
+                  reductions: dict, reduction_ns, rank) -> tuple[int, int]:
+    """One backward's parts in order, ``(part_ns, sums, count)`` each (``count``
+    identical parts in a row), each adding its ns and then its gradient bytes to the
+    ``pending`` buckets (:func:`_fill_buckets`; the last part is the walk's final one),
+    a long run of layers that only fill the dense bucket in closed form
+    (:func:`_fill_run`); returns (total, dp_free) after them."""
+    final_index = len(parts) - 1
+    for index, (part_ns, sums, count) in enumerate(parts):
+        final = index == final_index
+        if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
+                and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
+            run = count - 1 if final else count
+            total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket, total,
+                                       dp_free, reductions, reduction_ns, rank)
+            count -= run
+        for left in range(count, 0, -1):
+            total += part_ns
+            dp_free = _fill_buckets(pending, sums, final and left == 1, bucket, total,
+                                    dp_free, reductions, reduction_ns, rank)
+    return total, dp_free
 
 
 def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: float,
@@ -165,6 +188,7 @@ class BatchStepEvaluator:
         self._memory_layouts: dict[tuple, _MemoryLayout] = {}
         self._covered: dict[tuple, bool] = {}
         self._grads: dict[tuple, tuple | None] = {}
+        self._fill_delays: dict[tuple, int] = {}  # _fill_delay_ns by what it reads
         self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
 
@@ -413,6 +437,9 @@ class BatchStepEvaluator:
         reps, part_groups = self._layout_of(plan)
         mkey = shared.model_key(model)
         part_key = ("part", StepLowerer, mkey, plan_fields(plan, "part"))
+        # (a phase that recomputes nothing: sim.analytic_prices.part_recomputes)
+        plain_key = ("part_no_recompute", StepLowerer, mkey,
+                     plan_fields(plan, "part_no_recompute"))
         groups_key = ("groups", StepLowerer, mkey, plan_fields(plan, "groups"), 1)
         opt_key = ("optimizer", StepLowerer, mkey, plan_fields(plan, "optimizer"))
         mode = plan.recompute
@@ -432,8 +459,10 @@ class BatchStepEvaluator:
             cost = costs.get((p, kind, comp))
             if cost is not None:
                 return cost
-            cost = get((part_key, kind, comp, None if isinstance(part, str) else mode,
-                        part_groups[p]))
+            if part_recomputes(part, comp):
+                cost = get((part_key, kind, comp, mode, part_groups[p]))
+            else:
+                cost = get((plain_key, kind, comp, None, part_groups[p]))
             if cost is None:
                 ref = self._reference_model(plan)
                 cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
@@ -513,9 +542,18 @@ class BatchStepEvaluator:
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
-        first_wait = (self._fill_delay_ns(placement, stage_layers, kinds, kind_cost,
-                                          gather_ns, t_p2p, is_first, is_last)
-                      if gathers else 0)
+        first_wait = 0
+        if gathers:
+            # it reads forward prices (keyed without the recompute fields), gathers and
+            # the p2p time on the split's stages: plans that differ in recompute alone
+            # share it
+            wait_key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule, plain_key,
+                        groups_key, opt_key, part_groups, t_p2p)
+            first_wait = self._fill_delays.get(wait_key)
+            if first_wait is None:
+                first_wait = self._fill_delays[wait_key] = self._fill_delay_ns(
+                    placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p, is_first,
+                    is_last)
         step = 0
         for (last_backward, finish, gathers_ns), compute_end in zip(rank_costs,
                                                                   timing.rank_end):
@@ -564,19 +602,8 @@ class BatchStepEvaluator:
                 if is_first[s]:
                     parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
                                              plan, part_key), 1))
-                final_index = len(parts) - 1
-                for index, (part_ns, sums, count) in enumerate(parts):
-                    final = index == final_index
-                    if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
-                            and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
-                        run = count - 1 if final else count
-                        total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket,
-                                                   total, dp_free, reductions, reduction_ns, p)
-                        count -= run
-                    for left in range(count, 0, -1):
-                        total += part_ns
-                        dp_free = _fill_buckets(pending, sums, final and left == 1, bucket,
-                                                total, dp_free, reductions, reduction_ns, p)
+                total, dp_free = _reduce_parts(parts, pending, bucket, total, dp_free,
+                                               reductions, reduction_ns, p)
         finish = max(total, dp_free) + optimizer_ns(p)
         gathers_ns = 0
         if gathers:
@@ -636,6 +663,29 @@ class BatchStepEvaluator:
             layers = stage_layers[stage]
             first, last = ["embedding"] if is_first[stage] else [], \
                 ["head"] if is_last[stage] else []
+            if layers and (gathers_here != reduce_now) and all(
+                    flags[layer] == flags[layers[0]] for layer in layers):
+                # one kind of layer (head, run, embedding), in closed form
+                before, after = (first, last) if comp == "F" else (last, first)
+                n = len(layers)
+                if reduce_now:  # the bucket walk's runs (as _rank_ns)
+                    parts = [(*row(part, comp), 1) for part in before]
+                    parts.append((*row(layers[0], comp), n))
+                    parts += [(*row(part, comp), 1) for part in after]
+                    total, dp_free = _reduce_parts(parts, {}, bucket, total, dp_free,
+                                                   reductions, reduction_ns, 0)
+                    continue
+                # gathers issued back to back when the first layer is reached, layer i
+                # waits for the (i + 1)-th: w <- max(w, G + g (i + 1)) + c unrolls to
+                # max(w + n c, G + g + n c + (n - 1) max(g - c, 0)) (_fill_delay_ns)
+                for part in before:
+                    total += row(part, comp)[0]
+                g, c = gather(layers[0]), row(layers[0], comp)[0]
+                total = max(total + n * c, dp_free + g + n * c + (n - 1) * max(g - c, 0))
+                dp_free += n * g
+                for part in after:
+                    total += row(part, comp)[0]
+                continue
             if comp == "F":
                 parts = first + list(layers) + last
                 order = layers

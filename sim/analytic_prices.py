@@ -20,7 +20,7 @@ from operator import attrgetter
 from strategies.model_spec import ModelSpec
 from strategies.plan import PLAN_FIELDS
 
-__all__ = ["SharedPrices", "plan_fields"]
+__all__ = ["SharedPrices", "part_recomputes", "plan_fields"]
 
 
 class SharedPrices:
@@ -85,6 +85,11 @@ _NOT_IN_OPTIMIZER = frozenset({
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "store_param_remainders",
     "fsdp_fp32_params", "grad_reduce_every_microbatch", "recompute_early_stop"})
+#: Plan fields only a recompute reads (StepLowerer._recompute, from a layer's B and I
+#: phases): a layer's forward (F) and weight gradients (W), the embedding and the head in
+#: every phase run the same ops whatever they say, so their prices are keyed without them
+#: (the ``part_no_recompute`` fields; tests/test_analytic_sharing.py compares the ops).
+_RECOMPUTE_FIELDS = frozenset({"recompute", "recompute_modules", "recompute_early_stop"})
 #: What places a rank's groups and picks what runs on its data-parallel group: the
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.
@@ -92,15 +97,24 @@ _GROUP_FIELDS = ("tp", "cp", "dp", "pp", "ep", "order", "zero", "overlap_param_g
                  "dp_mode")
 _GETTERS = {
     "part": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_PARTS)),
+    "part_no_recompute": attrgetter(*(f.name for f in PLAN_FIELDS
+                                      if f.name not in _NOT_IN_PARTS | _RECOMPUTE_FIELDS)),
     "optimizer": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_OPTIMIZER)),
     "groups": attrgetter(*_GROUP_FIELDS),
 }
 
 
 def plan_fields(plan, which: str) -> tuple:
-    """The fields of ``plan`` a ``part`` (one layer or edge in one phase), ``optimizer``
+    """The fields of ``plan`` a ``part`` (one layer or edge in one phase; a phase that
+    recomputes nothing: ``part_no_recompute``, :func:`part_recomputes`), ``optimizer``
     (a rank's optimizer step) or ``groups`` (a rank's groups and what runs on its
     data-parallel group) price reads, as a tuple."""
     return _GETTERS[which](plan)
 
 
+def part_recomputes(part: object, comp: str) -> bool:
+    """Whether the ops of ``part`` (a layer index, or ``"embedding"`` / ``"head"``) in
+    phase ``comp`` (F, B, I, W) read the plan's recompute fields: only a layer's B and I
+    (StepLowerer.phase_ops recomputes before them); the others' prices are keyed by the
+    ``part_no_recompute`` fields and no recompute mode."""
+    return comp in ("B", "I") and not isinstance(part, str)

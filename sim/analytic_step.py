@@ -62,7 +62,7 @@ from hardware.cost import (ComputeTimer, CostModel, RankConditions, prices_ops_b
                            shared_sm_ns)
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_prices import SharedPrices, plan_fields
+from sim.analytic_prices import SharedPrices, part_recomputes, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
@@ -714,8 +714,14 @@ class AnalyticStepModel:
         if cost is None:
             shared = self._shared_for(pricer)
             if shared is not None:
-                mode = None if isinstance(part, str) else self.lowerer.recompute_of(part)
-                shared_key = (self._shared_key("part"), kind, comp, mode, self._part_groups(p))
+                # (a phase that recomputes nothing is keyed without the recompute fields:
+                # one price for every recompute mode)
+                if part_recomputes(part, comp):
+                    shared_key = (self._shared_key("part"), kind, comp,
+                                  self.lowerer.recompute_of(part), self._part_groups(p))
+                else:
+                    shared_key = (self._shared_key("part_no_recompute"), kind, comp, None,
+                                  self._part_groups(p))
                 cost = shared.get(shared_key)
             if cost is None:
                 cost = pricer.schedule(self.lowerer.phase_ops(p, part, comp))

@@ -165,3 +165,43 @@ def test_fill_run_closed_form_is_the_layer_by_layer_walk():
         assert got == (t, f), (dense, bucket, start, count, part_ns, scale)
         assert closed["dense"] == walked["dense"] and closed.get("expert", 0.0) == \
             walked.get("expert", 0.0)
+
+
+def test_whole_rank_closed_forms_equal_simulate_step():
+    """Without pipeline parallelism and with parameter gathers the evaluator walks one
+    rank's actions; a stage of one layer kind takes its gathers (ZeRO-1/2 overlapped:
+    micro-batch 0's forward; ZeRO-3: every action) and its last backward's buckets in
+    closed form (_whole_rank_ns). Step times must equal simulate_step's to the ns, with
+    and without split backwards, for every recompute mode and bucket sizes that fill
+    one, several and no buckets per layer run; and a model whose layers alternate
+    kinds (sliding windows) takes the layer-by-layer walk."""
+    import dataclasses
+
+    cluster = load_cluster("dgx-h100")
+    dense, _ = tiny_models()
+    windowed = dataclasses.replace(dense, name="tiny-swa", sliding_window=256,
+                                   full_attention_every=2)
+    checked = 0
+    for model in (dense, load_model("llama3-8b"), windowed):
+        evaluator = BatchStepEvaluator(model, cluster)
+        plans = []
+        for zero, overlap in ((1, True), (2, True), (3, False), (3, True)):
+            for schedule in ("1f1b", "zb-h1"):
+                for recompute in ("none", "full"):
+                    for bucket in (1 << 20, 40_000_000, 1 << 34):
+                        try:
+                            plan = make_plan(gpus=GPUS, tp=2, pp=1, micro_batch=1,
+                                             global_batch=64, seq_len=1024, zero=zero,
+                                             overlap_param_gather=overlap, schedule=schedule,
+                                             recompute=recompute, grad_bucket_bytes=bucket)
+                            validate_for(plan, model, cluster, GPUS)
+                        except ValueError:
+                            continue
+                        plans.append(plan)
+        got = evaluator.step_ns(plans)
+        for plan, step_ns in zip(plans, got):
+            reference = simulate_step(model, cluster, plan, fidelity="analytic",
+                                      check_memory=False)
+            assert step_ns / 1e9 == reference.step_time_s, (model.name, plan)
+        checked += evaluator.counts["batch"]
+    assert checked >= 60

@@ -81,3 +81,47 @@ def test_the_lists_of_fields_not_read_are_plan_fields():
     names = {f.name for f in dataclasses.fields(make_plan(gpus=8))}
     assert _NOT_IN_PARTS <= names and _NOT_IN_OPTIMIZER <= names
     assert memory._NOT_IN_ACTIVATIONS <= names and memory._NOT_IN_STATES <= names
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_phases_that_recompute_nothing_read_no_recompute_field(which):
+    """A layer's F and W and the edges in every phase are priced under the
+    ``part_no_recompute`` fields (sim.analytic_prices.part_recomputes): their ops must be
+    the same whatever the recompute fields say, on plans with TP, CP, sequence
+    parallelism, pipelined TP and FP8; a layer's B, which recomputes, must differ."""
+    from sim.analytic_prices import part_recomputes
+    from strategies.lowering import StepLowerer
+
+    dense, moe = tiny_models()
+    model = dense if which == "dense" else moe
+    recomputes = [dict(recompute="none"), dict(recompute="selective"),
+                  dict(recompute="selective", recompute_modules=("core_attn", "mlp")),
+                  dict(recompute="full"), dict(recompute="full", recompute_early_stop=True)]
+    bases = [dict(tp=2, cp=2, schedule="zb-h1", pp=2),
+             dict(tp=2, sequence_parallel=False, pp=2),
+             dict(tp=2, tp_comm_overlap="userbuffers", dtype="fp8", pp=2)]
+    if which == "moe":
+        bases = [dict(base, ep=2) for base in bases]
+    checked = 0
+    for base in bases:
+        ops = {}
+        for fields in recomputes:
+            try:
+                plan = make_plan(gpus=16, micro_batch=1, global_batch=64, seq_len=1024,
+                                 **base, **fields)
+                lowerer = StepLowerer(model, plan, domain_gpus=8)
+            except ValueError:
+                continue
+            comps = ("F", "B", "I", "W") if lowerer.schedule.split_backward else ("F", "B")
+            ops[tuple(fields.items())] = {
+                (part, comp): lowerer.phase_ops(0, part, comp)
+                for part in (0, "embedding", "head") for comp in comps}
+        assert len(ops) >= 4, base
+        rows = list(ops.values())
+        for row in rows[1:]:
+            for (part, comp), listed in row.items():
+                if not part_recomputes(part, comp):
+                    assert listed == rows[0][(part, comp)], (base, part, comp)
+                    checked += 1
+        assert any(row[(0, "B")] != rows[0][(0, "B")] for row in rows[1:])
+    assert checked > 30

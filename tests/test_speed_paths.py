@@ -363,3 +363,112 @@ def test_tree_columns_built_in_numpy_are_the_listed_tree():
             assert arrays[0].tolist() == src and arrays[1].tolist() == dst
             assert len(columns) == len(src) and list(columns)[0].src == src[0]
             assert isinstance(arrays[0], np.ndarray)
+
+
+@pytest.mark.parametrize("cluster,nodes", [("dgx-h100", 32), ("gb200-nvl72", 40),
+                                           ("dgx-a100", 16), ("polaris", 24)])
+def test_auto_choice_is_the_catalog_order_argmin_of_every_candidate(cluster, nodes):
+    """CostModel.collective prices candidates from the lowest fixed latency up and skips
+    those whose latencies alone lose: the choice must be the one trying every algorithm
+    and protocol the catalog offers in its order gives (first of the least durations),
+    each priced on its own cost model, to the nanosecond."""
+    spec = load_cluster(cluster)
+    layout = ClusterLayout(spec, min(nodes, spec.max_nodes), spec.gpus_per_node)
+    shared = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    rng = random.Random(11)
+    skipped = 0
+    for group in _groups(layout, rng)[::3] + [tuple(range(0, layout.world_size, 8)),
+                                               tuple(range(layout.world_size))]:
+        geometry = layout.geometry(group)
+        for kind in KINDS:
+            for size in (4, 4096, 1 << 20, 1 << 28):
+                chosen = shared.collective(kind, group, size)
+                if geometry.size == 1:
+                    continue
+                tried = []
+                for name in ALGORITHMS.algorithms(kind):
+                    if not ALGORITHMS.chosen_by_auto(name) or ALGORITHMS.unavailable(
+                            kind, name, geometry, spec, explicit=False) is not None:
+                        continue
+                    for proto in shared._protocols(name, "auto", size):
+                        alone = CostModel(layout, ALGORITHMS, fidelity="analytic")
+                        tried.append(alone.collective(kind, group, size, name, proto))
+                best = min(tried, key=lambda c: c.duration_ns)  # (the first of the least)
+                assert chosen == best, (cluster, kind, group, size, tried)
+                skipped += len(tried) - 1
+    assert skipped > 100
+
+
+def test_lazy_transfers_equal_the_built_ones_and_a_loser_is_never_built():
+    """A builder's plans.LazyTransfers reads as what it builds (length, items, equality,
+    hash, columns), and NVLS_TREE, which loses to the tree on latency alone for a small
+    all-reduce over 32 H100 nodes, is never built."""
+    from strategies.collectives.plans import LazyTransfers, TransferColumns
+
+    built = []
+    lazy = LazyTransfers(lambda: built.append(1) or TransferColumns((0, 1), (1, 0), 8.0))
+    assert not built
+    assert len(lazy) == 2 and list(lazy)[1].src == 1 and lazy.columns and built == [1]
+    assert lazy == TransferColumns((0, 1), (1, 0), 8.0) == lazy and hash(lazy) == hash(
+        tuple(TransferColumns((0, 1), (1, 0), 8.0))) and built == [1]
+    spec = load_cluster("dgx-h100")
+    layout = ClusterLayout(spec, 32, 8)
+    cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    group = tuple(range(layout.world_size))
+    assert cost.collective("all_reduce", group, 4).algorithm != "nvls_tree"
+    geometry = layout.geometry(group)
+    phases = cost._reference_phases[("all_reduce", layout.group_class(group), "nvls_tree")]
+    assert phases and all(p.transfers._built is None for p in phases)
+    eager = ALGORITHMS.phases("all_reduce", "nvls_tree", geometry, 1 << 20)
+    assert all(p.transfers._built is None for p in eager)
+
+
+@pytest.mark.parametrize("name,nodes,gpn", [("dgx-h100", 64, 8), ("dgx-a100", 48, 8),
+                                             ("gb200-nvl72", 72, 4), ("polaris", 24, 4),
+                                             ("dgx-h100", 16, 4)])
+def test_counted_ring_and_tree_loads_equal_the_listed_transfers(name, nodes, gpn):
+    """Ring and tree phases over several domains give the network model their transfers
+    counted (plans.TransferCounts: those inside a domain per GPU port, the others
+    listed): each link's load must be the very float the listed transfers' bincount
+    gives, for strided, offset and random groups of every collective kind, and the list
+    is never built on the way."""
+    import numpy as np
+
+    from strategies.collectives.plans import Phase
+
+    spec = load_cluster(name)
+    layout = ClusterLayout(spec, min(nodes, spec.max_nodes), gpn)
+    rng = random.Random(13)
+    n = layout.world_size
+    groups = [tuple(range(n)), tuple(range(0, n, gpn)), tuple(range(3, n, 2 * gpn + 1))]
+    for _ in range(40):
+        stride, size = rng.choice((1, 2, 3, 4, 8, 16, 64)), rng.choice((2, 3, 5, 8, 16, 64, 256))
+        offset = rng.randrange(0, 2 * gpn)
+        groups.append(tuple(offset + i * stride for i in range(size)))
+    for _ in range(10):
+        groups.append(tuple(rng.sample(range(n), rng.choice((4, 9, 33)))))
+    counted = 0
+    for group in groups:
+        if group[-1] >= n:
+            continue
+        geometry = layout.geometry(group)
+        for kind, algorithm in (("all_reduce", "ring"), ("all_gather", "ring"),
+                                ("reduce_scatter", "ring"), ("all_reduce", "tree"),
+                                ("broadcast", "ring")):
+            if algorithm not in ALGORITHMS.algorithms(kind) or geometry.size == 1:
+                continue
+            for phase in ALGORITHMS.phases(kind, algorithm, geometry, 3 * (1 << 20) + 7):
+                model = CostModel(layout, ALGORITHMS, fidelity="analytic").network
+                loads = model._payload_per_link(phase)
+                if phase.transfers.counts is None:
+                    continue
+                assert phase.transfers._built is None  # (priced without the list)
+                listed = Phase(phase.name, tuple(phase.transfers.built()), 0, 0)
+                alone = CostModel(layout, ALGORITHMS, fidelity="analytic").network
+                expected = alone._payload_per_link(listed)
+                assert loads.keys() == expected.keys()
+                for mode in loads:
+                    assert loads[mode].tobytes() == expected[mode].tobytes(), (
+                        name, group, kind, algorithm, np.flatnonzero(loads[mode] != expected[mode]))
+                counted += 1
+    assert counted > 40

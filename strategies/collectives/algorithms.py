@@ -24,7 +24,8 @@ from typing import Callable
 import numpy as np
 
 from hardware.spec import GroupGeometry
-from strategies.collectives.plans import AllPairs, CommPlan, Phase, Transfer, TransferColumns
+from strategies.collectives.plans import (AllPairs, CommPlan, LazyTransfers, Phase, Transfer,
+                                          TransferColumns, TransferCounts)
 
 #: Largest group whose all-to-all lists its n (n - 1) transfers (262,000 at 512);
 #: above it they are an :class:`AllPairs`, priced from per-link counts.
@@ -97,8 +98,47 @@ def _ring_phase(name: str, geometry: GroupGeometry, steps: int, edge_bytes: floa
     """One ring pass; every rank sends ``edge_bytes``, which is also what NCCL's bus
     bandwidth counts per rank (tuning.cc: algBw = busBw x nRanks / nsteps)."""
     intra, inter = _ring_steps(geometry, steps, boundaries)
-    return Phase(name, _ring_columns(geometry, edge_bytes), intra, inter,
-                 geometry.switch_hops, bus_bytes=edge_bytes, ring_plateau=ring_plateau)
+    # (transfers built when first read: a ring whose latency alone loses never is; its
+    # per-link loads come from _ring_counts, the same transfers counted)
+    if geometry.num_domains > 1:
+        transfers = LazyTransfers(lambda: _ring_columns(geometry, edge_bytes),
+                                  lambda: _ring_counts(geometry),
+                                  edge_bytes / geometry.local_size)
+    else:
+        transfers = LazyTransfers(lambda: _ring_columns(geometry, edge_bytes))
+    return Phase(name, transfers, intra, inter, geometry.switch_hops, bus_bytes=edge_bytes,
+                 ring_plateau=ring_plateau)
+
+
+def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
+    """:func:`_ring_columns` of a group over several domains, counted: channel ``c``'s
+    ring walks every domain of more than one member from member ``c`` round to it
+    again, so each such member sends one transfer and receives one inside its domain
+    per channel (``local_size`` each); listed, each domain's member ``c`` sending to
+    member ``c`` of the next domain, per channel."""
+    # (once per geometry, as _ring_columns: a collective's kinds and an all-reduce's
+    # two passes share them, and the network model finds their loads by content)
+    found = _RING_COUNTS.get(id(geometry))
+    if found is not None and found[0] is geometry:
+        return found[1]
+    domains = geometry.domains
+    channels = geometry.local_size
+    num = len(domains)
+    src = [members[c] for members in domains for c in range(channels)]
+    dst = [domains[(d + 1) % num][c] for d in range(num) for c in range(channels)]
+    inside = np.asarray([m for members in domains if len(members) > 1 for m in members],
+                        dtype=np.int64)
+    each = np.full(inside.size, channels, dtype=np.int64)
+    counts = TransferCounts(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                            inside, each, each)
+    if len(_RING_COUNTS) >= _RING_COLUMNS_MAX:
+        _RING_COUNTS.clear()
+    _RING_COUNTS[id(geometry)] = (geometry, counts)
+    return counts
+
+
+#: _ring_counts per geometry (by identity, the geometry kept alive with its entry)
+_RING_COUNTS: dict[int, tuple[GroupGeometry, TransferCounts]] = {}
 
 
 def ring_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
@@ -242,11 +282,54 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
     channels = geometry.local_size
     trees, height = _dtree(len(domains))
     chunk = size_bytes / (2 * channels)
-    intra = 2 * (channels - 1) if geometry.uniform else 2 * (max(map(len, domains)) - 1)
-    if geometry.uniform and len(domains) > 1:
+    uniform = geometry.uniform
+    intra = 2 * (channels - 1) if uniform else 2 * (max(map(len, domains)) - 1)
+    # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
+    # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S. The
+    # transfers are built when first read (a tree whose latency alone loses never is).
+    counts = None
+    if uniform and len(domains) > 1:  # (its per-link loads from the transfers counted)
+        counts = lambda: _uniform_tree_counts(domains, channels, trees)  # noqa: E731
+    return [Phase("reduce_broadcast",
+                  LazyTransfers(lambda: _tree_columns(domains, channels, trees, chunk, uniform),
+                                counts, chunk),
+                  intra, 2 * height, geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+
+
+def _uniform_tree_counts(domains: tuple[tuple[int, ...], ...], channels: int,
+                         trees: list[dict[int, int]]) -> TransferCounts:
+    """:func:`_uniform_tree_columns` counted: per tree and channel each domain's chain
+    (its ``channels`` members from member ``c`` on) exchanges both ways along its
+    ``channels - 1`` consecutive pairs, so over the channels a member sends (and
+    receives) as many transfers as its chains give it neighbours: ``2 channels - 2``
+    per tree (each of the ``channels`` rotations is a path whose two ends, member
+    ``c`` and the one before it, have one neighbour, and the others two); listed, the
+    tree edges: member ``c`` of each domain but the tree's root to member ``c`` of its
+    parent domain and back."""
+    members = np.asarray(domains, dtype=np.int64)  # (domains, channels)
+    src_blocks, dst_blocks = [], []
+    for parents in trees:
+        below = np.asarray(list(parents), dtype=np.int64)
+        above = np.asarray(list(parents.values()), dtype=np.int64)
+        own, up = members[below].reshape(-1), members[above].reshape(-1)
+        src_blocks += [own, up]
+        dst_blocks += [up, own]
+    inside = members.reshape(-1) if channels > 1 else np.zeros(0, dtype=np.int64)
+    each = np.full(inside.size, len(trees) * (2 * channels - 2), dtype=np.int64)
+    return TransferCounts(np.concatenate(src_blocks), np.concatenate(dst_blocks), inside,
+                          each, each)
+
+
+def _tree_columns(domains: tuple[tuple[int, ...], ...], channels: int,
+                  trees: list[dict[int, int]], chunk: float, uniform: bool) -> TransferColumns:
+    """:func:`tree_all_reduce`'s transfers (``chunk`` bytes each): per tree and channel
+    ``c``, each domain's chain from member ``c`` (``b -> a`` then ``a -> b`` for each
+    consecutive pair), then, unless the domain is the tree's root, member ``c``'s
+    exchange with member ``c`` of its parent domain (``uniform``: every domain holds
+    ``channels`` members)."""
+    if uniform and len(domains) > 1:
         src, dst = _uniform_tree_columns(domains, channels, trees)
-        return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
-                      geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+        return TransferColumns(src, dst, chunk)
     # each domain's chain per channel, the same in both trees (built once): for each
     # consecutive pair (a, b) of the chain, b -> a then a -> b (interleaved by slices)
     chains = []
@@ -278,10 +361,7 @@ def tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:
                     up = domains[up_domain][c]
                     src += (members[c], up)
                     dst += (up, members[c])
-    # NCCL counts a tree all-reduce as moving twice the size per rank (tuning.cc:
-    # algBw = busBw x 0.5 for trees): its per-channel ceilings apply to 2 S.
-    return [Phase("reduce_broadcast", TransferColumns(src, dst, chunk), intra, 2 * height,
-                  geometry.switch_hops, bus_bytes=2.0 * size_bytes)]
+    return TransferColumns(src, dst, chunk)
 
 
 # ----------------------------------------------------------------- NVLS, hier
@@ -302,14 +382,19 @@ def nvls_tree_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase
     width = geometry.local_size
     trees, height = _dtree(len(domains))
     shard = size_bytes / width / 2  # each of the two trees carries half of a shard
-    transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
-                 for m in members]
-    for parents in trees:
-        for d, parent in parents.items():
-            for i in range(width):
-                below, above = domains[d][i], domains[parent][i]
-                transfers += [Transfer(below, above, shard), Transfer(above, below, shard)]
-    return [Phase("nvls_tree", tuple(transfers), 2, 2 * height, geometry.switch_hops)]
+
+    def build() -> tuple[Transfer, ...]:
+        transfers = [Transfer(m, m, float(size_bytes), "nvls") for members in domains
+                     for m in members]
+        for parents in trees:
+            for d, parent in parents.items():
+                for i in range(width):
+                    below, above = domains[d][i], domains[parent][i]
+                    transfers += [Transfer(below, above, shard), Transfer(above, below, shard)]
+        return tuple(transfers)
+
+    # (built when first read: NVLS_TREE's latency alone often loses, and then never is)
+    return [Phase("nvls_tree", LazyTransfers(build), 2, 2 * height, geometry.switch_hops)]
 
 
 def hierarchical_all_reduce(geometry: GroupGeometry, size_bytes: int) -> list[Phase]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -241,3 +242,107 @@ class TransferColumns(Sequence):
     def __repr__(self) -> str:
         return (f"TransferColumns({len(self.src)} transfers of {self.payload_bytes:g} bytes, "
                 f"{self.mode})")
+
+
+class TransferCounts(NamedTuple):
+    """Transfers of one payload and mode told by how they load links, for a collective
+    whose transfers inside an NVLink domain only touch their two GPUs' scale-up ports
+    (hardware.topology ``ClusterLayout.paths_links``: a transfer within a domain crosses
+    its source's egress and its destination's ingress port, nothing else): those are
+    counted per GPU, the others listed (int64 arrays).
+
+    Attributes:
+        src, dst: the transfers between domains (any order: the loads are sums of
+            equal terms).
+        inside: GPUs with transfers inside their domain (each once).
+        sends, receives: how many such transfers each GPU of ``inside`` sends and
+            receives.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    inside: np.ndarray
+    sends: np.ndarray
+    receives: np.ndarray
+
+
+class LazyTransfers(Sequence):
+    """A phase's transfers, built by ``build()`` when something first reads them.
+
+    A collective's price starts with its fixed latencies, which read a phase's step
+    counts and never its transfers (hardware.cost ``CostModel._coefficients_of``); a
+    candidate algorithm whose latencies alone lose (``CostModel.collective``) is then
+    never built (issue 16: NCCL's NVLS_TREE on H100 groups, a double binary tree that a
+    ring beats). Reads through it give what ``build()`` returns: its length, items,
+    equality and hash, and its attributes (``columns``, ``arrays()``, ``mode``, ...).
+
+    With ``counts`` (the builder's :class:`TransferCounts` of the same transfers, which
+    all move ``payload_bytes`` in ``mode``), the network model takes a phase's per-link
+    loads from them without building the list (hardware.network
+    ``NetworkModel._payload_per_link``); it then reads as columns of one mode
+    (``columns``, ``mode``, ``payload_bytes``, not ``all_pairs``) and as non-empty
+    without being built.
+
+    Args:
+        build: makes the transfers (a tuple of :class:`Transfer`, a
+            :class:`TransferColumns` or an :class:`AllPairs`), called once.
+        counts: None, or a callable giving the :class:`TransferCounts` of what
+            ``build()`` lists (a :class:`TransferColumns` of ``payload_bytes`` in ``mode``).
+        payload_bytes: with ``counts``, the payload of every transfer.
+        mode: with ``counts``, the mode of every transfer.
+    """
+
+    def __init__(self, build, counts=None, payload_bytes: float = 0.0,
+                 mode: str = "collective") -> None:
+        self._build = build
+        self._built = None
+        self.counts = counts
+        if counts is not None:
+            self.all_pairs = False
+            self.columns = True
+            self.payload_bytes = payload_bytes
+            self.mode = mode
+
+    def __bool__(self) -> bool:
+        # (a builder gives counts only for transfers it lists: non-empty)
+        return self.counts is not None or len(self.built()) > 0
+
+    def built(self):
+        """The transfers (built on the first call)."""
+        if self._built is None:
+            self._built = self._build()
+            self._build = None
+        return self._built
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # (own slots not set yet, dunder probes)
+            raise AttributeError(name)
+        return getattr(self.built(), name)
+
+    def __len__(self) -> int:
+        return len(self.built())
+
+    def __getitem__(self, index):
+        return self.built()[index]
+
+    def __iter__(self):
+        return iter(self.built())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTransfers):
+            other = other.built()
+        return self.built() == other
+
+    def __hash__(self) -> int:
+        return hash(self.built())
+
+    def __reduce__(self):
+        return _identity, (self.built(),)
+
+    def __repr__(self) -> str:
+        return repr(self.built())
+
+
+def _identity(value):
+    """What a pickled :class:`LazyTransfers` unpickles to: its transfers."""
+    return value
