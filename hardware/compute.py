@@ -578,6 +578,10 @@ class ComputeModel:
             attention_peak = self._peaks.get("bf16", peak) if dtype in ("fp8", "fp4") else peak
             plan = (attention_peak, None, 1.0, 0.0)
         elif op.kind in TENSOR_CORE_KINDS:
+            # One curve for every pass: the sm_90 fp8 curve is the split-accumulation rate
+            # (mamf-finder's torch._scaled_mm, use_fast_accum=False), which TE's dgrad/wgrad
+            # run; TE's fast-accumulated fprop is not sped up (no per-shape measurement of
+            # the ratio): hardware/data/README.md "FP8 accumulation mode".
             _, curve = _curve(self.gpu.matmul_profile, dtype)
             plan = (peak, curve, curve.peak_flops_per_s / peak, 1.0)
         else:
