@@ -59,6 +59,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -71,6 +72,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from sim.atomic_io import write_text_atomic
 from sim.step_bands import BAND_FILE, COMPONENTS, COVARIANCE_ORDER, BandModel, step_band
 from validate.published import DATA_DIR, evaluate, load_runs
 from validate.published_report import readme_text, replace_readme_block
@@ -573,7 +575,23 @@ def write_rows(path: Path = ROWS_FILE) -> None:
     frame = evaluate(load_runs())
     keep = ["source_id", "row_id", "role", "status", "gpu", "gpu_name", "dtype", "moe", "gpus",
             "published_step_s", "simulated_step_s", "error", *SHARE_COLUMNS]
-    frame[frame["status"] == "ok"][keep].to_csv(path, index=False, float_format="%.6g")
+    text = frame[frame["status"] == "ok"][keep].to_csv(index=False, float_format="%.6g")
+    write_text_atomic(path, text)  # a killed refit leaves the previous rows whole
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of :func:`main` (argparse: an unknown option exits 2 with usage)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m validate.fit_bands",
+        description="Fit the step-time band model on the published rows and report its "
+                    "leave-one-source-out coverage.")
+    parser.add_argument("--write-readme", metavar="PATH",
+                        help="also write the coverage into this README's generated block")
+    parser.add_argument("--reuse-rows", action="store_true",
+                        help="fit on the stored band rows instead of simulating them again")
+    parser.add_argument("--perturb", action="store_true",
+                        help="only print the perturbation table of the stored rows")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -582,22 +600,18 @@ def main(argv: list[str] | None = None) -> None:
     that coverage into the README's generated block (:func:`readme_block`). With
     ``--perturb``, only print :func:`perturbation_table` of the stored rows (writes
     nothing)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if "--perturb" in argv:
+    args = _arguments(argv)
+    if args.perturb:
         with pd.option_context("display.width", 250, "display.max_columns", 20):
             print(perturbation_table(load_rows()).round(3).to_string(index=False))
         return
-    readme = None
-    if "--write-readme" in argv:
-        at = argv.index("--write-readme")
-        if at + 1 >= len(argv):
-            raise SystemExit("--write-readme: give the README's path")
-        readme = argv[at + 1]
+    readme = args.write_readme
+    if readme is not None:
         try:  # before the work: a bad file costs nothing
             readme_text(readme, README_BEGIN, README_END)
         except ValueError as problem:
             raise SystemExit(str(problem)) from None
-    if "--reuse-rows" not in argv:
+    if not args.reuse_rows:
         write_rows()
     frame = load_rows()
     gpus_terms = calibration_spread(frame)
@@ -617,7 +631,7 @@ def main(argv: list[str] | None = None) -> None:
         "leave_one_source_out": table.to_dict(orient="records"),
     }
     BAND_FILE.parent.mkdir(exist_ok=True)
-    BAND_FILE.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    write_text_atomic(BAND_FILE, json.dumps(data, indent=1, sort_keys=False) + "\n")
     print(table.to_string(index=False))
     print(f"wrote {ROWS_FILE} and {BAND_FILE}", file=sys.stderr)
     if readme is not None:
