@@ -370,3 +370,13 @@ def test_readme_states_the_stored_conformal_scale():
     scale = load_band_model().scale
     text = (ROOT / "README.md").read_text()
     assert f"is scaled by a factor {scale:.2f} (conformal, each source weighted equally" in text
+
+
+def test_fit_bands_command_line_refuses_unknown_options(capsys):
+    """A mistyped option exits 2 with argparse's usage line before any refit starts."""
+    from validate import fit_bands
+
+    with pytest.raises(SystemExit) as stopped:
+        fit_bands.main(["--write-readm", "NO-SUCH-README.md"])
+    assert stopped.value.code == 2
+    assert "unrecognized arguments: --write-readm" in capsys.readouterr().err

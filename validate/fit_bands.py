@@ -582,7 +582,7 @@ def write_rows(path: Path = ROWS_FILE) -> None:
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     """The command line of :func:`main` (argparse: an unknown option exits 2 with usage)."""
     parser = argparse.ArgumentParser(
-        prog="python -m validate.fit_bands",
+        prog="python -m validate.fit_bands", allow_abbrev=False,
         description="Fit the step-time band model on the published rows and report its "
                     "leave-one-source-out coverage.")
     parser.add_argument("--write-readme", metavar="PATH",
