@@ -43,6 +43,19 @@ Choices (assumptions, stated once):
   weights: the optimizer holds Adam's two fp32 moments, 8 bytes (``torch.optim.Adam``
   keeps ``exp_avg``/``exp_avg_sq`` in the parameter's dtype); the gradient is the
   reduce-scattered fp32 shard (``grad_reduce_dtype``). 4 + 4 + 8 = 16 bytes per parameter.
+  The optimizer's bytes per parameter are its master weights (4 fp32, 2 as remainders,
+  2 bf16, 0 with :attr:`ParallelPlan.master_weights_dtype` ``none``) plus Adam's two
+  moments in :attr:`ParallelPlan.optimizer_moments_dtype` (8 fp32, 4 bf16). Apex's
+  ``DistributedFusedAdam`` (``apex/contrib/optimizers/distributed_fused_adam.py``) keeps
+  its state in its ``dtype`` and, with ``store_params=False``, no copy of the parameters
+  at all: NeMo 1 (``MegatronBaseModel.setup_optimization``) passes ``optim.dtype`` and
+  stores no parameter copy when that dtype equals the model's, a copy in that dtype with
+  FP8 parameters, remainders for fp32 state over bf16 parameters. DeepSeek-V3 keeps fp32
+  master weights and bf16 moments (arXiv 2412.19437 Section 3.3.3): 8 bytes.
+* FP8 primary weights (:attr:`ParallelPlan.fp8_params`, Transformer Engine
+  ``fp8_model_init``): the linear layers' weights are ``Float8Tensor`` s, 1 byte, whose
+  transpose TE caches for the backward, 1 byte; they replace the bf16 weight and the
+  cached FP8 copies (2 bytes per linear parameter instead of ``2 + c``).
 * Activations: what the pipeline schedule keeps alive at a rank's peak, each in-flight
   (stage, micro-batch) weighed by that stage's own bytes (:func:`stage_activation_bytes`:
   its layers' :func:`strategies.model_costs.activation_bytes_per_layer`, plus the
@@ -92,11 +105,13 @@ from strategies.moe_dispatch import plan_routed_load
 from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 
 __all__ = [
+    "FP8_PARAM_BYTES_PER_PARAM",
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
     "FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM",
     "FSDP_FP32_WEIGHT_BYTES_PER_PARAM",
     "GRAD_BYTES_PER_PARAM",
     "MemoryBreakdown",
+    "MASTER_WEIGHT_BYTES_PER_PARAM",
     "MemoryOptions",
     "OPTIMIZER_BYTES_PER_PARAM",
     "OutOfMemoryError",
@@ -123,6 +138,12 @@ OPTIMIZER_BYTES_PER_PARAM = 12
 #: The same with the master weight kept as the 16-bit remainder of the bf16 weight
 #: (Megatron-Core ``OptimizerConfig.store_param_remainders``).
 OPTIMIZER_REMAINDER_BYTES_PER_PARAM = 10
+#: The optimizer's master weights per parameter by ``ParallelPlan.master_weights_dtype``
+#: (fp32 as 16-bit remainders: 2, :data:`OPTIMIZER_REMAINDER_BYTES_PER_PARAM`).
+MASTER_WEIGHT_BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "none": 0}
+#: FP8 primary weights (``ParallelPlan.fp8_params``): the FP8 weight and its cached
+#: transpose, per linear-layer parameter.
+FP8_PARAM_BYTES_PER_PARAM = 2
 #: PyTorch FSDP2 over fp32 parameters (``ParallelPlan.fsdp_fp32_params``): the sharded fp32
 #: parameter is the master weight (4 bytes, counted as weights) and the optimizer holds
 #: Adam's two fp32 moments (module docstring).
@@ -150,6 +171,8 @@ class MemoryOptions:
         cross_entropy: ``plan.cross_entropy``, what the loss keeps of the logits.
         recompute_modules: ``plan.recompute_modules`` (selective recompute).
         activation_offload_layers: ``plan.activation_offload_layers``.
+        fp8_swiglu_inputs: ``plan.fp8_swiglu_inputs``.
+        e5m6_attention_output: ``plan.e5m6_attention_output``.
     """
 
     store_param_remainders: bool = False
@@ -158,6 +181,8 @@ class MemoryOptions:
     cross_entropy: str = "megatron"
     recompute_modules: tuple[str, ...] = ()
     activation_offload_layers: int = 0
+    fp8_swiglu_inputs: bool = False
+    e5m6_attention_output: bool = False
 
 
 # --------------------------------------------------------------------------- caching
@@ -180,7 +205,8 @@ _NOT_IN_ACTIVATIONS = frozenset({
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "recompute_layers",
     "tp_comm_overlap",
     "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
-    "staleness", "ps_steps", "grad_reduce_every_microbatch", "recompute_early_stop"})
+    "staleness", "ps_steps", "grad_reduce_every_microbatch", "recompute_early_stop",
+    "optimizer_moments_dtype", "master_weights_dtype", "fp8_params"})
 #: Plan fields the model states and buffers of :func:`rank_memory` do not read.
 _NOT_IN_STATES = frozenset({
     "global_batch", "micro_batch", "seq_len", "schedule", "pp", "vpp", "layers_per_stage",
@@ -188,7 +214,8 @@ _NOT_IN_STATES = frozenset({
     "flash_attention", "sequence_parallel", "tp_comm_overlap", "attention_impl",
     "elementwise", "overlap_grad_reduce", "overlap_param_gather", "optimizer_impl", "order",
     "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
-    "grad_reduce_every_microbatch", "recompute_early_stop"})
+    "grad_reduce_every_microbatch", "recompute_early_stop", "fp8_swiglu_inputs",
+    "e5m6_attention_output"})
 _FIELDS = {"activations": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_ACTIVATIONS),
            "states": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_STATES)}
 #: Entries kept before the table starts again (values are recomputed on demand).
@@ -255,7 +282,9 @@ def memory_options(plan: ParallelPlan) -> MemoryOptions:
                          fp8_linear_inputs=recipe.saves_fp8_inputs,
                          cross_entropy=plan.cross_entropy,
                          recompute_modules=tuple(plan.recompute_modules),
-                         activation_offload_layers=plan.activation_offload_layers)
+                         activation_offload_layers=plan.activation_offload_layers,
+                         fp8_swiglu_inputs=plan.fp8_swiglu_inputs,
+                         e5m6_attention_output=plan.e5m6_attention_output)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,6 +365,8 @@ def _layer_kwargs(model: ModelSpec, plan: ParallelPlan, options: MemoryOptions) 
                 sequence_parallel=plan.sequence_parallel, dtype="bf16" if fp8 else plan.dtype,
                 flash_attention=plan.flash_attention, dropout=model.dropout,
                 fp8_linear_inputs=fp8 and options.fp8_linear_inputs, etp=_etp(plan),
+                fp8_swiglu_inputs=options.fp8_swiglu_inputs,
+                e5m6_attention_output=options.e5m6_attention_output,
                 expert_load=plan_routed_load(model, plan).rows_factor)
 
 
@@ -490,16 +521,20 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
     (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``), ``P_l`` the
     parameters of its transformer layers, ``D = dp*cp``, ``D_e = tp*dp*cp/(expert_tp*ep)``, ``z =
     plan.zero``, ``c`` the fp8 recipe's weight-copy bytes in fp8 plans (else 0),
-    ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = 12`` (10 with
-    ``plan.store_param_remainders``, ``z >= 1`` and 16-bit weights):
+    ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = M + 2*m`` with ``m`` the bytes
+    of ``plan.optimizer_moments_dtype`` and ``M`` those of ``plan.master_weights_dtype``
+    (fp32 4, bf16 2, none 0; 2 for fp32 with ``plan.store_param_remainders``, ``z >= 1``
+    and 16-bit weights): 12 by default. With ``plan.fp8_params`` in fp8 plans ``c = 0``
+    (the FP8 weight and its transpose take the bf16 weight's 2 bytes):
 
     * weights    = ``2*(P_d/D + P_e/D_e) + c*P_l/D`` if z = 3 else ``2*(P_d + P_e) + c*P_l``
       (sharded FP8 copies with ZeRO-3 are those of the gathered layers, counted in the
       buffers, so ``c*P_l/D`` is omitted there); with ``plan.fsdp_fp32_params`` (z = 3)
       ``4*(P_d/D + P_e/D_e)``;
     * gradients  = ``g*(P_d/D + P_e/D_e)`` if z >= 2 else ``g*(P_d + P_e)``;
-    * optimizer  = ``K*(P_d/D + P_e/D_e)`` if z >= 1 else ``12*(P_d + P_e)``; with
-      ``plan.fsdp_fp32_params`` ``8*(P_d/D + P_e/D_e)`` (the weights are the masters);
+    * optimizer  = ``K*(P_d/D + P_e/D_e)`` if z >= 1 else ``K*(P_d + P_e)`` (no
+      remainders); with ``plan.fsdp_fp32_params`` ``2*m*(P_d/D + P_e/D_e)`` (the weights
+      are the masters);
     * activations = ``held_activation_bytes`` (what the schedule's in-flight stages and
       micro-batches hold at the rank's peak, each weighed by its
       :func:`stage_activation_bytes`; :meth:`strategies.schedules.PipelineSchedule.peak_activation_bytes`),
@@ -605,6 +640,10 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
                        for layer, count in model_costs.layer_types(model, layers).items())
     options = memory_options(plan)
     fp8_cache = options.fp8_weight_cache_bytes_per_param if plan.dtype == "fp8" else 0.0
+    if plan.dtype == "fp8" and plan.fp8_params:
+        # FP8 primary weights: the FP8 weight and its transpose replace the bf16 weight
+        # and the cached FP8 copies, FP8_PARAM_BYTES_PER_PARAM == WEIGHT_BYTES_PER_PARAM
+        fp8_cache = FP8_PARAM_BYTES_PER_PARAM - WEIGHT_BYTES_PER_PARAM
 
     def sharded(per_param: float, shard: bool) -> float:
         if shard:
@@ -623,11 +662,14 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     grads = sharded(grad_bytes, plan.zero >= 2)
     remainders = (options.store_param_remainders and plan.zero >= 1
                   and ELEMENT_BYTES[plan.dtype] <= 2)
+    moments = 2 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if fp32_params:
-        optimizer = sharded(FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM, True)
+        optimizer = sharded(moments, True)
     else:
-        optimizer = sharded(OPTIMIZER_REMAINDER_BYTES_PER_PARAM if remainders
-                            else OPTIMIZER_BYTES_PER_PARAM, plan.zero >= 1)
+        master = MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
+        if remainders and plan.master_weights_dtype == "fp32":
+            master = OPTIMIZER_REMAINDER_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM + master
+        optimizer = sharded(master + moments, plan.zero >= 1)
 
     comm = 0.0
     if dp_group > 1:

@@ -202,6 +202,9 @@ DROPOUT_MASK_BYTES = 1
 
 #: Bytes per fp32 value (softmax log-sum-exp, router probabilities, loss logits).
 FP32_BYTES = 4
+#: DeepSeek-V3's E5M6 activation format (1 sign, 5 exponent, 6 mantissa bits: 12 bits),
+#: bytes per element (arXiv 2412.19437 Section 3.3.3).
+E5M6_BYTES = 1.5
 
 #: Bytes of a token id (int64).
 TOKEN_ID_BYTES = 8
@@ -1798,7 +1801,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
                                dropout: bool = True, flash_attention: bool = True,
                                fp8_linear_inputs: bool = False,
                                recompute_modules: Sequence[str] = (), etp: int | None = None,
-                               expert_load: float | None = None) -> float:
+                               expert_load: float | None = None,
+                               fp8_swiglu_inputs: bool = False,
+                               e5m6_attention_output: bool = False) -> float:
     """Bytes one layer keeps for the backward, per micro-batch, on one GPU.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2; 16-bit activations,
@@ -1853,6 +1858,16 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     ``jax_save_qkv`` and ``jax_save_qkv_out`` keep the layer input and what their JAX remat
     policy saves (:func:`_jax_remat_activation_bytes`). Others are rejected.
 
+    DeepSeek-V3's low-precision activation cache (arXiv 2412.19437 Section 3.3.3, "Low-
+    Precision Storage"): ``fp8_swiglu_inputs`` keeps the routed experts' SwiGLU inputs
+    (the fc1 outputs, ``2*f_e/etp`` per pair for a gated MLP) at 1 byte per element ("we
+    cache the inputs of the SwiGLU operator and recompute its output in the backward
+    pass. These activations are also stored in FP8"); ``e5m6_attention_output`` keeps
+    the attention output once, in the E5M6 format (12 bits: 1.5 bytes per element), for
+    the attention backward and the out-projection's ("Inputs of the Linear after the
+    attention operator ... a customized E5M6 data format exclusively for these
+    activations"), instead of ``e`` (plus TE's FP8 copy with ``fp8_linear_inputs``).
+
     For an MHA GELU model with ``f = 4h`` and ``a*d = h``, bf16 and dropout this is exactly
     ``s*b*h*34/t`` (TP + SP), ``s*b*h*(10 + 24/t)`` (TP without SP) and ``2*s*b*h/t``
     (full recompute with SP) -- Korthikanti's Table 2 minus the score terms. Bytes.
@@ -1897,14 +1912,18 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     if fp8_linear_inputs:
         # the out-projection's FP8 copy of the attention output
         total += 1.0 * n * a_l * model.v_head_dim
+    if e5m6_attention_output:
+        # one E5M6 copy of the attention output replaces the bf16 one (and the FP8 copy)
+        total -= ((e + (1.0 if fp8_linear_inputs else 0.0)) - E5M6_BYTES) \
+            * n * a_l * model.v_head_dim
     if not flash_attention and recompute == "none":
         # unfused attention stores softmax output, dropout mask and output: 5as/h * sbh
         total += (2 * e + DROPOUT_MASK_BYTES if dropout else e) * n * a_l * seq_len
     # MLP/MoE block: norm input, MLP input, mask
     gated = model.mlp == "swiglu"
     # fc1 output (gate and up for a gated MLP; the activation's input) and its output (fc2 input)
-    def ffn(width: float) -> float:
-        return e * (2 if gated else 1) * width + e_in * width
+    def ffn(width: float, e_act: float = e) -> float:
+        return e_act * (2 if gated else 1) * width + e_in * width
 
     if not model.is_moe_layer(layer):
         if "mlp" in modules:
@@ -1921,7 +1940,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
     pairs = etp * local_pairs * load
     fe_l = moe.expert_ffn_hidden_size // etp
     total += FP32_BYTES * n_sp * moe.num_experts
-    expert = ffn(fe_l) - (e_in * fe_l if "moe_act" in modules else 0.0)
+    expert = (ffn(fe_l, 1.0 if fp8_swiglu_inputs else e)
+              - (e_in * fe_l if "moe_act" in modules else 0.0))
     # per processed pair: permuted input (fc1 input), expert FFN; per own pair its fp32
     # probability (Megatron-Core applies it in the experts' weighted activation, whose
     # saved input serves its gradient: no expert output is kept)

@@ -29,6 +29,11 @@ ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 #: Matmul dtypes of a plan (fp16/fp32: e.g. the CPU replay of validate's tiny example).
 PLAN_DTYPES = ("bf16", "fp8", "fp16", "fp32")
+#: Dtypes of Adam's moments (``ParallelPlan.optimizer_moments_dtype``).
+OPTIMIZER_MOMENT_DTYPES = ("fp32", "bf16")
+#: How the optimizer holds its master copy of the weights
+#: (``ParallelPlan.master_weights_dtype``; ``none``: it updates the model's weights).
+MASTER_WEIGHT_DTYPES = ("fp32", "bf16", "none")
 AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
@@ -196,6 +201,22 @@ class ParallelPlan:
             parameters: the fp32 sharded parameters are the optimizer's master weights
             (4 weight bytes per parameter, 8 optimizer bytes: Adam's two moments; the bf16
             copies exist only gathered). Needs ZeRO-3.
+        optimizer_moments_dtype: dtype of Adam's two moments, ``fp32`` (4 bytes each) or
+            ``bf16`` (2 each): Apex ``DistributedFusedAdam(dtype=...)``, Megatron-Core's
+            ``exp_avg_dtype``/``exp_avg_sq_dtype``, DeepSeek-V3's BF16 moments.
+        master_weights_dtype: the optimizer's master copy of the weights: ``fp32`` (4
+            bytes; 2 with ``store_param_remainders``), ``bf16`` (2) or ``none`` (the model's
+            own weights are updated: Apex ``DistributedFusedAdam(store_params=False)``).
+        fp8_params: fp8 plans hold the linear layers' weights only in FP8 (Transformer
+            Engine ``fp8_model_init``: the FP8 weight and its cached transpose, 2 bytes per
+            parameter) instead of bf16 weights plus TE's cached FP8 copies.
+        fp8_swiglu_inputs: the routed experts' SwiGLU inputs (fc1 outputs) are saved in
+            FP8 for the backward, 1 byte per element (DeepSeek-V3, arXiv 2412.19437
+            Section 3.3.3).
+        e5m6_attention_output: the attention output (the out-projection's input) is saved
+            once in the E5M6 format, 1.5 bytes per element, for both the attention and the
+            out-projection backward, instead of bf16 plus TE's FP8 copy (DeepSeek-V3,
+            Section 3.3.3).
         grad_reduce_every_microbatch: reduce-scatter the gradients after every
             micro-batch's backward, not only the last one's: PyTorch FSDP v1 outside
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
@@ -359,6 +380,18 @@ class ParallelPlan:
     fsdp_fp32_params: bool = _field(False, "PyTorch FSDP2 over fp32 parameters: the sharded "
                                            "fp32 parameters are the optimizer's master "
                                            "weights (ZeRO-3).")
+    optimizer_moments_dtype: str = _field("fp32", "Dtype of Adam's two moments: fp32 or "
+                                                  "bf16.",
+                                          choices=lambda: OPTIMIZER_MOMENT_DTYPES)
+    master_weights_dtype: str = _field("fp32", "The optimizer's master weights: fp32, bf16 "
+                                               "or none (the model's weights are updated).",
+                                       choices=lambda: MASTER_WEIGHT_DTYPES)
+    fp8_params: bool = _field(False, "With dtype fp8: linear-layer weights held only in FP8 "
+                                     "(with their transpose), no bf16 copy.")
+    fp8_swiglu_inputs: bool = _field(False, "Routed experts' SwiGLU inputs saved in FP8 for "
+                                            "the backward.")
+    e5m6_attention_output: bool = _field(False, "The attention output saved once in E5M6 "
+                                                "(1.5 bytes) for its backward.")
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
@@ -471,6 +504,10 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.fsdp_fp32_params and plan.zero != 3:
         raise ValueError(f"fsdp_fp32_params: true needs zero 3 (FSDP2 shards the parameters), "
                          f"not zero {plan.zero}; give fsdp_fp32_params false")
+    if plan.fsdp_fp32_params and plan.master_weights_dtype != "fp32":
+        raise ValueError(f"master_weights_dtype: {plan.master_weights_dtype!r} with "
+                         f"fsdp_fp32_params (the fp32 parameters are the master weights); "
+                         f"give master_weights_dtype fp32")
     if plan.grad_reduce_every_microbatch and (plan.zero not in (2, 3) or plan.pp != 1
                                               or not plan.overlap_grad_reduce):
         raise ValueError(f"grad_reduce_every_microbatch: true needs zero 2 or 3, pp 1 and "

@@ -356,3 +356,67 @@ def test_1f1b_first_rank_holds_p_microbatches_of_its_stage():
         assert memory[p].activations_bytes == (4 - p) * per_mb
         assert memory[p].transient_bytes == transient_activation_bytes(model, plan, layers=layers,
                                                                        has_head=p == 3)
+
+
+@pytest.mark.parametrize("master, moments, per_param", [
+    ("fp32", "fp32", 12), ("fp32", "bf16", 8), ("bf16", "bf16", 6), ("none", "bf16", 4),
+    ("none", "fp32", 8)])
+def test_optimizer_bytes_are_master_weights_plus_two_moments(master, moments, per_param):
+    """K = M + 2*m: master weights (fp32 4, bf16 2, none 0) plus Adam's two moments (fp32 4
+    or bf16 2 each). DeepSeek-V3 (fp32 masters, bf16 moments): 8; Apex DistributedFusedAdam
+    with bf16 state over bf16 weights (no copy): 4; with FP8 weights (a bf16 copy): 6."""
+    p = param_counts(MHA).total
+    plan = _plan(zero=1, dp=4, master_weights_dtype=master, optimizer_moments_dtype=moments)
+    b = rank_memory(MHA, plan, inflight_microbatches=1, **ALL)
+    assert b.optimizer_bytes == per_param * p / 4
+    assert (b.weights_bytes, b.gradients_bytes) == (2 * p, 2 * p)
+    # remainders replace only an fp32 master weight (4 -> 2 bytes)
+    rem = rank_memory(MHA, replace(plan, store_param_remainders=True), inflight_microbatches=1,
+                      **ALL)
+    assert rem.optimizer_bytes == (per_param - 2 * (master == "fp32")) * p / 4
+
+
+def test_fp8_params_hold_the_fp8_weight_and_its_transpose_instead_of_bf16_and_copies():
+    """Transformer Engine fp8_model_init: a linear weight is 1 byte plus its 1-byte cached
+    transpose, replacing the bf16 weight (2) and TE's cached FP8 copies (2); the embedding,
+    head and norms stay bf16. bf16 plans ignore the field."""
+    pc = param_counts(MHA)
+    p, layers = pc.total, sum(pc.layers)  # the cache's count (test above)
+    cached = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1, **ALL)
+    fp8 = rank_memory(MHA, _plan(dtype="fp8", zero=0, fp8_params=True), inflight_microbatches=1,
+                      **ALL)
+    assert cached.weights_bytes - fp8.weights_bytes == 2 * layers
+    assert fp8.weights_bytes == 2 * p
+    bf16 = rank_memory(MHA, _plan(zero=0, fp8_params=True), inflight_microbatches=1, **ALL)
+    assert bf16.weights_bytes == 2 * p
+
+
+def test_master_weights_must_be_fp32_with_fsdp_fp32_params():
+    with pytest.raises(ValueError, match="master_weights_dtype: 'none'.*fsdp_fp32_params"):
+        _plan(zero=3, fsdp_fp32_params=True, master_weights_dtype="none")
+    with pytest.raises(ValueError, match="optimizer_moments_dtype"):
+        _plan(optimizer_moments_dtype="fp16")
+
+
+def test_deepseek_low_precision_activation_cache_closed_form():
+    """DeepSeek-V3 Section 3.3.3: the routed experts' SwiGLU inputs (gate and up outputs,
+    2*f_e per token-expert pair) cached in FP8 save 1 byte per element against bf16; the
+    attention output cached once in E5M6 (1.5 bytes) replaces bf16 plus TE's FP8 copy (3
+    bytes with FP8 linear inputs, 2 without)."""
+    from strategies.models import load_model
+    m = load_model("deepseek-v3")
+    n, pairs = 4096, 4096 * 8  # micro-batch 1, tp 1, top-8, uniform load
+    args = dict(micro_batch=1, seq_len=4096, tp=1, recompute="selective",
+                recompute_modules=("layernorm", "mla_up_proj", "moe_act"), expert_load=1.0)
+    for fp8_inputs, saved in ((True, 3 - 1.5), (False, 2 - 1.5)):
+        base = activation_bytes_per_layer(m, 5, fp8_linear_inputs=fp8_inputs, **args)
+        swiglu = activation_bytes_per_layer(m, 5, fp8_linear_inputs=fp8_inputs,
+                                            fp8_swiglu_inputs=True, **args)
+        e5m6 = activation_bytes_per_layer(m, 5, fp8_linear_inputs=fp8_inputs,
+                                          e5m6_attention_output=True, **args)
+        assert base - swiglu == pairs * 2 * 2048 * (2 - 1)
+        assert base - e5m6 == saved * n * 128 * 128
+    # a dense layer has no routed experts: the SwiGLU cache changes nothing there
+    dense = dict(args, recompute_modules=("layernorm", "mla_up_proj"))
+    assert activation_bytes_per_layer(m, 0, fp8_swiglu_inputs=True, **dense) == \
+        activation_bytes_per_layer(m, 0, **dense)

@@ -13,7 +13,8 @@ from validate import published
 from validate.published_memory import rank_peaks
 from validate.published_stacks import (AUTOMODEL_ACTIVATION_CHECKPOINTING,
                                        AUTOMODEL_EXPERT_PARALLEL, framework_defaults,
-                                       MEGATRON_BRIDGE_BF16_GRAD_REDUCE, stack_settings)
+                                       MEGATRON_BRIDGE_BF16_GRAD_REDUCE, nemo1_distributed_adam,
+                                       stack_settings)
 
 BRIDGE = {"framework": "Megatron-Bridge/Megatron-Core", "framework_version": "NeMo 25.11 container"}
 AUTOMODEL = {"framework": "NeMo AutoModel (PyTorch backend: FSDP2 + PP; TE + DeepEP)",
@@ -200,3 +201,34 @@ def test_dgxc_grok1_rows_run_the_recipes_padded_capacity_userbuffers_and_flash_a
            "citation": "GitHub NVIDIA/dgxc-benchmarking grok1/README.md@1f6d9f40",
            "model": "grok1-314b", "gpu": "H100-SXM", "dtype": "bf16"}
     assert "attention_impl" not in _settings(row).fields
+
+
+@pytest.mark.parametrize("optim_dtype, fp8_params, master, remainders", [
+    ("bf16", False, "none", False), ("bf16", True, "bf16", False),
+    ("fp32", False, "fp32", True), ("fp32", True, "fp32", False)])
+def test_nemo1_distributed_adam_stores_params_as_megatron_base_model_decides(
+        optim_dtype, fp8_params, master, remainders):
+    """NeMo 1 setup_optimization: FP8 params -> a copy in the state dtype; state dtype equal
+    to the bf16 model's -> no copy; fp32 state over bf16 -> remainders."""
+    fields = nemo1_distributed_adam(optim_dtype, fp8_params)
+    assert fields["optimizer_moments_dtype"] == optim_dtype
+    assert fields["master_weights_dtype"] == master
+    assert fields.get("store_param_remainders", False) == remainders
+    with pytest.raises(ValueError, match="optim_dtype"):
+        nemo1_distributed_adam("fp16", False)
+
+
+def test_dgxc_nemotron_rows_run_the_recipes_bf16_distributed_adam():
+    """dgxc-benchmarking's Nemotron-4 340B recipe: bf16 optimizer state, FP8 parameters in
+    the FP8 runs, selective recompute, FlashAttention 2, userbuffers."""
+    runs = {r.row_id: r for r in published.load_runs(sources=["nvidia_dgxc_benchmarking"])}
+    models, recipes = published.load_models(), published.load_nemo_recipes()
+    bf16 = published.scenario_for(runs["dgxc_n340_01"], models, recipes).plan
+    fp8 = published.scenario_for(runs["dgxc_n340_06"], models, recipes).plan
+    assert (bf16.optimizer_moments_dtype, bf16.master_weights_dtype, bf16.fp8_params) == \
+        ("bf16", "none", False)
+    assert (fp8.optimizer_moments_dtype, fp8.master_weights_dtype, fp8.fp8_params) == \
+        ("bf16", "bf16", True)
+    for plan in (bf16, fp8):
+        assert (plan.recompute, plan.attention_impl, plan.tp_comm_overlap) == \
+            ("selective", "fa2", "userbuffers")

@@ -517,6 +517,13 @@ def _moe_settings(run: PublishedRun, model: ModelSpec, fields: dict[str, object]
         notes.append("DualPipe, FP8 dispatch, 1x128/128x128 FP8 scaling, RMSNorm, MLA "
                      "up-projection and SwiGLU recompute (arXiv 2412.19437 Sections 3.2.1, "
                      "3.3, 3.2.3, 3.3.2)")
+        # Low-precision storage (Section 3.3.3): BF16 Adam moments with fp32 master
+        # weights and gradients; the attention output cached once in E5M6; the MoE
+        # SwiGLU inputs cached in FP8 (their output is the moe_act recompute above)
+        fields.update(optimizer_moments_dtype="bf16", e5m6_attention_output=True,
+                      fp8_swiglu_inputs=True)
+        notes.append("BF16 Adam moments, E5M6 attention outputs and FP8 SwiGLU inputs "
+                     "cached (arXiv 2412.19437 Section 3.3.3)")
     kind = framework_kind(run.get("framework"), run.get("framework_version"))
     if kind in ("megatron-core", "pytorch-fsdp") and "dualpipe" not in framework:
         # PyTorch eager issues every kernel from the CPU and the dropless dispatcher syncs

@@ -95,14 +95,17 @@ MEMORY_TOLERANCE = 0.08
 #: (saturated memory rows), each group with the mechanism that is missing. The tests
 #: require this list to be exact: a row that starts to fit must leave it.
 KNOWN_GAPS: Mapping[str, str] = {
-    **{row: "Nemotron-4 340B at TP8 PP8 VP12 with DP 2: model states of 12 bytes per parameter "
-            "(bf16 weights, bf16 gradients, 12/2 optimizer) plus 103 one-layer chunks in flight "
-            "exceed 80 GB (2.5 % over in BF16, 9 % in FP8). The launcher config these runs "
-            "used (NeMo-Framework-Launcher conf/training/nemotron/nemotron_340b.yaml) sets no "
-            "recompute (activations_checkpoint_* null), grad_sync_dtype bf16 (applied) and "
-            "optim.dtype bf16, and shows no fp8_params: FP8 primary weights are not sourced, "
-            "and what optim.dtype bf16 stores for mcore_distributed_optim is not modelled"
-       for row in ("dgxc_n340_01", "dgxc_n340_06", "nemo2407a_10", "nemo2407b_10")},
+    **{row: "Nemotron-4 340B FP8 at TP8 PP8 VP12 DP2 in NeMo's 24.07 performance summary: "
+            "the row names no configuration, and the NeMo-Framework-Launcher "
+            "conf/training/nemotron/nemotron_340b.yaml revisions differ in the optimizer: "
+            "earlier ones run Apex distributed_fused_adam with optim.dtype bf16 (bf16 "
+            "moments, no parameter copy: 65 GiB, fits), later ones mcore_distributed_optim, "
+            "for which NeMo 1's ModelPT.setup_megatron_optimization builds Megatron-Core's "
+            "OptimizerConfig without optim.dtype (fp32 master weights and moments: 12 bytes "
+            "per parameter over DP 2, 86.7 GiB, 9 % over 80 GB; modelled). Which revision "
+            "the 24.07 container shipped is not resolved; the dgxc-benchmarking rows of the "
+            "same layout (their recipe: distributed_fused_adam, bf16 state) fit"
+       for row in ("nemo2407a_10", "nemo2407b_10")},
     "mb2511_21": "gpt-oss-120b on 64 H100s at PP 4, EP 8 with the Megatron-Bridge preset's "
                  "recompute modules layernorm moe_act and bf16 gradients (applied) needs "
                  "91 GiB at the printed micro-batch 4; the preset "
@@ -110,18 +113,22 @@ KNOWN_GAPS: Mapping[str, str] = {
                  "needs 50 GiB, and the row's printed GA 2 is inconsistent with micro-batch 4 "
                  "(GBS/(MBS*DP) = 8); the printed micro-batch is kept",
     **{row: "Paxml GPT-3 175B FP8 at MBS 2 with the recipe's SAVE_QKV_OUT_PROJ remat policy "
-            "(dgxc paxml_mod_configs.py Synthetic175BCkpt; applied): 45 GiB of saved layer "
-            "inputs, QKV and output projections over 96 layers plus model states sharded over "
-            "the GPUs; the ZeRO-3 buffers are PyTorch FSDP's (two gathered layers with FP8 "
-            "copies, fp32 unsharded gradients: 23.7 GiB), not XLA's buffer assignment of the "
-            "scanned layers, which is not modelled; 5 % (256 GPUs) to 20 % (128) over 80 GB. "
-            "The recipe shards over an FSDP group of 128 (DCN_MESH_SHAPE [DP, 16, 1] x ICI "
-            "[1, 8, 1]), which the plan cannot express (ZeRO-3 over all GPUs)"
+            "(dgxc paxml_mod_configs.py Synthetic175BCkpt; applied) needs 95.8 GiB (128 GPUs) "
+            "/ 84.3 GiB (256): saved layer inputs, QKV and output projections of 96 layers "
+            "46.0 GiB (0.48 GiB a layer), model states sharded over the GPUs 22.9 / 11.4 "
+            "GiB, ZeRO-3 buffers as PyTorch FSDP's 23.7 GiB (two gathered layers of 1.81 B "
+            "parameters with FP8 copies, the largest one's bf16 and fp32 unsharded "
+            "gradients), reserve 2 GiB. XLA's buffer assignment of the scanned layers (the "
+            "per-layer all-gathers and reduce-scatters inside the scan) is not sourced; "
+            "with one gathered layer instead of two (16.9 GiB: weights with FP8 copies, "
+            "bf16 and fp32 gradients) the 128-GPU row is still 9 GiB over, and it fits "
+            "only if the scan holds no more than one layer's bf16 weights and bf16 "
+            "gradients (6.7 GiB), so the saved activations are the likelier overestimate "
+            "(their dtype under the FP8 recipe is not sourced). The recipe "
+            "shards over an FSDP group of 128 (DCN_MESH_SHAPE [DP, 16, 1] x ICI [1, 8, 1]), "
+            "which the plan cannot express (ZeRO-3 over all GPUs: the 256-GPU row's states "
+            "are half the recipe's)"
        for row in ("dgxc_pax_01", "dgxc_pax_02")},
-    "dsv3_pretrain_avg": "DeepSeek-V3's own pre-training (DualPipe, PP + 1 chunks in flight): "
-                         "its FP8 caching of the MoE SwiGLU inputs and the E5M6 caching of "
-                         "the attention outputs (arXiv 2412.19437 Section 3.3.2) are not "
-                         "modelled (they are kept bf16); 10 % over 80 GB",
 }
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
-           "DGXC_LAUNCHER_RECIPES", "dgxc_recipe_of",
+           "DGXC_LAUNCHER_RECIPES", "DGXC_NEMO1_DISTRIBUTED_ADAM", "dgxc_recipe_of",
+           "nemo1_distributed_adam",
            "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
@@ -78,6 +79,16 @@ MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss
 #: ``moe_aux_loss_coeff: 0.01`` (the default aux-loss router), no activation recompute,
 #: ``fp8_hybrid`` delayed scaling (amax history 1024, ``max``), ``NCCL_NVLS_ENABLE=0``
 #: (the TP collectives run in userbuffers, not NCCL).
+#:
+#: Nemotron-4 340B (``nemotron/configure.sh`` @35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae, the
+#: file's only stored revision, which README_340b.md @143b90dd's launch.sh sources: for
+#: 340b ``NVTE_FUSED_ATTN=0``, TP 8, PP 8, VP 12, MBS 1, ``model.ub_tp_comm_overlap=True``,
+#: ``+model.fp8_params=${FP8_ENABLED}``, ``--config-name=nemotron4-340b-synth``;
+#: ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad, its only
+#: stored revision): ``activations_checkpoint_granularity: selective`` (Megatron-Core's
+#: selective recompute: the attention core), ``optim.name: distributed_fused_adam`` with
+#: ``dtype: bf16`` and ``grad_sync_dtype: bf16`` (:data:`DGXC_NEMO1_DISTRIBUTED_ADAM`),
+#: FlashAttention 2 (``NVTE_FUSED_ATTN=0``, as Grok-1), userbuffers TP overlap.
 DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
     "grok1": ({"moe_dispatcher": "alltoall", "moe_capacity_factor": "1.0",
                "moe_pad_to_capacity": True, "tp_comm_overlap": "userbuffers",
@@ -85,7 +96,44 @@ DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
               "dgxc-benchmarking grok1 recipe (configure.sh @143b90dd, grok1_314b.yaml): "
               "capacity factor 1.0 padded, alltoall dispatcher, userbuffers TP overlap, "
               "FlashAttention 2 (NVTE_FUSED_ATTN=0)"),
+    "nemotron": ({"recompute": "selective", "recompute_layers": 0, "attention_impl": "fa2",
+                  "tp_comm_overlap": "userbuffers"},
+                 "dgxc-benchmarking nemotron recipe (configure.sh @35a9aecc, "
+                 "nemotron4-340b-synth.yaml): selective (attention-core) recompute, "
+                 "userbuffers TP overlap, FlashAttention 2 (NVTE_FUSED_ATTN=0)"),
 }
+
+#: dgxc-benchmarking NeMo 1 recipes that run Apex's ``distributed_fused_adam``, with their
+#: ``optim.dtype`` (the optimizer state's dtype), ``{recipe directory: dtype}``; their FP8
+#: runs set ``model.fp8_params`` (configure.sh ``+model.fp8_params=${FP8_ENABLED}``). The
+#: stored state follows :func:`nemo1_distributed_adam`.
+DGXC_NEMO1_DISTRIBUTED_ADAM = {"nemotron": "bf16"}
+
+
+def nemo1_distributed_adam(optim_dtype: str, fp8_params: bool) -> dict[str, object]:
+    """Plan fields for NeMo 1's Apex ``distributed_fused_adam`` over bf16 parameters
+    (``megatron_amp_O2``) with optimizer-state dtype ``optim_dtype`` (``fp32``/``bf16``).
+
+    ``MegatronBaseModel.setup_optimization`` (nemo/collections/nlp/models/language_modeling/
+    megatron_base_model.py, NeMo 1 with FP8-parameter support) passes ``optim.dtype`` to
+    ``DistributedFusedAdam(dtype=...)`` (Adam's moments in that dtype) and decides
+    ``store_params``: with ``fp8_params`` a parameter copy in the state dtype; else, state
+    dtype equal to the model's bf16: none (the model's bf16 weights are updated in place);
+    fp32 state over bf16 weights: the 16-bit remainders of fp32 master weights.
+
+    Raises:
+        ValueError: ``optim_dtype`` not fp32 or bf16."""
+    if optim_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"optim_dtype: {optim_dtype!r} is not valid; valid: fp32, bf16")
+    fields: dict[str, object] = {"optimizer_moments_dtype": optim_dtype,
+                                 "fp8_params": fp8_params}
+    if fp8_params:
+        fields["master_weights_dtype"] = optim_dtype
+    elif optim_dtype == "bf16":
+        fields["master_weights_dtype"] = "none"
+    else:
+        fields.update(master_weights_dtype="fp32", store_param_remainders=True)
+    return fields
 
 #: A row's citation naming its dgxc-benchmarking recipe directory.
 _DGXC_RECIPE = re.compile(r"NVIDIA/dgxc-benchmarking ([\w.-]+)/")
@@ -613,6 +661,15 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         recipe_fields, source = DGXC_LAUNCHER_RECIPES[dgxc]
         fields.update(recipe_fields)
         unprinted.append(source)
+        if dgxc in DGXC_NEMO1_DISTRIBUTED_ADAM:
+            optim_dtype = DGXC_NEMO1_DISTRIBUTED_ADAM[dgxc]
+            fp8_params = row.get("dtype") == "fp8"
+            fields.update(nemo1_distributed_adam(optim_dtype, fp8_params))
+            unprinted.append(f"Apex distributed Adam with {optim_dtype} state ("
+                             + ("bf16 parameter copy, FP8 parameters" if fp8_params
+                                else "no parameter copy")
+                             + "; dgxc-benchmarking nemotron4-340b-synth.yaml optim.dtype, "
+                             "configure.sh fp8_params)")
     modules, unknown = recompute_modules_of(row.get("recompute_detail", ""))
     if modules and plan_fields.get("recompute") == "selective":
         fields["recompute_modules"] = modules
