@@ -514,6 +514,9 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                          f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
                          f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
                          f"grad_reduce_every_microbatch false")
+    if plan.fp8_params and plan.dtype != "fp8":
+        raise ValueError(f"fp8_params: true needs dtype fp8 (FP8 primary weights), not dtype "
+                         f"{plan.dtype}; give fp8_params false")
     if plan.nccl_max_ctas and not plan.comm_sm_contention:
         raise ValueError(f"nccl_max_ctas: {plan.nccl_max_ctas} needs comm_sm_contention true "
                          "(it caps the SMs an NCCL kernel takes from compute); give 0")

@@ -379,7 +379,7 @@ def test_optimizer_bytes_are_master_weights_plus_two_moments(master, moments, pe
 def test_fp8_params_hold_the_fp8_weight_and_its_transpose_instead_of_bf16_and_copies():
     """Transformer Engine fp8_model_init: a linear weight is 1 byte plus its 1-byte cached
     transpose, replacing the bf16 weight (2) and TE's cached FP8 copies (2); the embedding,
-    head and norms stay bf16. bf16 plans ignore the field."""
+    head and norms stay bf16. Only fp8 plans take the field."""
     pc = param_counts(MHA)
     p, layers = pc.total, sum(pc.layers)  # the cache's count (test above)
     cached = rank_memory(MHA, _plan(dtype="fp8", zero=0), inflight_microbatches=1, **ALL)
@@ -387,8 +387,8 @@ def test_fp8_params_hold_the_fp8_weight_and_its_transpose_instead_of_bf16_and_co
                       **ALL)
     assert cached.weights_bytes - fp8.weights_bytes == 2 * layers
     assert fp8.weights_bytes == 2 * p
-    bf16 = rank_memory(MHA, _plan(zero=0, fp8_params=True), inflight_microbatches=1, **ALL)
-    assert bf16.weights_bytes == 2 * p
+    with pytest.raises(ValueError, match="fp8_params: true needs dtype fp8.*not dtype bf16"):
+        _plan(zero=0, fp8_params=True)
 
 
 def test_master_weights_must_be_fp32_with_fsdp_fp32_params():
