@@ -80,7 +80,7 @@ MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss
 #: ``fp8_hybrid`` delayed scaling (amax history 1024, ``max``), ``NCCL_NVLS_ENABLE=0``
 #: (the TP collectives run in userbuffers, not NCCL).
 #:
-#: Nemotron-4 340B (``nemotron/configure.sh`` @35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae, the
+#: Nemotron-4 340B, the rows of ``nemotron/README_340b.md`` (``nemotron/configure.sh`` @35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae, the
 #: file's only stored revision, which README_340b.md @143b90dd's launch.sh sources: for
 #: 340b ``NVTE_FUSED_ATTN=0``, TP 8, PP 8, VP 12, MBS 1, ``model.ub_tp_comm_overlap=True``,
 #: ``+model.fp8_params=${FP8_ENABLED}``, ``--config-name=nemotron4-340b-synth``;
@@ -96,7 +96,7 @@ DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
               "dgxc-benchmarking grok1 recipe (configure.sh @143b90dd, grok1_314b.yaml): "
               "capacity factor 1.0 padded, alltoall dispatcher, userbuffers TP overlap, "
               "FlashAttention 2 (NVTE_FUSED_ATTN=0)"),
-    "nemotron": ({"recompute": "selective", "recompute_layers": 0, "attention_impl": "fa2",
+    "nemotron/README_340b": ({"recompute": "selective", "recompute_layers": 0, "attention_impl": "fa2",
                   "tp_comm_overlap": "userbuffers"},
                  "dgxc-benchmarking nemotron recipe (configure.sh @35a9aecc, "
                  "nemotron4-340b-synth.yaml): selective (attention-core) recompute, "
@@ -107,7 +107,7 @@ DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
 #: ``optim.dtype`` (the optimizer state's dtype), ``{recipe directory: dtype}``; their FP8
 #: runs set ``model.fp8_params`` (configure.sh ``+model.fp8_params=${FP8_ENABLED}``). The
 #: stored state follows :func:`nemo1_distributed_adam`.
-DGXC_NEMO1_DISTRIBUTED_ADAM = {"nemotron": "bf16"}
+DGXC_NEMO1_DISTRIBUTED_ADAM = {"nemotron/README_340b": "bf16"}
 
 
 def nemo1_distributed_adam(optim_dtype: str, fp8_params: bool) -> dict[str, object]:
@@ -136,14 +136,20 @@ def nemo1_distributed_adam(optim_dtype: str, fp8_params: bool) -> dict[str, obje
     return fields
 
 #: A row's citation naming its dgxc-benchmarking recipe directory.
-_DGXC_RECIPE = re.compile(r"NVIDIA/dgxc-benchmarking ([\w.-]+)/")
+_DGXC_RECIPE = re.compile(r"NVIDIA/dgxc-benchmarking ([\w.-]+)/([\w.-]+?)\.md")
 
 
 def dgxc_recipe_of(citation: str) -> str | None:
-    """The dgxc-benchmarking recipe directory a row's ``citation`` names when
-    :data:`DGXC_LAUNCHER_RECIPES` configures it, else None."""
+    """The dgxc-benchmarking recipe a row's ``citation`` names when
+    :data:`DGXC_LAUNCHER_RECIPES` configures it, else None: ``<dir>/<README stem>`` (one
+    model size of a directory, e.g. ``nemotron/README_340b``) before ``<dir>``."""
     match = _DGXC_RECIPE.search(citation)
-    return match.group(1) if match and match.group(1) in DGXC_LAUNCHER_RECIPES else None
+    if not match:
+        return None
+    for key in (f"{match.group(1)}/{match.group(2)}", match.group(1)):
+        if key in DGXC_LAUNCHER_RECIPES:
+            return key
+    return None
 
 
 #: Selective recompute modules of Megatron-Bridge's performance presets, ``{(model, gpu,
