@@ -108,7 +108,10 @@ ATTENTION_TABLE = "attention_efficiency.csv"
 #: merged 2024-01) let the CP ring run it too. The NeMo containers the published rows name
 #: all ship a later TE (NeMo Framework "Software Component Versions": 24.05 TE 1.6.0.dev0,
 #: 24.07 TE 1.8.0.dev0, 24.09 TE 1.10; 24.03 sits between 1.2 and 1.6), so on Hopper every
-#: one of them runs cuDNN: no row of the data predates the switch.
+#: one of them runs cuDNN: no row of the data predates the switch. Which cuDNN differs:
+#: NeMo 24.03 is built on NGC PyTorch 24.02, cuDNN 9.0.0.306; the ``sm_90`` cuDNN rows are
+#: cuDNN 9.1.1 (FA3 paper). No measured 9.0 rate was found, so one ``cudnn`` curve serves
+#: every era; ``tools/longseq_attention_rates.py`` shows what the rows imply (hardware/data/README.md).
 DEFAULT_ATTENTION_IMPL: Mapping[str, str] = {"sm_80": "fa2", "sm_90": "cudnn", "sm_100": "cudnn"}
 
 #: An implementation that does not run on an architecture falls back to the first of these
