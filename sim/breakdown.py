@@ -4,7 +4,10 @@ Attribution order (so nothing is counted twice): compute kernels, the
 optimizer, then the communication of each axis in :data:`AXES_IN_ORDER`
 counted only where nothing attributed before it runs; the rest of the step is
 the bubble (idle time). A communication span's axis is the one its op carries
-(``strategies.ir.CollectiveOp.axis``, ``SendOp.axis``).
+(``strategies.ir.CollectiveOp.axis``, ``RecvOp.axis``). A rank's own pipeline sends
+are left out: they run on their stream while its compute moves on, so idle time beside
+them is waiting for something else (the closed form counts a transfer as exposed only
+on the rank that waits for it, :func:`strategies.pipeline.replay_timing`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def rank_breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
     ranks_sorted = by_rank["rank"]
     is_compute_all = by_rank["category"] == "compute"
     is_opt_all = (by_rank["kind"] == "optimizer") & is_compute_all
+    is_send_all = by_rank["kind"] == "send"
     result = {}
     for rank in ranks:
         lo, hi = np.searchsorted(ranks_sorted, [rank, rank + 1])
@@ -69,10 +73,12 @@ def rank_breakdowns(timeline: Timeline, ranks: Sequence[int], step_ns: int
         covered = _join(compute, _merge(starts[is_opt], ends[is_opt]))
         row = {"compute": _length(compute) / 1e9,
                "optimizer": (_length(covered) - _length(compute)) / 1e9}
-        category_compute = is_compute_all[lo:hi]
+        # a rank's own pipeline sends run on their stream while its compute moves on:
+        # only what it waits for (receives, collectives) can hold its compute up
+        waited = ~is_compute_all[lo:hi] & ~is_send_all[lo:hi]
         rank_axis = by_rank["axis"][lo:hi]
         for name in AXES_IN_ORDER:
-            chosen = ~category_compute & (rank_axis == name)
+            chosen = waited & (rank_axis == name)
             joined = _join(covered, _merge(starts[chosen], ends[chosen]))
             row[f"exposed_{name}"] = (_length(joined) - _length(covered)) / 1e9
             covered = joined

@@ -226,6 +226,10 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size if model.moe else 0,
                   gpus=plan.world_size if gpus is None else gpus,
                   cluster_gpus=cluster.max_nodes * cluster.gpus_per_node)
+    if plan.comm_sm_contention and cluster.gpu.sm_count <= 0:
+        raise ValueError(f"comm_sm_contention: true needs the GPU's SM count, which preset "
+                         f"{cluster.name!r} ({cluster.gpu.name}) does not give; give false "
+                         "or set gpu.sm_count")
     if plan.dp_mode != "allreduce":
         from sim.ps_step import simulate_ps_step  # it builds on this module
 

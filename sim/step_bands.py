@@ -150,10 +150,13 @@ COVARIANCE_ORDER = (*COMPONENTS, "constant")
 def _covariance(entry: Mapping[str, object]) -> tuple[tuple[float, ...], ...]:
     """The bias covariance of a band file's entry (``order`` and ``matrix``), checked."""
     if list(entry["order"]) != list(COVARIANCE_ORDER):
-        raise ValueError(f"bias_covariance.order {entry['order']!r}")
+        raise ValueError(f"bias_covariance.order: {list(entry['order'])!r} is not valid; "
+                         f"valid: {list(COVARIANCE_ORDER)} (refit: python -m validate.fit_bands)")
     matrix = tuple(tuple(float(v) for v in row) for row in entry["matrix"])
     if len(matrix) != len(COVARIANCE_ORDER) or any(len(r) != len(matrix) for r in matrix):
-        raise ValueError("bias_covariance.matrix (not square in COVARIANCE_ORDER)")
+        raise ValueError(f"bias_covariance.matrix: {len(matrix)} rows is not valid; give "
+                         f"{len(COVARIANCE_ORDER)} rows of {len(COVARIANCE_ORDER)} "
+                         "(refit: python -m validate.fit_bands)")
     return matrix
 
 

@@ -1405,7 +1405,7 @@ class StepLowerer:
         if communicate and not placement.is_first(s) and self._crosses(s - 1, s):
             recv = b.add(RecvOp(name=f"pp.recv.act.{tag}", peer=self._stage_rank(b, s - 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"act{s}.{j}",
-                                stream="pp.recv.fwd"))
+                                stream=self._p2p_stream("pp.recv.fwd", s - 1, s)))
             b.wait(recv)
         if placement.is_first(s):
             for kernel in self._edge_kernels("embedding"):
@@ -1420,20 +1420,35 @@ class StepLowerer:
         elif communicate and self._crosses(s, s + 1):
             b.add(SendOp(name=f"pp.send.act.{tag}", peer=self._stage_rank(b, s + 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"act{s + 1}.{j}",
-                         stream="pp.send.fwd", deps=(b.last(),)))
+                         stream=self._p2p_stream("pp.send.fwd", s, s + 1), deps=(b.last(),)))
 
     def _backward_recv(self, b: _RankBuilder, s: int, j: int) -> None:
         if not self.placement.is_last(s) and self._crosses(s, s + 1):
             recv = b.add(RecvOp(name=f"pp.recv.grad.B{s}.{j}", peer=self._stage_rank(b, s + 1),
                                 size_bytes=int(self.pp_message_bytes), tag=f"grad{s}.{j}",
-                                stream="pp.recv.bwd"))
+                                stream=self._p2p_stream("pp.recv.bwd", s, s + 1)))
             b.wait(recv)
 
     def _backward_send(self, b: _RankBuilder, s: int, j: int) -> None:
         if not self.placement.is_first(s) and self._crosses(s - 1, s):
             b.add(SendOp(name=f"pp.send.grad.B{s}.{j}", peer=self._stage_rank(b, s - 1),
                          size_bytes=int(self.pp_message_bytes), tag=f"grad{s - 1}.{j}",
-                         stream="pp.send.bwd", deps=(b.last(),)))
+                         stream=self._p2p_stream("pp.send.bwd", s - 1, s), deps=(b.last(),)))
+
+    def _p2p_stream(self, name: str, earlier: int, later: int) -> str:
+        """The stream of a pipeline transfer between stages ``earlier`` and ``later``
+        (``earlier + 1``): ``name`` where ``later``'s rank follows ``earlier``'s on the
+        pipeline ring (every transfer of 1F1B and interleaved 1F1B), ``name + ".up"``
+        where the route runs back up the ranks (the V's second leg, DualPipe's reverse
+        direction). Transfers to different neighbours do not queue behind each other:
+        DualPipe posts each step's sends and receives as one ``batch_isend_irecv``
+        (deepseek-ai/DualPipe ``dualpipe/comm.py``), which NCCL runs as one group, and
+        PyTorch gives unbatched ``isend``/``irecv`` a communicator and stream per peer
+        pair (ProcessGroupNCCL ``getKeySendRecv``); one FIFO per direction would make
+        the two directions wait on each other and deadlock at 16 ranks."""
+        pp = self.placement.pp
+        down = (self.placement.rank_of(earlier) + 1) % pp == self.placement.rank_of(later)
+        return name if down or pp <= 2 else name + ".up"
 
     def _stage_rank(self, b: _RankBuilder, stage: int) -> int:
         """The rank of ``b``'s pipeline that holds virtual stage ``stage``."""

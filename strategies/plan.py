@@ -477,6 +477,9 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                          f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
                          f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
                          f"grad_reduce_every_microbatch false")
+    if plan.nccl_max_ctas and not plan.comm_sm_contention:
+        raise ValueError(f"nccl_max_ctas: {plan.nccl_max_ctas} needs comm_sm_contention true "
+                         "(it caps the SMs an NCCL kernel takes from compute); give 0")
     _check_moe_fields(plan)
     _validate_dp_mode(plan)
 

@@ -106,3 +106,17 @@ def test_batch_evaluator_prices_contended_dualpipe_as_the_engine():
     event = [simulate_step(model, cluster, plan, fidelity="event",
                            check_memory=False).step_time_s for plan in (zero3, dualpipe)]
     assert [n / 1e9 for n in found] == event
+
+
+def test_a_cta_cap_without_contention_is_a_one_line_error():
+    from strategies.plan import ParallelPlan
+
+    with pytest.raises(ValueError, match=r"^nccl_max_ctas: 8 needs comm_sm_contention true"):
+        ParallelPlan(nccl_max_ctas=8)
+
+
+def test_contention_on_a_gpu_without_an_sm_count_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"^comm_sm_contention: true needs the GPU's SM count, "
+                                         r"which preset 'dgx-h100'"):
+        api.simulate("llama3-8b", gpus=8, tp=4, seq_len=2048, global_batch=8,
+                     comm_sm_contention=True, overrides={"gpu.sm_count": 0})

@@ -379,11 +379,7 @@ def test_dispatch_preprocess_host_work_counted_from_megatron_core():
     sums, the token-count all-gather, the local-expert slice) plus 4 device-to-host copies
     of the splits, and 13 CPU-only calls; captured under partial graphs (moe_preprocess),
     and only the one copy without EP (no splits to compute)."""
-    from strategies.lowering import (DISPATCH_PREPROCESS_HOST_CALLS,
-                                     DISPATCH_PREPROCESS_HOST_LAUNCHES,
-                                     dispatch_preprocess_host)
-    assert DISPATCH_PREPROCESS_HOST_LAUNCHES == 7 + 4
-    assert DISPATCH_PREPROCESS_HOST_CALLS == 13
+    from strategies.lowering import dispatch_preprocess_host
     assert dispatch_preprocess_host("eager", 8, "alltoall") == (11, 13)
     assert dispatch_preprocess_host("partial", 8, "alltoall") == (1, 0)
     assert dispatch_preprocess_host("eager", 1, "alltoall") == (1, 0)

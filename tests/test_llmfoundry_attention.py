@@ -79,7 +79,7 @@ def test_llm_foundry_keeps_fa1():
 
 
 class _Model:
-    hidden_size, num_layers = 4096, 32
+    num_heads, head_dim, num_layers = 32, 128, 32
 
 
 class _Plan:

@@ -100,8 +100,6 @@ class RowRates:
     simulated_s: float
     free_s: float
     attention_flops: float
-    peak_flops_per_s: float
-    profile: str
     reference_row: str = ""
     reference_ratio: float = 1.0
     candidates: dict[str, float] = field(default_factory=dict)
@@ -135,7 +133,7 @@ def attention_flops_per_gpu(model, plan) -> float:
     """Executed attention FLOPs of one step on one GPU (data parallel only: every GPU
     runs global_batch / world_size sequences)."""
     n_fwd = 2 if plan.recompute == "full" else 1
-    fwd = (CAUSAL_FLOP_FRACTION * 4.0 * plan.seq_len ** 2 * model.hidden_size
+    fwd = (CAUSAL_FLOP_FRACTION * 4.0 * plan.seq_len ** 2 * model.num_heads * model.head_dim
            * model.num_layers * plan.global_batch / plan.world_size)
     return fwd * (n_fwd + FLASH_BWD_FLOP_FACTOR)
 
@@ -172,21 +170,19 @@ def row_rates(min_seq: int = 8192) -> list[RowRates]:
         model, cluster, plan = scenario.model, scenario.cluster, scenario.plan
         full, free = priced[run.row_id]
         ref_run, ref_scenario = shortest[key]
-        head_dim = model.hidden_size // model.num_heads
-        profile = cluster.gpu.matmul_profile
+        head_dim = model.head_dim
         rates = RowRates(
             row_id=run.row_id, section=key[1], gpu=run.get("gpu"), model=key[0],
             seq_len=plan.seq_len, head_dim=head_dim, recompute=plan.recompute == "full",
             impl=plan.attention_impl, published_s=run.published_step_time_s,
             simulated_s=full, free_s=free,
-            attention_flops=attention_flops_per_gpu(model, plan),
-            peak_flops_per_s=cluster.gpu.peak_flops_per_s["bf16"], profile=profile)
+            attention_flops=attention_flops_per_gpu(model, plan))
         if ref_scenario.plan.seq_len < plan.seq_len:
             ref_full, _ = priced[ref_run.row_id]
             rates.reference_row = ref_run.row_id
             rates.reference_ratio = ref_run.published_step_time_s / ref_full
         rates.candidates = {
-            impl: combined_efficiency(profile, impl, head_dim=head_dim, seq_len=plan.seq_len,
+            impl: combined_efficiency(cluster.gpu.matmul_profile, impl, head_dim=head_dim, seq_len=plan.seq_len,
                                       recompute=rates.recompute)
             for impl in CANDIDATES}
         out.append(rates)
