@@ -459,7 +459,7 @@ class NetworkModel:
     def _counted_loads(self, mode: str, payload_bytes: float, counts) -> dict[str, np.ndarray]:
         """:meth:`_payload_per_link` of transfers of one payload given as
         :class:`strategies.collectives.plans.TransferCounts`: how many cross each link
-        (those between domains along :meth:`hardware.topology.ClusterLayout.paths_links`,
+        (those between domains along :meth:`hardware.topology.ClusterLayout.link_counts`,
         those inside one on their GPUs' ports), then each link's load as the listed
         transfers' bincount adds it: ``k`` equal payloads added one after another from
         0.0 (``np.add.accumulate``: the same float as adding them one at a time), so
@@ -470,8 +470,7 @@ class NetworkModel:
         if found is not None:
             return found
         layout = self.layout
-        _, links = layout.paths_links(counts.src, counts.dst, ordered=False)
-        crossed = np.bincount(links, minlength=layout.num_links)
+        crossed = layout.link_counts(counts.src, counts.dst)
         crossed[layout.gpu_out_link(0) + counts.inside] += counts.sends
         crossed[layout.gpu_in_link(0) + counts.inside] += counts.receives
         most = int(crossed.max(initial=0))

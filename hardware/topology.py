@@ -344,13 +344,14 @@ class ClusterLayout:
         if len(firsts) < 2:
             return 0
         fabric = self.spec.fabric
-        unit = np.asarray(firsts, dtype=np.int64) // self.gpus_per_node // fabric.nodes_per_leaf
-        following = np.roll(unit, -1)
+        # (plain Python: a few hundred domains at most, numpy's per-call cost dominated)
+        units = [first // self.gpus_per_node // fabric.nodes_per_leaf for first in firsts]
         hops = 1
-        if self._leaf_up >= 0 and (unit != following).any():
+        # a unit differs from the next (cyclically) iff the units are not all equal
+        if self._leaf_up >= 0 and min(units) != max(units):
             hops = 3
-            spine = unit // fabric.leaves_per_spine_group
-            if self._spine_up >= 0 and (spine != np.roll(spine, -1)).any():
+            per_group = fabric.leaves_per_spine_group
+            if self._spine_up >= 0 and min(units) // per_group != max(units) // per_group:
                 hops = 5
         return hops
 
@@ -449,10 +450,36 @@ class ClusterLayout:
 
         ``ordered`` False: the same entries in no particular order (for sums of equal
         terms, which no order changes)."""
+        parts = self._path_parts(src, dst, True)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        transfers = np.concatenate([t for t, _, _ in parts])
+        links = np.concatenate([l for _, _, l in parts])
+        if not ordered:
+            return transfers, links
+        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
+        order = np.lexsort((positions, transfers))
+        return transfers[order], links[order]
+
+    def link_counts(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """How many of the transfers ``src[i] -> dst[i]`` cross each link (int64, over
+        :attr:`num_links`): :meth:`paths_links`' entries counted per link, without
+        listing which transfer each belongs to (half the array operations: what a
+        collective's per-link loads read, :meth:`hardware.network.NetworkModel.
+        _counted_loads`)."""
+        parts = self._path_parts(src, dst, False)
+        if not parts:
+            return np.zeros(self.num_links, dtype=np.int64)
+        return np.bincount(np.concatenate([l for _, _, l in parts]), minlength=self.num_links)
+
+    def _path_parts(self, src: np.ndarray, dst: np.ndarray, with_transfers: bool) -> list:
+        """:meth:`paths_links`' entries by position along :meth:`path`: ``(transfer
+        indices or None, position, links)`` per position some transfer reaches (with
+        ``with_transfers`` False, every position, possibly empty, and no indices)."""
         spec = self.spec
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        index = np.arange(src.size, dtype=np.int64)
+        index = np.arange(src.size, dtype=np.int64) if with_transfers else None
         gpn, nics = self.gpus_per_node, spec.nic.count_per_node
         src_node, dst_node = src // gpn, dst // gpn
         src_rail = (src % gpn) * nics // spec.gpus_per_node
@@ -468,7 +495,9 @@ class ClusterLayout:
         parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
 
         def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
-            if mask.any():
+            if index is None:
+                parts.append((None, position, links[mask]))
+            elif mask.any():
                 parts.append((index[mask], position, links[mask]))
 
         add(inside, 0, self._gpu_out + src)
@@ -512,15 +541,7 @@ class ClusterLayout:
             relayed &= relay != dst
             add(relayed, 10, self._gpu_out + relay)
             add(relayed, 11, self._gpu_in + dst)
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        transfers = np.concatenate([t for t, _, _ in parts])
-        links = np.concatenate([l for _, _, l in parts])
-        if not ordered:
-            return transfers, links
-        positions = np.concatenate([np.full(t.size, p, dtype=np.int64) for t, p, _ in parts])
-        order = np.lexsort((positions, transfers))
-        return transfers[order], links[order]
+        return parts
 
     def all_pairs_link_counts(self, group: Sequence[int]) -> np.ndarray:
         """How many transfers of an exchange in which every member of ``group`` sends to

@@ -243,12 +243,13 @@ class BatchStepEvaluator:
                     found = step.step_ns
                     self.counts["reference"] += 1
             if found is None:
-                # SM contention without an exact closed form: simulate_step's fallback
-                # to the event engine (sim.analytic_step.contention_closed_form)
+                # SM contention without an exact closed form: the event engine, as
+                # simulate_step falls back to it (sim.analytic_step.contention_closed_form;
+                # asked for directly, so the closed form does not run a second time)
                 from sim.step import simulate_step  # (it builds on this module's imports)
 
                 found = round(simulate_step(self.model, self.cluster, plan,
-                                            fidelity="analytic", check_memory=False,
+                                            fidelity="event", check_memory=False,
                                             cache=self.cache).step_time_s * 1e9)
                 self.counts["event"] += 1
             out.append(found)

@@ -442,9 +442,9 @@ class StepLowerer:
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
-        jax_policy = modules & costs.JAX_REMAT_POLICIES.keys() if modules is not None else ()
-        if jax_policy:
-            self._jax_remat_recompute(b, layer, tag, min(jax_policy))
+        jax_policy = costs.jax_remat_policy(modules)
+        if jax_policy is not None:
+            self._jax_remat_recompute(b, layer, tag, jax_policy)
             return
         blocks = _blocks(self.kernels(layer))
         for position, (block, members) in enumerate(blocks):

@@ -129,6 +129,7 @@ __all__ = [
     "optimizer_kernels",
     "op_sac_recompute_fractions",
     "JAX_REMAT_POLICIES",
+    "jax_remat_policy",
     "jax_remat_recompute_fractions",
     "param_counts",
     "rank_params",
@@ -167,6 +168,13 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_
 #:   keeps both.
 JAX_REMAT_POLICIES = {"jax_full": (), "jax_save_qkv": ("attn.qkv",),
                       "jax_save_qkv_out": ("attn.qkv", "attn.out")}
+
+
+def jax_remat_policy(modules: frozenset[str] | set[str] | None) -> str | None:
+    """The JAX remat policy among recompute ``modules`` (:data:`JAX_REMAT_POLICIES`;
+    a policy stands alone, :func:`strategies.plan.check_plan_fields`), or None."""
+    found = sorted(set(modules or ()) & JAX_REMAT_POLICIES.keys())
+    return found[0] if found else None
 
 #: Cross-entropy implementations (memory: :func:`head_activation_bytes`; kernels:
 #: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fused`` writes the gradient into the logits
@@ -1895,9 +1903,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, *, micro_batch: int
         return e * n_sp * h
     if "op_sac" in modules:
         return _op_sac_activation_bytes(model, layer, n, n_sp, tp, e)
-    jax_policies = sorted(modules & set(JAX_REMAT_POLICIES))
-    if jax_policies:
-        return _jax_remat_activation_bytes(model, layer, jax_policies[0], n, n_sp, tp, e)
+    jax_policy = jax_remat_policy(modules)
+    if jax_policy is not None:
+        return _jax_remat_activation_bytes(model, layer, jax_policy, n, n_sp, tp, e)
 
     # element bytes of a saved linear-layer input (TE keeps only its FP8 copy)
     e_in = 1.0 if fp8_linear_inputs else e

@@ -180,7 +180,8 @@ def test_flow_link_bytes_summed_when_asked():
 
 @pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
 def test_geometry_switch_hops_equal_walked_paths(name, spec, nodes, gpn):
-    """GroupGeometry.switch_hops (from leaf units and spine groups, vectorised) is the
+    """GroupGeometry.switch_hops (from the extremes of the domains' leaf units and spine
+    groups: consecutive domains differ somewhere iff not all are alike) is the
     most switches the paths between consecutive domains' first members cross, and
     link_tier_index numbers link_tier."""
     layout = ClusterLayout(spec, nodes, gpn)
@@ -214,6 +215,13 @@ def test_paths_links_equal_path(name, spec, nodes, gpn):
     expected_links = [link for a, b in zip(src, dst) for link in layout.path(a, b).links]
     assert which.tolist() == expected_which
     assert links.tolist() == expected_links
+    # link_counts: the same links counted per link (every link, int64)
+    counted = layout.link_counts(np.asarray(src), np.asarray(dst))
+    assert counted.dtype == np.int64 and counted.size == layout.num_links
+    assert counted.tolist() == np.bincount(np.asarray(expected_links, dtype=np.int64),
+                                           minlength=layout.num_links).tolist()
+    assert layout.link_counts(np.asarray(src[:0]), np.asarray(dst[:0])).tolist() == \
+        [0] * layout.num_links
 
 
 def test_collective_work_estimate_follows_listed_transfers():
