@@ -144,6 +144,14 @@ class NetworkModel:
         # loads, their payload bytes and tier index (phase_bandwidth_s)
         self._weights_by_tier: dict[tuple[str, str], np.ndarray] = {}
         self._used: dict[int, tuple[dict, np.ndarray, np.ndarray, np.ndarray, str]] = {}
+        # per loads dict of one mode (by identity, kept alive here): its largest payload
+        # on each run of links of one kind that it loads, as (tier, first link, bytes)
+        self._range_maxima: dict[int, tuple[dict, str, tuple]] = {}
+        # the first link of each non-empty run of links of one kind, and its tier
+        # (ClusterLayout._link_ranges: contiguous, one capacity each while uniform)
+        ranges = [(start, count) for start, count, _ in layout._link_ranges if count]
+        self._range_starts = np.asarray([start for start, _ in ranges], dtype=np.int64)
+        self._range_tiers = tuple(TIERS[layout.link_tier_index[start]] for start, _ in ranges)
         self._tier_names = TIERS
         self._tier_index = layout.link_tier_index
         self._weights = {
@@ -489,6 +497,32 @@ class NetworkModel:
         if not phase.transfers:
             return 0.0
         loads = self._payload_per_link(phase)
+        if len(loads) == 1 and self.layout.uniform_links:
+            # one mode on links whose capacity is their kind's: a run of links of one
+            # kind (one tier, one capacity) is slowest at its largest payload, since
+            # x -> (x * weight) / capacity is non-decreasing in floats (each operation
+            # correctly rounded, positive constants): the max below is the same float
+            # as the max over every link (the branch after), from one maximum per run
+            found = self._range_maxima.get(id(loads))
+            if found is None or found[0] is not loads:
+                (mode, payload), = loads.items()
+                maxima = np.maximum.reduceat(payload, self._range_starts).tolist()
+                found = (loads, mode, tuple(
+                    (tier, int(start), most) for tier, start, most
+                    in zip(self._range_tiers, self._range_starts.tolist(), maxima)
+                    if most > 0))
+                self._range_maxima[id(loads)] = found
+            _, mode, runs = found
+            capacity = self.layout.capacity_bytes_per_s
+            weights = self._weights
+            worst = 0.0
+            for tier, start, most in runs:
+                seconds = (most * weights[(tier, protocol, mode)]) / float(capacity[start])
+                if seconds > worst or seconds != seconds:  # (a NaN wins, as in numpy's max)
+                    worst = seconds
+                    if seconds != seconds:
+                        break
+            return worst
         if len(loads) == 1:  # one mode: only the links it loads (same arithmetic)
             found = self._used.get(id(loads))
             if found is None or found[0] is not loads:

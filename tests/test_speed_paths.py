@@ -480,3 +480,53 @@ def test_counted_ring_and_tree_loads_equal_the_listed_transfers(name, nodes, gpn
                         name, group, kind, algorithm, np.flatnonzero(loads[mode] != expected[mode]))
                 counted += 1
     assert counted > 40
+
+
+@pytest.mark.parametrize("name,spec,nodes,gpn", list(_variants()), ids=lambda v: str(v)[:20])
+def test_phase_bandwidth_from_run_maxima_equals_every_link(name, spec, nodes, gpn):
+    """NetworkModel.phase_bandwidth_s on uniform links (each run of links of one kind
+    slowest at its largest payload) is the float the max over every loaded link of
+    (payload x weight) / capacity gives, for ring, tree, all-to-all and send/recv phases
+    of strided and random groups under every protocol; and the same model with a NIC
+    scaled (not uniform) still prices through every link."""
+    import numpy as np
+
+    from hardware.spec import PROTOCOLS
+
+    layout = ClusterLayout(spec, nodes, gpn)
+    cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    network = cost.network
+    rng = random.Random(13)
+    n = layout.world_size
+    groups = [tuple(range(0, n, s)) for s in (1, 2, gpn, 2 * gpn) if n // s >= 2]
+    groups += [tuple(rng.sample(range(n), rng.choice((2, 3, 7, 12)))) for _ in range(12)]
+
+    def every_link(phase, protocol):
+        wire = np.zeros(layout.num_links)
+        for mode, payload in network._payload_per_link(phase).items():
+            weight = np.asarray([network._weights[(tier, protocol, mode)]
+                                 for tier in ("nvlink", "pcie", "network")])
+            wire += payload * weight[layout.link_tier_index]
+        used = wire > 0
+        return float((wire[used] / layout.capacity_bytes_per_s[used]).max()) if used.any() else 0.0
+
+    checked = 0
+    for group in groups:
+        geometry = layout.geometry(group)
+        for kind in ("all_reduce", "reduce_scatter", "all_gather", "alltoall", "sendrecv"):
+            for algorithm in ALGORITHMS.algorithms(kind):
+                if ALGORITHMS.unavailable(kind, algorithm, geometry, spec, explicit=True):
+                    continue
+                for phase in ALGORITHMS.phases(kind, algorithm, geometry, 3 * (1 << 20) + 7):
+                    if not phase.transfers:
+                        continue
+                    for protocol in PROTOCOLS:
+                        assert network.phase_bandwidth_s(phase, protocol) == \
+                            every_link(phase, protocol), (kind, algorithm, group, protocol)
+                        checked += 1
+    assert checked > 100
+    # a degraded NIC: links of one kind no longer share a capacity (every link read)
+    phase = ALGORITHMS.phases("all_gather", "ring", layout.geometry(groups[0]), 1 << 20)[0]
+    layout.scale_nic(gpn - 1, 0.25)
+    for protocol in PROTOCOLS:
+        assert network.phase_bandwidth_s(phase, protocol) == every_link(phase, protocol)
