@@ -314,6 +314,8 @@ class CostModel:
         self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
         self._plans: dict[tuple, CommPlanLike] = {}
         self._p2p: dict[tuple[int, int, int], int] = {}
+        # the same by the pair's symmetry class and size (ClusterLayout.group_class)
+        self._p2p_by_class: dict[tuple[bytes, int], int] = {}
 
     @property
     def contended(self) -> bool:
@@ -628,7 +630,18 @@ class CostModel:
         key = (src, dst, size_bytes)
         found = self._p2p.get(key)
         if found is None:
-            found = self.network.plan_time_ns(self.p2p_plan(src, dst, size_bytes))
+            # a pair the machine's symmetry maps onto one already priced at this size
+            # takes its price, as a collective's group does (CostModel.collective): the
+            # transfer's path crosses links of the same kinds in the same tiers, with
+            # the same steps and ceilings (None while links are not uniform)
+            pair_class = self.layout.group_class((src, dst))
+            class_key = None if pair_class is None else (pair_class, size_bytes)
+            if class_key is not None:
+                found = self._p2p_by_class.get(class_key)
+            if found is None:
+                found = self.network.plan_time_ns(self.p2p_plan(src, dst, size_bytes))
+                if class_key is not None:
+                    self._p2p_by_class[class_key] = found
             self._p2p[key] = found
         return found
 

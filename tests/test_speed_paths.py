@@ -46,6 +46,17 @@ def test_class_prices_equal_own_prices(cluster, nodes):
                 assert shared.collective(kind, group, size) == alone.collective(kind, group, size), \
                     (cluster, kind, group, size)
     assert len(classes) < len(_groups(layout, random.Random(7)))  # some groups shared a class
+    # send/recv between two ranks: a pair's class prices it as the pair alone
+    pairs = [(a, b) for a, b in ((rng.randrange(layout.world_size),
+                                  rng.randrange(layout.world_size)) for _ in range(150))]
+    pairs += [(g[0], g[1]) for g in _groups(layout, random.Random(7)) if len(g) > 1]
+    pair_classes = set()
+    for a, b in pairs:
+        pair_classes.add(layout.group_class((a, b)))
+        for size in (4096, 1 << 20, 1 << 28):
+            alone = CostModel(layout, ALGORITHMS, fidelity="analytic")
+            assert shared.p2p_ns(a, b, size) == alone.p2p_ns(a, b, size), (cluster, a, b, size)
+    assert len(pair_classes) < len(pairs) and len(shared._p2p_by_class) > 0
 
 
 def test_degraded_link_breaks_symmetry():
