@@ -227,7 +227,10 @@ class StepLowerer:
         self.chunk_copies = self.placement.num_stages // self.placement.num_chunks
         #: overlapped forward-backward pairs in the steady state
         self.overlap = bool(getattr(plan, "moe_a2a_overlap", False))
-        self.representatives = tuple(self.layout.stage_rank(p, like=0) for p in range(plan.pp))
+        # (RankLayout.stage_rank(p, like=0): rank 0's coordinates are all 0, so the
+        # rank at pipeline position p is p pipeline strides)
+        pp_stride = self.layout.strides["pp"]
+        self.representatives = tuple(p * pp_stride for p in range(plan.pp))
         self.tokens = plan.micro_batch * plan.seq_len // plan.cp
         self.act_bytes = self.tokens * model.hidden_size * ELEMENT_BYTES["bf16"]
         # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
@@ -238,8 +241,9 @@ class StepLowerer:
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
-        self._position_in_stage = {layer: i for layers in self.stage_layers
-                                   for i, layer in enumerate(layers)}
+        # each layer's index in its virtual stage (recompute_of, only under
+        # recompute_layers: built when first read)
+        self._position_in_stage: dict[int, int] | None = None
         #: bytes per gradient element reduced over data parallelism
         self.grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
         #: the fused attention kernel attention ops name ("": the GPU's default)
@@ -699,6 +703,9 @@ class StepLowerer:
         plan = self.plan
         if plan.recompute != "full" or plan.recompute_layers == 0:
             return plan.recompute
+        if self._position_in_stage is None:
+            self._position_in_stage = {layer: i for layers in self.stage_layers
+                                       for i, layer in enumerate(layers)}
         return "full" if self._position_in_stage[layer] < plan.recompute_layers else "none"
 
     def _recompute(self, b: _RankBuilder, layer: int, tag: str) -> None:
@@ -1498,7 +1505,17 @@ class StepLowerer:
         copies = self.chunk_copies if sharded else 1
         dense = params.dense_params / (plan.dp * plan.cp * copies if sharded else 1)
         expert = params.expert_params / (self.layout.expert_dp * copies if sharded else 1)
-        tensors = sum(1 for layer in layers for k in self.kernels(layer) if k.params) + 2
+        # (the kernels with parameters counted once per layer kind: a layer's kernels
+        # are its kind's, StepLowerer.kernels)
+        tensors = 2
+        per_kind: dict[tuple[bool, int], int] = {}
+        layer_kind = self.model.layer_kind
+        for layer in layers:
+            kind = layer_kind(layer)
+            found = per_kind.get(kind)
+            if found is None:
+                found = per_kind[kind] = sum(1 for k in self._layer_kernels(kind) if k.params)
+            tensors += found
         kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
                                           grad_bytes=self.grad_bytes, tensors=tensors)
         deps = tuple(sorted(set(dp_ops)))
