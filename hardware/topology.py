@@ -475,7 +475,7 @@ class ClusterLayout:
     def _path_parts(self, src: np.ndarray, dst: np.ndarray, with_transfers: bool) -> list:
         """:meth:`paths_links`' entries by position along :meth:`path`: ``(transfer
         indices or None, position, links)`` per position some transfer reaches (with
-        ``with_transfers`` False, every position, possibly empty, and no indices)."""
+        ``with_transfers`` False, no indices, and possibly empty ones)."""
         spec = self.spec
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
@@ -490,18 +490,24 @@ class ClusterLayout:
             src_domain = src_node // self._nodes_per_domain
             dst_domain = dst_node // self._nodes_per_domain
         moving = src != dst
-        inside = moving & (src_domain == dst_domain)
         across = moving & (src_domain != dst_domain)
+        # (every transfer between domains, as a collective's counted transfers are:
+        # the positions taken by all of them need no mask, those inside none)
+        all_across = bool(across.all())
         parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
 
         def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
-            if index is None:
+            if mask is across and all_across:
+                parts.append((index, position, links))
+            elif index is None:
                 parts.append((None, position, links[mask]))
             elif mask.any():
                 parts.append((index[mask], position, links[mask]))
 
-        add(inside, 0, self._gpu_out + src)
-        add(inside, 1, self._gpu_in + dst)
+        if not all_across:
+            inside = moving & (src_domain == dst_domain)
+            add(inside, 0, self._gpu_out + src)
+            add(inside, 1, self._gpu_in + dst)
         fabric = spec.fabric
         rail_mode = fabric.topology == "rail-optimized"
         rail = dst_rail_own if rail_mode else src_rail
@@ -514,23 +520,26 @@ class ClusterLayout:
             relayed = across & (src_rail != rail) & (relay_local < gpn)
             relay = src_node * gpn + relay_local
             relayed &= relay != src
-            add(relayed, 1, self._gpu_out + src)
-            add(relayed, 2, self._gpu_in + relay)
+            if relayed.any():
+                add(relayed, 1, self._gpu_out + src)
+                add(relayed, 2, self._gpu_in + relay)
         add(across, 3, self._nic_out + src_node * nics + rail)
         if self._leaf_up >= 0:
             units = fabric.nodes_per_leaf
             src_leaf = (src_node // units) * nics + rail if rail_mode else src_node // units
             dst_leaf = (dst_node // units) * nics + dst_rail if rail_mode else dst_node // units
             climbs = across & (src_leaf != dst_leaf)
-            add(climbs, 4, self._leaf_up + src_leaf)
-            if self._spine_up >= 0:
-                per_unit = nics if rail_mode else 1
-                src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
-                dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
-                crosses = climbs & (src_group != dst_group)
-                add(crosses, 5, self._spine_up + src_group)
-                add(crosses, 6, self._spine_down + dst_group)
-            add(climbs, 7, self._leaf_down + dst_leaf)
+            if climbs.any():
+                add(climbs, 4, self._leaf_up + src_leaf)
+                if self._spine_up >= 0:
+                    per_unit = nics if rail_mode else 1
+                    src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
+                    dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
+                    crosses = climbs & (src_group != dst_group)
+                    if crosses.any():
+                        add(crosses, 5, self._spine_up + src_group)
+                        add(crosses, 6, self._spine_down + dst_group)
+                add(climbs, 7, self._leaf_down + dst_leaf)
         add(across, 8, self._nic_in + dst_node * nics + dst_rail)
         if not spec.nic.gpudirect_rdma:
             add(across, 9, self._host_h2d + dst)
@@ -539,8 +548,9 @@ class ClusterLayout:
             relayed = across & (dst_rail_own != dst_rail) & (dst_relay_local < gpn)
             relay = dst_node * gpn + dst_relay_local
             relayed &= relay != dst
-            add(relayed, 10, self._gpu_out + relay)
-            add(relayed, 11, self._gpu_in + dst)
+            if relayed.any():
+                add(relayed, 10, self._gpu_out + relay)
+                add(relayed, 11, self._gpu_in + dst)
         return parts
 
     def all_pairs_link_counts(self, group: Sequence[int]) -> np.ndarray:
