@@ -308,6 +308,9 @@ class CostModel:
         self._choices_by_id: dict[tuple, tuple[Sequence[int], CollectiveCost]] = {}
         #: choices by (kind, ClusterLayout.group_class, size, algorithm, protocol)
         self._choices_by_class: dict[tuple, CollectiveCost] = {}
+        # _candidates' algorithms and a geometry of the class, by (kind, group class,
+        # algorithm): a function of the class, at every size that moves something
+        self._candidates_by_class: dict[tuple, tuple[list[str], GroupGeometry]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
         self._geometry_classes: dict[int, tuple[GroupGeometry, bytes | None]] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
@@ -439,7 +442,21 @@ class CostModel:
                 self._choices[key] = found
                 self._remember_choice(fast_key, group, found)
                 return found
-        candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm, protocol)
+        # (the algorithms a class can run and its geometry, which every price of the
+        # class reads through _coefficients_of's class key, once per class: the
+        # arguments are still checked on every call)
+        by_class = None
+        if class_key is not None and size_bytes > 0:
+            by_class = self._candidates_by_class.get((kind, group_class, algorithm))
+        if by_class is not None:
+            self._check_request(kind, size_bytes, algorithm, protocol)
+            candidates, geometry = by_class
+        else:
+            candidates, geometry = self._candidates(kind, key[1], size_bytes, algorithm,
+                                                    protocol)
+            if class_key is not None and size_bytes > 0:
+                self._candidates_by_class[(kind, group_class, algorithm)] = (candidates,
+                                                                             geometry)
         if not candidates:
             empty = self.algorithms.empty_plan(kind)
             found = CollectiveCost(empty.label, empty.protocol, 0)
@@ -582,9 +599,10 @@ class CostModel:
             self._p2p_caps[key] = found
         return found[1]
 
-    def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
-                    protocol: str) -> tuple[list[str], GroupGeometry]:
-        """Algorithms to evaluate (none: nothing to move) and the group's geometry."""
+    def _check_request(self, kind: str, size_bytes: int, algorithm: str,
+                       protocol: str) -> tuple[str, ...]:
+        """The kind's algorithms, once the algorithm, protocol and size asked for are
+        checked (a ValueError naming the field otherwise)."""
         names = self.algorithms.algorithms(kind)
         if algorithm != "auto" and algorithm not in names:
             raise ValueError(f"algorithm: {algorithm!r} is not available for {kind}; valid: "
@@ -594,6 +612,12 @@ class CostModel:
                 f"protocol: {protocol!r} is not valid; valid: auto, {', '.join(PROTOCOLS)}")
         if size_bytes < 0:
             raise ValueError(f"size: {size_bytes} is negative; give a size >= 0 bytes")
+        return names
+
+    def _candidates(self, kind: str, group: tuple[int, ...], size_bytes: int, algorithm: str,
+                    protocol: str) -> tuple[list[str], GroupGeometry]:
+        """Algorithms to evaluate (none: nothing to move) and the group's geometry."""
+        names = self._check_request(kind, size_bytes, algorithm, protocol)
         geometry = self.layout.geometry(group)
         if geometry.size == 1 or size_bytes == 0:
             return [], geometry

@@ -541,3 +541,20 @@ def test_phase_bandwidth_from_run_maxima_equals_every_link(name, spec, nodes, gp
     layout.scale_nic(gpn - 1, 0.25)
     for protocol in PROTOCOLS:
         assert network.phase_bandwidth_s(phase, protocol) == every_link(phase, protocol)
+
+
+def test_class_candidates_still_check_each_request():
+    """A group whose class's algorithms are already known (CostModel's candidates by
+    class) still has its algorithm, protocol and size checked, one line naming the field."""
+    spec = load_cluster("dgx-h100")
+    layout = ClusterLayout(spec, 4, 8)
+    cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+    assert layout.group_class((0, 8)) == layout.group_class((1, 9))
+    first = cost.collective("all_reduce", (0, 8), 1 << 20)
+    assert cost.collective("all_reduce", (1, 9), 1 << 20) == first
+    with pytest.raises(ValueError, match="protocol: 'bogus' is not valid"):
+        cost.collective("all_reduce", (1, 9), 1 << 21, protocol="bogus")
+    with pytest.raises(ValueError, match="algorithm: 'nope' is not available"):
+        cost.collective("all_reduce", (1, 9), 1 << 21, algorithm="nope")
+    with pytest.raises(ValueError, match="size: -1 is negative"):
+        cost.collective("all_reduce", (1, 9), -1)
