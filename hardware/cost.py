@@ -41,6 +41,7 @@ Units: integer nanoseconds for every duration handed out.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 
@@ -269,9 +270,12 @@ def prices_ops_by_shape(compute: object) -> bool:
     calibrated roofline): then ops priced once for one layer stand for every layer of
     their kind, in any plan (sim.analytic_prices.SharedPrices). False for any other
     timer, which may price by name."""
-    from hardware.calibration import CalibratedComputeModel
-
-    return type(compute) in (ComputeModel, CalibratedComputeModel)
+    if type(compute) is ComputeModel:
+        return True
+    # (a calibrated model exists only once its module is imported: a plan search on the
+    # roofline never pays for importing it)
+    calibration = sys.modules.get("hardware.calibration")
+    return calibration is not None and type(compute) is calibration.CalibratedComputeModel
 
 
 class CostModel:

@@ -558,3 +558,22 @@ def test_class_candidates_still_check_each_request():
         cost.collective("all_reduce", (1, 9), 1 << 21, algorithm="nope")
     with pytest.raises(ValueError, match="size: -1 is negative"):
         cost.collective("all_reduce", (1, 9), -1)
+
+
+def test_prices_ops_by_shape_knows_both_rooflines():
+    """The roofline and the calibrated roofline price ops by shape (shared part prices),
+    any other timer (a subclass that may read names included) does not; asking never
+    needs the calibration module imported (a plan search on the roofline skips it)."""
+    from hardware.calibration import CalibratedComputeModel
+    from hardware.compute import ComputeModel
+    from hardware.cost import prices_ops_by_shape
+
+    gpu = load_cluster("dgx-h100").gpu
+
+    class Named(ComputeModel):
+        pass
+
+    assert prices_ops_by_shape(ComputeModel(gpu))
+    assert prices_ops_by_shape(CalibratedComputeModel(gpu, {}))
+    assert not prices_ops_by_shape(Named(gpu))
+    assert not prices_ops_by_shape(object())
