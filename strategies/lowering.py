@@ -70,6 +70,9 @@ UB_PIPELINE_COMM_SMS = 24
 DTENSOR_TP = ("dtensor", "symmetric_memory")
 #: TP modes that micro-pipeline each TP collective with its GEMM.
 PIPELINED_TP = ("userbuffers", "symmetric_memory")
+#: FP8 recipes whose userbuffers all-gathers move FP8 (TE's per-tensor ``Float8Tensor``
+#: recipes; ``StepLowerer._ub_fp8_gather``).
+UB_FP8_GATHER_RECIPES = ("te-delayed", "te-current")
 #: Bytes of the gradient norm's partial sum all-reduced over the optimizer shards (fp32).
 GRAD_NORM_BYTES = 4
 #: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
@@ -233,6 +236,15 @@ class StepLowerer:
         # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
         # float8 (:meth:`_gathered_matmul`)
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
+        # Transformer Engine's userbuffers hold every all-gathered GEMM input in FP8 under a
+        # per-tensor FP8 recipe: the forward inputs (qkv_fprop, fc1_fprop), the output
+        # gradients (proj_dgrad, fc2_dgrad) and the inputs re-gathered for the weight
+        # gradient (qkv_dgrad, fc1_dgrad bulk); the reduce-scatters stay bf16 unless a
+        # config opts in (transformer_engine/pytorch/module/base.py ``initialize_ub``:
+        # "AllGather buffers use fp8 when using fp8 recipe", ``fp8_buf``; ``buffer_dtype =
+        # torch.uint8 if (use_fp8 and fp8_buf)``, TE 1.x and 2.x)
+        self._ub_fp8_gather = (plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
+                               and plan.fp8_recipe in UB_FP8_GATHER_RECIPES)
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
@@ -627,10 +639,11 @@ class StepLowerer:
         it as it lands); otherwise the all-gather blocks the compute stream first."""
         plan = self.plan
         size = self._tp_input_bytes(kernel)
-        if phase == "F" and self._fp8_tp_gather:
+        if phase == "F" and self._fp8_tp_gather or self._ub_fp8_gather:
             # torchao Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan's
             # apply_tp with float8, torchao/float8/float8_tensor_parallel.py): the input
-            # is cast to float8 before the all-gather, which moves 1 byte per element
+            # is cast to float8 before the all-gather, which moves 1 byte per element;
+            # TE userbuffers gather FP8 inputs and output gradients alike (__init__)
             size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
@@ -929,14 +942,17 @@ class StepLowerer:
             if phase != "W":
                 self._tp_collective(b, reduce_kind, size, label)
             return
+        # (TE's bulk all-gather of the saved input: an FP8 buffer, __init__)
+        gather_bytes = size * (ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
+                               if self._ub_fp8_gather else 1.0)
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
             if regather:
-                self._tp_collective(b, "all_gather", size, f"{label}.input")
+                self._tp_collective(b, "all_gather", gather_bytes, f"{label}.input")
             self._emit_kernel(b, kernel, tag, "W")
             return
         gathered = None
         if phase == "B" and regather:
-            gathered = self._tp_collective(b, "all_gather", size, f"{label}.input",
+            gathered = self._tp_collective(b, "all_gather", gather_bytes, f"{label}.input",
                                            "tp", self._deps_after(b, b.last()))
         dgrad = self._emit_kernel(b, kernel, tag, "I")
         reduced = self._tp_collective(b, reduce_kind, size, label, "tp", (dgrad,))

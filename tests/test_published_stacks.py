@@ -12,7 +12,8 @@ from strategies import model_costs
 from validate import published
 from validate.published_memory import rank_peaks
 from validate.published_stacks import (AUTOMODEL_ACTIVATION_CHECKPOINTING,
-                                       AUTOMODEL_EXPERT_PARALLEL, framework_defaults,
+                                       AUTOMODEL_EXPERT_PARALLEL, dgxc_recipe_of,
+                                       framework_defaults,
                                        MEGATRON_BRIDGE_BF16_GRAD_REDUCE, nemo1_distributed_adam,
                                        stack_settings)
 
@@ -232,3 +233,18 @@ def test_dgxc_nemotron_rows_run_the_recipes_bf16_distributed_adam():
     for plan in (bf16, fp8):
         assert (plan.recompute, plan.attention_impl, plan.tp_comm_overlap) == \
             ("selective", "fa2", "userbuffers")
+
+
+def test_dgxc_llama31_405b_rows_run_userbuffers_and_fp8_parameters():
+    """dgxc-benchmarking's Llama 3.1 405B recipe (configure.sh sets the userbuffers'
+    fp8_buf and fp8_params; the launcher YAML turns ub_tp_comm_overlap on): userbuffers
+    TP overlap in both precisions, FP8 primary weights in the FP8 runs only; the 8B/70B
+    rows of the same directory are not keyed to it."""
+    runs = {r.row_id: r for r in published.load_runs(sources=["nvidia_dgxc_benchmarking"])}
+    models, recipes = published.load_models(), published.load_nemo_recipes()
+    bf16 = published.scenario_for(runs["dgxc_l405_04"], models, recipes)
+    fp8 = published.scenario_for(runs["dgxc_l405_10"], models, recipes)
+    assert (bf16.plan.tp_comm_overlap, bf16.plan.fp8_params) == ("userbuffers", False)
+    assert (fp8.plan.tp_comm_overlap, fp8.plan.fp8_params) == ("userbuffers", True)
+    assert any("llama3.1 405b recipe" in s for s in fp8.settings)
+    assert dgxc_recipe_of(runs["dgxc_l70b_07"].get("citation")) is None

@@ -283,6 +283,32 @@ def test_torchao_float8_tp_gathers_the_forward_input_in_one_byte():
     assert sorted(fp8) == sorted([act_bytes / 2] * (len(fp8) // 2) + [act_bytes] * (len(fp8) // 2))
 
 
+def test_te_userbuffers_gather_fp8_inputs_and_gradients_and_reduce_in_bf16():
+    """Transformer Engine's userbuffers hold every all-gathered GEMM input in FP8 under a
+    per-tensor FP8 recipe (initialize_ub: "AllGather buffers use fp8 when using fp8
+    recipe"): per layer and micro-batch, the 2 forward input ring exchanges, the 2 output
+    gradient ones and the 2 bulk input re-gathers move 1 byte per element (each ring
+    exchange in tp - 1 sends of 1/tp); the 2 forward and 2 input-gradient reduce-scatters
+    stay bf16. MXFP8 and torchao plans, and bf16 ones, gather in bf16."""
+    base = dict(tp=2, global_batch=1, seq_len=512, tp_comm_overlap="userbuffers")
+    act_bytes = 512 * TINY.hidden_size * 2
+    layers = TINY.num_layers
+
+    def sizes(**fields):
+        found = _tp_collectives(ParallelPlan(**base, **fields))
+        return sorted(found["sendrecv"]), sorted(found["all_gather"]), found["reduce_scatter"]
+
+    ring, gathers, reduces = sizes(dtype="fp8", fp8_recipe="te-delayed")
+    assert ring == [act_bytes / 2 / 2] * (4 * layers)
+    assert gathers == [act_bytes / 2] * (2 * layers)
+    assert sum(reduces) == 4 * layers * act_bytes
+    for fields in (dict(dtype="bf16"), dict(dtype="fp8", fp8_recipe="te-mxfp8")):
+        ring, gathers, reduces = sizes(**fields)
+        assert ring == [act_bytes / 2] * (4 * layers)
+        assert gathers == [act_bytes] * (2 * layers)
+        assert sum(reduces) == 4 * layers * act_bytes
+
+
 def test_symmetric_memory_tp_hides_collectives_behind_gemms():
     """PyTorch AsyncTP micro-pipelines each TP collective with its GEMM (copy-engine
     transfers over symmetric memory): less exposed TP time than blocking DTensor TP,

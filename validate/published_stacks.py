@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
-           "DGXC_LAUNCHER_RECIPES", "DGXC_NEMO1_DISTRIBUTED_ADAM", "dgxc_recipe_of",
+           "DGXC_FP8_PARAMS", "DGXC_LAUNCHER_RECIPES", "DGXC_NEMO1_DISTRIBUTED_ADAM",
+           "dgxc_recipe_of",
            "nemo1_distributed_adam",
            "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
@@ -89,6 +90,17 @@ MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss
 #: selective recompute: the attention core), ``optim.name: distributed_fused_adam`` with
 #: ``dtype: bf16`` and ``grad_sync_dtype: bf16`` (:data:`DGXC_NEMO1_DISTRIBUTED_ADAM`),
 #: FlashAttention 2 (``NVTE_FUSED_ATTN=0``, as Grok-1), userbuffers TP overlap.
+#:
+#: Llama 3.1 405B, the rows of ``llama3.1/README_405b.md`` (``llama3.1/configure.sh``
+#: @143b90dd91f9be958fed4773ae95d941a3356a82 launches ``megatron_gpt_pretraining.py
+#: --config-name=llama3.1_405b.yaml`` with, for 405b, ``model.ub_tp_comm_overlap_cfg.
+#: proj_fprop.fp8_buf`` / ``fc2_fprop.fp8_buf`` set to the run's FP8 flag -- settings of
+#: Transformer Engine's userbuffers, read only with ``ub_tp_comm_overlap`` on -- and
+#: ``+model.fp8_params=${FP8_ENABLED}``; the recipe's YAML is not stored, the NeMo
+#: launcher's ``conf/training/llama/llama3_1_405b.yaml`` it follows sets
+#: ``ub_tp_comm_overlap: true``, TP 8, PP 9, VP 7, CP 2 as printed, no recompute):
+#: userbuffers TP overlap; cuDNN attention (``NVTE_FUSED_ATTN=1``, the default).
+#: The FP8 reduce-scatter buffers (``fp8_buf``) are not modelled (bf16 kept).
 DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
     "grok1": ({"moe_dispatcher": "alltoall", "moe_capacity_factor": "1.0",
                "moe_pad_to_capacity": True, "tp_comm_overlap": "userbuffers",
@@ -101,7 +113,17 @@ DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
                  "dgxc-benchmarking nemotron recipe (configure.sh @35a9aecc, "
                  "nemotron4-340b-synth.yaml): selective (attention-core) recompute, "
                  "userbuffers TP overlap, FlashAttention 2 (NVTE_FUSED_ATTN=0)"),
+    "llama3.1/README_405b": ({"tp_comm_overlap": "userbuffers"},
+                             "dgxc-benchmarking llama3.1 405b recipe (configure.sh @143b90dd "
+                             "overrides model.ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf; "
+                             "the NeMo launcher's llama3_1_405b.yaml: ub_tp_comm_overlap true): "
+                             "userbuffers TP overlap"),
 }
+
+#: dgxc-benchmarking recipes whose FP8 runs hold FP8 primary weights (configure.sh
+#: ``+model.fp8_params=${FP8_ENABLED}``); Nemotron-4 340B's through
+#: :data:`DGXC_NEMO1_DISTRIBUTED_ADAM`, whose parameter copy depends on it.
+DGXC_FP8_PARAMS = frozenset({"llama3.1/README_405b", "nemotron/README_340b"})
 
 #: dgxc-benchmarking NeMo 1 recipes that run Apex's ``distributed_fused_adam``, with their
 #: ``optim.dtype`` (the optimizer state's dtype), ``{recipe directory: dtype}``; their FP8
@@ -667,6 +689,10 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         recipe_fields, source = DGXC_LAUNCHER_RECIPES[dgxc]
         fields.update(recipe_fields)
         unprinted.append(source)
+        if dgxc in DGXC_FP8_PARAMS and row.get("dtype") == "fp8":
+            fields["fp8_params"] = True
+            unprinted.append("FP8 primary weights (dgxc-benchmarking configure.sh "
+                             "+model.fp8_params)")
         if dgxc in DGXC_NEMO1_DISTRIBUTED_ADAM:
             optim_dtype = DGXC_NEMO1_DISTRIBUTED_ADAM[dgxc]
             fp8_params = row.get("dtype") == "fp8"
