@@ -49,7 +49,8 @@ from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp,
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import get_schedule
-from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
+from strategies.plan import (UB_FP8_GATHER_RECIPES,  # noqa: F401 (re-exported)
+                             ParallelPlan, RankLayout, stage_layer_counts)
 
 #: Bytes per gradient element reduced over data parallelism (bf16 gradients,
 #: the 2 bytes/param of the 16 bytes/param mixed-precision Adam accounting).
@@ -236,6 +237,16 @@ class StepLowerer:
         # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
         # float8 (:meth:`_gathered_matmul`)
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
+        # Transformer Engine's userbuffers hold every all-gathered GEMM input in FP8 under a
+        # per-tensor FP8 recipe: the forward inputs (qkv_fprop, fc1_fprop), the output
+        # gradients (proj_dgrad, fc2_dgrad) and the inputs re-gathered for the weight
+        # gradient (qkv_dgrad, fc1_dgrad bulk); the reduce-scatters stay bf16 unless a
+        # config opts in (plan.tp_comm_fp8_reduce_scatter, :meth:`_reduced_matmul`;
+        # transformer_engine/pytorch/module/base.py ``initialize_ub``:
+        # "AllGather buffers use fp8 when using fp8 recipe", ``fp8_buf``; ``buffer_dtype =
+        # torch.uint8 if (use_fp8 and fp8_buf)``, TE 1.x and 2.x)
+        self._ub_fp8_gather = (plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
+                               and plan.fp8_recipe in UB_FP8_GATHER_RECIPES)
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
@@ -631,10 +642,11 @@ class StepLowerer:
         it as it lands); otherwise the all-gather blocks the compute stream first."""
         plan = self.plan
         size = self._tp_input_bytes(kernel)
-        if phase == "F" and self._fp8_tp_gather:
+        if phase == "F" and self._fp8_tp_gather or self._ub_fp8_gather:
             # torchao Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan's
             # apply_tp with float8, torchao/float8/float8_tensor_parallel.py): the input
-            # is cast to float8 before the all-gather, which moves 1 byte per element
+            # is cast to float8 before the all-gather, which moves 1 byte per element;
+            # TE userbuffers gather FP8 inputs and output gradients alike (__init__)
             size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
@@ -687,11 +699,19 @@ class StepLowerer:
             splits, comm_sms = plan.tp, 0
         else:
             splits, comm_sms = UB_PIPELINE_SPLITS, UB_PIPELINE_COMM_SMS
+        size = self.act_bytes
+        # proj_fprop is the attention out-projection's reduce-scatter, fc2_fprop the MLP's
+        # (and the shared experts', Megatron-Core's SharedExpertMLP being an MLP whose
+        # linear_fc2 names the "fc2" buffer); a config's fp8_buf gives it an FP8 buffer the
+        # GEMM writes in FP8 (ParallelPlan.tp_comm_fp8_reduce_scatter)
+        buffer = "proj_fprop" if kernel.block == "attention" else "fc2_fprop"
+        if buffer in plan.tp_comm_fp8_reduce_scatter:
+            size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
         chunk = self._scaled(kernel, 1.0 / splits)
         last = None
         for split in range(splits):
             done = self._emit_kernel(b, chunk, f"{tag}.split{split}", "F", comm_sms=comm_sms)
-            last = self._tp_collective(b, "reduce_scatter", self.act_bytes / splits,
+            last = self._tp_collective(b, "reduce_scatter", size / splits,
                                        f"{label}.split{split}", "tp", (done,))
         b.wait(last)
 
@@ -936,14 +956,17 @@ class StepLowerer:
             if phase != "W":
                 self._tp_collective(b, reduce_kind, size, label)
             return
+        # (TE's bulk all-gather of the saved input: an FP8 buffer, __init__)
+        gather_bytes = size * (ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
+                               if self._ub_fp8_gather else 1.0)
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
             if regather:
-                self._tp_collective(b, "all_gather", size, f"{label}.input")
+                self._tp_collective(b, "all_gather", gather_bytes, f"{label}.input")
             self._emit_kernel(b, kernel, tag, "W")
             return
         gathered = None
         if phase == "B" and regather:
-            gathered = self._tp_collective(b, "all_gather", size, f"{label}.input",
+            gathered = self._tp_collective(b, "all_gather", gather_bytes, f"{label}.input",
                                            "tp", self._deps_after(b, b.last()))
         dgrad = self._emit_kernel(b, kernel, tag, "I")
         reduced = self._tp_collective(b, reduce_kind, size, label, "tp", (dgrad,))
