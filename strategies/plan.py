@@ -721,6 +721,13 @@ def _validate_dp_mode(plan: ParallelPlan) -> None:
 PLAN_FIELDS = fields(ParallelPlan)
 
 
+#: RankLayout.group's tuples by (axis sizes and order, rank, axes), holding at most
+#: _GROUP_RANKS_MAX ranks in all (then the table starts again)
+_GROUPS: dict[tuple, tuple[int, ...]] = {}
+_GROUP_RANKS = 0
+_GROUP_RANKS_MAX = 1 << 20
+
+
 class RankLayout:
     """Coordinates of every rank in a plan, and its communication groups.
 
@@ -736,6 +743,8 @@ class RankLayout:
         for axis in plan.order:
             self.strides[axis] = stride
             stride *= self.sizes[axis]
+        #: what places every rank (the group tables' key)
+        self._shape = (plan.tp, plan.cp, plan.dp, plan.pp, tuple(plan.order))
 
     def coords(self, rank: int) -> dict[str, int]:
         """``{axis: index}`` of a rank."""
@@ -746,7 +755,27 @@ class RankLayout:
         return sum(coords.get(a, 0) * self.strides[a] for a in AXES)
 
     def group(self, rank: int, *axes: str) -> tuple[int, ...]:
-        """Ranks that differ from ``rank`` only along ``axes``, in communicator order."""
+        """Ranks that differ from ``rank`` only along ``axes``, in communicator order.
+
+        One tuple object per group of a layout (interned across RankLayouts of plans with
+        the same axis sizes and order): the plans of a search ask for the same groups,
+        and tables keyed by a group's identity (hardware.cost ``CostModel.collective``)
+        then find them without hashing a long tuple."""
+        key = (self._shape, rank, axes)
+        found = _GROUPS.get(key)
+        if found is not None:
+            return found
+        found = self._group(rank, axes)
+        global _GROUP_RANKS
+        if _GROUP_RANKS + len(found) > _GROUP_RANKS_MAX:
+            _GROUPS.clear()
+            _GROUP_RANKS = 0
+        _GROUPS[key] = found
+        _GROUP_RANKS += len(found)
+        return found
+
+    def _group(self, rank: int, axes: tuple[str, ...]) -> tuple[int, ...]:
+        """:meth:`group`, computed."""
         base = self.coords(rank)
         first = rank - sum(base[a] * self.strides[a] for a in axes)
         spans = [(self.strides[a], self.sizes[a]) for a in axes if self.sizes[a] > 1]

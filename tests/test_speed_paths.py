@@ -577,3 +577,32 @@ def test_prices_ops_by_shape_knows_both_rooflines():
     assert prices_ops_by_shape(CalibratedComputeModel(gpu, {}))
     assert not prices_ops_by_shape(Named(gpu))
     assert not prices_ops_by_shape(object())
+
+
+def test_rank_layout_groups_interned_across_plans(monkeypatch):
+    """RankLayout.group hands one tuple object per group to every plan of the same axis
+    sizes and order (what identity-keyed cost tables hit), equal to the group computed
+    afresh, for one and two axes, every order; other sizes get their own; the table
+    starts again past its bound."""
+    from strategies import plan as plan_module
+    from strategies.plan import RankLayout
+    from trainsim.api import make_plan
+
+    for order in (("tp", "cp", "dp", "pp"), ("tp", "dp", "cp", "pp"), ("cp", "tp", "pp", "dp")):
+        first = RankLayout(make_plan(gpus=64, tp=2, cp=2, pp=2, order=order))
+        other = RankLayout(make_plan(gpus=64, tp=2, cp=2, pp=2, order=order,
+                                     micro_batch=2, global_batch=64))
+        for rank in (0, 5, 37, 63):
+            for axes in (("tp",), ("dp",), ("dp", "cp"), ("cp",), ("pp",)):
+                group = first.group(rank, *axes)
+                assert group == first._group(rank, axes)
+                assert other.group(rank, *axes) is group
+    wider = RankLayout(make_plan(gpus=64, tp=4, cp=2, pp=2))
+    assert wider.group(0, "dp") == tuple(range(0, 64, 8))[:4]
+    assert wider.group(0, "dp") != RankLayout(make_plan(gpus=64, tp=2, cp=2, pp=2)).group(0, "dp")
+    monkeypatch.setattr(plan_module, "_GROUP_RANKS_MAX", 8)
+    monkeypatch.setattr(plan_module, "_GROUPS", {})
+    monkeypatch.setattr(plan_module, "_GROUP_RANKS", 0)
+    for rank in range(16):
+        wider.group(rank, "tp")
+    assert sum(map(len, plan_module._GROUPS.values())) <= 8
