@@ -240,9 +240,15 @@ def load_efficiency_table() -> Mapping[str, Mapping[str, EfficiencyCurve]]:
     """``{profile: {dtype: EfficiencyCurve}}`` from ``hardware/data/matmul_efficiency.csv``."""
     text = resources.files("hardware.data").joinpath(EFFICIENCY_TABLE).read_text()
     rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-    for r in csv.DictReader(text.splitlines()):
-        rows.setdefault((r["profile"], r["dtype"]), []).append(
-            (float(r["flops"]), float(r["efficiency"]), float(r["peak_flops_per_s"]))
+    # (csv.reader and the header's columns: the same fields as csv.DictReader's rows,
+    # without building a dict per row)
+    lines = csv.reader(text.splitlines())
+    column = {name: index for index, name in enumerate(next(lines))}
+    profile, dtype, flops, efficiency, peak = (column[name] for name in (
+        "profile", "dtype", "flops", "efficiency", "peak_flops_per_s"))
+    for r in lines:
+        rows.setdefault((r[profile], r[dtype]), []).append(
+            (float(r[flops]), float(r[efficiency]), float(r[peak]))
         )
     table: dict[str, dict[str, EfficiencyCurve]] = {}
     for (profile, dtype), knots in rows.items():
@@ -309,10 +315,15 @@ def load_attention_table() -> Mapping[tuple[str, str, str, bool], Mapping[int, t
     from ``hardware/data/attention_efficiency.csv``."""
     text = resources.files("hardware.data").joinpath(ATTENTION_TABLE).read_text()
     points: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
-    for r in csv.DictReader(text.splitlines()):
-        key = (r["profile"], r["impl"], r["phase"], r["causal"] == "1")
-        points.setdefault(key, {}).setdefault(int(r["head_dim"]), []).append(
-            (float(r["seq_len"]), float(r["efficiency"])))
+    # (csv.reader and the header's columns, as load_efficiency_table)
+    lines = csv.reader(text.splitlines())
+    column = {name: index for index, name in enumerate(next(lines))}
+    profile, impl, phase, causal, head_dim, seq_len, efficiency = (column[name] for name in (
+        "profile", "impl", "phase", "causal", "head_dim", "seq_len", "efficiency"))
+    for r in lines:
+        key = (r[profile], r[impl], r[phase], r[causal] == "1")
+        points.setdefault(key, {}).setdefault(int(r[head_dim]), []).append(
+            (float(r[seq_len]), float(r[efficiency])))
     table: dict[tuple, dict[int, tuple]] = {}
     for key, by_dim in points.items():
         for d, knots in by_dim.items():

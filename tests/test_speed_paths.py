@@ -606,3 +606,40 @@ def test_rank_layout_groups_interned_across_plans(monkeypatch):
     for rank in range(16):
         wider.group(rank, "tp")
     assert sum(map(len, plan_module._GROUPS.values())) <= 8
+
+
+def test_efficiency_tables_read_every_row_by_header():
+    """The compute tables (read with csv.reader by header column) hold, row for row,
+    what csv.DictReader gives for the package's CSV files."""
+    import csv
+    import math
+    from importlib import resources
+
+    from hardware import compute
+
+    text = resources.files("hardware.data").joinpath(compute.ATTENTION_TABLE).read_text()
+    expected: dict = {}
+    for r in csv.DictReader(text.splitlines()):
+        key = (r["profile"], r["impl"], r["phase"], r["causal"] == "1")
+        expected.setdefault(key, {}).setdefault(int(r["head_dim"]), []).append(
+            (float(r["seq_len"]), float(r["efficiency"])))
+    table = compute.load_attention_table()
+    assert set(table) == set(expected)
+    for key, by_dim in expected.items():
+        for dim, knots in by_dim.items():
+            knots.sort()
+            assert table[key][dim] == (tuple(math.log(s) for s, _ in knots),
+                                       tuple(math.log(e) for _, e in knots))
+    text = resources.files("hardware.data").joinpath(compute.EFFICIENCY_TABLE).read_text()
+    rows: dict = {}
+    for r in csv.DictReader(text.splitlines()):
+        rows.setdefault((r["profile"], r["dtype"]), []).append(
+            (float(r["flops"]), float(r["efficiency"]), float(r["peak_flops_per_s"])))
+    curves = compute.load_efficiency_table()
+    assert sum(len(v) for v in curves.values()) == len(rows)
+    for (profile, dtype), knots in rows.items():
+        knots.sort()
+        curve = curves[profile][dtype]
+        assert curve.log_flops == tuple(math.log(f) for f, _, _ in knots)
+        assert curve.log_efficiency == tuple(math.log(e) for _, e, _ in knots)
+        assert curve.peak_flops_per_s == knots[0][2]
