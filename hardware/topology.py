@@ -482,10 +482,18 @@ class ClusterLayout:
         index = np.arange(src.size, dtype=np.int64) if with_transfers else None
         gpn, nics = self.gpus_per_node, spec.nic.count_per_node
         src_node, dst_node = src // gpn, dst // gpn
-        src_rail = (src % gpn) * nics // spec.gpus_per_node
-        dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
+        # (one NIC per GPU: x * nics // gpus_per_node is x, and a rail's PXN relay is
+        # the GPU of the same index, -(-rail * gpus_per_node // nics))
+        one_nic_each = nics == spec.gpus_per_node
+        if one_nic_each:
+            src_rail, dst_rail_own = src % gpn, dst % gpn
+        else:
+            src_rail = (src % gpn) * nics // spec.gpus_per_node
+            dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
         if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
             src_domain, dst_domain = src, dst
+        elif self._nodes_per_domain == 1:
+            src_domain, dst_domain = src_node, dst_node
         else:
             src_domain = src_node // self._nodes_per_domain
             dst_domain = dst_node // self._nodes_per_domain
@@ -512,12 +520,15 @@ class ClusterLayout:
         rail_mode = fabric.topology == "rail-optimized"
         rail = dst_rail_own if rail_mode else src_rail
         dst_rail = rail if rail_mode else dst_rail_own
-        relay_local = -(-rail * spec.gpus_per_node // nics)  # _gpu_on_rail
+        # _gpu_on_rail (a rail's index is below gpn with one NIC per GPU)
+        relay_local = rail if one_nic_each else -(-rail * spec.gpus_per_node // nics)
 
         if not spec.nic.gpudirect_rdma:
             add(across, 0, self._host_d2h + src)
         elif gpn > 1:
-            relayed = across & (src_rail != rail) & (relay_local < gpn)
+            relayed = across & (src_rail != rail)
+            if not one_nic_each:
+                relayed &= relay_local < gpn
             relay = src_node * gpn + relay_local
             relayed &= relay != src
             if relayed.any():
@@ -544,8 +555,11 @@ class ClusterLayout:
         if not spec.nic.gpudirect_rdma:
             add(across, 9, self._host_h2d + dst)
         elif gpn > 1:
-            dst_relay_local = -(-dst_rail * spec.gpus_per_node // nics)
-            relayed = across & (dst_rail_own != dst_rail) & (dst_relay_local < gpn)
+            dst_relay_local = (dst_rail if one_nic_each
+                               else -(-dst_rail * spec.gpus_per_node // nics))
+            relayed = across & (dst_rail_own != dst_rail)
+            if not one_nic_each:
+                relayed &= dst_relay_local < gpn
             relay = dst_node * gpn + dst_relay_local
             relayed &= relay != dst
             if relayed.any():
