@@ -38,9 +38,18 @@ AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
 TP_COMM_OVERLAPS = ("none", "async", "userbuffers", "dtensor", "symmetric_memory")
-#: FP8 recipes whose Transformer Engine userbuffers hold FP8 (TE's per-tensor
-#: ``Float8Tensor`` recipes: delayed and current scaling); ``strategies.lowering``.
-UB_FP8_GATHER_RECIPES = ("te-delayed", "te-current")
+#: FP8 recipes whose Transformer Engine userbuffers can reduce-scatter an FP8 GEMM
+#: output (TE's per-tensor ``Float8Tensor`` recipes: delayed and current scaling;
+#: ``tp_comm_fp8_reduce_scatter``).
+UB_FP8_REDUCE_SCATTER_RECIPES = ("te-delayed", "te-current")
+#: Bytes per element a Transformer Engine userbuffers all-gather moves under each FP8
+#: recipe (``strategies.lowering``): the FP8 data (per-tensor recipes: one scale per
+#: tensor); MXFP8 also all-gathers its E8M0 scale-inverses, one byte per 32 elements, in a
+#: separate NCCL all-gather (transformer_engine/pytorch/module/base.py
+#: ``fill_userbuffers_buffer_for_all_gather``, TE 2.x), priced here as part of the same
+#: exchange. Other recipes gather bf16.
+UB_FP8_GATHER_BYTES_PER_ELEMENT = {"te-delayed": 1.0, "te-current": 1.0,
+                                   "te-mxfp8": 1.0 + 1.0 / 32}
 #: Transformer Engine's pipelined forward reduce-scatters (userbuffers names,
 #: transformer_engine/pytorch/module/base.py ``initialize_ub`` ``methods["pipeline"]``):
 #: the attention out-projection's and the MLP down projection's output reductions.
@@ -229,7 +238,7 @@ class ParallelPlan:
             per layer by a userbuffers config's ``fp8_buf`` (NeMo's ``PipelineOverlapCfg(...,
             fp8_buf=True)``, the NeMo launcher's ``ub_cfg_*.yaml`` ``fp8_buf: 1``). Needs
             dtype fp8, ``tp_comm_overlap`` userbuffers and a per-tensor recipe
-            (:data:`UB_FP8_GATHER_RECIPES`); empty (default): bf16, TE's default.
+            (:data:`UB_FP8_REDUCE_SCATTER_RECIPES`); empty (default): bf16, TE's default.
         fp8_swiglu_inputs: the routed experts' SwiGLU inputs (fc1 outputs) are saved in
             FP8 for the backward, 1 byte per element (DeepSeek-V3, arXiv 2412.19437
             Section 3.3.3).
@@ -548,10 +557,10 @@ def check_plan_fields(plan: ParallelPlan) -> None:
             raise ValueError(f"tp_comm_fp8_reduce_scatter: {fp8_rs} is not valid; valid: "
                              f"{', '.join(UB_PIPELINED_REDUCE_SCATTERS)}")
         if not (plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
-                and plan.fp8_recipe in UB_FP8_GATHER_RECIPES):
+                and plan.fp8_recipe in UB_FP8_REDUCE_SCATTER_RECIPES):
             raise ValueError(f"tp_comm_fp8_reduce_scatter: {fp8_rs} needs dtype fp8, "
                              f"tp_comm_overlap userbuffers and fp8_recipe "
-                             f"{' or '.join(UB_FP8_GATHER_RECIPES)} (TE's FP8 userbuffers), not "
+                             f"{' or '.join(UB_FP8_REDUCE_SCATTER_RECIPES)} (TE's FP8 userbuffers), not "
                              f"dtype {plan.dtype}, {plan.tp_comm_overlap}, {plan.fp8_recipe}; "
                              f"give it empty")
     if plan.nccl_max_ctas and not plan.comm_sm_contention:

@@ -289,7 +289,9 @@ def test_te_userbuffers_gather_fp8_inputs_and_gradients_and_reduce_in_bf16():
     recipe"): per layer and micro-batch, the 2 forward input ring exchanges, the 2 output
     gradient ones and the 2 bulk input re-gathers move 1 byte per element (each ring
     exchange in tp - 1 sends of 1/tp); the 2 forward and 2 input-gradient reduce-scatters
-    stay bf16. MXFP8 and torchao plans, and bf16 ones, gather in bf16."""
+    stay bf16. MXFP8 gathers its FP8 data and its E8M0 scales (1 + 1/32 bytes per
+    element, fill_userbuffers_buffer_for_all_gather); blockwise-FP8 and bf16 plans gather
+    in bf16."""
     base = dict(tp=2, global_batch=1, seq_len=512, tp_comm_overlap="userbuffers")
     act_bytes = 512 * TINY.hidden_size * 2
     layers = TINY.num_layers
@@ -298,11 +300,13 @@ def test_te_userbuffers_gather_fp8_inputs_and_gradients_and_reduce_in_bf16():
         found = _tp_collectives(ParallelPlan(**base, **fields))
         return sorted(found["sendrecv"]), sorted(found["all_gather"]), found["reduce_scatter"]
 
-    ring, gathers, reduces = sizes(dtype="fp8", fp8_recipe="te-delayed")
-    assert ring == [act_bytes / 2 / 2] * (4 * layers)
-    assert gathers == [act_bytes / 2] * (2 * layers)
-    assert sum(reduces) == 4 * layers * act_bytes
-    for fields in (dict(dtype="bf16"), dict(dtype="fp8", fp8_recipe="te-mxfp8")):
+    for recipe, element_bytes in (("te-delayed", 1.0), ("te-mxfp8", 1.0 + 1.0 / 32)):
+        ring, gathers, reduces = sizes(dtype="fp8", fp8_recipe=recipe)
+        gathered = act_bytes * element_bytes / 2
+        assert ring == [gathered / 2] * (4 * layers)
+        assert gathers == [gathered] * (2 * layers)
+        assert sum(reduces) == 4 * layers * act_bytes
+    for fields in (dict(dtype="bf16"), dict(dtype="fp8", fp8_recipe="te-blockwise")):
         ring, gathers, reduces = sizes(**fields)
         assert ring == [act_bytes / 2] * (4 * layers)
         assert gathers == [act_bytes] * (2 * layers)
