@@ -148,6 +148,19 @@ def test_two_way_pipelines_replay_deep_without_deadlock(schedule, vpp, pp):
         assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.01
 
 
+@pytest.mark.parametrize("pp", [2, 4])
+def test_dualpipe_replays_without_overlapped_gradient_reduction(pp):
+    """DualPipe's two holders of a chunk (a rank and its mirror, holding it as stages of
+    the two routes) reduce its gradients together. Reduced after the backward
+    (overlap_grad_reduce false) each named the collective by its own stage index, so the
+    mirrors never met: the replay deadlocked at any pp (benchmarks/plan_fuzz.py). Now
+    named and ordered by chunk: equal to the closed form to the ns in one NVLink domain."""
+    analytic, event = _both(dict(model="llama3-8b", gpus=2 * pp, tp=1, pp=pp,
+                                 schedule="dualpipe", seq_len=1024, global_batch=4 * pp,
+                                 overlap_grad_reduce=False))
+    assert analytic.step_time_s == event.step_time_s
+
+
 @pytest.mark.parametrize("case", [
     dict(gpus=64, tp=2, pp=2, global_batch=128),
     dict(gpus=1024, tp=8, pp=4, global_batch=1024, model="llama3-70b"),
