@@ -40,6 +40,7 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from hardware.units import canonical_dtype
 from sim.analytic_step import (PricingCache, analytic_step, contention_closed_form,
                                plan_contention)
 from sim.engine import Engine
@@ -52,7 +53,7 @@ from sim.breakdown import critical_rank, rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.perturbations import Perturbations, check_perturbations
-from strategies.plan import ParallelPlan, validate_plan
+from strategies.plan import PLAN_DTYPES, ParallelPlan, validate_plan
 from sim.perturbed import apply_perturbations
 
 
@@ -230,6 +231,13 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError(f"comm_sm_contention: true needs the GPU's SM count, which preset "
                          f"{cluster.name!r} ({cluster.gpu.name}) does not give; give false "
                          "or set gpu.sm_count")
+    peaks = {canonical_dtype(name) for name in cluster.gpu.peak_flops_per_s}
+    if plan.dtype not in peaks:
+        # (else the first op priced raised, naming a ComputeOp: a one-line error about
+        # the plan's field is what the user can act on)
+        raise ValueError(f"dtype: {plan.dtype!r} is not supported by the GPU of preset "
+                         f"{cluster.name!r} ({cluster.gpu.name}); valid: "
+                         f"{', '.join(d for d in PLAN_DTYPES if d in peaks)}")
     if plan.dp_mode != "allreduce":
         from sim.ps_step import simulate_ps_step  # it builds on this module
 

@@ -323,3 +323,17 @@ def test_symmetric_memory_tp_hides_collectives_behind_gemms():
                               check_memory=False)
     assert pipelined.breakdown["exposed_tp"] < 0.5 * blocking.breakdown["exposed_tp"]
     assert pipelined.step_time_s < blocking.step_time_s
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "event"])
+def test_a_dtype_the_gpu_lacks_is_a_one_line_error_naming_the_field(fidelity):
+    """FP8 on A100 (no FP8 tensor cores): the plan's ``dtype`` is named, not the first
+    op the pricing met (it said ``ComputeOp 'attn.qkv.F0.l0' dtype: ...``, found by
+    benchmarks/plan_fuzz.py)."""
+    from trainsim import api
+
+    with pytest.raises(ValueError, match=r"^dtype: 'fp8' is not supported by the GPU of "
+                                         r"preset 'dgx-a100' \(A100-SXM4-80GB\); valid: "
+                                         r"bf16, fp16, fp32$"):
+        api.simulate("llama3-8b", cluster="dgx-a100", gpus=8, tp=8, global_batch=8,
+                     dtype="fp8", fidelity=fidelity)
