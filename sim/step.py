@@ -186,6 +186,16 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
+def _check_dtype(plan: ParallelPlan, gpu, where: str) -> None:
+    """The plan's matmul dtype must be one the GPU has a peak for (else the first op
+    priced raised, naming an internal ComputeOp rather than the plan's field)."""
+    peaks = {canonical_dtype(name) for name in gpu.peak_flops_per_s}
+    if plan.dtype not in peaks:
+        raise ValueError(f"dtype: {plan.dtype!r} is not supported by the GPU of {where} "
+                         f"({gpu.name}); valid: "
+                         f"{', '.join(d for d in PLAN_DTYPES if d in peaks)}")
+
+
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   gpus: int | None = None, fidelity: str = "event",
                   check_memory: bool = True, compute: ComputeTimer | None = None,
@@ -231,13 +241,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError(f"comm_sm_contention: true needs the GPU's SM count, which preset "
                          f"{cluster.name!r} ({cluster.gpu.name}) does not give; give false "
                          "or set gpu.sm_count")
-    peaks = {canonical_dtype(name) for name in cluster.gpu.peak_flops_per_s}
-    if plan.dtype not in peaks:
-        # (else the first op priced raised, naming a ComputeOp: a one-line error about
-        # the plan's field is what the user can act on)
-        raise ValueError(f"dtype: {plan.dtype!r} is not supported by the GPU of preset "
-                         f"{cluster.name!r} ({cluster.gpu.name}); valid: "
-                         f"{', '.join(d for d in PLAN_DTYPES if d in peaks)}")
+    _check_dtype(plan, cluster.gpu, f"preset {cluster.name!r}")
     if plan.dp_mode != "allreduce":
         from sim.ps_step import simulate_ps_step  # it builds on this module
 
@@ -265,6 +269,9 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
+    for node, preset in sorted(perturbations.node_gpus.items()):
+        gpu = applied.rank_conditions[node * layout.gpus_per_node].gpu
+        _check_dtype(plan, gpu, f"preset {preset!r} (node_gpu of node {node})")
     lowerer = StepLowerer(model, plan, domain_gpus=cluster.scale_up.domain_gpus)
     memory = pipeline_memory(model, plan, lowerer, reserve_bytes=cluster.gpu.memory_reserve_bytes)
     if check_memory:

@@ -337,3 +337,14 @@ def test_a_dtype_the_gpu_lacks_is_a_one_line_error_naming_the_field(fidelity):
                                          r"bf16, fp16, fp32$"):
         api.simulate("llama3-8b", cluster="dgx-a100", gpus=8, tp=8, global_batch=8,
                      dtype="fp8", fidelity=fidelity)
+
+
+def test_a_dtype_a_perturbing_node_gpu_lacks_names_the_field():
+    """FP8 job with an A100 node among H100 ones (node_gpus): the same one-line error."""
+    from strategies.perturbations import Perturbations
+    from trainsim import api
+
+    with pytest.raises(ValueError, match=r"^dtype: 'fp8' is not supported by the GPU of "
+                                         r"preset 'dgx-a100' \(node_gpu of node 1\)"):
+        api.simulate("llama3-8b", gpus=16, tp=8, global_batch=16, dtype="fp8",
+                     fidelity="event", perturbations=Perturbations(node_gpus={1: "dgx-a100"}))
