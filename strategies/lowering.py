@@ -49,7 +49,8 @@ from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp,
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import get_schedule
-from strategies.plan import ParallelPlan, RankLayout, stage_layer_counts
+from strategies.plan import (UB_FP8_GATHER_BYTES_PER_ELEMENT, ParallelPlan, RankLayout,
+                             stage_layer_counts)
 
 #: Bytes per gradient element reduced over data parallelism (bf16 gradients,
 #: the 2 bytes/param of the 16 bytes/param mixed-precision Adam accounting).
@@ -70,9 +71,6 @@ UB_PIPELINE_COMM_SMS = 24
 DTENSOR_TP = ("dtensor", "symmetric_memory")
 #: TP modes that micro-pipeline each TP collective with its GEMM.
 PIPELINED_TP = ("userbuffers", "symmetric_memory")
-#: FP8 recipes whose userbuffers all-gathers move FP8 (TE's per-tensor ``Float8Tensor``
-#: recipes; ``StepLowerer._ub_fp8_gather``).
-UB_FP8_GATHER_RECIPES = ("te-delayed", "te-current")
 #: Bytes of the gradient norm's partial sum all-reduced over the optimizer shards (fp32).
 GRAD_NORM_BYTES = 4
 #: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
@@ -236,15 +234,20 @@ class StepLowerer:
         # torchao float8 tensor parallelism gathers a column-parallel GEMM's input in
         # float8 (:meth:`_gathered_matmul`)
         self._fp8_tp_gather = plan.dtype == "fp8" and plan.fp8_recipe == "torchao"
-        # Transformer Engine's userbuffers hold every all-gathered GEMM input in FP8 under a
-        # per-tensor FP8 recipe: the forward inputs (qkv_fprop, fc1_fprop), the output
-        # gradients (proj_dgrad, fc2_dgrad) and the inputs re-gathered for the weight
+        # Transformer Engine's userbuffers hold every all-gathered GEMM input in FP8 under an
+        # FP8 recipe (MXFP8 with its scales, UB_FP8_GATHER_BYTES_PER_ELEMENT): the forward
+        # inputs (qkv_fprop, fc1_fprop), the output gradients (proj_dgrad, fc2_dgrad) and
+        # the inputs re-gathered for the weight
         # gradient (qkv_dgrad, fc1_dgrad bulk); the reduce-scatters stay bf16 unless a
-        # config opts in (transformer_engine/pytorch/module/base.py ``initialize_ub``:
+        # config opts in (plan.tp_comm_fp8_reduce_scatter, :meth:`_reduced_matmul`;
+        # transformer_engine/pytorch/module/base.py ``initialize_ub``:
         # "AllGather buffers use fp8 when using fp8 recipe", ``fp8_buf``; ``buffer_dtype =
         # torch.uint8 if (use_fp8 and fp8_buf)``, TE 1.x and 2.x)
-        self._ub_fp8_gather = (plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
-                               and plan.fp8_recipe in UB_FP8_GATHER_RECIPES)
+        #: bytes a TP all-gather moves per bf16 byte (1: bf16, TE userbuffers in FP8: less)
+        self._ub_gather_scale = (
+            UB_FP8_GATHER_BYTES_PER_ELEMENT[plan.fp8_recipe] / ELEMENT_BYTES["bf16"]
+            if plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
+            and plan.fp8_recipe in UB_FP8_GATHER_BYTES_PER_ELEMENT else 1.0)
         self.pp_message_bytes = pp_message_bytes(model, plan)
         self._ops: dict[tuple, ComputeOp] = {}
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
@@ -639,12 +642,13 @@ class StepLowerer:
         it as it lands); otherwise the all-gather blocks the compute stream first."""
         plan = self.plan
         size = self._tp_input_bytes(kernel)
-        if phase == "F" and self._fp8_tp_gather or self._ub_fp8_gather:
+        if phase == "F" and self._fp8_tp_gather:
             # torchao Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan's
             # apply_tp with float8, torchao/float8/float8_tensor_parallel.py): the input
-            # is cast to float8 before the all-gather, which moves 1 byte per element;
-            # TE userbuffers gather FP8 inputs and output gradients alike (__init__)
+            # is cast to float8 before the all-gather, which moves 1 byte per element
             size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
+        # TE userbuffers gather FP8 inputs and output gradients alike (__init__)
+        size *= self._ub_gather_scale
         if not plan.sequence_parallel:
             self._emit_kernel(b, kernel, tag, phase)
             return
@@ -696,11 +700,19 @@ class StepLowerer:
             splits, comm_sms = plan.tp, 0
         else:
             splits, comm_sms = UB_PIPELINE_SPLITS, UB_PIPELINE_COMM_SMS
+        size = self.act_bytes
+        # proj_fprop is the attention out-projection's reduce-scatter, fc2_fprop the MLP's
+        # (and the shared experts', Megatron-Core's SharedExpertMLP being an MLP whose
+        # linear_fc2 names the "fc2" buffer); a config's fp8_buf gives it an FP8 buffer the
+        # GEMM writes in FP8 (ParallelPlan.tp_comm_fp8_reduce_scatter)
+        buffer = "proj_fprop" if kernel.block == "attention" else "fc2_fprop"
+        if buffer in plan.tp_comm_fp8_reduce_scatter:
+            size *= ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
         chunk = self._scaled(kernel, 1.0 / splits)
         last = None
         for split in range(splits):
             done = self._emit_kernel(b, chunk, f"{tag}.split{split}", "F", comm_sms=comm_sms)
-            last = self._tp_collective(b, "reduce_scatter", self.act_bytes / splits,
+            last = self._tp_collective(b, "reduce_scatter", size / splits,
                                        f"{label}.split{split}", "tp", (done,))
         b.wait(last)
 
@@ -943,8 +955,7 @@ class StepLowerer:
                 self._tp_collective(b, reduce_kind, size, label)
             return
         # (TE's bulk all-gather of the saved input: an FP8 buffer, __init__)
-        gather_bytes = size * (ELEMENT_BYTES["fp8"] / ELEMENT_BYTES["bf16"]
-                               if self._ub_fp8_gather else 1.0)
+        gather_bytes = size * self._ub_gather_scale
         if phase == "W":  # a zero-bubble weight pass: the gathered input first
             if regather:
                 self._tp_collective(b, "all_gather", gather_bytes, f"{label}.input")

@@ -38,6 +38,22 @@ AXES = ("tp", "cp", "dp", "pp")
 DP_MODES = ("allreduce", "ps-sync", "ps-async", "ps-stale")
 GRAD_REDUCE_DTYPES = ("bf16", "fp32")
 TP_COMM_OVERLAPS = ("none", "async", "userbuffers", "dtensor", "symmetric_memory")
+#: FP8 recipes whose Transformer Engine userbuffers can reduce-scatter an FP8 GEMM
+#: output (TE's per-tensor ``Float8Tensor`` recipes: delayed and current scaling;
+#: ``tp_comm_fp8_reduce_scatter``).
+UB_FP8_REDUCE_SCATTER_RECIPES = ("te-delayed", "te-current")
+#: Bytes per element a Transformer Engine userbuffers all-gather moves under each FP8
+#: recipe (``strategies.lowering``): the FP8 data (per-tensor recipes: one scale per
+#: tensor); MXFP8 also all-gathers its E8M0 scale-inverses, one byte per 32 elements, in a
+#: separate NCCL all-gather (transformer_engine/pytorch/module/base.py
+#: ``fill_userbuffers_buffer_for_all_gather``, TE 2.x), priced here as part of the same
+#: exchange. Other recipes gather bf16.
+UB_FP8_GATHER_BYTES_PER_ELEMENT = {"te-delayed": 1.0, "te-current": 1.0,
+                                   "te-mxfp8": 1.0 + 1.0 / 32}
+#: Transformer Engine's pipelined forward reduce-scatters (userbuffers names,
+#: transformer_engine/pytorch/module/base.py ``initialize_ub`` ``methods["pipeline"]``):
+#: the attention out-projection's and the MLP down projection's output reductions.
+UB_PIPELINED_REDUCE_SCATTERS = ("proj_fprop", "fc2_fprop")
 PS_PLACEMENTS = ("dedicated", "colocated")
 #: Fused attention implementations a plan can name; ``auto`` is Transformer Engine's own
 #: choice for the GPU (hardware.compute.DEFAULT_ATTENTION_IMPL).
@@ -210,6 +226,19 @@ class ParallelPlan:
         fp8_params: fp8 plans hold the linear layers' weights only in FP8 (Transformer
             Engine ``fp8_model_init``: the FP8 weight and its cached transpose, 2 bytes per
             parameter) instead of bf16 weights plus TE's cached FP8 copies.
+        tp_comm_fp8_reduce_scatter: the TE userbuffers forward reduce-scatters
+            (:data:`UB_PIPELINED_REDUCE_SCATTERS`: ``proj_fprop``, the attention
+            out-projection's; ``fc2_fprop``, the MLP down projection's) whose buffer is
+            FP8: the GEMM writes its output in FP8 and the reduce-scatter moves 1 byte per
+            element, reduced into bf16 (transformer_engine/pytorch/module/base.py
+            ``initialize_ub``: ``fp8_buf = (name in layers_all_gather_overlap) or
+            (cfg.get("fp8_buf") and name in methods["pipeline"])``, ``buffer_dtype =
+            torch.uint8`` with FP8; TE 1.x linear.py writes the GEMM1_OUTPUT FP8 meta into
+            it, TE 2.x ``Linear.forward`` sets ``fp8_output`` when ``is_fp8_ubuf()``). Set
+            per layer by a userbuffers config's ``fp8_buf`` (NeMo's ``PipelineOverlapCfg(...,
+            fp8_buf=True)``, the NeMo launcher's ``ub_cfg_*.yaml`` ``fp8_buf: 1``). Needs
+            dtype fp8, ``tp_comm_overlap`` userbuffers and a per-tensor recipe
+            (:data:`UB_FP8_REDUCE_SCATTER_RECIPES`); empty (default): bf16, TE's default.
         fp8_swiglu_inputs: the routed experts' SwiGLU inputs (fc1 outputs) are saved in
             FP8 for the backward, 1 byte per element (DeepSeek-V3, arXiv 2412.19437
             Section 3.3.3).
@@ -388,6 +417,9 @@ class ParallelPlan:
                                        choices=lambda: MASTER_WEIGHT_DTYPES)
     fp8_params: bool = _field(False, "With dtype fp8: linear-layer weights held only in FP8 "
                                      "(with their transpose), no bf16 copy.")
+    tp_comm_fp8_reduce_scatter: tuple[str, ...] = _field(
+        (), "TE userbuffers forward reduce-scatters with an FP8 buffer (fp8_buf): "
+            "proj_fprop, fc2_fprop (empty: bf16).")
     fp8_swiglu_inputs: bool = _field(False, "Routed experts' SwiGLU inputs saved in FP8 for "
                                             "the backward.")
     e5m6_attention_output: bool = _field(False, "The attention output saved once in E5M6 "
@@ -431,7 +463,8 @@ class ParallelPlan:
         Raises:
             ValueError: naming the field, its value and what is valid.
         """
-        for name in ("layers_per_stage", "order", "recompute_modules"):  # lists become tuples
+        for name in ("layers_per_stage", "order", "recompute_modules",
+                     "tp_comm_fp8_reduce_scatter"):  # lists become tuples
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -517,6 +550,19 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.fp8_params and plan.dtype != "fp8":
         raise ValueError(f"fp8_params: true needs dtype fp8 (FP8 primary weights), not dtype "
                          f"{plan.dtype}; give fp8_params false")
+    if plan.tp_comm_fp8_reduce_scatter:
+        fp8_rs = ",".join(map(str, plan.tp_comm_fp8_reduce_scatter))
+        unknown = sorted(set(plan.tp_comm_fp8_reduce_scatter) - set(UB_PIPELINED_REDUCE_SCATTERS))
+        if unknown:
+            raise ValueError(f"tp_comm_fp8_reduce_scatter: {fp8_rs} is not valid; valid: "
+                             f"{', '.join(UB_PIPELINED_REDUCE_SCATTERS)}")
+        if not (plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
+                and plan.fp8_recipe in UB_FP8_REDUCE_SCATTER_RECIPES):
+            raise ValueError(f"tp_comm_fp8_reduce_scatter: {fp8_rs} needs dtype fp8, "
+                             f"tp_comm_overlap userbuffers and fp8_recipe "
+                             f"{' or '.join(UB_FP8_REDUCE_SCATTER_RECIPES)} (TE's FP8 userbuffers), not "
+                             f"dtype {plan.dtype}, {plan.tp_comm_overlap}, {plan.fp8_recipe}; "
+                             f"give it empty")
     if plan.nccl_max_ctas and not plan.comm_sm_contention:
         raise ValueError(f"nccl_max_ctas: {plan.nccl_max_ctas} needs comm_sm_contention true "
                          "(it caps the SMs an NCCL kernel takes from compute); give 0")

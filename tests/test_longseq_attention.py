@@ -12,10 +12,12 @@ published one. These tests pin what it finds:
   (per-step shapes, corrections, the backward's dK/dV ring). trainsim's sm_90 cuDNN rows
   are the FlashAttention-3 paper's cuDNN 9.1.1 bars; no source was found for what
   cuDNN 9.0.0 reached, so the table is not changed (a fitted factor is not allowed).
-* The newer stacks go the other way: NeMo 25.04 on DGX-B200 (LLAMA3-8B FP8) implies
-  attention ~5-9 % faster than priced at 128K+, and the Megatron-Core Qwen3 forced-balance
-  rows on H100 (2025) ~1.2x faster -- ~1.55x the rate the 2024 H100 rows imply on the same
-  GPU: the rate depends on the software era.
+* NeMo 25.04 on DGX-B200 (LLAMA3-8B FP8) at 128K+ is priced right within 3 % (k* 1.01-1.03)
+  now that the sm_100 cuDNN rows are cudnn-frontend's measured B200 rates (cuDNN 9.10.2);
+  with the earlier rows (H100's cuDNN fraction of peak) it implied attention ~5-9 % faster
+  than priced. The Megatron-Core Qwen3 forced-balance rows on H100 (2025) run ~1.2x faster
+  than priced -- ~1.55x the rate the 2024 H100 rows imply on the same GPU: the rate depends
+  on the software era.
 """
 
 from __future__ import annotations
@@ -92,14 +94,16 @@ def test_the_miss_is_not_context_parallelism(by_row):
 
 @pytest.mark.slow
 def test_newer_stacks_run_attention_at_least_as_fast_as_priced(by_row):
-    """NeMo 25.04 on B200 at >= 128K: k* in [0.85, 1.0] (measured 0.92-0.94). Megatron-Core
+    """NeMo 25.04 on B200 at >= 128K: k* in [0.95, 1.05] (1.01-1.03 since the sm_100 cuDNN
+    rows are cudnn-frontend's measured cuDNN 9.10.2 rates and dgx-b200 is refitted on them;
+    0.92-0.94 with the rule-5 rows derived from H100, which priced the kernel ~7 % slow). Megatron-Core
     Qwen3 forced-balance rows on H100: k* in [0.7, 0.9] (measured 0.79-0.82), and their
     implied rate is >= 1.4x the NeMo 24.03 H100 rows' median (measured ~1.55x)."""
     b200 = [r for r in by_row.values() if r.row_id.startswith("nemo_longseq_b200_")
             and r.seq_len >= 131072]
     assert len(b200) == 4
     for r in b200:
-        assert 0.85 <= r.factor <= 1.0, r
+        assert 0.95 <= r.factor <= 1.05, r
     qwen_fb = [r for r in by_row.values() if r.row_id.startswith("mcore_moe_qwen3_long_")
                and r.row_id.endswith("_fb")]
     assert len(qwen_fb) == 4

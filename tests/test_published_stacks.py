@@ -248,3 +248,24 @@ def test_dgxc_llama31_405b_rows_run_userbuffers_and_fp8_parameters():
     assert (fp8.plan.tp_comm_overlap, fp8.plan.fp8_params) == ("userbuffers", True)
     assert any("llama3.1 405b recipe" in s for s in fp8.settings)
     assert dgxc_recipe_of(runs["dgxc_l70b_07"].get("citation")) is None
+
+
+def test_fp8_reduce_scatter_buffers_follow_the_rows_dated_userbuffers_configs():
+    """fp8_buf on the pipelined forward reduce-scatters only where the row's own
+    userbuffers config sets it: dgxc's Llama 3.1 405B FP8 runs (configure.sh @143b90dd)
+    and the NeMo 24.07 Llama 3 70B FP8 row (the launcher's llama3_70b_fp8.sh selects the
+    fp8_buf config); BF16 runs, dgxc's 70B, GPT-3 175B and the Megatron-Bridge rows
+    (ring-exchange reduce-scatters without fp8_buf) keep bf16 buffers."""
+    runs = {r.row_id: r for r in published.load_runs()}
+    models, recipes = published.load_models(), published.load_nemo_recipes()
+
+    def buffers(row_id):
+        scenario = published.scenario_for(runs[row_id], models, recipes)
+        assert scenario.plan.tp_comm_overlap == "userbuffers"
+        return scenario.plan.tp_comm_fp8_reduce_scatter
+
+    both = ("proj_fprop", "fc2_fprop")
+    assert buffers("dgxc_l405_10") == buffers("nemo2407a_12") == buffers("nemo2407b_12") == both
+    for row_id in ("dgxc_l405_04", "dgxc_l70b_07", "nemo2407a_03", "dgxc_gpt175_06",
+                   "mb2511_20", "mb2602_06", "mb2511_12", "dgxc_n340_06"):
+        assert buffers(row_id) == (), row_id

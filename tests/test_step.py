@@ -289,7 +289,9 @@ def test_te_userbuffers_gather_fp8_inputs_and_gradients_and_reduce_in_bf16():
     recipe"): per layer and micro-batch, the 2 forward input ring exchanges, the 2 output
     gradient ones and the 2 bulk input re-gathers move 1 byte per element (each ring
     exchange in tp - 1 sends of 1/tp); the 2 forward and 2 input-gradient reduce-scatters
-    stay bf16. MXFP8 and torchao plans, and bf16 ones, gather in bf16."""
+    stay bf16. MXFP8 gathers its FP8 data and its E8M0 scales (1 + 1/32 bytes per
+    element, fill_userbuffers_buffer_for_all_gather); blockwise-FP8 and bf16 plans gather
+    in bf16."""
     base = dict(tp=2, global_batch=1, seq_len=512, tp_comm_overlap="userbuffers")
     act_bytes = 512 * TINY.hidden_size * 2
     layers = TINY.num_layers
@@ -298,15 +300,66 @@ def test_te_userbuffers_gather_fp8_inputs_and_gradients_and_reduce_in_bf16():
         found = _tp_collectives(ParallelPlan(**base, **fields))
         return sorted(found["sendrecv"]), sorted(found["all_gather"]), found["reduce_scatter"]
 
-    ring, gathers, reduces = sizes(dtype="fp8", fp8_recipe="te-delayed")
-    assert ring == [act_bytes / 2 / 2] * (4 * layers)
-    assert gathers == [act_bytes / 2] * (2 * layers)
-    assert sum(reduces) == 4 * layers * act_bytes
-    for fields in (dict(dtype="bf16"), dict(dtype="fp8", fp8_recipe="te-mxfp8")):
+    for recipe, element_bytes in (("te-delayed", 1.0), ("te-mxfp8", 1.0 + 1.0 / 32)):
+        ring, gathers, reduces = sizes(dtype="fp8", fp8_recipe=recipe)
+        gathered = act_bytes * element_bytes / 2
+        assert ring == [gathered / 2] * (4 * layers)
+        assert gathers == [gathered] * (2 * layers)
+        assert sum(reduces) == 4 * layers * act_bytes
+    for fields in (dict(dtype="bf16"), dict(dtype="fp8", fp8_recipe="te-blockwise")):
         ring, gathers, reduces = sizes(**fields)
         assert ring == [act_bytes / 2] * (4 * layers)
         assert gathers == [act_bytes] * (2 * layers)
         assert sum(reduces) == 4 * layers * act_bytes
+
+
+def test_te_userbuffers_fp8_buf_reduce_scatters_move_one_byte_per_element():
+    """A userbuffers config's fp8_buf on a pipelined forward reduce-scatter
+    (ParallelPlan.tp_comm_fp8_reduce_scatter; TE initialize_ub ``buffer_dtype =
+    torch.uint8``): the GEMM writes FP8 and each of the UB_PIPELINE_SPLITS chunks moves
+    1 byte per element; proj_fprop is the attention out-projection's, fc2_fprop the MLP
+    down projection's. Without the field every forward chunk is bf16 (act_bytes / 4);
+    the 2 input-gradient reduce-scatters per layer stay bf16 either way."""
+    base = dict(tp=2, global_batch=1, seq_len=512, tp_comm_overlap="userbuffers",
+                dtype="fp8", fp8_recipe="te-delayed")
+    act_bytes = 512 * TINY.hidden_size * 2
+    layers = TINY.num_layers
+
+    def forward_reduces(buffers):
+        lowering = lower_step(TINY, ParallelPlan(**base, tp_comm_fp8_reduce_scatter=buffers))
+        found = {"attention": [], "mlp": [], "backward": []}
+        for op in lowering.program.ops_by_rank[0]:
+            if getattr(op, "kind", None) == "reduce_scatter" and op.name.startswith("tp."):
+                block = op.name.split(".")[3] if ".split" in op.name else "backward"
+                found[block].append(op.size_bytes)
+        return found
+
+    bf16 = forward_reduces(())
+    assert bf16["attention"] == bf16["mlp"] == [act_bytes / 4] * (4 * layers)
+    proj = forward_reduces(("proj_fprop",))
+    assert proj["attention"] == [act_bytes / 2 / 4] * (4 * layers)
+    assert proj["mlp"] == [act_bytes / 4] * (4 * layers)
+    both = forward_reduces(("proj_fprop", "fc2_fprop"))
+    assert both["attention"] == both["mlp"] == [act_bytes / 2 / 4] * (4 * layers)
+    for found in (bf16, proj, both):
+        assert found["backward"] == [act_bytes] * (2 * layers)
+
+
+def test_fp8_reduce_scatter_buffers_need_fp8_userbuffers_with_a_per_tensor_recipe():
+    """tp_comm_fp8_reduce_scatter names TE's pipelined reduce-scatters and needs dtype
+    fp8, userbuffers TP overlap and a per-tensor FP8 recipe: one-line errors otherwise."""
+    base = dict(tp=2, global_batch=1, seq_len=512, tp_comm_overlap="userbuffers",
+                dtype="fp8", fp8_recipe="te-current")
+    assert ParallelPlan(**base, tp_comm_fp8_reduce_scatter=["fc2_fprop"]
+                        ).tp_comm_fp8_reduce_scatter == ("fc2_fprop",)
+    with pytest.raises(ValueError, match=r"^tp_comm_fp8_reduce_scatter: qkv_fprop is not "
+                                         r"valid; valid: proj_fprop, fc2_fprop$"):
+        ParallelPlan(**base, tp_comm_fp8_reduce_scatter=("qkv_fprop",))
+    for wrong in (dict(dtype="bf16"), dict(tp_comm_overlap="async"),
+                  dict(fp8_recipe="te-mxfp8")):
+        with pytest.raises(ValueError, match=r"^tp_comm_fp8_reduce_scatter: proj_fprop needs "
+                                             r"dtype fp8, tp_comm_overlap userbuffers"):
+            ParallelPlan(**{**base, **wrong}, tp_comm_fp8_reduce_scatter=("proj_fprop",))
 
 
 def test_symmetric_memory_tp_hides_collectives_behind_gemms():

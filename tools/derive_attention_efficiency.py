@@ -41,8 +41,15 @@ Derived (rules; each constant is cited where it is defined):
    one point by Triton's regression test (:data:`TRITON_A100_MEASURED`); cuDNN on Ampere is
    taken equal to FA2 (Transformer Engine runs flash-attn there). FA3 is Hopper-only: no
    ``sm_80`` rows.
-5. ``sm_100`` (B200): cuDNN reaches the same fraction of peak as on H100 (FA4 PR
-   benchmarks, checked in tests); FA2 and FA1 scale by the measured B200/H100 FA2 ratio
+5. ``sm_100`` (B200) cuDNN: **measured** where the measurement is a kernel rate -- NVIDIA's
+   cudnn-frontend SDPA training benchmark on one B200 (cuDNN 9.10.2, BF16, causal, GQA 128
+   query / 8 KV heads, head dim 128, batch 1; :data:`B200_CUDNN_CSV`), at the lengths where
+   the call is at least :data:`KERNEL_BOUND_FLOOR_MULTIPLE` times the run's own 512-token
+   time (so host latency is at most 1/10 of it): 8k-128k in both passes. Below that, the
+   H100 cuDNN length shape (FA3 paper) anchored at the shortest kernel-bound length; the
+   non-causal and head-dim-64 rows are the measured causal hdim-128 rows times the H100
+   cuDNN non-causal/causal and hdim-64/hdim-128 ratios at the same length (at 16k above
+   the FA3 paper's lengths). FA2 and FA1 scale by the measured B200/H100 FA2 ratio
    (:data:`FA2_B200_OVER_H100`). FA3 does not run on Blackwell: no ``sm_100`` rows.
 
 This script is not imported by the package.
@@ -51,6 +58,7 @@ This script is not imported by the package.
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import sys
 from pathlib import Path
@@ -153,6 +161,97 @@ FA2_B200_OVER_H100 = {"fwd": (379.44 / 2250.0) / (324.0 / 989.0),
                       "bwd": (333.95 / 2250.0) / (291.0 / 989.0)}
 
 
+#: NVIDIA cudnn-frontend, ``benchmark/sdpa_benchmark_training/artifacts/
+#: sdpa_bf16_benchmark_results_NVIDIA_B200.csv`` (commit cb560b92882357764b874dc3be2c469a488a94a7),
+#: copied unchanged: one B200 (HGX, "free clock"), NGC PyTorch 25.06 (torch 2.8.0, CUDA 12.9),
+#: cuDNN 9.10.2 through PyTorch SDPA's cuDNN backend (``pyt_cudnn``), BF16, batch 1, 128 query
+#: heads / 8 KV heads (GQA, Llama-3.1-405B's layer), head dim 128, causal, q = kv = 512..131072;
+#: median of 10 timed calls (CUDA events around one ``scaled_dot_product_attention`` call and
+#: one ``backward``) after 5 warm-up calls. Its FLOP convention is this table's
+#: (``benchmark_bf16_sdpa.py`` ``flops()``: ``4*b*s_q*s_kv*h_q*d``, halved when causal,
+#: backward 2.5x), so the efficiency is its TFLOP/s over the B200's dense BF16 2250.
+B200_CUDNN_CSV = REPO / "validate" / "data" / "compute" / "cudnn_frontend_sdpa_bf16_B200_cudnn9.10.2.csv"
+#: The same benchmark re-run with cuDNN 9.13.0 (NGC PyTorch 25.09, CUDA 13.0; same path at commit
+#: bb37575d103b9974bc619a193dc1a96d835dc117). Not used for rows: it checks that the kernel-bound
+#: points do not depend on the host (its per-call floor is 3.5x lower in the backward) nor on
+#: the cuDNN 9.10 -> 9.13 step (tests/test_attention_kernels.py).
+B200_CUDNN_CSV_9_13 = REPO / "validate" / "data" / "compute" / "cudnn_frontend_sdpa_bf16_B200_cudnn9.13.0.csv"
+B200_CUDNN_BACKEND = "pyt_cudnn"
+B200_CUDNN_SOURCE = "cudnn-frontend sdpa_benchmark_training B200 cuDNN 9.10.2 BF16 (measured)"
+
+#: A measured point is a kernel rate when the call takes at least this many times the run's
+#: 512-token call (the same backend and pass): that call's time bounds the per-call host
+#: latency the CUDA events include (its kernels alone need ~10 / ~25 us of the 157 us forward
+#: and 565 us backward measured), so the latency is at most 10 % of a kernel-bound point. Met
+#: from 8k (fwd 11.7x, bwd 10.4x); at 4k 4.0x / 3.5x (the 4k and 2k points are 20-25 % and
+#: 50-56 % below the measured 8k point times the H100 cuDNN length shape).
+KERNEL_BOUND_FLOOR_MULTIPLE = 10.0
+
+#: Lengths of the ``sm_100`` cuDNN rows: the FA3 paper's plus the benchmark's longer ones.
+B200_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def read_sdpa_benchmark(path: Path, backend: str = B200_CUDNN_BACKEND) -> dict[str, dict[int, tuple[float, float]]]:
+    """One backend's rows of a cudnn-frontend ``sdpa_bf16_benchmark_results`` CSV:
+    ``{phase: {seq_len: (time_ms, tflops_per_s)}}`` (square causal layers only)."""
+    out: dict[str, dict[int, tuple[float, float]]] = {"fwd": {}, "bwd": {}}
+    with path.open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["backend"] != backend or r["q_seqlen"] != r["kv_seqlen"] or r["is_causal"] != "True":
+                continue
+            s = int(r["q_seqlen"])
+            out["fwd"][s] = (float(r["forward_time"]), float(r["fwd_tflops_per_sec"]))
+            out["bwd"][s] = (float(r["backward_time"]), float(r["bwd_tflops_per_sec"]))
+    return out
+
+
+def kernel_bound_lengths(measured: dict[int, tuple[float, float]]) -> tuple[int, ...]:
+    """Lengths whose call takes at least :data:`KERNEL_BOUND_FLOOR_MULTIPLE` times the
+    shortest length's call and every longer one does too (one pass)."""
+    floor_ms = measured[min(measured)][0]
+    out: list[int] = []
+    for s in sorted(measured, reverse=True):
+        if measured[s][0] < KERNEL_BOUND_FLOOR_MULTIPLE * floor_ms:
+            break
+        out.append(s)
+    return tuple(sorted(out))
+
+
+def b200_cudnn_table(h100: dict) -> dict[tuple[str, bool, int], list[tuple[int, float, str]]]:
+    """sm_100 cuDNN rows (rule 5): ``{(phase, causal, head_dim): [(seq_len, eff, source)]}``."""
+    measured = read_sdpa_benchmark(B200_CUDNN_CSV)
+    peak_t = PEAKS["sm_100"] / 1e12
+
+    def h100_at(phase: str, causal: bool, d: int, s: int) -> float:
+        effs, _ = h100[("cudnn", phase, causal, d)]
+        return effs[SEQ_LENS.index(min(s, SEQ_LENS[-1]))]
+
+    out: dict[tuple[str, bool, int], list[tuple[int, float, str]]] = {}
+    for phase in ("fwd", "bwd"):
+        bound = kernel_bound_lengths(measured[phase])
+        anchor = bound[0]
+        anchor_eff = measured[phase][anchor][1] / peak_t
+        base: dict[int, tuple[float, str]] = {}
+        for s in B200_SEQ_LENS:
+            if s in bound:
+                base[s] = (measured[phase][s][1] / peak_t, B200_CUDNN_SOURCE)
+            else:
+                base[s] = (anchor_eff * h100_at(phase, True, 128, s) / h100_at(phase, True, 128, anchor),
+                           f"rule 5: B200 cuDNN at {anchor} x H100 cuDNN length shape (FA3 paper)")
+        for causal in (False, True):
+            for d in (64, 128):
+                rows = []
+                for s in B200_SEQ_LENS:
+                    eff, src = base[s]
+                    if (causal, d) != (True, 128):
+                        eff *= h100_at(phase, causal, d, s) / h100_at(phase, True, 128, s)
+                        src = ("rule 5: B200 cuDNN causal hdim 128 x H100 cuDNN "
+                               f"{'causal' if causal else 'non-causal'} hdim {d} / causal hdim 128 (FA3 paper)")
+                    rows.append((s, eff, src))
+                out[(phase, causal, d)] = rows
+    return out
+
+
 def h100_table() -> dict[tuple[str, str, bool, int], tuple[tuple[float, ...], str]]:
     """sm_90 efficiencies (measured and rules 1-3): ``{key: (efficiencies, source)}``."""
     peak_t = PEAKS["sm_90"] / 1e12
@@ -219,10 +318,9 @@ def derive() -> list[tuple]:
                 for s, e in zip(SEQ_LENS, eff):
                     rows.append(("sm_100", b_impl, phase, causal, d, s, e * factor, PEAKS["sm_100"],
                                  "rule 5: H100 FA2 x B200/H100 FA2 (flash-attention #1589)"))
-        if impl == "cudnn":
-            for s, e in zip(SEQ_LENS, eff):
-                rows.append(("sm_100", "cudnn", phase, causal, d, s, e, PEAKS["sm_100"],
-                             "rule 5: H100 cuDNN fraction of peak (FA4 PR #2605 check)"))
+    for (phase, causal, d), b_rows in b200_cudnn_table(h100).items():
+        for s, e, src in b_rows:
+            rows.append(("sm_100", "cudnn", phase, causal, d, s, e, PEAKS["sm_100"], src))
     rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5]))
     return rows
 

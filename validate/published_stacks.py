@@ -19,6 +19,7 @@ from typing import Mapping
 
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "DGXC_FP8_PARAMS", "DGXC_LAUNCHER_RECIPES", "DGXC_NEMO1_DISTRIBUTED_ADAM",
+           "UB_FP8_REDUCE_SCATTER",
            "dgxc_recipe_of",
            "nemo1_distributed_adam",
            "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
@@ -99,8 +100,8 @@ MEGATRON_BRIDGE_BF16_GRAD_REDUCE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss
 #: ``+model.fp8_params=${FP8_ENABLED}``; the recipe's YAML is not stored, the NeMo
 #: launcher's ``conf/training/llama/llama3_1_405b.yaml`` it follows sets
 #: ``ub_tp_comm_overlap: true``, TP 8, PP 9, VP 7, CP 2 as printed, no recompute):
-#: userbuffers TP overlap; cuDNN attention (``NVTE_FUSED_ATTN=1``, the default).
-#: The FP8 reduce-scatter buffers (``fp8_buf``) are not modelled (bf16 kept).
+#: userbuffers TP overlap; cuDNN attention (``NVTE_FUSED_ATTN=1``, the default). The FP8
+#: runs' reduce-scatter buffers: :data:`UB_FP8_REDUCE_SCATTER`.
 DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
     "grok1": ({"moe_dispatcher": "alltoall", "moe_capacity_factor": "1.0",
                "moe_pad_to_capacity": True, "tp_comm_overlap": "userbuffers",
@@ -118,6 +119,54 @@ DGXC_LAUNCHER_RECIPES: dict[str, tuple[dict[str, object], str]] = {
                              "overrides model.ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf; "
                              "the NeMo launcher's llama3_1_405b.yaml: ub_tp_comm_overlap true): "
                              "userbuffers TP overlap"),
+}
+
+#: FP8 runs whose Transformer Engine userbuffers config sets ``fp8_buf`` on the pipelined
+#: forward reduce-scatters (``ParallelPlan.tp_comm_fp8_reduce_scatter``), keyed by the
+#: dgxc-benchmarking recipe directory (:func:`dgxc_recipe_of`) or, for the NeMo launcher
+#: (NeMo 1) rows of NeMo's performance summary, by ``(model, framework_version)``; the
+#: value is the buffers and where the config says so. Only rows whose config is dated by
+#: the row's own source are listed; every other TE FP8 userbuffers row keeps bf16 buffers
+#: (TE's default, ``initialize_ub`` ``fp8_buf`` only for the all-gathers), for these reasons:
+#:
+#: * dgxc Llama 3.1 70B (24.09): ``llama3.1/configure.sh`` @143b90dd sets ``fp8_buf`` only
+#:   for 405b; the recipe's ``llama3.1_70b.yaml`` is not stored, and the NeMo launcher's
+#:   ``conf/training/llama/llama3_1_70b.yaml`` (stored @1ab2c781) selects
+#:   ``tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml`` (@a3f31000: no ``fp8_buf``).
+#: * GPT-3 175B (dgxc nemo_megatron README @0b71cfda, NeMo 24.07 summary): the launcher's
+#:   ``gpt3/175b.yaml`` (stored @056a90ed) turns ``ub_tp_comm_overlap`` on with no
+#:   ``ub_tp_comm_overlap_cfg`` (TE's defaults) and ``examples/training/gpt/h100/
+#:   175b_fp8_16node.sh`` (@1ee3eb3e) names none; ``ub_cfg_h100_h12288_tp4_mbs2_seqlen2048
+#:   .yaml`` (``fp8_buf`` on proj_fprop, fc2_fprop a ring exchange) is selected by no stored
+#:   file, so it cannot be dated to these rows.
+#: * Nemotron 8B/15B/22B/340B and Grok-1 (dgxc, NeMo 24.07): their configure.sh and the
+#:   launcher's ``examples/training/nemotron/h100/nemotron_22b_fp8.sh`` (@79f92438) set no
+#:   userbuffers config with ``fp8_buf``.
+#: * Megatron-Bridge (25.09-26.02.01: Llama 3 70B H100, Llama 3.1 405B H100/B200/GB200):
+#:   the performance scripts map FP8 runs to ``userbuffers_fp8_h100_h8192_tp4_mbs1_
+#:   seqlen8192``, ``userbuffers_fp8_{h100_h16384_tp8,b200_h16384_tp4}_cp2_mbs1_seqlen8192``
+#:   (``scripts/performance``), whose proj_fprop/fc2_fprop are ``RingExchangeOverlapCfg(
+#:   num_sm=1, set_sm_margin=True)`` without ``fp8_buf`` in every stored revision of
+#:   ``src/megatron/bridge/training/comm_overlap.py`` read (e.g. @0685ff5d): a bf16 ring-
+#:   exchange reduce-scatter (TE ``CommOverlapP2P``), which trainsim prices as the pipelined
+#:   one (strategies.lowering ``_reduced_matmul``).
+#: * NeMo 2 long-sequence Llama 3 8B (B200, 25.04): NeMo's ``tp_overlap_configs/
+#:   userbuffers.py`` holds no hidden-4096 config, so TE's defaults.
+UB_FP8_REDUCE_SCATTER: dict[object, tuple[tuple[str, ...], str]] = {
+    # configure.sh @143b90dd (the revision the rows are transcribed from):
+    # model.ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED, as the NeMo
+    # launcher's tp_overlap/ub_cfg_h100_fp8_h16384_tp8_cp2_mbs1_seqlen8192.yaml (@0937882d)
+    "llama3.1/README_405b": (("proj_fprop", "fc2_fprop"),
+                             "dgxc-benchmarking llama3.1/configure.sh @143b90dd "
+                             "{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED"),
+    # NeMo-Framework-Launcher examples/training/llama/h100/llama3_70b_fp8.sh (@4a9b61bc),
+    # the launcher's script for this very benchmark (8 nodes, GBS 128, FP8, the NeMo 24.07
+    # table's Llama 3 70B row), selects tp_overlap/ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192
+    # .yaml (@1015f23b: proj_fprop and fc2_fprop pipeline, fp8_buf: 1)
+    ("llama3-70b", "NeMo 24.07 container"): (
+        ("proj_fprop", "fc2_fprop"),
+        "NeMo launcher examples/training/llama/h100/llama3_70b_fp8.sh @4a9b61bc: "
+        "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192 (fp8_buf on proj_fprop, fc2_fprop)"),
 }
 
 #: dgxc-benchmarking recipes whose FP8 runs hold FP8 primary weights (configure.sh
@@ -702,6 +751,15 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                                 else "no parameter copy")
                              + "; dgxc-benchmarking nemotron4-340b-synth.yaml optim.dtype, "
                              "configure.sh fp8_params)")
+    ub_key = dgxc if dgxc in UB_FP8_REDUCE_SCATTER else (row.get("model"), version)
+    if (_is_nemo1(framework, version) and row.get("dtype") == "fp8"
+            and ub_key in UB_FP8_REDUCE_SCATTER and int(plan_fields.get("tp", 1)) > 1
+            and fields.get("tp_comm_overlap", plan_fields.get("tp_comm_overlap"))
+            == "userbuffers"):
+        buffers, source = UB_FP8_REDUCE_SCATTER[ub_key]
+        fields["tp_comm_fp8_reduce_scatter"] = buffers
+        unprinted.append(f"FP8 userbuffers reduce-scatter buffers {', '.join(buffers)} "
+                         f"({source})")
     modules, unknown = recompute_modules_of(row.get("recompute_detail", ""))
     if modules and plan_fields.get("recompute") == "selective":
         fields["recompute_modules"] = modules
