@@ -32,6 +32,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping
 from dataclasses import dataclass, field, replace
 import pandas as pd
@@ -194,6 +195,14 @@ def _check_dtype(plan: ParallelPlan, gpu, where: str) -> None:
         raise ValueError(f"dtype: {plan.dtype!r} is not supported by the GPU of {where} "
                          f"({gpu.name}); valid: "
                          f"{', '.join(d for d in PLAN_DTYPES if d in peaks)}")
+    # MXFP8 block scaling runs on Blackwell (compute capability 10.0) and newer only:
+    # Transformer Engine's check_mxfp8_support (transformer_engine/pytorch/fp8.py,
+    # "Device compute capability 10.0 or higher required for MXFP8 execution")
+    arch = re.fullmatch(r"sm_(\d+)", gpu.matmul_profile)
+    if plan.dtype == "fp8" and plan.fp8_recipe == "te-mxfp8" and arch and int(arch[1]) < 100:
+        raise ValueError(f"fp8_recipe: 'te-mxfp8' needs compute capability 10.0 or newer "
+                         f"(Blackwell); the GPU of {where} ({gpu.name}) is "
+                         f"{gpu.matmul_profile}; give te-current, te-delayed or te-blockwise")
 
 
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,

@@ -401,3 +401,18 @@ def test_a_dtype_a_perturbing_node_gpu_lacks_names_the_field():
                                          r"preset 'dgx-a100' \(node_gpu of node 1\)"):
         api.simulate("llama3-8b", gpus=16, tp=8, global_batch=16, dtype="fp8",
                      fidelity="event", perturbations=Perturbations(node_gpus={1: "dgx-a100"}))
+
+
+def test_mxfp8_on_a_gpu_before_blackwell_is_a_one_line_error():
+    """MXFP8 block scaling needs compute capability 10.0 (Transformer Engine
+    check_mxfp8_support); on H100 (sm_90) the plan was priced as if it ran
+    (benchmarks/plan_fuzz.py). B200 (sm_100) runs it."""
+    from trainsim import api
+
+    plan = dict(gpus=8, tp=8, global_batch=8, seq_len=1024, dtype="fp8",
+                fp8_recipe="te-mxfp8", fidelity="analytic")
+    with pytest.raises(ValueError, match=r"^fp8_recipe: 'te-mxfp8' needs compute capability "
+                                         r"10.0 or newer \(Blackwell\); the GPU of preset "
+                                         r"'dgx-h100' \(H100-SXM5-80GB\) is sm_90"):
+        api.simulate("llama3-8b", cluster="dgx-h100", **plan)
+    assert api.simulate("llama3-8b", cluster="dgx-b200", **plan).step_time_s > 0
