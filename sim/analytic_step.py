@@ -1185,8 +1185,12 @@ class AnalyticStepModel:
                 if any(reduces_from(j, walked if j == current else 0)
                        for j in range(current, k)):
                     return  # behind a reduction not issued yet
-                if plans[k][2] and reduces_from(k, walked if k == current else 0, plans[k][2]):
+                if (k >= current and plans[k][2]
+                        and reduces_from(k, walked if k == current else 0, plans[k][2])):
                     return  # behind its own edge's reductions, not issued yet
+                # (k < current: walked, its edge's reductions issued; an action with no
+                # layer, e.g. the head alone on an empty last stage, never reaches a
+                # part past its edge, and blocked every later gather)
                 layers = plans[k][0]
                 if layers:
                     first = len(dp_busy)

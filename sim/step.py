@@ -32,6 +32,7 @@ dense bf16 peak.
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping
 from dataclasses import dataclass, field, replace
 import pandas as pd
@@ -40,6 +41,7 @@ from hardware.catalog import cluster_to_dict
 from hardware.cost import ComputeTimer, CostModel
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
+from hardware.units import canonical_dtype
 from sim.analytic_step import (PricingCache, analytic_step, contention_closed_form,
                                plan_contention)
 from sim.engine import Engine
@@ -52,7 +54,7 @@ from sim.breakdown import critical_rank, rank_breakdowns
 from strategies.memory import MemoryBreakdown, check_fits, pipeline_memory
 from strategies.model_spec import ModelSpec
 from strategies.perturbations import Perturbations, check_perturbations
-from strategies.plan import ParallelPlan, validate_plan
+from strategies.plan import PLAN_DTYPES, ParallelPlan, validate_plan
 from sim.perturbed import apply_perturbations
 
 
@@ -185,6 +187,24 @@ def job_layout(cluster: ClusterSpec, gpus: int) -> ClusterLayout:
     return ClusterLayout(cluster, gpus // per_node, per_node)
 
 
+def _check_dtype(plan: ParallelPlan, gpu, where: str) -> None:
+    """The plan's matmul dtype must be one the GPU has a peak for (else the first op
+    priced raised, naming an internal ComputeOp rather than the plan's field)."""
+    peaks = {canonical_dtype(name) for name in gpu.peak_flops_per_s}
+    if plan.dtype not in peaks:
+        raise ValueError(f"dtype: {plan.dtype!r} is not supported by the GPU of {where} "
+                         f"({gpu.name}); valid: "
+                         f"{', '.join(d for d in PLAN_DTYPES if d in peaks)}")
+    # MXFP8 block scaling runs on Blackwell (compute capability 10.0) and newer only:
+    # Transformer Engine's check_mxfp8_support (transformer_engine/pytorch/fp8.py,
+    # "Device compute capability 10.0 or higher required for MXFP8 execution")
+    arch = re.fullmatch(r"sm_(\d+)", gpu.matmul_profile)
+    if plan.dtype == "fp8" and plan.fp8_recipe == "te-mxfp8" and arch and int(arch[1]) < 100:
+        raise ValueError(f"fp8_recipe: 'te-mxfp8' needs compute capability 10.0 or newer "
+                         f"(Blackwell); the GPU of {where} ({gpu.name}) is "
+                         f"{gpu.matmul_profile}; give te-current, te-delayed or te-blockwise")
+
+
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   gpus: int | None = None, fidelity: str = "event",
                   check_memory: bool = True, compute: ComputeTimer | None = None,
@@ -230,6 +250,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError(f"comm_sm_contention: true needs the GPU's SM count, which preset "
                          f"{cluster.name!r} ({cluster.gpu.name}) does not give; give false "
                          "or set gpu.sm_count")
+    _check_dtype(plan, cluster.gpu, f"preset {cluster.name!r}")
     if plan.dp_mode != "allreduce":
         from sim.ps_step import simulate_ps_step  # it builds on this module
 
@@ -257,6 +278,9 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         raise ValueError("fidelity: 'analytic' models slow ranks only; give event or flow "
                          "for throttling episodes, degraded or flapping links and mixed GPUs")
     applied = apply_perturbations(perturbations, layout)
+    for node, preset in sorted(perturbations.node_gpus.items()):
+        gpu = applied.rank_conditions[node * layout.gpus_per_node].gpu
+        _check_dtype(plan, gpu, f"preset {preset!r} (node_gpu of node {node})")
     lowerer = StepLowerer(model, plan, domain_gpus=cluster.scale_up.domain_gpus)
     memory = pipeline_memory(model, plan, lowerer, reserve_bytes=cluster.gpu.memory_reserve_bytes)
     if check_memory:

@@ -1285,13 +1285,19 @@ class StepLowerer:
             last_compute_stage[action.stage] = b.last()
             index += 1
         if not plan.overlap_grad_reduce:
-            for s in sorted(last_compute_stage):
+            # by model chunk, named by chunk: DualPipe's two holders of a chunk (a rank and
+            # its mirror, which holds it as another stage of the other route) reduce its
+            # gradients in one collective, so both must issue it under the same key and in
+            # the same order (by stage index and named by stage they never met: deadlock)
+            chunk_of = self.placement.chunk_of
+            for s in sorted(last_compute_stage, key=lambda s: (chunk_of(s), s)):
                 kernels = [k for layer in self.stage_layers[s] for k in self.kernels(layer)]
                 if self.placement.is_first(s):
                     kernels += self._edge_kernels("embedding")
                 if self.placement.is_last(s):
                     kernels += self._edge_kernels("head")
-                dp_ops += self._grad_buckets(b, kernels, f"stage{s}", {}, b.last(), True)
+                dp_ops += self._grad_buckets(b, kernels, f"stage{chunk_of(s)}", {}, b.last(),
+                                             True)
         self._optimizer(b, p, dp_ops)
         return b.ops
 

@@ -376,3 +376,43 @@ def test_symmetric_memory_tp_hides_collectives_behind_gemms():
                               check_memory=False)
     assert pipelined.breakdown["exposed_tp"] < 0.5 * blocking.breakdown["exposed_tp"]
     assert pipelined.step_time_s < blocking.step_time_s
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "event"])
+def test_a_dtype_the_gpu_lacks_is_a_one_line_error_naming_the_field(fidelity):
+    """FP8 on A100 (no FP8 tensor cores): the plan's ``dtype`` is named, not the first
+    op the pricing met (it said ``ComputeOp 'attn.qkv.F0.l0' dtype: ...``, found by
+    benchmarks/plan_fuzz.py)."""
+    from trainsim import api
+
+    with pytest.raises(ValueError, match=r"^dtype: 'fp8' is not supported by the GPU of "
+                                         r"preset 'dgx-a100' \(A100-SXM4-80GB\); valid: "
+                                         r"bf16, fp16, fp32$"):
+        api.simulate("llama3-8b", cluster="dgx-a100", gpus=8, tp=8, global_batch=8,
+                     dtype="fp8", fidelity=fidelity)
+
+
+def test_a_dtype_a_perturbing_node_gpu_lacks_names_the_field():
+    """FP8 job with an A100 node among H100 ones (node_gpus): the same one-line error."""
+    from strategies.perturbations import Perturbations
+    from trainsim import api
+
+    with pytest.raises(ValueError, match=r"^dtype: 'fp8' is not supported by the GPU of "
+                                         r"preset 'dgx-a100' \(node_gpu of node 1\)"):
+        api.simulate("llama3-8b", gpus=16, tp=8, global_batch=16, dtype="fp8",
+                     fidelity="event", perturbations=Perturbations(node_gpus={1: "dgx-a100"}))
+
+
+def test_mxfp8_on_a_gpu_before_blackwell_is_a_one_line_error():
+    """MXFP8 block scaling needs compute capability 10.0 (Transformer Engine
+    check_mxfp8_support); on H100 (sm_90) the plan was priced as if it ran
+    (benchmarks/plan_fuzz.py). B200 (sm_100) runs it."""
+    from trainsim import api
+
+    plan = dict(gpus=8, tp=8, global_batch=8, seq_len=1024, dtype="fp8",
+                fp8_recipe="te-mxfp8", fidelity="analytic")
+    with pytest.raises(ValueError, match=r"^fp8_recipe: 'te-mxfp8' needs compute capability "
+                                         r"10.0 or newer \(Blackwell\); the GPU of preset "
+                                         r"'dgx-h100' \(H100-SXM5-80GB\) is sm_90"):
+        api.simulate("llama3-8b", cluster="dgx-h100", **plan)
+    assert api.simulate("llama3-8b", cluster="dgx-b200", **plan).step_time_s > 0

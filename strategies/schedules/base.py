@@ -415,16 +415,28 @@ def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequen
     return PipelineTiming(makespan, tuple(ends), starts, waits)
 
 
+#: Actions (pp * vpp * microbatches * 2) up to which a 1F1B-family schedule is timed by
+#: replaying its lists rather than by its closed form: the closed form is exact for equal
+#: stages only, and its error on unequal ones is largest on short pipelines (1F1B with
+#: the heaviest stage in the middle, pp 4 x 4 micro-batches: +12.8 %; interleaved at its
+#: fewest micro-batches: -1.5 % even split, -8 % uneven; benchmarks/plan_fuzz.py), which
+#: replay in well under a millisecond. Longer ones keep the closed form (a replay there
+#: costs 10-50 ms per plan, too slow for sweeps) and its error shrinks with m.
+REPLAY_ACTIONS_MAX = 512
+
+
 class OneFOneBFamily(PipelineSchedule):
     """A schedule of the 1F1B family (GPipe, 1F1B, interleaved): its step in closed form
     (:func:`one_f_one_b_timing`) unless forwards and backwards overlap in pairs, which
-    only the list replay times."""
+    only the list replay times, or the lists are short (:data:`REPLAY_ACTIONS_MAX`),
+    which the replay times exactly for any stage durations."""
 
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
                t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
                t_fb: Mapping[tuple[int, int], int] | None = None,
                overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
-        if overlap:  # overlapped pairs: no closed form, replay the lists
+        if overlap or 2 * pp * vpp * microbatches <= REPLAY_ACTIONS_MAX:
+            # overlapped pairs (no closed form) or a short pipeline: replay the lists
             return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
                                   t_i)
         return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
