@@ -1243,7 +1243,8 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
     # w_max (the first 1F-1B forward of a rank may read a warm-up forward one position
     # old, not two): ends are kept from w_max and compared from w_max + 1 + period on
     check_from = w_max
-    history: list[tuple] = []
+    ends: list[list[int]] = []  # free and wait after each position from check_from
+    waits: list[list[int]] = []
     last = p - 1
     up = range(p)
     down = range(p - 1, -1, -1)
@@ -1313,22 +1314,24 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
             if start > produced:
                 wait[r] += start - produced
             free[r] = end_b[r][k] = start + bdur[r][(k % group) // p]
-        if i >= check_from and i < steady_end:
-            history.append((tuple(free), tuple(wait)))
-            if len(history) > period + 1 and i - period > w_max:
-                now, before = history[-1], history[-1 - period]
-                prev, prev_before = history[-2], history[-2 - period]
-                shift = now[0][0] - before[0][0]
-                if all(a - b == shift for a, b in zip(now[0], before[0])) and all(
-                        a - b == shift for a, b in zip(prev[0], prev_before[0])):
+        if check_from <= i < steady_end:
+            ends.append(free[:])
+            waits.append(wait[:])
+            if len(ends) > period + 1 and i - period > w_max:
+                now, before = ends[-1], ends[-1 - period]
+                shift = now[0] - before[0]
+                # (rank p - 1 first: a cheap filter before the whole comparison)
+                if (now[last] - before[last] == shift
+                        and [x + shift for x in before] == now
+                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
                     repeats = (steady_end - 1 - i) // period
                     if repeats > 0:
                         _skip_periods(i, repeats, period, group, shift, warmups, total,
                                       end_f, end_b, free)
-                        grow = [a - b for a, b in zip(now[1], before[1])]
+                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
                         wait = [x + repeats * g for x, g in zip(wait, grow)]
                         i += repeats * period
-                    history = []
+                    ends = waits = []
                     check_from = positions  # (one skip reaches the first cool-down)
         i += 1
     return max(free), tuple(free), tuple(first_start), tuple(wait)
