@@ -59,12 +59,15 @@ def test_dense_models_within_todays_bounds(report):
     mp_mode PURE rows' bf16 gradient reduction measured median 6.0 %, p90 16.1 %, bias
     -1.4 % (from 6.0 %, 16.4 %, -1.6 %): the p90 bound tightens. The measured B200 cuDNN
     attention rows (cudnn-frontend, cuDNN 9.10.2) with dgx-b200 / gb200-nvl72 refitted:
-    5.3 %, 16.0 %, -2.2 % (from 5.4 %, 16.0 %, -2.1 %): the median bound tightens."""
+    5.3 %, 16.0 %, -2.2 % (from 5.4 %, 16.0 %, -2.1 %): the median bound tightens. The
+    1F1B family timed exactly at any size (strategies.pipeline.one_f_one_b_family_timing;
+    the closed form under-timed long pipelines: it left out the transfers a 1F-1B steady
+    state waits for each round): 5.0 %, 15.8 %, -2.0 %; all three tighten."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
-    assert dense["median_abs_error"] <= 0.055
-    assert dense["p90_abs_error"] <= 0.165
-    assert abs(dense["bias"]) <= 0.025
+    assert dense["median_abs_error"] <= 0.0505
+    assert dense["p90_abs_error"] <= 0.16
+    assert abs(dense["bias"]) <= 0.0215
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -109,10 +112,13 @@ def test_moe_models_within_todays_bounds(report):
     presets refitted on them (sustained_fraction +0.015): 12.0 %, 30.8 %, -9.4 % (from 12.0 %,
     30.5 %, -9.4 %) -- the
     B200/GB200 MoE rows the simulator already runs too fast (gpt-oss, Qwen3, DeepSeek-V3;
-    not attention-bound) run 1-2 % faster still, so the MoE p90 bound loosens to 0.309."""
+    not attention-bound) run 1-2 % faster still, so the MoE p90 bound loosens to 0.309.
+    The 1F1B family timed exactly at any size moves 43 MoE pipeline rows by -0.7 to +0.9
+    points (32 of them closer), but the median row's |error| grows: 12.15 %, 30.8 %,
+    -9.4 %, so the median bound opens to 0.122."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.121
+    assert moe["median_abs_error"] <= 0.122
     assert moe["p90_abs_error"] <= 0.309
     assert abs(moe["bias"]) <= 0.095
 
