@@ -164,6 +164,11 @@ class NicSpec:
             ring/tree graph's ``typeInter``: the farthest path any GPU of the graph
             takes). NCCL enables LL128 across nodes only up to PXB (PXN from compute
             capability 9.0; :func:`hardware.cost.ll128_enabled`).
+        net_latency_s: the latency the network plugin reports for one message
+            (``ncclNetProperties_t.latency``; NCCL's own IB and socket transports
+            report 0). NCCL adds it to every network step, twice for Simple ("the
+            flush extra latency"; src/graph/tuning.cc ncclTopoTuneModel: ``interLat +=
+            graphs[a]->latencyInter``).
     """
 
     count_per_node: int
@@ -172,6 +177,7 @@ class NicSpec:
     gpudirect_rdma: bool
     link_efficiency: float
     gpu_path: str = "PXB"
+    net_latency_s: float = 0.0
 
     @property
     def bytes_per_s(self) -> float:

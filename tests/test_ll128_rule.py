@@ -122,3 +122,25 @@ def test_fields_survive_check_cluster_spec():
     assert check_cluster_spec(spec) is spec
     assert spec.comm.nccl_proto == ("LL128", "Simple")
     assert load_cluster("dgx-h100").comm.nccl_proto == ("LL", "LL128", "Simple")
+
+
+def test_net_plugin_latency_on_every_network_step_twice_for_simple():
+    """NCCL adds the net plugin's reported latency to each network step of its model,
+    once more for Simple (tuning.cc: interLat += latencyInter; "flush extra latency");
+    NVLink steps do not pay it. Exact, on a 2-node ring all_reduce."""
+    def latency_s(net_latency_us, protocol):
+        spec = load_cluster("dgx-h100", {"nic.net_latency_us": net_latency_us})
+        cost = CostModel(ClusterLayout(spec, 2, 8), ALGORITHMS, fidelity="analytic")
+        plan = cost.collective_plan("all_reduce", tuple(range(16)), 64 * MiB, "ring", protocol)
+        phases = plan.phases
+        inter = sum(ph.inter_steps for ph in phases)
+        return sum(cost.network.phase_latency_s(ph, protocol, plan.family)
+                   for ph in phases), inter
+
+    for protocol, times in (("LL", 1), ("LL128", 1), ("Simple", 2)):
+        base, inter = latency_s(0.0, protocol)
+        added, _ = latency_s(75.0, protocol)
+        plateau = load_cluster("dgx-h100").comm.ring_plateau_factor if protocol == "Simple" else 1
+        assert inter > 0
+        assert added - base == pytest.approx(inter * times * 75e-6 * plateau, rel=1e-9)
+    assert load_cluster("dgx-h100").nic.net_latency_s == 0.0  # NCCL's IB transport: 0

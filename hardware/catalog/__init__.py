@@ -172,6 +172,7 @@ SCHEMA: dict[str, Any] = {
         "gpudirect_rdma": _Field(bool),
         "link_efficiency": _FRAC,
         "gpu_path": _Field(str, choices=NIC_PATHS, required=False),
+        "net_latency_us": _Field(float, "nonnegative", required=False, high=1e6),
     },
     "fabric": {
         "topology": _Field(str, choices=FABRIC_TOPOLOGIES),
@@ -573,6 +574,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             gpudirect_rdma=nic["gpudirect_rdma"],
             link_efficiency=nic["link_efficiency"],
             gpu_path=nic.get("gpu_path", "PXB"),
+            net_latency_s=nic.get("net_latency_us", 0.0) * us,
         ),
         fabric=FabricSpec(
             topology=fab["topology"],
@@ -681,7 +683,8 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
         "scale_up": scale_up,
         "nic": {"count_per_node": nic.count_per_node, "gbit_per_s": nic.gbit_per_s,
                 "kind": nic.kind, "gpudirect_rdma": nic.gpudirect_rdma,
-                "link_efficiency": nic.link_efficiency, "gpu_path": nic.gpu_path},
+                "link_efficiency": nic.link_efficiency, "gpu_path": nic.gpu_path,
+                "net_latency_us": nic.net_latency_s * us},
         "fabric": {"topology": fab.topology, "tiers": fab.tiers,
                    "nodes_per_leaf": fab.nodes_per_leaf,
                    "leaves_per_spine_group": fab.leaves_per_spine_group,
