@@ -398,6 +398,11 @@ class OneFOneBFamily(PipelineSchedule):
                t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
                t_fb: Mapping[tuple[int, int], int] | None = None,
                overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
+        """:meth:`PipelineSchedule.timing` (same arguments and integers): without
+        overlapped pairs, the recurrence of
+        :func:`strategies.pipeline.one_f_one_b_family_timing` on the schedule's warm-up
+        counts, memoised per durations; otherwise (or without warm-up counts, or with
+        durations that are not whole numbers) the base class's list replay."""
         if not overlap:
             self.check(pp, microbatches, vpp)
             found = _family_timing(self, pp, microbatches, vpp, tuple(t_f), tuple(t_b),
