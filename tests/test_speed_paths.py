@@ -409,7 +409,7 @@ def test_auto_choice_is_the_catalog_order_argmin_of_every_candidate(cluster, nod
                     if not ALGORITHMS.chosen_by_auto(name) or ALGORITHMS.unavailable(
                             kind, name, geometry, spec, explicit=False) is not None:
                         continue
-                    for proto in shared._protocols(name, "auto", size):
+                    for proto in shared._protocols(name, "auto", size, geometry):
                         alone = CostModel(layout, ALGORITHMS, fidelity="analytic")
                         tried.append(alone.collective(kind, group, size, name, proto))
                 best = min(tried, key=lambda c: c.duration_ns)  # (the first of the least)
