@@ -1587,10 +1587,13 @@ class AnalyticStepModel:
         first = form_of(0, rows[0], 0) if rows and rows[0] else LEVEL
         late = first.total_ns - first.free_ns  # rank 0's first action, from no lead
         for p, row in enumerate(rows):
-            alone, index = LEVEL, 0
-            while index < len(row):
-                alone = alone.then(form_of(p, row, index))
-                index += 2 if row[index].overlap else 1
+            if lowerer.overlap or lowerer.schedule.pairs_own_actions:  # (pairs: one form)
+                alone, index = LEVEL, 0
+                while index < len(row):
+                    alone = alone.then(form_of(p, row, index))
+                    index += 2 if row[index].overlap else 1
+            else:
+                alone = self._row_form(p, row, form_of)
             ends[p] = max(ends[p] + late, alone.total_ns)
         # the last micro-batch's backward: each rank's last action after the one it
         # waits for, from the last stage down
@@ -1609,6 +1612,42 @@ class AnalyticStepModel:
             own = form_of(p, rows[p], len(rows[p]) - 1).free_ns
             ends[p] = max(ends[p], ends[holder] + t_p2p + own)
         return ends
+
+    def _row_form(self, p: int, row: Sequence[Action], form_of) -> HostForm:
+        """The form of rank ``p``'s action list ``row`` (no overlapped pairs) back to
+        back: runs of a repeated block of actions (a schedule's warm-up forwards, its
+        steady state's forward-backward cycles) composed as one power of the block's
+        form (:meth:`sim.host_lead.HostForm.repeat`: the same integers as composing
+        them one by one, in O(log) compositions)."""
+        keys = [(action.stage, action.comp) for action in row]
+        n = len(keys)
+        longest = 2 * len(self.lowerer.placement.stages_of(p)) + 2  # block lengths tried
+        blocks: dict[tuple, HostForm] = {}
+        form, index = LEVEL, 0
+        while index < n:
+            size, count = 1, 1
+            head = keys[index]
+            for length in range(1, longest + 1):
+                if index + 2 * length > n:
+                    break
+                if keys[index + length] != head:
+                    continue  # (the block does not start again right after itself)
+                block = keys[index:index + length]
+                repeats = 1
+                while keys[index + repeats * length:index + (repeats + 1) * length] == block:
+                    repeats += 1
+                if repeats > 1 and repeats * length > size * count:
+                    size, count = length, repeats
+            key = tuple(keys[index:index + size])
+            found = blocks.get(key)
+            if found is None:
+                found = LEVEL
+                for offset in range(size):
+                    found = found.then(form_of(p, row, index + offset))
+                blocks[key] = found
+            form = form.then(found.repeat(count))
+            index += size * count
+        return form
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every
