@@ -100,7 +100,8 @@ class OpListCost:
     #: compute-stream time lost waiting for the CPU, starting level (in ``compute_ns``)
     starved_ns: int = 0
     #: a walk's (:meth:`AnalyticStepModel._walk`): how far ahead of the GPU the CPU is
-    #: when its compute ends, having started level (0 when the host is not modelled)
+    #: when its compute ends, having started level (a finish walk's: when its optimizer
+    #: starts; 0 when the host is not modelled)
     lead_ns: int = 0
 
     def form(self) -> HostForm:
@@ -1346,9 +1347,9 @@ class AnalyticStepModel:
         optimizer_ns = optimizer.total_ns
         if self._hosted:
             # the CPU issues the optimizer ahead by its lead, and goes on while the GPU
-            # waits for the last reductions
-            optimizer_ns = optimizer.form().total_at(
-                cost.lead_ns + (dp_free - compute_end if dp_free > compute_end else 0))
+            # waits for the last reductions (lead_ns: the optimizer's lead-in from here)
+            cost.lead_ns += dp_free - compute_end if dp_free > compute_end else 0
+            optimizer_ns = optimizer.form().total_at(cost.lead_ns)
         cost.total_ns = max(compute_end, dp_free) + optimizer_ns
         cost.optimizer_ns = optimizer.optimizer_ns
         # compute kernels of the optimizer step that are not Adam's (the per-step FP8 weight
@@ -1517,15 +1518,29 @@ class AnalyticStepModel:
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
         first_wait = self._gather_fill_delay_ns(t_p2p)
-        compute_ends = self._host_ends(timing.rank_end, t_p2p) if self._hosted \
-            else timing.rank_end
+        compute_ends, leads, fill = timing.rank_end, None, first_wait
+        if self._hosted:
+            # (the gather waits delay the pipeline's timing; a rank that runs at its CPU's
+            # pace issues through them)
+            compute_ends, leads = self._host_ends([end + first_wait for end in timing.rank_end],
+                                                  t_p2p, first_wait)
+            fill = 0
         ends = []
-        for rank, compute_end in zip(ranks, compute_ends):
-            last_start = compute_end + first_wait - rank.last_backward.total_ns
+        for p, (rank, compute_end) in enumerate(zip(ranks, compute_ends)):
+            last_start = compute_end + fill - rank.last_backward.total_ns
             after_backward = rank.finish.total_ns - rank.last_backward.total_ns
+            if leads is not None and leads[p] > rank.last_backward.lead_ns:
+                # the CPU is further ahead at the rank's end than its last backward alone
+                # from no lead leaves it (it issued through the waits): the optimizer
+                # runs from that much more lead
+                optimizer = self._optimizer_cost(self.stage_pricers.get(p, self.pricer),
+                                                 p).form()
+                more = leads[p] - rank.last_backward.lead_ns
+                after_backward -= (optimizer.total_at(rank.finish.lead_ns)
+                                   - optimizer.total_at(rank.finish.lead_ns + more))
             # a gather-bound rank ends no sooner than its gathers, then what
             # follows the last backward (reductions, optimizer)
-            ends.append(max(last_start + rank.finish.total_ns,
+            ends.append(max(last_start + rank.last_backward.total_ns + after_backward,
                             rank.gathers_ns + after_backward))
         step_ns = max(ends)
         starts = timing.rank_start or (0,) * pp
@@ -1540,13 +1555,17 @@ class AnalyticStepModel:
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
                             exact=not self.inexact)
 
-    def _host_ends(self, rank_end: Sequence[int], t_p2p: int) -> list[int]:
+    def _host_ends(self, rank_end: Sequence[int], t_p2p: int, wait_ns: int = 0
+                   ) -> tuple[list[int], list[int]]:
         """When each pipeline rank's compute ends with the CPU issuing its kernels: the
         schedule's timing ``rank_end`` prices every action with the CPU ahead
         (:meth:`_phase_cost`); three bounds of the replay's add what the CPU costs
         (:mod:`sim.host_lead`):
 
-        * the step starts with the CPU level: rank 0's first action runs from no lead,
+        * the step starts with the CPU level (``wait_ns``: the GPU waiting that long
+          for the first layers' parameter gathers, the CPU issuing meanwhile, the
+          pipeline's fill delay :meth:`_gather_fill_delay_ns`, already in ``rank_end``):
+          rank 0's first action runs from no lead,
           later than with one, and the pipeline's fill with it (every rank's end);
         * a rank ends no sooner than its action list back to back from the CPU's start
           (the composition of its actions' forms, started level): a rank whose CPU is
@@ -1558,7 +1577,10 @@ class AnalyticStepModel:
 
         Exact where the CPU binds nothing (GPU-bound ranks: the timing's) and where a
         rank's CPU does (its list back to back); between the two, a lower bound of the
-        replay's (tests/test_host_pipeline.py bounds the gap)."""
+        replay's (tests/test_host_pipeline.py bounds the gap). Also returns how far
+        ahead each rank's CPU is when its compute ends (its end less its CPU's end, the
+        list issued back to back: exact without a ``host_sync``, whose waits only make
+        the CPU later)."""
         lowerer = self.lowerer
         placement = lowerer.placement
         rows = lowerer.actions()
@@ -1584,6 +1606,7 @@ class AnalyticStepModel:
             return found
 
         ends = list(rank_end)
+        cpu_ends: list[int] = []  # each rank's CPU end, its list issued back to back
         first = form_of(0, rows[0], 0) if rows and rows[0] else LEVEL
         late = first.total_ns - first.free_ns  # rank 0's first action, from no lead
         for p, row in enumerate(rows):
@@ -1594,24 +1617,71 @@ class AnalyticStepModel:
                     index += 2 if row[index].overlap else 1
             else:
                 alone = self._row_form(p, row, form_of)
+            if wait_ns:  # the GPU first waits for the parameter gathers, the CPU issuing
+                alone = HostForm(wait_ns, wait_ns, None, 0).then(alone)
             ends[p] = max(ends[p] + late, alone.total_ns)
-        # the last micro-batch's backward: each rank's last action after the one it
-        # waits for, from the last stage down
-        lasts = {p: row[-1] for p, row in enumerate(rows) if row}
-        for p in sorted(lasts, key=lambda q: -lasts[q].stage):
-            action = lasts[p]
-            if action.comp not in ("B", "I") or action.overlap or placement.is_last(
-                    action.stage):
+            cpu_ends.append(alone.host_ns)
+        # each rank's last action that waits for another rank's: no sooner than that
+        # one's end, the transfer and the rest of this rank's list with the CPU ahead;
+        # that one's end is its rank's end less what its rank ran after it (at most that
+        # run from no lead), when nothing after it waits for a third rank; to a fixed
+        # point (the last micro-batch's backward, from the last stage down)
+        lasts = [self._last_wait(p, row, rows) for p, row in enumerate(rows)]
+        waits = []
+        for p, row in enumerate(rows):
+            found = lasts[p]
+            if found is not None:
+                index, holder, position = found
+                if lasts[holder] is not None and position < lasts[holder][0]:
+                    continue  # (its rank waits for others after it: its end says little)
+                tail = LEVEL
+                for offset in range(index, len(row)):
+                    tail = tail.then(form_of(p, row, offset))
+                after = LEVEL
+                for offset in range(position + 1, len(rows[holder])):
+                    after = after.then(form_of(holder, rows[holder], offset))
+                waits.append((p, holder, tail.free_ns - after.total_ns + t_p2p))
+        for _ in range(len(rows)):
+            moved = False
+            for p, holder, gap in waits:
+                if ends[holder] + gap > ends[p]:
+                    ends[p] = ends[holder] + gap
+                    moved = True
+            if not moved:
+                break
+        return ends, [max(end - cpu, 0) for end, cpu in zip(ends, cpu_ends)]
+
+    def _last_wait(self, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
+                   ) -> tuple[int, int, int] | None:
+        """The last action of rank ``p``'s list ``row`` that waits for another rank's
+        (strategies.pipeline's dependencies: a forward for the previous stage's forward,
+        a backward or input-gradient for the next stage's), as (its index, that rank, the
+        index of the action there); None when there is none, or either is in an
+        overlapped pair (priced as one)."""
+        placement = self.lowerer.placement
+        for index in range(len(row) - 1, -1, -1):
+            action = row[index]
+            if action.comp == "F" and not placement.is_first(action.stage):
+                stage, comps = action.stage - 1, ("F",)
+            elif action.comp in ("B", "I") and not placement.is_last(action.stage):
+                stage, comps = action.stage + 1, ("B", "I")
+            else:
                 continue
-            holder = placement.rank_of(action.stage + 1)
-            before = lasts.get(holder)
-            if (holder == p or before is None or before.stage != action.stage + 1
-                    or before.comp not in ("B", "I")
-                    or before.microbatch != action.microbatch or before.overlap):
+            holder = placement.rank_of(stage)
+            if holder == p:
                 continue
-            own = form_of(p, rows[p], len(rows[p]) - 1).free_ns
-            ends[p] = max(ends[p], ends[holder] + t_p2p + own)
-        return ends
+            if action.overlap or (index and row[index - 1].overlap):
+                return None
+            other = rows[holder]
+            for position in range(len(other) - 1, -1, -1):
+                found = other[position]
+                if (found.stage == stage and found.comp in comps
+                        and found.microbatch == action.microbatch):
+                    if found.overlap or (position and other[position - 1].overlap):
+                        return None
+                    return index, holder, position
+            return None
+        return None
 
     def _row_form(self, p: int, row: Sequence[Action], form_of) -> HostForm:
         """The form of rank ``p``'s action list ``row`` (no overlapped pairs) back to
