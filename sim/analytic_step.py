@@ -47,6 +47,14 @@ schedule without F&B pairs) and walks its stages from per-plan tables of part pr
 and their sums (``fast``; ``fast=False`` is the reference walk over the lists,
 tests/test_fast_analytic.py checks both give the same result).
 
+The host's lead (issue 12, :mod:`sim.host_lead`): when the CPU issues the kernels
+(``host_issue`` eager, compiled, partial) each list schedule is also a max-plus form of
+how far ahead of the GPU the CPU starts it; a phase composes its parts' forms, the
+pipeline timing takes each phase with the CPU ahead, and each rank's end is bounded by
+its action list back to back from the CPU's start, the unled first action and the
+waits for other ranks' last actions (:meth:`AnalyticStepModel._host_ends`): within 1 %
+of the replay on the tested pipelines (tests/test_host_pipeline.py), 0.1 % without.
+
 Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
 (its TP/CP peers wait for them); the step is the slower of that pipeline and the
 others, as data parallelism synchronises them.
@@ -262,11 +270,14 @@ class OpPricer:
         then the list schedule's accounting runs with them.
 
         The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
-        CostModel.host_ns` each, from the list's start: the host is taken to be level
-        with the GPU when a layer's phase begins); an op starts no earlier than its
-        issue, and after a ``host_sync`` op the CPU waits for it to end. GPU time lost
-        waiting for the CPU on the compute stream counts as compute (the kernels run
-        at the host's pace). Without host costs nothing changes."""
+        CostModel.host_ns` each, from ``lead_ns`` before the list's start: how far ahead
+        of the GPU the CPU is); an op starts no earlier than its issue, and after a
+        ``host_sync`` op the CPU waits for it to end. GPU time lost waiting for the CPU
+        on the compute stream counts as compute here (``starved_ns`` says how much; the
+        step model's phases and walks count it as idle, as the replay does), and the
+        list's end and its CPU's end at any other lead are its ``host`` form
+        (:class:`sim.host_lead.HostForm`, the same pass). Without host costs nothing
+        changes."""
         if self.max_ctas is None:
             return self._schedule(ops, lead_ns=lead_ns)
         return self._schedule(ops, self.contended_durations(ops, external, lead_ns), lead_ns)
