@@ -51,7 +51,7 @@ from hardware.compute import (HOST_CALL_S, HOST_CPU_FACTOR, HOST_ISSUE_S, HOST_M
                               ComputeModel)
 from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
                               all_pairs_p2p_cap_s)
-from hardware.spec import PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
+from hardware.spec import NIC_PATHS, PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
 from hardware.topology import ClusterLayout
 from hardware.units import seconds_to_ns
 
@@ -278,6 +278,38 @@ def prices_ops_by_shape(compute: object) -> bool:
     return calibration is not None and type(compute) is calibration.CalibratedComputeModel
 
 
+def ll128_enabled(spec: ClusterSpec, geometry: GroupGeometry) -> bool:
+    """Whether NCCL lets its tuner pick LL128 by default for this group on this machine.
+
+    NCCL enables LL128 only on the topologies it tested ("other cases ... may cause
+    silent data corruption"). NCCL 2.29 src/graph/tuning.cc ``isLL128Enabled`` (the
+    same conditions inline in ``ncclTopoTuneModel`` since 2.23), with the default
+    ``NCCL_LL128_C2C=1``:
+
+    * across NVLink domains, the graph's GPU-NIC path (``typeInter``,
+      ``NicSpec.gpu_path``) at most PXN from compute capability 9.0, at most PXB below
+      ("Don't enable LL128 over PxN because PxN can encapsulate PxB or P2C links");
+      inside one domain the graph has no NIC path (``typeInter`` stays PIX);
+    * the path between the GPUs of a node (``typeIntra``) at most NVB: NVLink, or one
+      GPU per node (PATH_LOC); a PCIe-only node with several GPUs of the group fails;
+    * not below compute capability 7.0 (Volta); every GPU has the same compute
+      capability here (one GPU per preset). 0 (not given) skips this check.
+
+    A protocol asked for explicitly (NCCL_PROTO=LL128 set by the user) is not subject
+    to it (:meth:`CostModel.collective`).
+    """
+    capability = spec.gpu.compute_capability
+    if 0 < capability < 70:
+        return False
+    if spec.scale_up.kind == "pcie" and max(len(d) for d in geometry.domains) > 1:
+        return False
+    if geometry.num_domains > 1:
+        farthest = "PXN" if capability >= 90 else "PXB"
+        if NIC_PATHS.index(spec.nic.gpu_path) > NIC_PATHS.index(farthest):
+            return False
+    return True
+
+
 class CostModel:
     """Durations of compute, collectives and point-to-point transfers on one job layout.
 
@@ -316,6 +348,8 @@ class CostModel:
         # algorithm): a function of the class, at every size that moves something
         self._candidates_by_class: dict[tuple, tuple[list[str], GroupGeometry]] = {}
         self._coefficients: dict[tuple, _Coefficients] = {}
+        #: ll128_enabled by (spans several domains, a domain holds several members)
+        self._ll128_by_shape: dict[tuple[bool, bool], bool] = {}
         self._geometry_classes: dict[int, tuple[GroupGeometry, bytes | None]] = {}
         self._reference_phases: dict[tuple, tuple[PhaseLike, ...]] = {}
         self._p2p_caps: dict[tuple, tuple[PhaseLike, float]] = {}
@@ -475,7 +509,7 @@ class CostModel:
             # left to a size that needs them
             order = []
             for name in candidates:
-                for proto in self._protocols(name, protocol, size_bytes):
+                for proto in self._protocols(name, protocol, size_bytes, geometry):
                     found = self._coefficients_of(kind, geometry, name, proto)
                     order.append((found.fixed_ns, len(order), name, proto, found))
             order.sort(key=lambda entry: entry[:2])
@@ -635,14 +669,31 @@ class CostModel:
             raise ValueError(f"algorithm: {algorithm!r} cannot run here: {reason}")
         return [algorithm], geometry
 
-    def _protocols(self, algorithm: str, protocol: str, size_bytes: int) -> list[str]:
-        """Protocols to try: the catalog's for the algorithm, within each protocol's
-        size limit (CommTuningSpec.protocol_max_bytes) under ``auto``."""
+    def _protocols(self, algorithm: str, protocol: str, size_bytes: int,
+                   geometry: GroupGeometry) -> list[str]:
+        """Protocols to try: the catalog's for the algorithm; under ``auto`` only those
+        NCCL_PROTO enables (CommTuningSpec.nccl_proto), LL128 only where NCCL enables
+        it by default (:func:`ll128_enabled`), each within its size limit
+        (CommTuningSpec.protocol_max_bytes)."""
         offered = self.algorithms.protocols(algorithm, protocol, size_bytes)
         if protocol != "auto":
             return list(offered)
-        limits = self.network.comm.protocol_max_bytes
-        return [p for p in offered if not limits.get(p) or size_bytes <= limits[p]]
+        comm = self.network.comm
+        limits = comm.protocol_max_bytes
+        found = [p for p in offered if p in comm.nccl_proto
+                 and (not limits.get(p) or size_bytes <= limits[p])]
+        if "LL128" in found and not self._ll128_enabled(geometry):
+            found.remove("LL128")
+        return found
+
+    def _ll128_enabled(self, geometry: GroupGeometry) -> bool:
+        """:func:`ll128_enabled` of this machine (its answer depends on the group only
+        through the domains it spans and their sizes)."""
+        key = (geometry.num_domains > 1, max(len(d) for d in geometry.domains) > 1)
+        found = self._ll128_by_shape.get(key)
+        if found is None:
+            found = self._ll128_by_shape[key] = ll128_enabled(self.layout.spec, geometry)
+        return found
 
     # ----------------------------------------------------------- point to point
     def p2p_plan(self, src: int, dst: int, size_bytes: int) -> CommPlanLike:

@@ -386,7 +386,11 @@ class NetworkModel:
         if family == "ring" and phase.inter_steps > 0:
             intra_hop = max(intra_hop, self.comm.net_step_overhead_s.get(protocol, 0.0))
         intra = phase.intra_steps * intra_hop
-        inter = phase.inter_steps * (hop["network"][protocol] + phase.switch_hops * switch_s)
+        # the network plugin's reported latency on every network step, twice for Simple
+        # (NCCL tuning.cc: interLat += latencyInter; "Also add the flush extra latency")
+        plugin_s = self.layout.spec.nic.net_latency_s * (2 if protocol == "Simple" else 1)
+        inter = phase.inter_steps * (hop["network"][protocol] + plugin_s
+                                     + phase.switch_hops * switch_s)
         if protocol == "Simple" and getattr(phase, "ring_plateau", False):
             return (intra + inter) * self.comm.ring_plateau_factor
         return intra + inter

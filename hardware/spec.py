@@ -38,6 +38,12 @@ SCALE_UP_KINDS = ("nvswitch", "nvlink-mesh", "pcie")
 #: Host CPUs a GPU can be driven from (``GpuSpec.host_cpu``).
 HOST_CPUS = ("x86", "grace")
 NIC_KINDS = ("ib", "roce", "efa", "tcp")
+#: NCCL's PCIe path types from a GPU to the NIC its channels use (src/graph/topo.h
+#: ``PATH_*``, closest first: PIX one PCIe switch, PXB several switches, P2C through the
+#: GPU's C2C link to its CPU and PCIe from there (GH200/GB200), PXN through an NVLink
+#: peer that is PXB to the NIC, PHB through the CPU's PCIe host bridge, SYS across the
+#: CPUs' interconnect). ``nvidia-smi topo -m`` prints the same names.
+NIC_PATHS = ("PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
 FABRIC_TOPOLOGIES = ("fat-tree", "rail-optimized")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 #: Kernel classes the compute model prices (the Program IR's ComputeOp.kind).
@@ -81,6 +87,9 @@ class GpuSpec:
             work (``x86``: Intel Xeon / AMD EPYC servers, ``grace``: NVIDIA Grace of a
             GH200/GB200 superchip); it scales the framework's host time
             (``hardware.compute.HOST_CPU_FACTOR``).
+        compute_capability: CUDA compute capability as NCCL writes it (major x 10 +
+            minor: 80 A100, 90 H100/H200, 100 B200/GB200); 0 = not given. NCCL's LL128
+            enable rule reads it (:func:`hardware.cost.ll128_enabled`).
     """
 
     name: str
@@ -95,6 +104,7 @@ class GpuSpec:
     sm_count: int = 0
     memory_reserve_bytes: int = 1 << 30
     host_cpu: str = "x86"
+    compute_capability: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +159,16 @@ class NicSpec:
             traffic bounces through host memory (two PCIe crossings).
         link_efficiency: achievable fraction of the line rate for large
             transfers (encoding, headers, congestion control).
+        gpu_path: one of :data:`NIC_PATHS`, the PCIe path from a GPU to the NIC its
+            network channels use, as NCCL's topology search ends up with it (the
+            ring/tree graph's ``typeInter``: the farthest path any GPU of the graph
+            takes). NCCL enables LL128 across nodes only up to PXB (PXN from compute
+            capability 9.0; :func:`hardware.cost.ll128_enabled`).
+        net_latency_s: the latency the network plugin reports for one message
+            (``ncclNetProperties_t.latency``; NCCL's own IB and socket transports
+            report 0). NCCL adds it to every network step, twice for Simple ("the
+            flush extra latency"; src/graph/tuning.cc ncclTopoTuneModel: ``interLat +=
+            graphs[a]->latencyInter``).
     """
 
     count_per_node: int
@@ -156,6 +176,8 @@ class NicSpec:
     kind: str
     gpudirect_rdma: bool
     link_efficiency: float
+    gpu_path: str = "PXB"
+    net_latency_s: float = 0.0
 
     @property
     def bytes_per_s(self) -> float:
@@ -247,6 +269,10 @@ class CommTuningSpec:
         tree_chunk_bytes: largest chunk a tree all-reduce pipelines in (one Simple
             step of a channel's buffer, NCCL_BUFFSIZE / NCCL_STEPS); NCCL halves it
             for small messages (enqueue.cc). 0: no pipeline fill modelled.
+        nccl_proto: the protocols NCCL may choose from under ``auto``, as the
+            ``NCCL_PROTO`` environment variable gives them (all three unless a user or a
+            network plugin sets it: aws-ofi-nccl sets ``NCCL_PROTO=simple`` where EFA
+            cannot deliver 128-byte-aligned writes in order).
 
     The ceilings are in NCCL's *bus bandwidth* units: bytes one GPU moves per
     second (a ring step's edge bytes; twice the size for a tree all-reduce,
@@ -272,6 +298,7 @@ class CommTuningSpec:
     net_step_overhead_s: Mapping[str, float] = field(default_factory=dict)
     ring_plateau_factor: float = 1.0
     tree_chunk_bytes: int = 0
+    nccl_proto: tuple[str, ...] = PROTOCOLS
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -133,9 +133,21 @@ NCCL_2_27_BLACKWELL_TREE = {"comm.channel_max_gb_per_s.tree.Simple.n1": 77.4,
 #: AWS instance types of aws_awsome_distributed_training_readme (AWS instance specs):
 #: p4de.24xlarge = 8x A100 80GB, 4x 100 Gb/s EFA; p5.48xlarge = 8x H100, 32x 100 Gb/s
 #: EFAv2, laid out here as one 400 Gb/s EFA rail per GPU (4 x 100G each).
+#: The EFA net plugin (aws-ofi-nccl, src/platform-aws.cpp platform_config_endpoint) sets
+#: NCCL_PROTO=simple when the endpoint cannot deliver 128-byte-aligned writes in order
+#: (LL/LL128 "can lead to data corruption"): p4d/p4de use its SENDRECV transport, whose
+#: FI_OPT_EFA_SENDRECV_IN_ORDER_ALIGNED_128_BYTES EFA does not support there (p4d.24xlarge
+#: log in aws/aws-ofi-nccl#715: "... not supported", "Setting NCCL_PROTO to simple"); p5
+#: uses the RDMA transport, where the plugin leaves NCCL_PROTO alone
+#: (aws/aws-ofi-nccl#280, "Do not force NCCL_PROTO=simple on P5"). The plugin reports a
+#: network latency of 75 us on p4d, p4de and p5 (platform_data_map ``.latency = 75.0``;
+#: "NET/OFI Internode latency set at 75.0 us" in #715; ``props->latency``), which NCCL adds
+#: to every network step of its model, twice for Simple (nic.net_latency_us).
 AWS = {"A100": ("dgx-a100", {"nic.count_per_node": 4, "nic.gbit_per_s": 100.0,
-                             "nic.kind": "efa"}),
-       "H100": ("dgx-h100", {"nic.gbit_per_s": 400.0, "nic.kind": "efa"})}
+                             "nic.kind": "efa", "comm.nccl_proto": "Simple",
+                             "nic.net_latency_us": 75.0}),
+       "H100": ("dgx-h100", {"nic.gbit_per_s": 400.0, "nic.kind": "efa",
+                             "nic.net_latency_us": 75.0})}
 
 
 def system_of(log: Log) -> tuple[str, dict, int, int] | None:

@@ -47,6 +47,7 @@ from hardware.spec import (
     FABRIC_TOPOLOGIES,
     HOST_CPUS,
     NIC_KINDS,
+    NIC_PATHS,
     PROTOCOLS,
     SCALE_UP_KINDS,
     TIERS,
@@ -68,6 +69,7 @@ __all__ = [
     "parse_override",
     "cluster_to_dict",
     "preset_sources",
+    "parse_nccl_proto",
     "CATALOG_DIR",
 ]
 
@@ -148,6 +150,7 @@ SCHEMA: dict[str, Any] = {
         "sm_count": _Field(int, "nonnegative", required=False, high=1_000_000),
         "memory_reserve_gib": _Field(float, "nonnegative", required=False, high=1e6),
         "host_cpu": _Field(str, choices=HOST_CPUS, required=False),
+        "compute_capability": _Field(int, "nonnegative", required=False, high=1000),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
@@ -168,6 +171,8 @@ SCHEMA: dict[str, Any] = {
         "kind": _Field(str, choices=NIC_KINDS),
         "gpudirect_rdma": _Field(bool),
         "link_efficiency": _FRAC,
+        "gpu_path": _Field(str, choices=NIC_PATHS, required=False),
+        "net_latency_us": _Field(float, "nonnegative", required=False, high=1e6),
     },
     "fabric": {
         "topology": _Field(str, choices=FABRIC_TOPOLOGIES),
@@ -201,6 +206,7 @@ SCHEMA: dict[str, Any] = {
                                                         high=1e6)),
         "ring_plateau_factor": _Field(float, "at_least_1", required=False, high=10.0),
         "tree_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**60),
+        "nccl_proto": _Field(str, required=False),
     },
 }
 
@@ -546,6 +552,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             sm_count=gpu.get("sm_count", 0),
             memory_reserve_bytes=int(round(gpu.get("memory_reserve_gib", 1.0) * GIB)),
             host_cpu=gpu.get("host_cpu", "x86"),
+            compute_capability=gpu.get("compute_capability", 0),
         ),
         scale_up=ScaleUpSpec(
             kind=up["kind"],
@@ -566,6 +573,8 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             kind=nic["kind"],
             gpudirect_rdma=nic["gpudirect_rdma"],
             link_efficiency=nic["link_efficiency"],
+            gpu_path=nic.get("gpu_path", "PXB"),
+            net_latency_s=nic.get("net_latency_us", 0.0) * us,
         ),
         fabric=FabricSpec(
             topology=fab["topology"],
@@ -596,9 +605,37 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             net_step_overhead_s={p: v * us for p, v in comm.get("net_step_overhead_us", {}).items()},
             ring_plateau_factor=comm.get("ring_plateau_factor", 1.0),
             tree_chunk_bytes=comm.get("tree_chunk_bytes", 0),
+            nccl_proto=parse_nccl_proto(comm.get("nccl_proto", ",".join(PROTOCOLS))),
         ),
         sources=dict(sorted(sources.items())),
     )
+
+
+def parse_nccl_proto(text: str) -> tuple[str, ...]:
+    """The protocols an ``NCCL_PROTO`` value enables, in :data:`PROTOCOLS` order: a
+    comma list of names, case-insensitive, or ``^`` and the names to disable (NCCL
+    src/graph/tuning.cc ``parseList``: ``strcasecmp``, a leading ``^`` inverts).
+
+    Raises:
+        ValueError: ``comm.nccl_proto`` naming the value for an unknown name or a list
+            that enables no protocol.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"comm.nccl_proto: {text!r} is not a string; give e.g. 'Simple' or "
+                         f"'LL128,Simple' (names: {', '.join(PROTOCOLS)}, '^' to exclude)")
+    exclude = text.startswith("^")
+    names = [n.strip() for n in text[exclude:].split(",") if n.strip()]
+    known = {p.lower(): p for p in PROTOCOLS}
+    for name in names:
+        if name.lower() not in known:
+            raise ValueError(f"comm.nccl_proto: {name!r} in {text!r} is not a protocol; valid: "
+                             f"{', '.join(PROTOCOLS)} (comma-separated, '^' to exclude)")
+    listed = {known[n.lower()] for n in names}
+    enabled = tuple(p for p in PROTOCOLS if (p in listed) != exclude)
+    if not enabled:
+        raise ValueError(f"comm.nccl_proto: {text!r} enables no protocol; valid: a comma list "
+                         f"of {', '.join(PROTOCOLS)}, or '^' and at most two of them")
+    return enabled
 
 
 def check_cluster_spec(spec: ClusterSpec, *, where: str = "") -> ClusterSpec:
@@ -642,11 +679,12 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                 "kernel_launch_us": g.kernel_launch_s * us,
                 "sustained_fraction": g.sustained_fraction, "sm_count": g.sm_count,
                 "memory_reserve_gib": g.memory_reserve_bytes / GIB,
-                "host_cpu": g.host_cpu},
+                "host_cpu": g.host_cpu, "compute_capability": g.compute_capability},
         "scale_up": scale_up,
         "nic": {"count_per_node": nic.count_per_node, "gbit_per_s": nic.gbit_per_s,
                 "kind": nic.kind, "gpudirect_rdma": nic.gpudirect_rdma,
-                "link_efficiency": nic.link_efficiency},
+                "link_efficiency": nic.link_efficiency, "gpu_path": nic.gpu_path,
+                "net_latency_us": nic.net_latency_s * us},
         "fabric": {"topology": fab.topology, "tiers": fab.tiers,
                    "nodes_per_leaf": fab.nodes_per_leaf,
                    "leaves_per_spine_group": fab.leaves_per_spine_group,
@@ -676,7 +714,8 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                  "net_step_overhead_us": {p: v * us for p, v in
                                           comm.net_step_overhead_s.items()},
                  "ring_plateau_factor": comm.ring_plateau_factor,
-                 "tree_chunk_bytes": comm.tree_chunk_bytes},
+                 "tree_chunk_bytes": comm.tree_chunk_bytes,
+                 "nccl_proto": ",".join(comm.nccl_proto)},
     }
 
 
