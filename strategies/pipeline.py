@@ -1169,3 +1169,190 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     if len(compiled.results) > _RESULTS_MAX:
         compiled.results.popitem(last=False)
     return found
+
+
+# --------------------------------------------------------------------------- 1F1B family
+#
+# GPipe, 1F1B and interleaved 1F1B order each rank the same way (Megatron-Core,
+# megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with(out)
+# _interleaving; Narayanan et al. 2021, §2.2): rank r walks T = m v "virtual"
+# micro-batches k; it runs w_r warm-up forwards F_0 .. F_{w_r-1}, then pairs
+# (F_{w_r+q}, B_q), then the remaining backwards B_{T-w_r} .. B_{T-1}. Virtual k runs
+# chunk c = (k mod p v) // p forwards and chunk v - 1 - c backwards, so the stage of F_k
+# on rank r is c p + r and that of B_k is (v - 1 - c) p + r (one chunk: stage r).
+# F_k on rank r needs F_k of rank r - 1, or on rank 0 with c > 0 F_{k-p} of rank p - 1
+# (the previous chunk); B_k on rank r needs B_k of rank r + 1, or on rank p - 1 with
+# c > 0 B_{k-p} of rank 0; the F a backward also needs precedes it on its own rank.
+
+
+def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
+                              warmups: Sequence[int], t_f: Sequence[int],
+                              t_b: Sequence[int], t_comm: int
+                              ) -> tuple[int, tuple[int, ...], tuple[int, ...],
+                                         tuple[int, ...]]:
+    """:func:`replay_timing` of a 1F1B-family order (module comment above) given by
+    each rank's warm-up forwards ``warmups`` on Megatron's interleaved placement, with
+    integer durations per stage: ``(makespan, each rank's last end, each rank's first
+    start, each rank's wait for transfers)``, the same integers, without building
+    the action lists.
+
+    The earliest-start recurrence (a unit starts at the later of its rank's previous
+    end and its input's end plus ``t_comm`` across ranks) runs in position order:
+    rank ``r``'s ``i``-th action is F_i while ``i < w_r``, then F and B alternately,
+    then B_{i-T}; every input comes from an earlier position or, within a position,
+    a forward from the rank above or a backward from the rank below, so each position
+    does its forwards by rising rank, then its backwards by falling rank. While every
+    rank is in its 1F-1B phase (positions ``w_max .. 2T - w_max - 1``), an input is at
+    most two positions old and the orders repeat every ``P = 2 p v`` positions (2 for
+    one chunk) with virtual index ``k + p v``; so when the ends of two consecutive
+    positions are those ``P`` earlier plus one constant ``d`` on every rank, the
+    recurrence from there is the one from ``P`` earlier shifted by ``d``, and whole
+    periods up to the first cool-down are skipped exactly (ends plus ``n d``, waits
+    plus ``n`` times the last period's). Cost: the warm-up, the cool-down and the
+    periods until the ends repeat, not the micro-batch count.
+
+    Raises:
+        ValueError: for a shape or durations it cannot time (one line, naming it).
+    """
+    p, v = pp, vpp
+    total = microbatches * v
+    group = p * v
+    stages = p * v
+    if len(warmups) != p or any(not 0 <= w <= total for w in warmups):
+        raise ValueError(f"warmups={tuple(warmups)!r} is invalid; valid: {p} counts "
+                         f"in 0 .. {total}")
+    if len(t_f) != stages or len(t_b) != stages:
+        raise ValueError(f"t_f/t_b have {len(t_f)}/{len(t_b)} entries; valid: {stages} "
+                         "(one per stage)")
+    c = t_comm
+    far = p > 1
+    # durations by rank and chunk; chunk of virtual k: (k % group) // p
+    fdur = [[t_f[ch * p + r] for ch in range(v)] for r in range(p)]
+    bdur = [[t_b[(v - 1 - ch) * p + r] for ch in range(v)] for r in range(p)]
+    end_f = [[0] * total for _ in range(p)]
+    end_b = [[0] * total for _ in range(p)]
+    free = [0] * p
+    wait = [0] * p
+    first_start = [0] * p
+    w_max = max(warmups)
+    positions = 2 * total
+    period = 2 * group if v > 1 else 2
+    # the all-1F-1B window and the positions a period check may look at
+    steady_end = positions - w_max
+    # a position's inputs are those of the position one period later once both are past
+    # w_max (the first 1F-1B forward of a rank may read a warm-up forward one position
+    # old, not two): ends are kept from w_max and compared from w_max + 1 + period on
+    check_from = w_max
+    ends: list[list[int]] = []  # free and wait after each position from check_from
+    waits: list[list[int]] = []
+    last = p - 1
+    up = range(p)
+    down = range(p - 1, -1, -1)
+    i = 0
+    while i < positions:
+        # which action each rank runs at position i: (is forward, virtual index)
+        # forwards first, by rising rank
+        for r in up:
+            w = warmups[r]
+            if i < w:
+                k = i
+            elif i < positions - w:
+                off = i - w
+                if off & 1:
+                    continue
+                k = w + (off >> 1)
+            else:
+                continue
+            start = produced = free[r]
+            if r:
+                dep = end_f[r - 1][k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_f[last][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            if i == 0:
+                first_start[r] = start
+            free[r] = end_f[r][k] = start + fdur[r][(k % group) // p]
+        for r in down:
+            w = warmups[r]
+            if i < w:
+                continue
+            if i < positions - w:
+                off = i - w
+                if not off & 1:
+                    continue
+                k = off >> 1
+            else:
+                k = i - total
+            start = produced = free[r]
+            if r < last:
+                dep = end_b[r + 1][k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_b[0][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            free[r] = end_b[r][k] = start + bdur[r][(k % group) // p]
+        if check_from <= i < steady_end:
+            ends.append(free[:])
+            waits.append(wait[:])
+            if len(ends) > period + 1 and i - period > w_max:
+                now, before = ends[-1], ends[-1 - period]
+                shift = now[0] - before[0]
+                # (rank p - 1 first: a cheap filter before the whole comparison)
+                if (now[last] - before[last] == shift
+                        and [x + shift for x in before] == now
+                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
+                    repeats = (steady_end - 1 - i) // period
+                    if repeats > 0:
+                        _skip_periods(i, repeats, period, group, shift, warmups, total,
+                                      end_f, end_b, free)
+                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
+                        wait = [x + repeats * g for x, g in zip(wait, grow)]
+                        i += repeats * period
+                    ends = waits = []
+                    check_from = positions  # (one skip reaches the first cool-down)
+        i += 1
+    return max(free), tuple(free), tuple(first_start), tuple(wait)
+
+
+def _skip_periods(i: int, repeats: int, period: int, group: int, shift: int,
+                  warmups: Sequence[int], total: int, end_f: list, end_b: list,
+                  free: list) -> None:
+    """Move the recurrence of :func:`one_f_one_b_family_timing` from position ``i`` to
+    ``i + repeats * period``: the ends of the two positions later inputs read (``i - 1``
+    and ``i``, all ranks in their 1F-1B phase) are copied ``repeats`` periods ahead
+    (virtual index plus ``repeats * group``) plus ``repeats * shift``."""
+    add = repeats * shift
+    step_k = repeats * (period // 2)  # one F and one B per rank every two positions
+    for r, w in enumerate(warmups):
+        for pos in (i - 1, i):
+            off = pos - w
+            if off & 1:
+                k = off >> 1
+                end_b[r][k + step_k] = end_b[r][k] + add
+            else:
+                k = w + (off >> 1)
+                end_f[r][k + step_k] = end_f[r][k] + add
+        free[r] += add

@@ -4,9 +4,12 @@ Where they must agree and how far they may differ elsewhere:
 
 * without pipeline parallelism the analytic step is one rank's list schedule of
   the very ops the event replay runs: equal to the nanosecond;
-* with pipelines the closed-form fill/drain differs from the replayed waits by
-  less than 1 % on the schedules and splits below; ZeRO-3 with pipelines, whose
-  parameter prefetch runs through the bubbles, by less than 5 %;
+* with pipelines in one NVLink domain the closed form times the schedule as the
+  replay does (the 1F1B family by strategies.pipeline.one_f_one_b_family_timing, the
+  others by replaying their lists): equal to the nanosecond on the schedules and
+  splits below; long pipelines across nodes within 0.5 % (the closed form prices every
+  transfer at one pipeline hop); ZeRO-3 with pipelines, whose parameter prefetch runs
+  through the bubbles, within 5 %;
 * flow equals event when no link is shared, and is slower when links are.
 """
 
@@ -100,20 +103,20 @@ PIPELINES = [
 
 @pytest.mark.parametrize("case", PIPELINES,
                          ids=lambda c: f"{c['model']}-pp{c['pp']}-{c.get('schedule', '1f1b')}")
-def test_analytic_is_within_one_percent_of_event_with_pipelines(case):
+def test_analytic_equals_event_with_pipelines(case):
+    """Was: within 1 % (the 1F1B family's closed form); the pipeline is timed as the
+    replay times it now, so the step is equal to the ns."""
     analytic, event = _both(case)
-    error = analytic.step_time_s / event.step_time_s - 1
-    print(f"\n{case}: analytic {analytic.step_time_s:.4f} s, event "
-          f"{event.step_time_s:.4f} s, {error:+.3%}")
-    assert abs(error) < 0.01
+    assert analytic.step_time_s == event.step_time_s
     assert analytic.breakdown["compute"] == pytest.approx(event.breakdown["compute"], rel=0.01)
     assert analytic.breakdown["bubble"] == pytest.approx(event.breakdown["bubble"], rel=0.1,
                                                          abs=1e-3 * event.step_time_s)
 
 
-def test_analytic_is_within_one_percent_of_event_with_empty_end_stages():
+def test_analytic_is_within_half_a_percent_of_event_with_empty_end_stages():
     """Six layers on 4 x 2 virtual stages: the first and the last hold only the embedding
-    and the loss (Megatron's account-for-embedding/loss split)."""
+    and the loss (Megatron's account-for-embedding/loss split); +0.22 % (was within 1 %).
+    """
     from dataclasses import replace
 
     from strategies.models import load_model
@@ -123,7 +126,7 @@ def test_analytic_is_within_one_percent_of_event_with_empty_end_stages():
                 schedule="interleaved")
     analytic, event = _both(case)
     assert analytic.inputs["plan"]["vpp"] == 2
-    assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.01
+    assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.005
 
 
 def _schedule_case(schedule):
@@ -135,14 +138,12 @@ def _schedule_case(schedule):
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_analytic_is_within_one_percent_of_event_for_every_registered_schedule(schedule):
+def test_analytic_equals_event_for_every_registered_schedule(schedule):
     """Every schedule in the registry (tests/example_schedule.py's too): the closed-form
-    step model asks the schedule object, so a new one is priced without other edits."""
+    step model asks the schedule object, so a new one is priced without other edits
+    (was: within 1 %; equal to the ns now that the 1F1B family is timed exactly)."""
     analytic, event = _both(_schedule_case(schedule))
-    error = analytic.step_time_s / event.step_time_s - 1
-    print(f"\n{schedule}: analytic {analytic.step_time_s:.4f} s, event "
-          f"{event.step_time_s:.4f} s, {error:+.3%}")
-    assert abs(error) < 0.01
+    assert analytic.step_time_s == event.step_time_s
     assert analytic.breakdown["bubble"] == pytest.approx(event.breakdown["bubble"], rel=0.1,
                                                          abs=1e-3 * event.step_time_s)
 
@@ -171,10 +172,10 @@ def test_two_way_pipelines_replay_deep_without_deadlock(schedule, vpp, pp):
     ("interleaved", 2, None, 4),            # 17 layers, even but for one: was -1.5 %
 ])
 def test_short_one_f_one_b_pipelines_equal_the_replay(schedule, vpp, split, global_batch):
-    """The 1F1B family's closed form is exact for equal stages only; short lists
-    (strategies.schedules.base.REPLAY_ACTIONS_MAX) are timed by replaying them, so the
-    closed form equals the event replay to the ns whatever the split
-    (benchmarks/plan_fuzz.py found the gaps above)."""
+    """The 1F1B family's former closed form was exact for equal stages only
+    (benchmarks/plan_fuzz.py found the gaps above); the family is timed as its lists
+    replay now (strategies.pipeline.one_f_one_b_family_timing), so the closed form
+    equals the event replay to the ns whatever the split."""
     from dataclasses import replace
 
     from strategies.models import load_model
@@ -184,6 +185,29 @@ def test_short_one_f_one_b_pipelines_equal_the_replay(schedule, vpp, split, glob
                                  seq_len=1024, global_batch=global_batch,
                                  layers_per_stage=split))
     assert analytic.step_time_s == event.step_time_s
+
+
+def _forty_layers():
+    from dataclasses import replace
+
+    from strategies.models import load_model
+
+    return replace(load_model("llama3-8b"), num_layers=40)
+
+
+@pytest.mark.parametrize("extra", [
+    # the former closed form: -18.6 % (interleaved at m = p: every forward is warm-up)
+    dict(global_batch=16, recompute="full", tp_comm_overlap="userbuffers"),
+    # uneven split, m = 2 p: -10.5 %
+    dict(global_batch=32, layers_per_stage=(2, 1, 1, 1) * 4 + (1, 1, 1, 2) * 4),
+], ids=["m16-full-userbuffers", "m32-uneven"])
+def test_long_interleaved_pipelines_across_nodes_are_within_half_a_percent(extra):
+    """pp 16 x vpp 2 (2,048+ actions, past the former replay threshold) on 4 nodes: the
+    pipeline is timed as its lists replay; what remains is the event engine's transfers
+    between nodes against the closed form's one price per hop (-0.41 %, -0.25 %)."""
+    analytic, event = _both(dict(model=_forty_layers(), gpus=32, tp=2, pp=16, vpp=2,
+                                 schedule="interleaved", seq_len=4096, **extra))
+    assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.005
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -296,26 +320,22 @@ def test_memory_horizon_of_every_schedule_gives_the_full_peak(schedule):
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_every_schedule_times_long_pipelines_as_a_replay(schedule):
-    """A schedule's timing (its closed form, or a replay extrapolated over the steady
-    state's period) equals the exact replay of all its actions when stages are equal;
-    a replayed schedule's equals it with unequal stages too (the first and last
-    heavier: embedding, head)."""
+    """A schedule's timing (the 1F1B family's recurrence, or a replay extrapolated over
+    the steady state's period) equals the exact replay of all its actions, with equal
+    stages and with the first and last heavier (embedding, head), transfers included."""
     from strategies.pipeline import simulate_unit_times
-    from strategies.schedules import PipelineSchedule, get_schedule
+    from strategies.schedules import get_schedule
 
     sched = get_schedule(schedule)
-    replayed = type(sched).timing is PipelineSchedule.timing
     for pp, vpp in _shapes(schedule):
         stages = sched.placement(pp, vpp).num_stages
         for equal in (True, False):
-            if not equal and not replayed:
-                continue
             t_f = [1000] * stages
             if not equal:
                 t_f[0], t_f[-1] = 1100, 1400
             t_w = [f * 6 // 10 for f in t_f] if sched.split_backward else None
             t_b = [f * 2 for f in t_f]
-            comm = 0 if equal and not replayed else 37
+            comm = 37
             for m in (4 * pp, 7 * pp, 64 * pp // pp * pp):
                 full = simulate_unit_times(sched.actions(pp, m, vpp), sched.placement(pp, vpp),
                                            vpp, t_f, t_b, t_w, comm)

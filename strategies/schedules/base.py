@@ -20,10 +20,8 @@ schedule object, never its name. A new schedule is one subclass of
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -32,6 +30,7 @@ from strategies.pipeline import (
     Action,
     StagePlacement,
     interleaved_placement,
+    one_f_one_b_family_timing,
     pair_forwards_with_backwards,
     peak_held,
     replay_timing,
@@ -381,62 +380,56 @@ def count_actions(actions: Sequence[Action]) -> dict[tuple, int]:
     return counts
 
 
-def one_f_one_b_timing(placement: StagePlacement, microbatches: int, t_f: Sequence[int],
-                       t_b: Sequence[int], t_comm: int) -> PipelineTiming:
-    """Closed form of the 1F1B family (GPipe, 1F1B, interleaved 1F1B).
-
-    With ``T_r`` the forward + backward of one micro-batch over rank ``r``'s
-    ``v`` stages and ``c = argmax T_r`` the busiest rank, the pipeline ends at
-
-    ``m T_c + sum_{r != c} T_r / v + 2 (p - 1) t_comm``
-
-    (the bubble ``(p - 1) / v`` of a stage's work, Narayanan et al. 2021, §2.2; for
-    equal stages ``(m + (p - 1) / v) T``; unequal stages wait for the slowest).
-    The drain runs the last micro-batch's backward from the last rank to the
-    first, so rank ``r`` ends ``sum_{q < r} (B_q + t_comm)`` before rank 0, with
-    ``B_q`` the backward of rank ``q``'s stages.
-    """
-    pp, vpp = placement.pp, placement.stages_per_rank
-    work = [sum(t_f[s] + t_b[s] for s in placement.stages_of(r)) for r in range(pp)]
-    slowest = max(range(pp), key=lambda r: (work[r], -r))
-    makespan = math.ceil(microbatches * work[slowest]
-                         + sum(w for r, w in enumerate(work) if r != slowest) / vpp
-                         + 2 * (pp - 1) * t_comm)
-    ends, drained = [], 0
-    for rank in range(pp):
-        ends.append(makespan - drained)
-        drained += sum(t_b[s] for s in placement.stages_of(rank)) + t_comm
-    # micro-batch 0 fills the pipeline: rank r starts once stages 0 .. r-1 forwarded it;
-    # the first rank waits for the fill's and the drain's transfers
-    # (running sums of whole ns: sum(t_f[:r]) for every r in one pass)
-    starts = tuple(done + r * t_comm for r, done in enumerate(accumulate(t_f[:pp - 1],
-                                                                       initial=0)))
-    waits = (2 * (pp - 1) * t_comm,) + (0,) * (pp - 1)
-    return PipelineTiming(makespan, tuple(ends), starts, waits)
-
-
-#: Actions (pp * vpp * microbatches * 2) up to which a 1F1B-family schedule is timed by
-#: replaying its lists rather than by its closed form: the closed form is exact for equal
-#: stages only, and its error on unequal ones is largest on short pipelines (1F1B with
-#: the heaviest stage in the middle, pp 4 x 4 micro-batches: +12.8 %; interleaved at its
-#: fewest micro-batches: -1.5 % even split, -8 % uneven; benchmarks/plan_fuzz.py), which
-#: replay in well under a millisecond. Longer ones keep the closed form (a replay there
-#: costs 10-50 ms per plan, too slow for sweeps) and its error shrinks with m.
-REPLAY_ACTIONS_MAX = 512
-
-
 class OneFOneBFamily(PipelineSchedule):
-    """A schedule of the 1F1B family (GPipe, 1F1B, interleaved): its step in closed form
-    (:func:`one_f_one_b_timing`) unless forwards and backwards overlap in pairs, which
-    only the list replay times, or the lists are short (:data:`REPLAY_ACTIONS_MAX`),
-    which the replay times exactly for any stage durations."""
+    """A schedule of the 1F1B family (GPipe, 1F1B, interleaved): rank ``r`` runs
+    :meth:`warmup_forwards` forwards, then one forward and one backward, then the
+    remaining backwards (Megatron-Core, megatron/core/pipeline_parallel/schedules.py),
+    so its step is timed exactly, without building the lists, by
+    :func:`strategies.pipeline.one_f_one_b_family_timing` -- the list replay's integers
+    at any size. Overlapped forward-backward pairs, a subclass with its own order and
+    durations that are not whole numbers are replayed from the lists."""
+
+    def warmup_forwards(self, rank: int, pp: int, microbatches: int, vpp: int) -> int | None:
+        """Forwards rank ``rank`` runs before its first backward (shape already
+        checked); None: the lists follow no such order (then they are replayed)."""
+        return None
 
     def timing(self, pp: int, microbatches: int, vpp: int, t_f: Sequence[int],
                t_b: Sequence[int], t_w: Sequence[int] | None, t_comm: int,
                t_fb: Mapping[tuple[int, int], int] | None = None,
                overlap: bool = False, t_i: Sequence[int] | None = None) -> PipelineTiming:
-        if overlap or 2 * pp * vpp * microbatches <= REPLAY_ACTIONS_MAX:
-            # overlapped pairs (no closed form) or a short pipeline: replay the lists
-            return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
-                                  t_i)
-        return one_f_one_b_timing(self.placement(pp, vpp), microbatches, t_f, t_b, t_comm)
+        """:meth:`PipelineSchedule.timing` (same arguments and integers): without
+        overlapped pairs, the recurrence of
+        :func:`strategies.pipeline.one_f_one_b_family_timing` on the schedule's warm-up
+        counts, memoised per durations; otherwise (or without warm-up counts, or with
+        durations that are not whole numbers) the base class's list replay."""
+        if not overlap:
+            self.check(pp, microbatches, vpp)
+            found = _family_timing(self, pp, microbatches, vpp, tuple(t_f), tuple(t_b),
+                                   t_comm)
+            if found is not None:
+                return found
+        return super().timing(pp, microbatches, vpp, t_f, t_b, t_w, t_comm, t_fb, overlap,
+                              t_i)
+
+
+@lru_cache(maxsize=4096)
+def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: int,
+                   t_f: tuple, t_b: tuple, t_comm: int) -> PipelineTiming | None:
+    """OneFOneBFamily.timing without pairs, memoised per durations; None when the lists
+    must be replayed (no warm-up order, durations not whole ns >= 0)."""
+    stages = pp * vpp
+    if (len(t_f) != stages or len(t_b) != stages
+            or not all(type(x) is int and x >= 0 for x in (*t_f, *t_b, t_comm))):
+        return None
+    if schedule.placement(pp, vpp) != interleaved_placement(pp, vpp):
+        return None  # (the recurrence reads Megatron's layout: stage s on rank s % pp)
+    warmups = []
+    for rank in range(pp):
+        found = schedule.warmup_forwards(rank, pp, microbatches, vpp)
+        if found is None:
+            return None
+        warmups.append(found)
+    makespan, ends, starts, waits = one_f_one_b_family_timing(
+        pp, microbatches, vpp, warmups, t_f, t_b, t_comm)
+    return PipelineTiming(makespan, ends, starts, waits)

@@ -20,6 +20,12 @@ class GPipe(OneFOneBFamily):
         return ([Action(rank, "F", j) for j in range(microbatches)]
                 + [Action(rank, "B", j) for j in range(microbatches)])
 
+    def warmup_forwards(self, rank: int, pp: int, microbatches: int, vpp: int) -> int | None:
+        """Every forward comes first: ``m`` (None for a subclass with its own order)."""
+        if type(self).rank_actions is not GPipe.rank_actions:
+            return None
+        return microbatches
+
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:
         return (pp - 1) * work_per_microbatch

@@ -64,6 +64,16 @@ class Interleaved(OneFOneBFamily):
         out += [action(k, "B") for k in range(total - warmup, total)]
         return out
 
+    def warmup_forwards(self, rank: int, pp: int, microbatches: int, vpp: int) -> int | None:
+        """``min(2 (p - r - 1) + (v - 1) p, m v)``, all ``m v`` when ``m == p``
+        (:meth:`rank_actions`; None for a subclass with its own order)."""
+        if type(self).rank_actions is not Interleaved.rank_actions:
+            return None
+        total = microbatches * vpp
+        if microbatches == pp:
+            return total
+        return min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:
         return (pp - 1) * work_per_microbatch / vpp

@@ -26,6 +26,13 @@ class OneFOneB(OneFOneBFamily):
         out += [Action(rank, "B", j) for j in range(m - warmup, m)]  # cool-down
         return out
 
+    def warmup_forwards(self, rank: int, pp: int, microbatches: int, vpp: int) -> int | None:
+        """``min(p - r - 1, m)`` (:meth:`rank_actions`; None for a subclass with its own
+        order)."""
+        if type(self).rank_actions is not OneFOneB.rank_actions:
+            return None
+        return min(pp - rank - 1, microbatches)
+
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:
         return (pp - 1) * work_per_microbatch

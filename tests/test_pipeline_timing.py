@@ -1,0 +1,160 @@
+"""The 1F1B family (GPipe, 1F1B, interleaved) timed without its lists
+(strategies.pipeline.one_f_one_b_family_timing) equals the list replay
+(strategies.pipeline.replay_timing, the event engine's schedule) to the integer: makespan,
+every rank's last end, first start and wait for transfers, on random shapes and durations
+(empty stages, t_comm > 0), and on long pipelines whose steady periods it skips."""
+
+import random
+
+import pytest
+
+import strategies.pipeline as pipeline
+from strategies.pipeline import one_f_one_b_family_timing, replay_timing
+from strategies.schedules import get_schedule
+
+FAMILY = ("1f1b", "interleaved", "gpipe")
+
+
+def _random_case(rng, max_pp, max_m):
+    name = rng.choice(FAMILY + ("1f1b", "interleaved"))
+    pp = rng.randint(1, max_pp)
+    vpp = rng.randint(2, 8) if name == "interleaved" else 1
+    step = pp if name == "interleaved" else 1
+    m = step * rng.randint(1, max(1, max_m // step))
+    stages = pp * vpp
+    hi = rng.choice([1, 3, 100, 10 ** 6, 10 ** 9])
+    if rng.random() < 0.5:  # any durations
+        t_f = [rng.randint(0, hi) for _ in range(stages)]
+        t_b = [rng.randint(0, hi) for _ in range(stages)]
+    else:  # equal but for the ends (embedding, head)
+        t_f, t_b = [rng.randint(0, hi)] * stages, [rng.randint(0, hi)] * stages
+        for row in (t_f, t_b):
+            row[0] += rng.randint(0, hi // 3 + 1)
+            row[-1] += rng.randint(0, hi // 3 + 1)
+    for row in (t_f, t_b):
+        for _ in range(rng.randint(0, 2)):
+            row[rng.randrange(stages)] = 0  # empty stages
+    t_comm = rng.randint(1, max(1, hi // rng.choice([1, 10, 1000])))
+    return name, pp, m, vpp, t_f, t_b, t_comm
+
+
+def _check(name, pp, m, vpp, t_f, t_b, t_comm):
+    schedule = get_schedule(name)
+    expected = replay_timing(schedule.actions(pp, m, vpp), schedule.placement(pp, vpp),
+                             t_f, t_b, None, t_comm)
+    timing = schedule.timing(pp, m, vpp, t_f, t_b, None, t_comm)
+    got = (timing.makespan, timing.rank_end, timing.rank_start, timing.rank_comm_wait)
+    assert got == expected, (name, pp, m, vpp, t_f, t_b, t_comm)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_family_timing_equals_the_list_replay_on_random_shapes(seed):
+    """100 random shapes per seed (pp 1-8, m up to 32), exact integers."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        _check(*_random_case(rng, 8, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10, 13))
+def test_family_timing_equals_the_list_replay_on_many_random_shapes(seed):
+    """1,000 random shapes per seed (pp 1-16, vpp 1-8, m up to 64), exact integers."""
+    rng = random.Random(seed)
+    for _ in range(1000):
+        _check(*_random_case(rng, 16, 64))
+
+
+@pytest.mark.parametrize("name, pp, vpp, m", [
+    ("1f1b", 4, 1, 300), ("1f1b", 8, 1, 97), ("1f1b", 2, 1, 64),
+    ("interleaved", 4, 2, 96), ("interleaved", 2, 3, 64), ("interleaved", 3, 4, 60),
+])
+def test_long_pipelines_skip_steady_periods_exactly(name, pp, vpp, m, monkeypatch):
+    """Past the warm-up the ends repeat every period shifted by one constant; whole
+    periods are then skipped (the skip runs here) and the result still equals the
+    replay of every action, for several duration vectors each."""
+    skips = []
+    real = pipeline._skip_periods
+    monkeypatch.setattr(pipeline, "_skip_periods", lambda *a: skips.append(a) or real(*a))
+    rng = random.Random(pp * 1000 + m)
+    stages = pp * vpp
+    cases = [([5] * stages, [9] * stages, 1),
+             ([100] * (stages - 1) + [140], [200] * (stages - 1) + [260], 3),
+             ([rng.randint(0, 1000) for _ in range(stages)],
+              [rng.randint(0, 1000) for _ in range(stages)], 250)]
+    for t_f, t_b, t_comm in cases:
+        _check(name, pp, m, vpp, t_f, t_b, t_comm)
+    assert skips
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_equal_stages_without_transfers_give_the_bubble_closed_form(name):
+    """Equal stages, t_comm = 0: the step is (m v + p - 1) (F + B) of one stage -- the
+    bubble (p - 1) / (m v + p - 1) (Narayanan et al. 2021, §2.2), exactly."""
+    schedule = get_schedule(name)
+    for pp in (1, 2, 3, 4, 8, 16):
+        for vpp in ((2, 3, 4) if name == "interleaved" else (1,)):
+            step = pp if name == "interleaved" else 1
+            for m in (step, 2 * step, 5 * step, 64 * step):
+                timing = schedule.timing(pp, m, vpp, [7] * (pp * vpp), [13] * (pp * vpp),
+                                         None, 0)
+                assert timing.makespan == (m * vpp + pp - 1) * 20, (pp, vpp, m)
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_warmup_counts_rebuild_the_lists(name):
+    """The order the recurrence walks (strategies.pipeline's 1F1B-family comment: w_r
+    warm-up forwards, F/B pairs, cool-down backwards; virtual k runs chunk
+    (k mod p v) // p forwards, the mirrored chunk backwards) is each rank's list."""
+    schedule = get_schedule(name)
+    for pp in (1, 2, 3, 4, 5):
+        for vpp in ((2, 3) if name == "interleaved" else (1,)):
+            step = pp if name == "interleaved" else 1
+            for m in (step, 2 * step, 3 * step, 7 * step):
+                total, group = m * vpp, pp * vpp
+                for rank in range(pp):
+                    w = schedule.warmup_forwards(rank, pp, m, vpp)
+                    order = ([("F", k) for k in range(w)]
+                             + [x for q in range(total - w)
+                                for x in (("F", w + q), ("B", q))]
+                             + [("B", k) for k in range(total - w, total)])
+                    rebuilt = []
+                    for comp, k in order:
+                        chunk = (k % group) // pp
+                        if comp == "B":
+                            chunk = vpp - 1 - chunk
+                        rebuilt.append((chunk * pp + rank, comp, (k // group) * pp + k % pp))
+                    lists = [(a.stage, a.comp, a.microbatch)
+                             for a in schedule.actions(pp, m, vpp)[rank]]
+                    assert rebuilt == lists, (pp, vpp, m, rank)
+
+
+def test_bad_input_is_a_one_line_value_error():
+    with pytest.raises(ValueError, match="warmups"):
+        one_f_one_b_family_timing(2, 4, 1, [1], [1, 1], [1, 1], 0)
+    with pytest.raises(ValueError, match="warmups"):
+        one_f_one_b_family_timing(2, 4, 1, [5, 0], [1, 1], [1, 1], 0)
+    with pytest.raises(ValueError, match="t_f/t_b"):
+        one_f_one_b_family_timing(2, 4, 1, [1, 0], [1, 1, 1], [1, 1], 0)
+
+
+def test_a_subclass_with_its_own_order_is_replayed():
+    """A 1F1B subclass that orders its lists its own way (here: every forward first)
+    has no warm-up count of its parent's, so its timing is the replay of its lists."""
+    from strategies.pipeline import Action
+    from strategies.schedules.one_f_one_b import OneFOneB
+
+    class AllForwardsFirst(OneFOneB):
+        name = "all-forwards-first"
+
+        def rank_actions(self, rank, pp, microbatches, vpp):
+            return ([Action(rank, "F", j) for j in range(microbatches)]
+                    + [Action(rank, "B", j) for j in range(microbatches)])
+
+    schedule = AllForwardsFirst()
+    assert schedule.warmup_forwards(0, 4, 8, 1) is None
+    t_f, t_b = [3, 5, 4, 9], [6, 11, 8, 15]
+    expected = replay_timing(schedule.actions(4, 8, 1), schedule.placement(4, 1), t_f, t_b,
+                             None, 2)
+    timing = schedule.timing(4, 8, 1, t_f, t_b, None, 2)
+    assert (timing.makespan, timing.rank_end, timing.rank_start,
+            timing.rank_comm_wait) == expected
