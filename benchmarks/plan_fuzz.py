@@ -20,7 +20,8 @@ Findings (a plan may have several):
 * ``timeout``: the child did not finish within ``--timeout-s`` (deadlock or hang);
 * ``fidelity``: analytic vs event beyond tests/test_fidelity.py (exact without a
   pipeline; 1 % with one; 5 % ZeRO-3 with one; 1 % with stragglers or perturbations;
-  2.5 % when the host issues kernels, tests/test_host_issue.py);
+  when the host issues kernels 0.1 % without a pipeline, tests/test_host_issue.py, and
+  the pipeline's 1 %, tests/test_host_pipeline.py);
 * ``flow<event``: flow faster than event by more than 1e-9 (contention only slows);
 * ``negative`` / ``nan``: a breakdown part below -1 ns or not finite;
 * ``sum``: a rank's breakdown parts not summing to the step (beyond 1 us);
@@ -402,8 +403,9 @@ def findings(case: dict, answers: dict) -> list[tuple[str, str]]:
         error = a / e - 1
         if plan.get("dp_mode", "allreduce") != "allreduce":
             limit = 0.01
-        elif plan.get("host_issue", "off") not in ("off", "graphed"):
-            limit = 0.025  # tests/test_host_issue.py: the CPU's issue stretches, 2-2.5 %
+        elif plan.get("host_issue", "off") not in ("off", "graphed") and plan["pp"] == 1 \
+                and not perturbed:
+            limit = 0.001  # tests/test_host_issue.py: the CPU's lead carried, 0.1 %
         elif plan["pp"] == 1 and not perturbed:
             limit = 1e-12
         elif plan.get("zero", 1) == 3 and plan["pp"] > 1:

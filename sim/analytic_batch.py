@@ -28,8 +28,9 @@ parallelism, schedules whose micro-batches take one route and whose lists pair n
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
 reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
-per-stage recompute count, no SM contention (``comm_sm_contention``) and a compute
-model that prices by shape.
+per-stage recompute count, no SM contention (``comm_sm_contention``), no CPU issue cost
+(``host_issue`` off or graphed: with one the closed form carries the CPU's lead,
+:mod:`sim.host_lead`) and a compute model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
 number, the usual cost), or under SM contention without an exact closed form
 (DualPipe, :func:`sim.analytic_step.contention_closed_form`; a walk the closed form
@@ -200,6 +201,10 @@ class BatchStepEvaluator:
         if plan_contention(plan) is not None:
             # SM contention re-prices each part by the data-parallel collectives it
             # overlaps: through analytic_step (its closed form, or the engine's fallback)
+            return False
+        if plan.host_issue not in ("off", "graphed"):
+            # the CPU issues the kernels: phases carry its lead and the ranks' ends its
+            # bounds (AnalyticStepModel._host_ends), priced there
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:

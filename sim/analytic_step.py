@@ -47,6 +47,14 @@ schedule without F&B pairs) and walks its stages from per-plan tables of part pr
 and their sums (``fast``; ``fast=False`` is the reference walk over the lists,
 tests/test_fast_analytic.py checks both give the same result).
 
+The host's lead (issue 12, :mod:`sim.host_lead`): when the CPU issues the kernels
+(``host_issue`` eager, compiled, partial) each list schedule is also a max-plus form of
+how far ahead of the GPU the CPU starts it; a phase composes its parts' forms, the
+pipeline timing takes each phase with the CPU ahead, and each rank's end is bounded by
+its action list back to back from the CPU's start, the unled first action and the
+waits for other ranks' last actions (:meth:`AnalyticStepModel._host_ends`): within 1 %
+of the replay on the tested pipelines (tests/test_host_pipeline.py), 0.1 % without.
+
 Stragglers (``{rank: speed}``) slow every compute op of their whole pipeline
 (its TP/CP peers wait for them); the step is the slower of that pipeline and the
 others, as data parallelism synchronises them.
@@ -54,7 +62,7 @@ others, as data parallelism synchronises them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from hardware.catalog import cluster_to_dict
@@ -64,6 +72,7 @@ from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_prices import SharedPrices, part_recomputes, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
+from sim.host_lead import LEVEL, HostForm
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
@@ -93,6 +102,22 @@ class OpListCost:
     compute_ns: int = 0
     optimizer_ns: int = 0
     exposed_ns: dict[str, int] = field(default_factory=dict)
+    #: the list as a function of the CPU's lead (:class:`sim.host_lead.HostForm`; None:
+    #: no op costs the CPU anything, the list takes ``total_ns`` at any lead)
+    host: HostForm | None = None
+    #: compute-stream time lost waiting for the CPU, starting level (in ``compute_ns``)
+    starved_ns: int = 0
+    #: a walk's (:meth:`AnalyticStepModel._walk`): how far ahead of the GPU the CPU is
+    #: when its compute ends, having started level (a finish walk's: when its optimizer
+    #: starts; 0 when the host is not modelled)
+    lead_ns: int = 0
+
+    def form(self) -> HostForm:
+        """:attr:`host`, or the form of a list the CPU never holds back (its CPU ends
+        where it starts)."""
+        if self.host is not None:
+            return self.host
+        return HostForm(self.total_ns, self.total_ns, None, 0)
 
 
 class PricingCache:
@@ -232,7 +257,8 @@ class OpPricer:
         return 0
 
     def schedule(self, ops: Sequence[Op],
-                 external: Sequence[tuple[int, int, int]] = ()) -> OpListCost:
+                 external: Sequence[tuple[int, int, int]] = (), lead_ns: int = 0
+                 ) -> OpListCost:
         """List-schedule ``ops`` (stream order and ``deps``) on one rank.
 
         Under SM contention (``comm_contention``) a compute op runs on the SMs that the
@@ -244,17 +270,21 @@ class OpPricer:
         then the list schedule's accounting runs with them.
 
         The rank's CPU thread issues the ops in list order (:meth:`hardware.cost.
-        CostModel.host_ns` each, from the list's start: the host is taken to be level
-        with the GPU when a layer's phase begins); an op starts no earlier than its
-        issue, and after a ``host_sync`` op the CPU waits for it to end. GPU time lost
-        waiting for the CPU on the compute stream counts as compute (the kernels run
-        at the host's pace). Without host costs nothing changes."""
+        CostModel.host_ns` each, from ``lead_ns`` before the list's start: how far ahead
+        of the GPU the CPU is); an op starts no earlier than its issue, and after a
+        ``host_sync`` op the CPU waits for it to end. GPU time lost waiting for the CPU
+        on the compute stream counts as compute here (``starved_ns`` says how much; the
+        step model's phases and walks count it as idle, as the replay does), and the
+        list's end and its CPU's end at any other lead are its ``host`` form
+        (:class:`sim.host_lead.HostForm`, the same pass). Without host costs nothing
+        changes."""
         if self.max_ctas is None:
-            return self._schedule(ops)
-        return self._schedule(ops, self.contended_durations(ops, external))
+            return self._schedule(ops, lead_ns=lead_ns)
+        return self._schedule(ops, self.contended_durations(ops, external, lead_ns), lead_ns)
 
     def contended_durations(self, ops: Sequence[Op],
-                            external: Sequence[tuple[int, int, int]] = ()) -> list[int]:
+                            external: Sequence[tuple[int, int, int]] = (), lead_ns: int = 0
+                            ) -> list[int]:
         """Each op's duration in the list schedule of ``ops`` under SM contention: a
         discrete-event pass in time order (what :class:`sim.engine.Engine` does), each
         op starting when its stream is free, its ``deps`` have ended and the CPU has
@@ -281,7 +311,7 @@ class OpPricer:
         stream_free = {stream: 0 for stream in queues}
         running: dict[int, int] = {}  # compute op -> its tentative end
         host_ns = self.cost.host_ns
-        host, issued, left = 0, 0, n
+        host, issued, left = -lead_ns, 0, n
         while left:
             while issued < n:  # the CPU issues in list order, waiting after a host_sync
                 previous = ops[issued - 1] if issued else None
@@ -337,31 +367,54 @@ class OpPricer:
                             start[other], base[other], sms, busy)
         return [end[i] - start[i] for i in range(n)]
 
-    def _schedule(self, ops: Sequence[Op], durations: Sequence[int] | None = None
-                  ) -> OpListCost:
+    def _schedule(self, ops: Sequence[Op], durations: Sequence[int] | None = None,
+                  lead_ns: int = 0) -> OpListCost:
         """:meth:`schedule`'s list schedule, with each op's ``durations`` when given
         (under SM contention, :meth:`contended_durations`), else the cost model's."""
         self.ops_scheduled += len(ops)
         end = [0] * len(ops)
         stream_free: dict[str, int] = {}
         cost = OpListCost(exposed_ns={axis: 0 for axis in AXES_IN_ORDER})
-        host = 0
+        host = -lead_ns
         host_ns = self.cost.host_ns
+        # the same list with the CPU without bound ahead (HostForm.free_ns): the issue
+        # binds only after a host_sync (free_host: the CPU's time from the last one on)
+        free_end = [0] * len(ops)
+        free_stream: dict[str, int] = {}
+        free_host: int | None = None
+        hosted = False
         for index, op in enumerate(ops):
             ready = stream_free.get(op.stream, 0)
+            free_ready = free_stream.get(op.stream, 0)
             blocker = None
             for dep in op.deps:
                 if end[dep] > ready:
                     ready, blocker = end[dep], dep
-            host += host_ns(op)
+                if free_end[dep] > free_ready:
+                    free_ready = free_end[dep]
+            issue_ns = host_ns(op)
+            host += issue_ns
+            synced = getattr(op, "host_sync", False)
+            if issue_ns or synced:
+                hosted = True
+            if free_host is not None:
+                free_host += issue_ns
+                if free_host > free_ready:
+                    free_ready = free_host
             starved = host - ready if host > ready else 0
             duration = self.duration_ns(op) if durations is None else durations[index]
             end[index] = ready + starved + duration
-            if getattr(op, "host_sync", False) and end[index] > host:
-                host = end[index]
+            free_end[index] = free_ready + duration
+            free_stream[op.stream] = free_end[index]
+            if synced:
+                if end[index] > host:
+                    host = end[index]
+                if free_host is None or free_end[index] > free_host:
+                    free_host = free_end[index]
             if op.stream != COMPUTE_STREAM:
                 stream_free[op.stream] = end[index]
                 continue
+            cost.starved_ns += starved
             waited = ready - stream_free.get(COMPUTE_STREAM, 0)
             if waited > 0 and blocker is not None:
                 axis = getattr(ops[blocker], "axis", "")
@@ -377,6 +430,9 @@ class OpPricer:
                 axis = op.axis
                 cost.exposed_ns[axis] = cost.exposed_ns.get(axis, 0) + duration
         cost.total_ns = max(end, default=0)
+        if hosted:
+            cost.host = HostForm(max(free_end, default=0), cost.total_ns, free_host,
+                                 host if free_host is None or host > free_host else free_host)
         compute_end = stream_free.get(COMPUTE_STREAM, 0)
         if cost.total_ns > compute_end:
             last = max(range(len(ops)), key=lambda i: (end[i], -i))
@@ -560,6 +616,10 @@ class AnalyticStepModel:
         self._kind_gathers: dict[tuple, int] = {}
         self._repeats: dict[tuple[str, int], int] = {}
         self._flags = self._moe_flags()
+        #: the CPU issues the kernels (the plan's host_issue: the lowering gives ops host
+        #: costs, strategies.lowering.host_launches): phases carry the CPU's lead
+        #: (:mod:`sim.host_lead`)
+        self._hosted = self.plan.host_issue not in ("off", "graphed")
         #: the walk under SM contention met a schedule it does not price exactly
         #: (:meth:`_walk`); the event engine is then the reference
         self.inexact = False
@@ -685,7 +745,17 @@ class AnalyticStepModel:
     def _phase_cost(self, pricer: OpPricer, p: int, stage: int, comp: str) -> OpListCost:
         """One micro-batch's ``comp`` (F, B, I, W) of a virtual stage, alone: the parts
         add up, one evaluation per kind (ZeRO-3's gathers are prefetched, see
-        :meth:`_gathers_ns`)."""
+        :meth:`_gathers_ns`).
+
+        When the CPU issues the kernels (:attr:`_hosted`) the parts run back to back
+        with the CPU's lead carried across them (:meth:`_phase_form`), and the phase
+        is priced as the pipeline runs it: with the CPU ahead (``HostForm.free_ns``: in
+        the replay the CPU issues the next action's kernels while the GPU waits for a
+        receive, and keeps its lead across GPU-bound kernels), its compute without the
+        time kernels waited for the CPU (idle, as the replay's breakdown counts it);
+        where the CPU does hold a rank back, :meth:`_host_ends` bounds the rank's end
+        by its actions back to back from the CPU's start. ``host`` keeps the phase's
+        form."""
         key = (id(pricer), stage, comp)
         total = self._phase_costs.get(key)
         if total is not None:
@@ -694,10 +764,29 @@ class AnalyticStepModel:
         for kind, part, count in self._stage_kinds(stage):
             cost = self._kind_cost(pricer, p, part, kind, comp)
             total.total_ns += cost.total_ns * count
-            total.compute_ns += cost.compute_ns * count
+            total.compute_ns += (cost.compute_ns - cost.starved_ns) * count
             _add(total.exposed_ns, cost.exposed_ns, count)
+        if self._hosted:
+            total.host = self._phase_form(pricer, p, stage, comp)
+            total.total_ns = total.host.free_ns
         self._phase_costs[key] = total
         return total
+
+    def _phase_form(self, pricer: OpPricer, p: int, stage: int, comp: str) -> HostForm:
+        """:class:`sim.host_lead.HostForm` of one micro-batch's ``comp`` of a virtual
+        stage: its parts in the order the lowering issues them (forward: embedding,
+        layers, head; else head, layers reversed, embedding), a run of equal layers as
+        one power."""
+        runs: list[list] = []
+        for cost, _, _ in self._stage_table(pricer, p, stage, comp):
+            if runs and runs[-1][0] is cost:
+                runs[-1][1] += 1
+            else:
+                runs.append([cost, 1])
+        form = LEVEL
+        for cost, count in runs:
+            form = form.then(cost.form().repeat(count))
+        return form
 
     def _part_cost(self, pricer: OpPricer, p: int, part: int | str, comp: str) -> OpListCost:
         """List schedule of one layer or edge in one phase, priced once per layer type."""
@@ -821,6 +910,10 @@ class AnalyticStepModel:
         cost = self._phase_costs.get(key)
         if cost is None:
             cost = pricer.schedule(self.lowerer.pair_ops(p, forward_stage, backward_stage, comp))
+            if cost.host is not None:
+                # priced as the pipeline runs it, the CPU ahead (:meth:`_phase_cost`)
+                cost = replace(cost, total_ns=cost.host.free_ns,
+                               compute_ns=cost.compute_ns - cost.starved_ns, starved_ns=0)
             self._phase_costs[key] = cost
         return cost
 
@@ -844,8 +937,12 @@ class AnalyticStepModel:
         _, tail = self._rank_actions(p)
         per_step = self._work_cost(pricer, p, self._counts(p))
         gathers, first_gather = self._gathers_ns(pricer, p)
-        return _RankCosts(per_step, self._work_cost(pricer, p, tail),
-                          self._finish_cost(pricer, p, tail), gathers, first_gather)
+        # (with the host, the last backward walked as the finish walks it: from the CPU
+        # level, its lead carried, so what the finish adds after it is theirs to differ by)
+        last = (self._walk(pricer, p, list(tail), finish=False) if self._hosted
+                else self._work_cost(pricer, p, tail))
+        return _RankCosts(per_step, last, self._finish_cost(pricer, p, tail), gathers,
+                          first_gather)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
@@ -1222,14 +1319,21 @@ class AnalyticStepModel:
                     if wait > 0:  # the layer waits for its parameters
                         cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + wait
                         cost.total_ns += wait
+                        cost.lead_ns += wait  # (the CPU goes on issuing)
                 part_cost = self._part_cost(pricer, p, part, comp)
                 if contention and dp_busy and dp_busy[-1][1] > cost.total_ns:
                     while dp_busy[live][1] <= cost.total_ns:
                         live += 1  # (ends ascend: those over are over for good)
                     part_cost = self._overlapped_cost(pricer, p, part, comp, part_cost,
                                                       cost.total_ns, dp_busy, live)
-                cost.total_ns += part_cost.total_ns
-                cost.compute_ns += part_cost.compute_ns
+                if self._hosted:  # from the CPU's lead (sim.host_lead)
+                    form = part_cost.form()
+                    cost.total_ns += form.total_at(cost.lead_ns)
+                    cost.lead_ns = form.lead_after(cost.lead_ns)
+                    cost.compute_ns += part_cost.compute_ns - part_cost.starved_ns
+                else:
+                    cost.total_ns += part_cost.total_ns
+                    cost.compute_ns += part_cost.compute_ns
                 if part_cost.exposed_ns:
                     used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
                 if reduce_now and dues is not None:
@@ -1251,11 +1355,17 @@ class AnalyticStepModel:
         if dp_free > compute_end:
             cost.exposed_ns["dp"] = cost.exposed_ns.get("dp", 0) + dp_free - compute_end
         optimizer = self._optimizer_cost(pricer, p)
-        cost.total_ns = max(compute_end, dp_free) + optimizer.total_ns
+        optimizer_ns = optimizer.total_ns
+        if self._hosted:
+            # the CPU issues the optimizer ahead by its lead, and goes on while the GPU
+            # waits for the last reductions (lead_ns: the optimizer's lead-in from here)
+            cost.lead_ns += dp_free - compute_end if dp_free > compute_end else 0
+            optimizer_ns = optimizer.form().total_at(cost.lead_ns)
+        cost.total_ns = max(compute_end, dp_free) + optimizer_ns
         cost.optimizer_ns = optimizer.optimizer_ns
         # compute kernels of the optimizer step that are not Adam's (the per-step FP8 weight
         # quantization): compute, as the replay's breakdown counts them (sim.breakdown)
-        cost.compute_ns += optimizer.compute_ns
+        cost.compute_ns += optimizer.compute_ns - optimizer.starved_ns
         _add(cost.exposed_ns, optimizer.exposed_ns)
         return cost
 
@@ -1347,6 +1457,7 @@ class AnalyticStepModel:
         bucket, overlap = plan.grad_bucket_bytes, plan.overlap_grad_reduce
         total = cost.total_ns
         compute = cost.compute_ns
+        hosted, lead = self._hosted, cost.lead_ns
         reductions: dict[tuple[str, float], int | None] = {}
         for action in actions:
             stage, comp = action.stage, action.comp
@@ -1357,7 +1468,11 @@ class AnalyticStepModel:
                 # the parts' sums, kind by kind (whole ns): _phase_cost, whose exposed
                 # time is that of its parts times their counts
                 phase = self._phase_cost(pricer, p, stage, comp)
-                total += phase.total_ns
+                if hosted:  # the parts back to back from the CPU's lead (their form)
+                    total += phase.host.total_at(lead)
+                    lead = phase.host.lead_after(lead)
+                else:
+                    total += phase.total_ns
                 compute += phase.compute_ns
                 if phase.exposed_ns:
                     used[id(phase)] = (phase, used.get(id(phase), (0, 0))[1] + 1)
@@ -1365,8 +1480,14 @@ class AnalyticStepModel:
             table = self._stage_table(pricer, p, stage, comp)
             last = len(table) - 1
             for index, (part_cost, part, sums) in enumerate(table):
-                total += part_cost.total_ns
-                compute += part_cost.compute_ns
+                if hosted:
+                    form = part_cost.form()
+                    total += form.total_at(lead)
+                    lead = form.lead_after(lead)
+                    compute += part_cost.compute_ns - part_cost.starved_ns
+                else:
+                    total += part_cost.total_ns
+                    compute += part_cost.compute_ns
                 if part_cost.exposed_ns:
                     used[id(part_cost)] = (part_cost, used.get(id(part_cost), (0, 0))[1] + 1)
                 if not reduce_now:
@@ -1384,7 +1505,7 @@ class AnalyticStepModel:
                             pricer, p, *due_bucket)
                     if duration is not None:
                         dp_free = (dp_free if dp_free > total else total) + duration
-        cost.total_ns, cost.compute_ns = total, compute
+        cost.total_ns, cost.compute_ns, cost.lead_ns = total, compute, lead
         return dp_free
 
     def run(self) -> AnalyticStep:
@@ -1408,13 +1529,29 @@ class AnalyticStepModel:
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
         first_wait = self._gather_fill_delay_ns(t_p2p)
+        compute_ends, leads, fill = timing.rank_end, None, first_wait
+        if self._hosted:
+            # (the gather waits delay the pipeline's timing; a rank that runs at its CPU's
+            # pace issues through them)
+            compute_ends, leads = self._host_ends([end + first_wait for end in timing.rank_end],
+                                                  t_p2p, first_wait)
+            fill = 0
         ends = []
-        for rank, compute_end in zip(ranks, timing.rank_end):
-            last_start = compute_end + first_wait - rank.last_backward.total_ns
+        for p, (rank, compute_end) in enumerate(zip(ranks, compute_ends)):
+            last_start = compute_end + fill - rank.last_backward.total_ns
             after_backward = rank.finish.total_ns - rank.last_backward.total_ns
+            if leads is not None and leads[p] > rank.last_backward.lead_ns:
+                # the CPU is further ahead at the rank's end than its last backward alone
+                # from no lead leaves it (it issued through the waits): the optimizer
+                # runs from that much more lead
+                optimizer = self._optimizer_cost(self.stage_pricers.get(p, self.pricer),
+                                                 p).form()
+                more = leads[p] - rank.last_backward.lead_ns
+                after_backward -= (optimizer.total_at(rank.finish.lead_ns)
+                                   - optimizer.total_at(rank.finish.lead_ns + more))
             # a gather-bound rank ends no sooner than its gathers, then what
             # follows the last backward (reductions, optimizer)
-            ends.append(max(last_start + rank.finish.total_ns,
+            ends.append(max(last_start + rank.last_backward.total_ns + after_backward,
                             rank.gathers_ns + after_backward))
         step_ns = max(ends)
         starts = timing.rank_start or (0,) * pp
@@ -1428,6 +1565,170 @@ class AnalyticStepModel:
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
                             exact=not self.inexact)
+
+    def _host_ends(self, rank_end: Sequence[int], t_p2p: int, wait_ns: int = 0
+                   ) -> tuple[list[int], list[int]]:
+        """When each pipeline rank's compute ends with the CPU issuing its kernels: the
+        schedule's timing ``rank_end`` prices every action with the CPU ahead
+        (:meth:`_phase_cost`); three bounds of the replay's add what the CPU costs
+        (:mod:`sim.host_lead`):
+
+        * the step starts with the CPU level (``wait_ns``: the GPU waiting that long
+          for the first layers' parameter gathers, the CPU issuing meanwhile, the
+          pipeline's fill delay :meth:`_gather_fill_delay_ns`, already in ``rank_end``):
+          rank 0's first action runs from no lead,
+          later than with one, and the pipeline's fill with it (every rank's end);
+        * a rank ends no sooner than its action list back to back from the CPU's start
+          (the composition of its actions' forms, started level): a rank whose CPU is
+          the bottleneck issues through the pipeline's waits, and its actions then run
+          at the CPU's pace;
+        * a rank whose last action waits for another rank's last action (the last
+          micro-batch's backward from the stage after its own) ends no sooner than
+          that one's end, the transfer and its own action with the CPU ahead.
+
+        Exact where the CPU binds nothing (GPU-bound ranks: the timing's) and where a
+        rank's CPU does (its list back to back); between the two, a lower bound of the
+        replay's (tests/test_host_pipeline.py bounds the gap). Also returns how far
+        ahead each rank's CPU is when its compute ends (its end less its CPU's end, the
+        list issued back to back: exact without a ``host_sync``, whose waits only make
+        the CPU later)."""
+        lowerer = self.lowerer
+        placement = lowerer.placement
+        rows = lowerer.actions()
+        forms: dict[tuple, HostForm] = {}
+
+        def form_of(p: int, row: Sequence[Action], index: int) -> HostForm:
+            action = row[index]
+            pricer = self.stage_pricers.get(p, self.pricer)
+            if action.overlap:
+                forward, backward = ((action, row[index + 1]) if action.comp == "F"
+                                     else (row[index + 1], action))
+                key = (p, "pair", forward.stage, backward.stage)
+                found = forms.get(key)
+                if found is None:
+                    found = forms[key] = self._pair_cost(
+                        pricer, p, forward.stage, backward.stage, backward.comp).form()
+                return found
+            key = (p, action.stage, action.comp)
+            found = forms.get(key)
+            if found is None:
+                found = forms[key] = self._phase_cost(pricer, p, action.stage,
+                                                      action.comp).form()
+            return found
+
+        ends = list(rank_end)
+        cpu_ends: list[int] = []  # each rank's CPU end, its list issued back to back
+        first = form_of(0, rows[0], 0) if rows and rows[0] else LEVEL
+        late = first.total_ns - first.free_ns  # rank 0's first action, from no lead
+        for p, row in enumerate(rows):
+            if lowerer.overlap or lowerer.schedule.pairs_own_actions:  # (pairs: one form)
+                alone, index = LEVEL, 0
+                while index < len(row):
+                    alone = alone.then(form_of(p, row, index))
+                    index += 2 if row[index].overlap else 1
+            else:
+                alone = self._row_form(p, row, form_of)
+            if wait_ns:  # the GPU first waits for the parameter gathers, the CPU issuing
+                alone = HostForm(wait_ns, wait_ns, None, 0).then(alone)
+            ends[p] = max(ends[p] + late, alone.total_ns)
+            cpu_ends.append(alone.host_ns)
+        # each rank's last action that waits for another rank's: no sooner than that
+        # one's end, the transfer and the rest of this rank's list with the CPU ahead;
+        # that one's end is its rank's end less what its rank ran after it (at most that
+        # run from no lead), when nothing after it waits for a third rank; to a fixed
+        # point (the last micro-batch's backward, from the last stage down)
+        lasts = [self._last_wait(p, row, rows) for p, row in enumerate(rows)]
+        waits = []
+        for p, row in enumerate(rows):
+            found = lasts[p]
+            if found is not None:
+                index, holder, position = found
+                if lasts[holder] is not None and position < lasts[holder][0]:
+                    continue  # (its rank waits for others after it: its end says little)
+                tail = LEVEL
+                for offset in range(index, len(row)):
+                    tail = tail.then(form_of(p, row, offset))
+                after = LEVEL
+                for offset in range(position + 1, len(rows[holder])):
+                    after = after.then(form_of(holder, rows[holder], offset))
+                waits.append((p, holder, tail.free_ns - after.total_ns + t_p2p))
+        for _ in range(len(rows)):
+            moved = False
+            for p, holder, gap in waits:
+                if ends[holder] + gap > ends[p]:
+                    ends[p] = ends[holder] + gap
+                    moved = True
+            if not moved:
+                break
+        return ends, [max(end - cpu, 0) for end, cpu in zip(ends, cpu_ends)]
+
+    def _last_wait(self, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
+                   ) -> tuple[int, int, int] | None:
+        """The last action of rank ``p``'s list ``row`` that waits for another rank's
+        (strategies.pipeline's dependencies: a forward for the previous stage's forward,
+        a backward or input-gradient for the next stage's), as (its index, that rank, the
+        index of the action there); None when there is none, or either is in an
+        overlapped pair (priced as one)."""
+        placement = self.lowerer.placement
+        for index in range(len(row) - 1, -1, -1):
+            action = row[index]
+            if action.comp == "F" and not placement.is_first(action.stage):
+                stage, comps = action.stage - 1, ("F",)
+            elif action.comp in ("B", "I") and not placement.is_last(action.stage):
+                stage, comps = action.stage + 1, ("B", "I")
+            else:
+                continue
+            holder = placement.rank_of(stage)
+            if holder == p:
+                continue
+            if action.overlap or (index and row[index - 1].overlap):
+                return None
+            other = rows[holder]
+            for position in range(len(other) - 1, -1, -1):
+                found = other[position]
+                if (found.stage == stage and found.comp in comps
+                        and found.microbatch == action.microbatch):
+                    if found.overlap or (position and other[position - 1].overlap):
+                        return None
+                    return index, holder, position
+            return None
+        return None
+
+    def _row_form(self, p: int, row: Sequence[Action], form_of) -> HostForm:
+        """The form of rank ``p``'s action list ``row`` (no overlapped pairs) back to
+        back: runs of a repeated block of actions (a schedule's warm-up forwards, its
+        steady state's forward-backward cycles) composed as one power of the block's
+        form (:meth:`sim.host_lead.HostForm.repeat`: the same integers as composing
+        them one by one, in O(log) compositions)."""
+        keys = [(action.stage, action.comp) for action in row]
+        n = len(keys)
+        longest = 2 * len(self.lowerer.placement.stages_of(p)) + 2  # block lengths tried
+        blocks: dict[tuple, HostForm] = {}
+        form, index = LEVEL, 0
+        while index < n:
+            size, count = 1, 1
+            head = keys[index]
+            for length in range(1, longest + 1):
+                if index + 2 * length > n:
+                    break
+                if keys[index + length] != head:
+                    continue  # (the block does not start again right after itself)
+                block = keys[index:index + length]
+                repeats = 1
+                while keys[index + repeats * length:index + (repeats + 1) * length] == block:
+                    repeats += 1
+                if repeats > 1 and repeats * length > size * count:
+                    size, count = length, repeats
+            key = tuple(keys[index:index + size])
+            found = blocks.get(key)
+            if found is None:
+                found = LEVEL
+                for offset in range(size):
+                    found = found.then(form_of(p, row, index + offset))
+                blocks[key] = found
+            form = form.then(found.repeat(count))
+            index += size * count
+        return form
 
     def _whole_rank_step(self) -> AnalyticStep:
         """Without pipeline parallelism the step is one rank's list schedule: every

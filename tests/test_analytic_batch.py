@@ -70,7 +70,7 @@ def _models():
 
 
 @pytest.mark.parametrize("name,count,batch_at_least",
-                         [("tiny", 200, 120), ("llama3-8b", 60, 30), ("gpt3-175b", 40, 20),
+                         [("tiny", 200, 120), ("llama3-8b", 60, 30), ("gpt3-175b", 60, 20),
                           ("tiny-moe", 20, 0)])
 def test_batch_step_equals_simulate_step(name, count, batch_at_least):
     model = _models()[name]

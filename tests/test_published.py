@@ -62,12 +62,17 @@ def test_dense_models_within_todays_bounds(report):
     5.3 %, 16.0 %, -2.2 % (from 5.4 %, 16.0 %, -2.1 %): the median bound tightens. The
     1F1B family timed exactly at any size (strategies.pipeline.one_f_one_b_family_timing;
     the closed form under-timed long pipelines: it left out the transfers a 1F-1B steady
-    state waits for each round): 5.0 %, 15.8 %, -2.0 %; all three tighten."""
+    state waits for each round): 5.0 %, 15.8 %, -2.0 %; all three tighten. The closed form
+    carrying the CPU's lead as its replay does (sim/host_lead.py, issue 12's host issue in
+    pipelines): 5.29 %, 15.85 %, -2.2 %; the median and bias bounds open to that (a fidelity fix, the replay's numbers, not a physics loss). The eager Megatron-Core / NeMo rows (0.3-5.5 % faster) had
+    been priced above their own replay, every layer's phase starting with the CPU level
+    (nemo2407a_03 +1.2 % over the event fidelity, now -0.15 %; mb2602_01 +2.0 %, now
+    -0.17 %): that excess had offset part of their under-prediction."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
-    assert dense["median_abs_error"] <= 0.0505
+    assert dense["median_abs_error"] <= 0.053
     assert dense["p90_abs_error"] <= 0.16
-    assert abs(dense["bias"]) <= 0.0215
+    assert abs(dense["bias"]) <= 0.0225
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -115,12 +120,18 @@ def test_moe_models_within_todays_bounds(report):
     not attention-bound) run 1-2 % faster still, so the MoE p90 bound loosens to 0.309.
     The 1F1B family timed exactly at any size moves 43 MoE pipeline rows by -0.7 to +0.9
     points (32 of them closer), but the median row's |error| grows: 12.15 %, 30.8 %,
-    -9.4 %, so the median bound opens to 0.122."""
+    -9.4 %, so the median bound opens to 0.122. The closed form carrying the CPU's lead as
+    its replay does (sim/host_lead.py): 11.45 %, 34.55 %, -11.73 %; the median tightens. The eager and partial MoE rows had been
+    priced up to 22 % above their own replay (every layer's phase from the CPU level;
+    mb2511_16 +22.5 %): five rows that were 18-31 % slow come within 9 % (mb2511_08
+    +17.9 -> -1.9 %), the rows already simulated too fast fall further (mb2511_16 -27.7 ->
+    -41.0 %); the p90 and bias open to what the replay gives (the eager dropless rows'
+    host cost is under-priced: test_host_issue's token-drop/dropless pair)."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.122
-    assert moe["p90_abs_error"] <= 0.309
-    assert abs(moe["bias"]) <= 0.095
+    assert moe["median_abs_error"] <= 0.115
+    assert moe["p90_abs_error"] <= 0.346
+    assert abs(moe["bias"]) <= 0.118
 
 
 def test_whole_set_within_todays_bounds(report):
