@@ -103,6 +103,8 @@ def _loaded_value(spec: ClusterSpec, key: str) -> tuple[bool, Any]:
             return False, None
     if isinstance(node, Mapping):
         return False, None
+    if isinstance(node, tuple) and all(isinstance(item, str) for item in node):
+        return True, ",".join(node)  # a name list as a file writes it (comm.nccl_proto)
     if isinstance(node, bool) or not isinstance(node, (int, float)) or factor == 1.0:
         return True, node
     rounded = float(f"{node * factor:.12g}")  # the decimal a file would hold
