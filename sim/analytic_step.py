@@ -1538,7 +1538,6 @@ class AnalyticStepModel:
             fill = 0
         ends = []
         for p, (rank, compute_end) in enumerate(zip(ranks, compute_ends)):
-            last_start = compute_end + fill - rank.last_backward.total_ns
             after_backward = rank.finish.total_ns - rank.last_backward.total_ns
             if leads is not None and leads[p] > rank.last_backward.lead_ns:
                 # the CPU is further ahead at the rank's end than its last backward alone
@@ -1551,8 +1550,7 @@ class AnalyticStepModel:
                                    - optimizer.total_at(rank.finish.lead_ns + more))
             # a gather-bound rank ends no sooner than its gathers, then what
             # follows the last backward (reductions, optimizer)
-            ends.append(max(last_start + rank.last_backward.total_ns + after_backward,
-                            rank.gathers_ns + after_backward))
+            ends.append(max(compute_end + fill, rank.gathers_ns) + after_backward)
         step_ns = max(ends)
         starts = timing.rank_start or (0,) * pp
         waits = timing.rank_comm_wait or (2 * (pp - 1) * t_p2p,) + (0,) * (pp - 1)
@@ -1593,7 +1591,6 @@ class AnalyticStepModel:
         list issued back to back: exact without a ``host_sync``, whose waits only make
         the CPU later)."""
         lowerer = self.lowerer
-        placement = lowerer.placement
         rows = lowerer.actions()
         forms: dict[tuple, HostForm] = {}
 

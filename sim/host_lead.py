@@ -120,11 +120,6 @@ class HostForm(NamedTuple):
                 base = base.then(base)
         return result
 
-    @property
-    def binds(self) -> bool:
-        """Whether the lead changes the list's end (the CPU can hold the GPU back)."""
-        return self.total_ns > self.free_ns
-
 
 #: The empty list: nothing to run, the CPU's lead passes through unchanged.
 LEVEL = HostForm(0, 0, None, 0)

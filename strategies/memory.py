@@ -107,7 +107,6 @@ from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 __all__ = [
     "FP8_PARAM_BYTES_PER_PARAM",
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
-    "FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM",
     "FSDP_FP32_WEIGHT_BYTES_PER_PARAM",
     "GRAD_BYTES_PER_PARAM",
     "MemoryBreakdown",
@@ -141,14 +140,15 @@ OPTIMIZER_REMAINDER_BYTES_PER_PARAM = 10
 #: The optimizer's master weights per parameter by ``ParallelPlan.master_weights_dtype``
 #: (fp32 as 16-bit remainders: 2, :data:`OPTIMIZER_REMAINDER_BYTES_PER_PARAM`).
 MASTER_WEIGHT_BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "none": 0}
+#: An fp32 master weight kept as the 16-bit remainder of the bf16 weight.
+MASTER_REMAINDER_BYTES_PER_PARAM = 2
 #: FP8 primary weights (``ParallelPlan.fp8_params``): the FP8 weight and its cached
 #: transpose, per linear-layer parameter.
 FP8_PARAM_BYTES_PER_PARAM = 2
 #: PyTorch FSDP2 over fp32 parameters (``ParallelPlan.fsdp_fp32_params``): the sharded fp32
 #: parameter is the master weight (4 bytes, counted as weights) and the optimizer holds
-#: Adam's two fp32 moments (module docstring).
+#: Adam's two moments (``optimizer_moments_dtype``; module docstring).
 FSDP_FP32_WEIGHT_BYTES_PER_PARAM = 4
-FSDP_FP32_OPTIMIZER_BYTES_PER_PARAM = 8
 #: Layers whose full weights ZeRO-3 holds gathered at once (current + prefetched).
 ZERO3_PREFETCH_LAYERS = 2
 #: CUDA context, cuBLAS/NCCL workspaces, allocator slack: assumed, see module docstring.
@@ -670,7 +670,7 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     else:
         master = MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
         if remainders and plan.master_weights_dtype == "fp32":
-            master = OPTIMIZER_REMAINDER_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM + master
+            master = MASTER_REMAINDER_BYTES_PER_PARAM
         optimizer = sharded(master + moments, plan.zero >= 1)
 
     comm = 0.0

@@ -1326,24 +1326,22 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
                         and [x + shift for x in ends[-2 - period]] == ends[-2]):
                     repeats = (steady_end - 1 - i) // period
                     if repeats > 0:
-                        _skip_periods(i, repeats, period, group, shift, warmups, total,
-                                      end_f, end_b, free)
+                        _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
+                                      free)
                         grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
                         wait = [x + repeats * g for x, g in zip(wait, grow)]
                         i += repeats * period
-                    ends = waits = []
                     check_from = positions  # (one skip reaches the first cool-down)
         i += 1
     return max(free), tuple(free), tuple(first_start), tuple(wait)
 
 
-def _skip_periods(i: int, repeats: int, period: int, group: int, shift: int,
-                  warmups: Sequence[int], total: int, end_f: list, end_b: list,
-                  free: list) -> None:
+def _skip_periods(i: int, repeats: int, period: int, shift: int,
+                  warmups: Sequence[int], end_f: list, end_b: list, free: list) -> None:
     """Move the recurrence of :func:`one_f_one_b_family_timing` from position ``i`` to
     ``i + repeats * period``: the ends of the two positions later inputs read (``i - 1``
     and ``i``, all ranks in their 1F-1B phase) are copied ``repeats`` periods ahead
-    (virtual index plus ``repeats * group``) plus ``repeats * shift``."""
+    (virtual index plus ``repeats * period / 2``) plus ``repeats * shift``."""
     add = repeats * shift
     step_k = repeats * (period // 2)  # one F and one B per rank every two positions
     for r, w in enumerate(warmups):

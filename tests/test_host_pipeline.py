@@ -69,7 +69,6 @@ def test_a_list_is_an_exact_max_plus_form_of_the_cpu_lead(model, plan):
     lists = [lowerer.phase_ops(0, part, comp) for part in ("embedding", 0, 1)
              for comp in "FB"]
     lists += [lowerer.phase_ops(1, "head", comp) for comp in "FB"]
-    checked = 0
     for ops in lists:
         form = pricer.schedule(ops).form()
         for lead in (0, 1_000, 5_000, 20_000, 100_000, 1_000_000, 10**9):
@@ -77,8 +76,6 @@ def test_a_list_is_an_exact_max_plus_form_of_the_cpu_lead(model, plan):
             assert ahead.total_ns == form.total_at(lead)
             assert ahead.form().host_ns == form.host_at(lead)  # the CPU's end, L ahead
             assert form.lead_after(lead) >= 0
-            checked += 1
-    assert checked == len(lists) * 7
     # the dropless sync drains the lead: with it the CPU's end no longer moves with L
     synced = [pricer.schedule(ops).form().synced_ns for ops in lists]
     assert any(s is not None for s in synced) == (model.moe is not None)

@@ -45,6 +45,10 @@ def _check(name, pp, m, vpp, t_f, t_b, t_comm):
     timing = schedule.timing(pp, m, vpp, t_f, t_b, None, t_comm)
     got = (timing.makespan, timing.rank_end, timing.rank_start, timing.rank_comm_wait)
     assert got == expected, (name, pp, m, vpp, t_f, t_b, t_comm)
+    # the recurrence itself, not a fallback to the replay the schedule could take
+    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    direct = one_f_one_b_family_timing(pp, m, vpp, warmups, t_f, t_b, t_comm)
+    assert tuple(direct) == expected, (name, pp, m, vpp, t_f, t_b, t_comm)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -738,19 +738,20 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         recipe_fields, source = DGXC_LAUNCHER_RECIPES[dgxc]
         fields.update(recipe_fields)
         unprinted.append(source)
-        if dgxc in DGXC_FP8_PARAMS and row.get("dtype") == "fp8":
+        fp8_params = dgxc in DGXC_FP8_PARAMS and row.get("dtype") == "fp8"
+        if fp8_params:
             fields["fp8_params"] = True
             unprinted.append("FP8 primary weights (dgxc-benchmarking configure.sh "
                              "+model.fp8_params)")
         if dgxc in DGXC_NEMO1_DISTRIBUTED_ADAM:
             optim_dtype = DGXC_NEMO1_DISTRIBUTED_ADAM[dgxc]
-            fp8_params = row.get("dtype") == "fp8"
-            fields.update(nemo1_distributed_adam(optim_dtype, fp8_params))
+            adam = nemo1_distributed_adam(optim_dtype, fp8_params)
+            fields.update(adam)
+            copy = adam["master_weights_dtype"]
             unprinted.append(f"Apex distributed Adam with {optim_dtype} state ("
-                             + ("bf16 parameter copy, FP8 parameters" if fp8_params
+                             + (f"{copy} parameter copy" if copy != "none"
                                 else "no parameter copy")
-                             + "; dgxc-benchmarking nemotron4-340b-synth.yaml optim.dtype, "
-                             "configure.sh fp8_params)")
+                             + f"; the {dgxc} recipe's optim.dtype)")
     ub_key = dgxc if dgxc in UB_FP8_REDUCE_SCATTER else (row.get("model"), version)
     if (_is_nemo1(framework, version) and row.get("dtype") == "fp8"
             and ub_key in UB_FP8_REDUCE_SCATTER and int(plan_fields.get("tp", 1)) > 1
