@@ -50,7 +50,7 @@ from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analyt
                                optimizer_layers_key, plan_contention)
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
-from strategies.plan import ParallelPlan
+from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
 
 __all__ = ["BatchStepEvaluator"]
@@ -202,7 +202,7 @@ class BatchStepEvaluator:
             # SM contention re-prices each part by the data-parallel collectives it
             # overlaps: through analytic_step (its closed form, or the engine's fallback)
             return False
-        if plan.host_issue not in ("off", "graphed"):
+        if plan.host_issue not in HOST_FREE_MODES:
             # the CPU issues the kernels: phases carry its lead and the ranks' ends its
             # bounds (AnalyticStepModel._host_ends), priced there
             return False

@@ -80,7 +80,7 @@ from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import PipelineTiming
 from strategies.schedules.base import count_actions
-from strategies.plan import ParallelPlan
+from strategies.plan import HOST_FREE_MODES, ParallelPlan
 
 COMPUTE_STREAM = "compute"
 
@@ -619,7 +619,7 @@ class AnalyticStepModel:
         #: the CPU issues the kernels (the plan's host_issue: the lowering gives ops host
         #: costs, strategies.lowering.host_launches): phases carry the CPU's lead
         #: (:mod:`sim.host_lead`)
-        self._hosted = self.plan.host_issue not in ("off", "graphed")
+        self._hosted = self.plan.host_issue not in HOST_FREE_MODES
         #: the walk under SM contention met a schedule it does not price exactly
         #: (:meth:`_walk`); the event engine is then the reference
         self.inexact = False

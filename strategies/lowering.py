@@ -49,8 +49,8 @@ from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp,
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import get_schedule
-from strategies.plan import (UB_FP8_GATHER_BYTES_PER_ELEMENT, ParallelPlan, RankLayout,
-                             stage_layer_counts)
+from strategies.plan import (HOST_FREE_MODES, UB_FP8_GATHER_BYTES_PER_ELEMENT, ParallelPlan,
+                             RankLayout, stage_layer_counts)
 
 #: Bytes per gradient element reduced over data parallelism (bf16 gradients,
 #: the 2 bytes/param of the 16 bytes/param mixed-precision Adam accounting).
@@ -379,7 +379,7 @@ class StepLowerer:
         when the host is not modelled or the whole layer is a CUDA graph; under partial
         graphs the TP/CP collectives inside the captured attention are replayed."""
         mode = self.plan.host_issue
-        if mode in ("off", "graphed") or (mode == "partial" and axis in ("tp", "cp")):
+        if mode in HOST_FREE_MODES or (mode == "partial" and axis in ("tp", "cp")):
             return 0
         return 1
 
@@ -1635,7 +1635,7 @@ def host_launches(kernel: costs.Kernel, phase: str, mode: str, local_experts: in
     grouped_linear.py), a GEMM in the forward and two (data and weight gradient) in the
     backward; its quantizations launch the kernels the quantization kernel stands for
     (one per expert unless the recipe fuses them: ``Fp8Recipe.fused_split_quantize``)."""
-    if mode in ("off", "graphed"):
+    if mode in HOST_FREE_MODES:
         return 0
     if mode == "partial" and kernel.name.startswith(_PARTIAL_GRAPH_PREFIXES):
         return 0

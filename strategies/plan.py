@@ -66,6 +66,8 @@ ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: How the CPU issues the step's kernels (``ParallelPlan.host_issue``).
 HOST_ISSUE_MODES = ("off", "eager", "compiled", "partial", "graphed")
+#: Host-issue modes whose CPU launches nothing per kernel (no host time priced).
+HOST_FREE_MODES = ("off", "graphed")
 #: What the transformer layers are built of (``ParallelPlan.layer_impl``): Transformer
 #: Engine modules (``te``) or plain PyTorch / framework-local modules (``torch``).
 LAYER_IMPLS = ("te", "torch")
