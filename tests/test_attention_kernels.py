@@ -126,11 +126,7 @@ def test_fa1_paper_efficiency_is_flat_from_16k_to_64k():
     """The FA1 paper's A100 runtimes (flash-attn 0.1, Tables 18-19, up to 64k) are quadratic
     past 16k: efficiency at 32k and 64k equals 16k's within 1 % in both passes, the measured
     support for attention_efficiency staying flat above its last knot (16k)."""
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import derive_attention_efficiency as derive
-    finally:
-        sys.path.pop(0)
+    derive = _derive_module()
     shape = derive.FA1_V01_A100_SHAPE
     for phase, times_ms in derive.FA1_V01_A100_MS.items():
         factor = 2.5 if phase == "bwd" else 1.0
