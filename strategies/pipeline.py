@@ -1211,12 +1211,17 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
     plus ``n`` times the last period's). Cost: the warm-up, the cool-down and the
     periods until the ends repeat, not the micro-batch count.
 
+    Long pipelines with whole-number durations (where the cost model
+    :func:`_vector_pays` says so) solve the same recurrence rank by rank in numpy
+    instead (:func:`_family_timing_vector`: the same integers, checked as the fixed
+    point of every unit's equation); the others walk positions
+    (:func:`_family_timing_scalar`).
+
     Raises:
         ValueError: for a shape or durations it cannot time (one line, naming it).
     """
     p, v = pp, vpp
     total = microbatches * v
-    group = p * v
     stages = p * v
     if len(warmups) != p or any(not 0 <= w <= total for w in warmups):
         raise ValueError(f"warmups={tuple(warmups)!r} is invalid; valid: {p} counts "
@@ -1224,6 +1229,22 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
     if len(t_f) != stages or len(t_b) != stages:
         raise ValueError(f"t_f/t_b have {len(t_f)}/{len(t_b)} entries; valid: {stages} "
                          "(one per stage)")
+    if _vector_pays(p, total, v, max(warmups)) and _vector_exact(microbatches, t_f, t_b,
+                                                                 t_comm, 2 * total * p):
+        found = _family_timing_vector(p, microbatches, v, tuple(warmups), t_f, t_b, t_comm)
+        if found is not None:
+            return found
+    return _family_timing_scalar(p, microbatches, v, warmups, t_f, t_b, t_comm)
+
+
+def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequence[int],
+                          t_f: Sequence[int], t_b: Sequence[int], t_comm: int
+                          ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """:func:`one_f_one_b_family_timing` (arguments already checked) walking positions
+    in order with the exact period skip (any real durations)."""
+    p, v = pp, vpp
+    total = microbatches * v
+    group = p * v
     c = t_comm
     far = p > 1
     # durations by rank and chunk; chunk of virtual k: (k % group) // p
@@ -1334,6 +1355,147 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
                     check_from = positions  # (one skip reaches the first cool-down)
         i += 1
     return max(free), tuple(free), tuple(first_start), tuple(wait)
+
+
+# Numpy form of the same recurrence. Rank r's units, in its list order j = 0 .. 2T - 1,
+# satisfy E_j = max(E_{j-1}, D_j) + d_j (E_{-1} = 0) with D_j its input's end (plus
+# t_comm across ranks; 0 without an input). Given D, the whole row is a prefix
+# maximum: E_j = S_j + max_{i <= j} (D_i - S_{i-1}) with S the row's running sum of
+# durations (D >= 0 covers the E_{-1} = 0 term), one np.maximum.accumulate. Rows are
+# recomputed from their inputs' current ends, ranks 0 .. p - 1 then p - 1 .. 0
+# (forwards flow down, backwards up), until one step recomputing every row at once
+# changes nothing: then every unit's equation holds, and since units and inputs form
+# an acyclic graph that solution is the only one -- the recurrence's integers.
+
+#: Sweep rounds (down and up) the numpy rows may take, per model chunk, before they
+#: give way to the position walk, plus a few: the benchmark's interleaved shapes settle
+#: in 2-3 rounds at vpp 2, 600 random interleaved shapes in at most 2 vpp - 1; random
+#: durations dominated by t_comm can take tens (each chunk's pass around the ring and
+#: each bounce between neighbours is a round), where the walk is the cheaper.
+_VECTOR_ROUNDS_PER_CHUNK = 2
+_VECTOR_ROUNDS_EXTRA = 4
+
+
+def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
+    """Whether the numpy form should be cheaper than the position walk (a cost model
+    only, never a result): the walk ~0.45 us per rank and position it visits (the
+    warm-up, two periods and the cool-down once the period skip applies), the numpy
+    form ~60 us plus ~(4 + positions / 100) us per row recomputed, 2 pp rows a round
+    and up to 2 vpp - 1 rounds (measured on the GPT-3/llama benchmark shapes, best of
+    15; rounds on 600 random interleaved shapes). One chunk (vpp 1) always walks: its
+    rounds are not predictable (equal stages with t_comm > 0 took up to 25, the walk's
+    period skip caps its cost) and the gain was small where they were few."""
+    if vpp == 1:
+        return False
+    positions = 2 * total
+    period = 2 * pp * vpp
+    walked = min(positions, 2 * w_max + 2 * period + 2)
+    rows = 2 * pp * (2 * vpp - 1)
+    return 0.45 * pp * walked > 60 + rows * (4 + positions / 100)
+
+
+def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object,
+                  units: int) -> bool:
+    """Whether int64 arithmetic gives the recurrence's integers: whole-number
+    durations >= 0 (Python ints) and every end below 2**62 (no end exceeds every
+    unit's duration plus ``t_comm``, summed)."""
+    if type(t_comm) is not int or t_comm < 0:
+        return False
+    if not all(type(x) is int and x >= 0 for x in (*t_f, *t_b)):
+        return False
+    return microbatches * (sum(t_f) + sum(t_b)) + units * t_comm < 2 ** 62
+
+
+@lru_cache(maxsize=128)
+def _vector_layout(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...]):
+    """Per rank and list position of the 1F1B-family order: the duration index (into
+    ``t_f + t_b``), the flat index of the input unit (``pp * n``: none, a zero end),
+    whether the input crosses ranks, and ``n = 2 m v`` -- all as numpy arrays."""
+    import numpy as np
+
+    p, v = pp, vpp
+    total = microbatches * v
+    group, n, stages = p * v, 2 * total, p * v
+    w = np.asarray(warmups, dtype=np.int64)[:, None]
+    k = np.arange(total, dtype=np.int64)[None, :]
+    # F_k at position k in the warm-up, else w + 2 (k - w); B_k at w + 2 k + 1, or
+    # k + T in the cool-down (the order of one_f_one_b_family_timing)
+    pos_f = np.where(k < w, k, 2 * k - w)
+    pos_b = np.where(k < total - w, w + 2 * k + 1, k + total)
+    rank = np.arange(p, dtype=np.int64)[:, None]
+    chunk = (k % group) // p
+    wrap = ((k % group) >= p)[0]  # rank 0 (F) / p - 1 (B) read the previous chunk
+    back = np.maximum(k[0] - p, 0)
+    none = p * n
+    dep_f = np.empty((p, total), dtype=np.int64)
+    dep_f[1:] = (rank[:-1] * n) + pos_f[:-1]
+    dep_f[0] = np.where(wrap, (p - 1) * n + pos_f[p - 1, back], none)
+    far_f = np.ones((p, total), dtype=bool)
+    far_f[0] = wrap & (p > 1)
+    dep_b = np.empty((p, total), dtype=np.int64)
+    dep_b[:-1] = (rank[1:] * n) + pos_b[1:]
+    dep_b[p - 1] = np.where(wrap, pos_b[0, back], none)
+    far_b = np.ones((p, total), dtype=bool)
+    far_b[p - 1] = wrap & (p > 1)
+    rows = np.broadcast_to(rank, (p, total))
+    index = np.empty((p, n), dtype=np.int64)
+    dep = np.empty((p, n), dtype=np.int64)
+    far = np.empty((p, n), dtype=bool)
+    index[rows, pos_f] = chunk * p + rank
+    index[rows, pos_b] = stages + (v - 1 - chunk) * p + rank
+    dep[rows, pos_f] = dep_f
+    dep[rows, pos_b] = dep_b
+    far[rows, pos_f] = far_f
+    far[rows, pos_b] = far_b
+    return index, dep, far, n
+
+
+def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
+                          t_f: Sequence[int], t_b: Sequence[int], t_comm: int,
+                          rounds_max: int | None = None
+                          ) -> tuple[int, tuple[int, ...], tuple[int, ...],
+                                     tuple[int, ...]] | None:
+    """:func:`one_f_one_b_family_timing` (arguments checked, durations whole numbers
+    >= 0 with ends below 2**62: :func:`_vector_exact`) by the numpy rows of the
+    comment above; None if the rows have not settled after ``rounds_max`` rounds
+    (default ``_VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA``; the position
+    walk then times it)."""
+    if rounds_max is None:
+        rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
+    import numpy as np
+
+    p = pp
+    index, dep, far, n = _vector_layout(pp, microbatches, vpp, warmups)
+    d = np.array((*t_f, *t_b), dtype=np.int64)[index]
+    run = np.cumsum(d, axis=1)
+    offset = far * t_comm - run + d  # D_j - S_{j-1} = input end + this
+    ends = np.zeros(p * n + 1, dtype=np.int64)  # (the last: "no input", end 0)
+    grid = ends[:-1].reshape(p, n)
+    flat = dep.reshape(-1)
+    acc, add, take = np.maximum.accumulate, np.add, ends.take
+    buf = np.empty(n, dtype=np.int64)
+    rows = list(zip(dep, offset, run, grid))
+    order = rows + rows[::-1]
+    for _ in range(rounds_max):
+        for row_dep, row_offset, row_run, row in order:
+            take(row_dep, out=buf)
+            add(buf, row_offset, out=buf)
+            acc(buf, out=buf)
+            add(row_run, buf, out=row)
+        every = run + acc(take(flat).reshape(p, n) + offset, axis=1)
+        if np.array_equal(every, grid):
+            break
+        grid[:] = every
+    else:
+        return None
+    start = grid - d
+    before = np.zeros_like(grid)
+    before[:, 1:] = grid[:, :-1]
+    # a unit's wait for its transfer: its start past the later of its rank's previous
+    # end and its input's end (zero for an input on its own rank or none)
+    wait = (start - np.maximum(before, take(flat).reshape(p, n))).sum(axis=1)
+    last = grid[:, -1].tolist()
+    return max(last), tuple(last), tuple(start[:, 0].tolist()), tuple(wait.tolist())
 
 
 def _skip_periods(i: int, repeats: int, period: int, shift: int,

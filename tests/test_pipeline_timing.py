@@ -2,11 +2,15 @@
 (strategies.pipeline.one_f_one_b_family_timing) equals the list replay
 (strategies.pipeline.replay_timing, the event engine's schedule) to the integer: makespan,
 every rank's last end, first start and wait for transfers, on random shapes and durations
-(empty stages, t_comm > 0), and on long pipelines whose steady periods it skips."""
+(empty stages, t_comm > 0), and on long pipelines whose steady periods it skips. Both of
+its forms are checked on every shape: the position walk and the numpy rows."""
 
 import random
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import strategies.pipeline as pipeline
 from strategies.pipeline import one_f_one_b_family_timing, replay_timing
@@ -49,6 +53,13 @@ def _check(name, pp, m, vpp, t_f, t_b, t_comm):
     warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
     direct = one_f_one_b_family_timing(pp, m, vpp, warmups, t_f, t_b, t_comm)
     assert tuple(direct) == expected, (name, pp, m, vpp, t_f, t_b, t_comm)
+    # each form, whichever the cost model would pick
+    walked = pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, t_comm)
+    assert tuple(walked) == expected, ("walk", name, pp, m, vpp, t_f, t_b, t_comm)
+    # (rows allowed every round they need: the fixed point, however far)
+    rows = pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, t_comm,
+                                          rounds_max=10 ** 6)
+    assert rows == expected, ("rows", name, pp, m, vpp, t_f, t_b, t_comm)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -162,3 +173,78 @@ def test_a_subclass_with_its_own_order_is_replayed():
     timing = schedule.timing(4, 8, 1, t_f, t_b, None, 2)
     assert (timing.makespan, timing.rank_end, timing.rank_start,
             timing.rank_comm_wait) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_numpy_rows_equal_the_position_walk(data):
+    """The numpy rows (strategies.pipeline._family_timing_vector) and the position walk
+    give the same integers on any family shape: durations from 0 to 10**12 (ends near
+    10**16), any t_comm, empty stages, warm-up counts of every schedule."""
+    name = data.draw(st.sampled_from(FAMILY))
+    pp = data.draw(st.integers(1, 12))
+    vpp = data.draw(st.integers(2, 4)) if name == "interleaved" else 1
+    step = pp if name == "interleaved" else 1
+    m = step * data.draw(st.integers(1, max(1, 40 // step)))
+    stages = pp * vpp
+    hi = data.draw(st.sampled_from([0, 1, 7, 1000, 10 ** 12]))
+    t_f = data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages))
+    t_b = data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages))
+    t_comm = data.draw(st.integers(0, max(hi, 1)))
+    schedule = get_schedule(name)
+    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    walked = pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, t_comm)
+    rows = pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, t_comm,
+                                          rounds_max=10 ** 6)
+    assert rows == tuple(walked)
+    capped = pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, t_comm)
+    assert capped in (None, rows)
+
+
+def test_long_pipelines_take_the_numpy_rows_and_equal_the_replay(monkeypatch):
+    """The benchmark's long interleaved shapes (pp 8-16, vpp 2) are timed by the numpy
+    rows, which settle within their rounds and equal the replay of the lists; one
+    chunk (1F1B) walks positions."""
+    used = []
+    real = pipeline._family_timing_vector
+
+    def counted(*args, **kwargs):
+        found = real(*args, **kwargs)
+        if not kwargs:  # (the public path's call, not _check's own)
+            used.append(args[:3])
+            assert found is not None, ("unsettled", args[:3])
+        return found
+
+    monkeypatch.setattr(pipeline, "_family_timing_vector", counted)
+    rng = random.Random(16)
+    for name, pp, vpp, m in [("interleaved", 16, 2, 48), ("interleaved", 8, 2, 24),
+                             ("1f1b", 16, 1, 24), ("interleaved", 16, 2, 192)]:
+        stages = pp * vpp
+        t_f = [850_000_000 + rng.randint(0, 10 ** 7) for _ in range(stages)]
+        t_b = [1_700_000_000 + rng.randint(0, 10 ** 7) for _ in range(stages)]
+        _check(name, pp, m, vpp, t_f, t_b, 2_105_163)
+    assert set(used) == {(16, 48, 2), (8, 24, 2), (16, 192, 2)}
+
+
+def test_durations_int64_cannot_hold_take_the_position_walk(monkeypatch):
+    """Fractions, negative values and ends past 2**62 are walked by position (Python's
+    exact numbers), never by the int64 rows; rows that do not settle in
+    their rounds give way to the walk with the same integers."""
+    assert not pipeline._vector_exact(4, [1, 2], [3, Fraction(1, 2)], 0, 16)
+    assert not pipeline._vector_exact(4, [1, 2], [3, 4], -1, 16)
+    assert not pipeline._vector_exact(4, [1, -2], [3, 4], 0, 16)
+    assert not pipeline._vector_exact(4, [2 ** 60, 0], [0, 0], 0, 16)
+    assert pipeline._vector_exact(4, [2 ** 50, 0], [0, 0], 2 ** 40, 16)
+    schedule = get_schedule("interleaved")
+    pp, vpp, m = 16, 2, 48
+    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    big = [2 ** 61 + s for s in range(pp * vpp)]
+    assert pipeline._vector_pays(pp, m * vpp, vpp, max(warmups))
+    assert (one_f_one_b_family_timing(pp, m, vpp, warmups, big, big, 3)
+            == pipeline._family_timing_scalar(pp, m, vpp, warmups, big, big, 3))
+    t_f, t_b = [5] * (pp * vpp), [9] * (pp * vpp)
+    expected = pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, 2)
+    monkeypatch.setattr(pipeline, "_VECTOR_ROUNDS_PER_CHUNK", 0)
+    monkeypatch.setattr(pipeline, "_VECTOR_ROUNDS_EXTRA", 0)
+    assert pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, 2) is None
+    assert one_f_one_b_family_timing(pp, m, vpp, warmups, t_f, t_b, 2) == expected
