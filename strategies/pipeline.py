@@ -1410,7 +1410,8 @@ def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: objec
 def _vector_layout(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...]):
     """Per rank and list position of the 1F1B-family order: the duration index (into
     ``t_f + t_b``), the flat index of the input unit (``pp * n``: none, a zero end),
-    whether the input crosses ranks, and ``n = 2 m v`` -- all as numpy arrays."""
+    whether the input crosses ranks, and ``n = 2 m v`` -- all as numpy arrays; None
+    when the position walk's order would read an input not yet computed."""
     import numpy as np
 
     p, v = pp, vpp
@@ -1447,6 +1448,15 @@ def _vector_layout(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...
     dep[rows, pos_b] = dep_b
     far[rows, pos_f] = far_f
     far[rows, pos_b] = far_b
+    # the walk's order (position, its forwards by rising rank, then its backwards by
+    # falling rank) must read every input already computed: then the units form an
+    # acyclic graph, its one solution is what the walk computes, and the rows' fixed
+    # point is that solution (warm-up counts of no schedule may break it: the walk then)
+    is_b = index >= stages
+    order = (np.arange(n)[None, :] * 2 + is_b) * p + np.where(is_b, p - 1 - rank, rank)
+    order = np.append(order.reshape(-1), -1)  # ("no input": before everything)
+    if not (order[dep.reshape(-1)] < order[:-1]).all():
+        return None
     return index, dep, far, n
 
 
@@ -1465,7 +1475,10 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
     import numpy as np
 
     p = pp
-    index, dep, far, n = _vector_layout(pp, microbatches, vpp, warmups)
+    layout = _vector_layout(pp, microbatches, vpp, warmups)
+    if layout is None:
+        return None
+    index, dep, far, n = layout
     d = np.array((*t_f, *t_b), dtype=np.int64)[index]
     run = np.cumsum(d, axis=1)
     offset = far * t_comm - run + d  # D_j - S_{j-1} = input end + this

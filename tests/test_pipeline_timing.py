@@ -248,3 +248,21 @@ def test_durations_int64_cannot_hold_take_the_position_walk(monkeypatch):
     monkeypatch.setattr(pipeline, "_VECTOR_ROUNDS_EXTRA", 0)
     assert pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, 2) is None
     assert one_f_one_b_family_timing(pp, m, vpp, warmups, t_f, t_b, 2) == expected
+
+
+def test_rows_refuse_an_order_the_walk_reads_ahead_of():
+    """Warm-up counts of no schedule (rank 1 warming up longer than rank 0 in 1F1B):
+    the walk would read an input not yet computed, so the units' graph is not the one
+    the rows solve; the rows refuse (None) and the public function walks."""
+    assert pipeline._vector_layout(2, 4, 1, (0, 3)) is None
+    assert pipeline._family_timing_vector(2, 4, 1, (0, 3), [3, 5], [7, 9], 1) is None
+    assert (one_f_one_b_family_timing(2, 4, 1, [0, 3], [3, 5], [7, 9], 1)
+            == pipeline._family_timing_scalar(2, 4, 1, [0, 3], [3, 5], [7, 9], 1))
+    for name in FAMILY:  # every schedule's own counts keep the walk's order
+        schedule = get_schedule(name)
+        for pp in (1, 2, 3, 4, 8, 16):
+            for vpp in ((2, 3) if name == "interleaved" else (1,)):
+                step = pp if name == "interleaved" else 1
+                for m in (step, 2 * step, 5 * step):
+                    warmups = tuple(schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp))
+                    assert pipeline._vector_layout(pp, m, vpp, warmups) is not None
