@@ -1481,33 +1481,41 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
     index, dep, far, n = layout
     d = np.array((*t_f, *t_b), dtype=np.int64)[index]
     run = np.cumsum(d, axis=1)
-    offset = far * t_comm - run + d  # D_j - S_{j-1} = input end + this
-    ends = np.zeros(p * n + 1, dtype=np.int64)  # (the last: "no input", end 0)
-    grid = ends[:-1].reshape(p, n)
     flat = dep.reshape(-1)
-    acc, add, take = np.maximum.accumulate, np.add, ends.take
+    # rows kept as G = E - S (E_j = S_j + G_j, G_j = max_{i <= j} (D_i - S_{i-1})): an
+    # input's end is G + S at its unit, so G_j = max_{i <= j} (G[input_i] + add_i)
+    # with add = S[input] + (t_comm across ranks) - S_{i-1}, one gather, one add and
+    # one prefix maximum per row; G = 0 (each rank back to back from 0) is below the
+    # solution, so every recomputation only rises towards it
+    run_at = np.zeros(p * n + 1, dtype=np.int64)  # (the last: "no input", end 0)
+    run_at[:-1] = run.reshape(-1)
+    offset = run_at[flat].reshape(p, n) + far * t_comm - run + d
+    rise = np.zeros(p * n + 1, dtype=np.int64)
+    grid = rise[:-1].reshape(p, n)
+    acc, add, take = np.maximum.accumulate, np.add, rise.take
     buf = np.empty(n, dtype=np.int64)
-    rows = list(zip(dep, offset, run, grid))
+    rows = list(zip(dep, offset, grid))
     order = rows + rows[::-1]
     for _ in range(rounds_max):
-        for row_dep, row_offset, row_run, row in order:
+        for row_dep, row_offset, row in order:
             take(row_dep, out=buf)
             add(buf, row_offset, out=buf)
-            acc(buf, out=buf)
-            add(row_run, buf, out=row)
-        every = run + acc(take(flat).reshape(p, n) + offset, axis=1)
+            acc(buf, out=row)
+        every = acc(take(flat).reshape(p, n) + offset, axis=1)
         if np.array_equal(every, grid):
             break
         grid[:] = every
     else:
         return None
-    start = grid - d
-    before = np.zeros_like(grid)
-    before[:, 1:] = grid[:, :-1]
+    ends = grid + run
+    start = ends - d
+    before = np.zeros_like(ends)
+    before[:, 1:] = ends[:, :-1]
     # a unit's wait for its transfer: its start past the later of its rank's previous
     # end and its input's end (zero for an input on its own rank or none)
-    wait = (start - np.maximum(before, take(flat).reshape(p, n))).sum(axis=1)
-    last = grid[:, -1].tolist()
+    inputs = take(flat).reshape(p, n) + run_at[flat].reshape(p, n)
+    wait = (start - np.maximum(before, inputs)).sum(axis=1)
+    last = ends[:, -1].tolist()
     return max(last), tuple(last), tuple(start[:, 0].tolist()), tuple(wait.tolist())
 
 
