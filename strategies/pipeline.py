@@ -1380,7 +1380,7 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     """Whether the numpy form should be cheaper than the position walk (a cost model
     only, never a result): the walk ~0.45 us per rank and position it visits (the
     warm-up, two periods and the cool-down once the period skip applies), the numpy
-    form ~60 us plus ~(4 + positions / 100) us per row recomputed, 2 pp rows a round
+    form ~60 us plus ~(1 + positions / 60) us per row recomputed, 2 pp rows a round
     and up to 2 vpp - 1 rounds (measured on the GPT-3/llama benchmark shapes, best of
     15; rounds on 600 random interleaved shapes). One chunk (vpp 1) always walks: its
     rounds are not predictable (equal stages with t_comm > 0 took up to 25, the walk's
@@ -1391,7 +1391,7 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     period = 2 * pp * vpp
     walked = min(positions, 2 * w_max + 2 * period + 2)
     rows = 2 * pp * (2 * vpp - 1)
-    return 0.45 * pp * walked > 60 + rows * (4 + positions / 100)
+    return 0.45 * pp * walked > 60 + rows * (1 + positions / 60)
 
 
 def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object,
