@@ -1267,17 +1267,21 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
     ends: list[list[int]] = []  # free and wait after each position from check_from
     waits: list[list[int]] = []
     last = p - 1
-    up = range(p)
-    down = range(p - 1, -1, -1)
+    one = v == 1
+    # per rank (forwards by rising rank, backwards by falling): its warm-up count, the
+    # first cool-down position, its ends, its input rank's ends and its durations
+    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None, fdur[r])
+          for r, w in enumerate(warmups)]
+    bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None, bdur[r])
+          for r, w in reversed(list(enumerate(warmups)))]
     i = 0
     while i < positions:
         # which action each rank runs at position i: (is forward, virtual index)
         # forwards first, by rising rank
-        for r in up:
-            w = warmups[r]
+        for r, w, cool, row, prev, durs in fw:
             if i < w:
                 k = i
-            elif i < positions - w:
+            elif i < cool:
                 off = i - w
                 if off & 1:
                     continue
@@ -1286,7 +1290,7 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                 continue
             start = produced = free[r]
             if r:
-                dep = end_f[r - 1][k]
+                dep = prev[k]
                 if dep > produced:
                     produced = dep
                 dep += c
@@ -1302,14 +1306,11 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                     start = dep
             if start > produced:
                 wait[r] += start - produced
-            if i == 0:
-                first_start[r] = start
-            free[r] = end_f[r][k] = start + fdur[r][(k % group) // p]
-        for r in down:
-            w = warmups[r]
+            free[r] = row[k] = start + (durs[0] if one else durs[(k % group) // p])
+        for r, w, cool, row, prev, durs in bw:
             if i < w:
                 continue
-            if i < positions - w:
+            if i < cool:
                 off = i - w
                 if not off & 1:
                     continue
@@ -1318,7 +1319,7 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                 k = i - total
             start = produced = free[r]
             if r < last:
-                dep = end_b[r + 1][k]
+                dep = prev[k]
                 if dep > produced:
                     produced = dep
                 dep += c
@@ -1334,7 +1335,7 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                     start = dep
             if start > produced:
                 wait[r] += start - produced
-            free[r] = end_b[r][k] = start + bdur[r][(k % group) // p]
+            free[r] = row[k] = start + (durs[0] if one else durs[(k % group) // p])
         if check_from <= i < steady_end:
             ends.append(free[:])
             waits.append(wait[:])
@@ -1354,6 +1355,8 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                         i += repeats * period
                     check_from = positions  # (one skip reaches the first cool-down)
         i += 1
+    if total:  # (every rank's first action is F_0 of chunk 0; its end is never skipped)
+        first_start = [end_f[r][0] - fdur[r][0] for r in range(p)]
     return max(free), tuple(free), tuple(first_start), tuple(wait)
 
 
