@@ -269,9 +269,32 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: Other JAX rows: MaxText's default ``remat_policy: 'full'`` (``jax_full``).
 #: The Paxml policy is applied as its recipe states although its rows then come out
 #: 29-33 % too fast (18-23 % with Megatron-style whole-layer recompute): what slows the
-#: real run is another mechanism the simulator lacks (the recipe's FSDP-128 x DP hierarchy,
-#: TE-JAX FP8 casts, XLA's collective combining), not a reason to price a remat policy the
-#: recipe does not run.
+#: real run is another mechanism the simulator lacks, not a reason to price a remat policy
+#: the recipe does not run. What the recipe runs (``paxml/configure.sh`` @143b90dd, the
+#: README_175b.md revision of the rows; paxml ``contrib/gpu/scripts_gpu/configs.py``
+#: ``GPT175BBase`` and ``te_helper.py``):
+#:
+#: * layout: ``--fdl.DCN_MESH_SHAPE=[DP, 16, 1]`` over ``ICI_MESH_SHAPE = [1, 8, 1]``
+#:   (axes replica, data, mdl): weights sharded over an FSDP group of 128 GPUs (16 nodes),
+#:   ``DP = nodes / 16`` replicas; no TP, no pipeline (``USE_REPEATED_LAYER``: one
+#:   scanned layer). The plan has no shard-group field, so ZeRO-3 spans all GPUs; at 128
+#:   GPUs (dgxc_pax_01) the two agree and the row is still -29 %;
+#: * layers: ``ENABLE_TE=1`` swaps in Transformer Engine's praxis ``TransformerLayer``
+#:   (``dtype`` = the bf16 ``FPROP_DTYPE``), FP8 through ``te.fp8_autocast`` with
+#:   ``DelayedScaling`` (HYBRID, amax history 1024: ``te-delayed``), cuDNN fused attention
+#:   (``NVTE_FUSED_ATTN=1``; XLA's own ``--xla_gpu_enable_cudnn_fmha=false``); TE tags
+#:   ``combined_qkv_proj`` and ``out_proj``, the names the remat policy saves;
+#: * XLA: latency-hiding scheduler with its approximate cost model (no PGLE profile,
+#:   which the MaxText recipe generates and passes), async and pipelined all-gather /
+#:   reduce-scatter, combine thresholds 512 MiB (all-gather) and 8 MiB (reduce-scatter),
+#:   ``--xla_gpu_graph_level=0`` (no CUDA graphs).
+#:
+#: Per layer the FSDP traffic of a GPU (3.6 GB gathered twice, 7.2 GB of fp32 gradients
+#: reduce-scattered over 16 nodes) takes about as long as the layer's compute (about 32 of
+#: 36 ms in the backward at the simulator's rates), so how much of it the scheduler hides
+#: decides the step: with the overlap the simulator assumes the 128-GPU row is 5.28 s
+#: (-29 %), with none 7.13 s (-4.5 %), published 7.47 s. The exposed share under XLA's
+#: approximate latency estimator is not sourced, so it is not priced.
 JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv",
                      ("paxml", "gpt3-175b"): "jax_save_qkv_out"}
 
