@@ -24,6 +24,7 @@ published one. These tests pin what it finds:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 import longseq_attention_rates as rates  # noqa: E402
-import dataclasses  # noqa: E402
 
 from hardware.compute import resolve_attention_impl  # noqa: E402
 from sim.step import simulate_step  # noqa: E402
@@ -145,7 +145,7 @@ def test_nemo_2403_rows_run_te_default_cudnn():
 def test_fa2_is_not_what_the_nemo_2403_rows_ran(by_row):
     """Pricing flash-attn 2 instead (the backend TE 1.0/1.1 preferred) overshoots: every
     row with attention >= 40 % of the step lands >= 10 % above its published step (measured
-    +13 to +22 %) where the cuDNN 9.1 rows land >= 9 % below (measured -10 to -24 %). The
+    +13 to +22 %; the cuDNN 9.1 pricing is -10 to -24 %, which test_published tracks). The
     rows sit between the two kernels, as the source says cuDNN (of release 9.0) ran; a
     fitted factor would hide that."""
     models, recipes = load_models(), load_nemo_recipes()
@@ -154,13 +154,9 @@ def test_fa2_is_not_what_the_nemo_2403_rows_ran(by_row):
         if by_row[run.row_id].attention_share < 0.4:
             continue
         scenario = scenario_for(run, models, recipes)
-        errors = {}
-        for impl in ("auto", "fa2"):
-            plan = dataclasses.replace(scenario.plan, attention_impl=impl)
-            step_s = simulate_step(scenario.model, scenario.cluster, plan, fidelity="analytic",
-                                   check_memory=False).step_time_s
-            errors[impl] = step_s / run.published_step_time_s - 1
-        assert errors["auto"] <= -0.09, (run.row_id, errors)
-        assert errors["fa2"] >= 0.10, (run.row_id, errors)
+        plan = dataclasses.replace(scenario.plan, attention_impl="fa2")
+        step_s = simulate_step(scenario.model, scenario.cluster, plan, fidelity="analytic",
+                               check_memory=False).step_time_s
+        assert step_s / run.published_step_time_s - 1 >= 0.10, run.row_id
         checked += 1
     assert checked == 7
