@@ -453,6 +453,30 @@ class StepLowerer:
             self._ops[("host_sync", tag)] = op
         b.add(op)
 
+    def _carry_copy(self, b: _RankBuilder, layer: int, tag: str, what: str, phase: str
+                    ) -> None:
+        """With ``plan.xla_scan_carry_copies``, the device-to-device copy of one loop-carried
+        buffer of a scanned layer on the compute stream (``what``: ``params``, the layer's
+        gathered parameters, which the pipelined all-gather of the previous iteration
+        wrote; ``grads``, its unreduced gradients, which the next iteration's pipelined
+        reduce-scatter reads): copy insertion's copy of a while loop's carried value that
+        the body reads while a collective writes it (xla/service/copy_insertion.cc
+        ``AddCopiesForWhile``; what while-loop double buffering removes, openxla/xla
+        PR #5473). A memcpy kernel reading and writing the buffer once each."""
+        if not self.plan.xla_scan_carry_copies:
+            return
+        key = ("carry_copy", layer, what, phase)
+        op = self._ops.get(key)
+        if op is None:
+            params = sum(k.params for k in self.kernels(layer))
+            size = params * (PARAM_BYTES if what == "params" else self.grad_bytes)
+            op = ComputeOp(name=f"scan.copy.{what}.l{layer}.{phase}", kind="memcpy",
+                           bytes=2.0 * size, shape=(int(params),),
+                           dtype="bf16" if what == "params" else self.plan.grad_reduce_dtype,
+                           stream=COMPUTE, phase=phase)
+            self._ops[key] = op
+        b.add(op)
+
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
                        modules: frozenset[str] | None = None, early_stop: bool = False) -> None:
         """The forward of ``layer``; with ``modules``, only what selective recompute of
@@ -1236,11 +1260,15 @@ class StepLowerer:
             for kernel in (kernels if comp == "F" else reversed(kernels)):
                 self._emit_kernel(b, kernel, tag, comp)
         elif comp == "F":
+            self._carry_copy(b, part, tag, "params", comp)
             self._layer_forward(b, part, tag)
         else:
             if comp in ("B", "I"):
+                self._carry_copy(b, part, tag, "params", comp)
                 self._recompute(b, part, tag)
             self._layer_backward(b, part, tag, comp)
+            if comp in ("B", "W"):
+                self._carry_copy(b, part, tag, "grads", comp)
         return b.ops
 
     def actions(self) -> tuple[tuple[Action, ...], ...]:
@@ -1338,8 +1366,11 @@ class StepLowerer:
         for layer in reversed(layers):
             b.wait(gathered.get(layer, -1))
             if action.comp in ("B", "I"):
+                self._carry_copy(b, layer, tag, "params", action.comp)
                 self._recompute(b, layer, tag)
             self._layer_backward(b, layer, tag, action.comp)
+            if action.comp in ("B", "W"):
+                self._carry_copy(b, layer, tag, "grads", action.comp)
             if reduce_now:
                 dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
                                              b.last(),
@@ -1453,6 +1484,7 @@ class StepLowerer:
         gathered = self._param_gather(b, layers, tag, "F", j) if communicate else {}
         for layer in layers:
             b.wait(gathered.get(layer, -1))
+            self._carry_copy(b, layer, tag, "params", "F")
             self._layer_forward(b, layer, tag)
         if placement.is_last(s):
             for kernel in self._edge_kernels("head"):

@@ -207,7 +207,7 @@ _NOT_IN_ACTIVATIONS = frozenset({
     "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
     "staleness", "ps_steps", "grad_reduce_every_microbatch", "recompute_early_stop",
     "optimizer_moments_dtype", "master_weights_dtype", "fp8_params", "comm_sm_contention",
-    "nccl_max_ctas", "tp_comm_fp8_reduce_scatter"})
+    "nccl_max_ctas", "tp_comm_fp8_reduce_scatter", "xla_scan_carry_copies"})
 #: Plan fields the model states and buffers of :func:`rank_memory` do not read.
 _NOT_IN_STATES = frozenset({
     "global_batch", "micro_batch", "seq_len", "schedule", "pp", "vpp", "layers_per_stage",
@@ -217,7 +217,7 @@ _NOT_IN_STATES = frozenset({
     "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
     "grad_reduce_every_microbatch", "recompute_early_stop", "fp8_swiglu_inputs",
     "e5m6_attention_output", "comm_sm_contention", "nccl_max_ctas",
-    "tp_comm_fp8_reduce_scatter"})
+    "tp_comm_fp8_reduce_scatter", "xla_scan_carry_copies"})
 _FIELDS = {"activations": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_ACTIVATIONS),
            "states": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_STATES)}
 #: Entries kept before the table starts again (values are recomputed on demand).

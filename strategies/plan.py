@@ -253,6 +253,25 @@ class ParallelPlan:
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
             ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
             ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
+        xla_scan_carry_copies: the layers run as one scanned layer (``jax.lax.scan``,
+            an XLA while loop) whose FSDP collectives XLA's collective pipeliner moves one
+            iteration away (``--xla_gpu_enable_pipelined_all_gather`` /
+            ``_reduce_scatter``: the next layer's parameter all-gather issued in this
+            iteration, this layer's gradient reduce-scatter in the next;
+            xla/service/collective_pipeliner.h), without while-loop double buffering
+            (``--xla_gpu_enable_while_loop_double_buffering=false``). The pipelined values
+            are then loop-carried buffers that the loop body reads while the collective
+            writes (or writes while it reads), and copy insertion copies them once per
+            iteration: a device-to-device copy on the compute stream of each layer's
+            gathered parameters (every forward and backward) and of its unreduced
+            gradients (every backward). Double buffering (unrolling by two) removes these
+            copies (openxla/xla PR #5473: "some of the additional copies that result from
+            potential read-after-write hazards will be removed", savings "proportional to
+            sizes of weights and number of layers"; PR #10297: "the memcpies (which this
+            pass is designed to eliminate)"). Needs ZeRO 3 over more than one rank and
+            every backward reducing its gradients (one micro-batch per step, or
+            ``grad_reduce_every_microbatch``). False (default): no copies (double
+            buffering on, or the layers not scanned).
         comm_sm_contention: NCCL kernels overlapped with compute (data-parallel
             reduce-scatters and gathers, EP all-to-alls, CP ring exchanges, pipeline
             send/recvs) hold one SM per channel for as long as they run, and compute
@@ -429,6 +448,10 @@ class ParallelPlan:
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
+    xla_scan_carry_copies: bool = _field(
+        False, "Scanned layers under XLA's collective pipeliner without while-loop double "
+               "buffering: each layer's gathered parameters and unreduced gradients are "
+               "copied once per loop iteration on the compute stream (ZeRO 3).")
     comm_sm_contention: bool = _field(False, "Overlapped NCCL kernels hold one SM per "
                                             "channel; compute beside them runs on the "
                                             "SMs left.")
@@ -549,6 +572,14 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                          f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
                          f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
                          f"grad_reduce_every_microbatch false")
+    if plan.xla_scan_carry_copies and (plan.zero != 3 or plan.dp * plan.cp == 1 or not (
+            plan.num_microbatches == 1 or plan.grad_reduce_every_microbatch)):
+        raise ValueError(f"xla_scan_carry_copies: true needs zero 3 over dp*cp > 1 and every "
+                         f"backward reducing its gradients (1 micro-batch or "
+                         f"grad_reduce_every_microbatch), not zero {plan.zero}, dp*cp "
+                         f"{plan.dp * plan.cp}, {plan.num_microbatches} micro-batches, "
+                         f"grad_reduce_every_microbatch {plan.grad_reduce_every_microbatch}; "
+                         f"give xla_scan_carry_copies false")
     if plan.fp8_params and plan.dtype != "fp8":
         raise ValueError(f"fp8_params: true needs dtype fp8 (FP8 primary weights), not dtype "
                          f"{plan.dtype}; give fp8_params false")

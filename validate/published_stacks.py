@@ -22,7 +22,7 @@ __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "UB_FP8_REDUCE_SCATTER",
            "dgxc_recipe_of",
            "nemo1_distributed_adam",
-           "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+           "JAX_LOOP_DOUBLE_BUFFERING", "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
            "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
@@ -297,6 +297,23 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: approximate latency estimator is not sourced, so it is not priced.
 JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv",
                      ("paxml", "gpt3-175b"): "jax_save_qkv_out"}
+
+#: XLA while-loop double buffering of the published JAX recipes, ``{framework word:
+#: --xla_gpu_enable_while_loop_double_buffering}``. Both NVIDIA/dgxc-benchmarking recipes
+#: scan their layers (Paxml ``USE_REPEATED_LAYER``; MaxText ``scan_layers=true``) and turn
+#: XLA's collective pipeliner on for the FSDP collectives
+#: (``--xla_gpu_enable_pipelined_all_gather=true``, ``_reduce_scatter=true``,
+#: ``_all_reduce=true``): the next layer's all-gather overlaps the whole current layer,
+#: this layer's reduce-scatter the whole next one (xla/service/collective_pipeliner.h),
+#: so both recipes overlap FSDP traffic across layers. They differ in double buffering:
+#: ``paxml/configure.sh`` @143b90dd91f9be958fed4773ae95d941a3356a82 (the rows' README
+#: revision; image ghcr.io/nvidia/jax:pax-2024-03-04, paxml/setup.sh) sets
+#: ``--xla_gpu_enable_while_loop_double_buffering=false``, ``maxtext/configure.sh``
+#: @0b71cfda5163540778e2a3d2db59858bf62f96f7 sets it ``true`` (as JAX-Toolbox's
+#: rosetta/docs/GPU_performance.md recommends among its "Pipelined comm/compute for FSDP
+#: flags"). Without it the pipelined values are loop-carried buffers that copy insertion
+#: copies every iteration (``ParallelPlan.xla_scan_carry_copies``).
+JAX_LOOP_DOUBLE_BUFFERING = {"paxml": False, "maxtext": True}
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
@@ -704,6 +721,13 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         unprinted.append(f"JAX remat policy {policy} ("
                          + ("the published recipe's" if policy != "jax_full"
                             else "MaxText's default 'full'") + ")")
+    if kind == "jax" and not next((on for word, on in JAX_LOOP_DOUBLE_BUFFERING.items()
+                                   if word in framework.lower()), True):
+        fields["xla_scan_carry_copies"] = True
+        unprinted.append("XLA scanned layers with pipelined FSDP collectives and no while-loop "
+                         "double buffering: each layer's gathered parameters and unreduced "
+                         "gradients copied once per iteration (the published recipe's "
+                         "XLA_FLAGS)")
     is_bridge = "megatron-bridge" in framework.lower()
     if is_bridge and version.startswith("NeMo 2"):
         fields["store_param_remainders"] = True
