@@ -293,8 +293,12 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: reduce-scattered over 16 nodes) takes about as long as the layer's compute (about 32 of
 #: 36 ms in the backward at the simulator's rates), so how much of it the scheduler hides
 #: decides the step: with the overlap the simulator assumes the 128-GPU row is 5.28 s
-#: (-29 %), with none 7.13 s (-4.5 %), published 7.47 s. The exposed share under XLA's
-#: approximate latency estimator is not sourced, so it is not priced.
+#: (-29 %), with none 7.13 s (-4.5 %), published 7.47 s. The pipelined collectives do
+#: overlap across layers (the recipe turns the collective pipeliner on, as MaxText's
+#: does), but without while-loop double buffering every iteration copies the carried
+#: buffers (:data:`JAX_LOOP_DOUBLE_BUFFERING`): priced, 6.46 s (-13.5 %). What else the
+#: approximate latency estimator (no PGLE profile) leaves exposed is not sourced, so it
+#: is not priced.
 JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv",
                      ("paxml", "gpt3-175b"): "jax_save_qkv_out"}
 
