@@ -76,6 +76,7 @@ def test_band_covers_held_out_sources_as_stated(held_out):
     assert seconds < 20, f"leave-one-source-out took {seconds:.1f} s"
 
 
+@pytest.mark.slow  # two more nested leave-one-source-out fits (~10 s on one core)
 def test_a_miscalibrated_band_fails():
     """The coverage check has power: the same nested fits with every fold's scale 0.6x or
     1.6x leave COVERAGE_RANGE (too narrow below, too wide above)."""

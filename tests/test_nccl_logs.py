@@ -41,7 +41,13 @@ KNOWN_MISSES = {
         "(tuning.cc hwLat, which trainsim follows): 6.2-8.5 us per LL128 step against "
         "2.2 modelled. No NCCL source term found gives it: Simple's credit window (2 ring "
         "steps in flight per connection, NCCL_STEPS / ALLGATHER_CHUNKSTEPS) would pace "
-        "Simple, but LL and LL128 keep 8 steps in flight. Tree/NVLS-tree under auto are "
+        "Simple, but LL and LL128 keep 8 steps in flight; the ring runs one pass of its "
+        "steps at every mid size (one LL128 chunk of 576,000 B per rank and step, so no "
+        "latency per chunk: test_mid_size_512_rank_rings_run_one_pass); NCCL 2.29's "
+        "pipeline model (src/tuning/pipeline_model) charges 0.5 x hwLat per step, less, not "
+        "more; the raw Together sendrecv logs (2 nodes, same cluster, NCCL 2.29.7) print the "
+        "HPC-X 'NCCL RDMA Plugin v8' (IBext_v8) and "
+        "16 coll channels, nothing about LL128. Tree/NVLS-tree under auto are "
         "1.6-3x fast too (test_512_rank_ring_latency_in_numbers)",
     ("mid", "xxrjun_h100_clusters"):
         "80-rank collectives at 32-256 MiB: NCCL's LL128/tree model (which trainsim "
@@ -243,6 +249,38 @@ def test_512_rank_ring_latency_in_numbers():
         assert low <= r.ratio <= high, (r.log.label, r.size_bytes >> 20, r.protocol, r.ratio)
     h100 = [r for r in rows if r.log.source == "xxrjun_h100_clusters"]
     assert h100 and all(r.protocol == "LL128" and r.ratio > 2.3 for r in h100)
+
+
+#: Data bytes one ring step moves per rank and channel at most (NCCL 2.29
+#: src/enqueue.cc calcCollChunking: ring chunkSteps 1 for LL/LL128, chunk = stepSize =
+#: buffSizes[proto] / NCCL_STEPS; LL halves it (8-byte flag + data words), LL128 keeps 15
+#: of every 16 words). Default buffers (src/include/device.h): LL 8 lines/thread x 512
+#: threads x 8 steps x 16 B = 512 KiB; LL128 120 elems/thread x 640 threads x 8 steps x
+#: 8 B = 4,915,200 B.
+RING_CHUNK_DATA_BYTES = {"LL": 524288 // 8 // 2, "LL128": 4915200 // 8 * 15 // 16}
+
+
+def test_mid_size_512_rank_rings_run_one_pass():
+    """NCCL's latency per chunk is not the mid-size mechanism (the brief's candidate):
+    NCCL 2.29's ring kernels run a channel's share in passes of the ring's steps, one
+    pass per chunk (src/device/all_gather.h runRing: ``for elemOffset < partCount;
+    elemOffset += chunkCount`` over the per-rank count; all_reduce.h: loops of nranks x
+    chunkCount of the buffer), and a pass pays the steps' latency again. Even with all
+    the data on one channel, every mid-size row of the 512-rank sweep fits one pass:
+    trainsim's one charge of 2 (n - 1) or n - 1 step latencies is NCCL's count, and the
+    2.7-3.7x LL128 excess is per step, not per chunk (the chunks are 576,000 B of data,
+    the rows move <= 512 KiB per rank)."""
+    assert RING_CHUNK_DATA_BYTES == {"LL": 32768, "LL128": 576000}
+    big = [r for r in logs.ring_latency_rows() if r.log.source == "together_b200_64node_sweep"]
+    assert big
+    for r in big:
+        ranks = r.log.nodes * r.log.gpus_per_node
+        chunk = RING_CHUNK_DATA_BYTES[r.protocol]
+        # all_gather / reduce_scatter: passes over the per-rank count; all_reduce: over
+        # the buffer in loops of nranks chunks (one channel: the most a channel gets)
+        per_pass = chunk * (ranks if r.log.collective == "all_reduce" else 1)
+        share = r.size_bytes if r.log.collective == "all_reduce" else r.size_bytes // ranks
+        assert math.ceil(share / per_pass) == 1, (r.log.label, r.size_bytes, r.protocol)
 
 
 def test_512_rank_ring_switches_to_simple_between_4_and_8_gib():
