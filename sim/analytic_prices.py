@@ -74,7 +74,7 @@ _NOT_IN_PARTS = frozenset({
     "overlap_grad_reduce", "overlap_param_gather", "layers_per_stage",
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
-    "grad_reduce_every_microbatch"})
+    "grad_reduce_every_microbatch", "dp_shard"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) and a layer's
 #: parameter gather (StepLowerer.param_gather_op: its kernels' parameters) do not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
@@ -98,7 +98,7 @@ _RECOMPUTE_FIELDS = frozenset({"recompute", "recompute_modules", "recompute_earl
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.
 _GROUP_FIELDS = ("tp", "cp", "dp", "pp", "ep", "order", "zero", "overlap_param_gather",
-                 "dp_mode")
+                 "dp_mode", "dp_shard")
 _GETTERS = {
     "part": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_PARTS)),
     "part_no_recompute": attrgetter(*(f.name for f in PLAN_FIELDS
