@@ -108,10 +108,25 @@ ATTENTION_TABLE = "attention_efficiency.csv"
 #: merged 2024-01) let the CP ring run it too. The NeMo containers the published rows name
 #: all ship a later TE (NeMo Framework "Software Component Versions": 24.05 TE 1.6.0.dev0,
 #: 24.07 TE 1.8.0.dev0, 24.09 TE 1.10; 24.03 sits between 1.2 and 1.6), so on Hopper every
-#: one of them runs cuDNN: no row of the data predates the switch. Which cuDNN differs:
-#: NeMo 24.03 is built on NGC PyTorch 24.02, cuDNN 9.0.0.306; the ``sm_90`` cuDNN rows are
-#: cuDNN 9.1.1 (FA3 paper). No measured 9.0 rate was found, so one ``cudnn`` curve serves
-#: every era; ``tools/longseq_attention_rates.py`` shows what the rows imply (hardware/data/README.md).
+#: one of them runs cuDNN: no row of the data predates the switch. NeMo 24.03 in detail (the
+#: ``nemo_longseq_0*`` rows, the only rows of that release): the NeMo README of the 24.03
+#: container pins ``te_commit=bfe21c3d68b0a9951e5716fb520045db53419c5e`` on
+#: ``nvcr.io/nvidia/pytorch:24.02-py3`` (a pre-1.7 TE main commit, installed over the base
+#: container's TE); the launcher recipe (NeMo-Framework-Launcher
+#: ``conf/training/llama/llama2_7b.yaml``) sets ``use_flash_attention: true`` and no
+#: ``NVTE_FUSED_ATTN``/``NVTE_FLASH_ATTN``, and no ``fp8_dpa`` (attention runs BF16 inside
+#: the FP8 autocast); TE's ``DotProductAttention.forward`` keeps FusedAttention under
+#: context parallelism when the backend is ``F16_arbitrary_seqlen`` (``not context_parallel
+#: or fused_attention_backend == FusedAttnBackend["F16_arbitrary_seqlen"]``) and then, on
+#: sm90, drops FlashAttention ("Select FusedAttention on sm90 and FlashAttention on others
+#: for performance") -- read in the stored pre-1.8 source (flash-attn max 2.5.8, the TE
+#: 1.6-1.7 line; the commit itself is not stored, the 1.2 release notes date the rule before
+#: it); NeMo's own docs (PR #9188, 2024-05): TE "prefers cuDNN flash attention on Hopper+".
+#: So those rows ran cuDNN, with and without CP. Which cuDNN differs: NeMo 24.03
+#: is built on NGC PyTorch 24.02, cuDNN 9.0.0.306; the ``sm_90`` cuDNN rows are cuDNN 9.1.1
+#: (FA3 paper). No measured 9.0 rate was found, so one ``cudnn`` curve serves every era;
+#: ``tools/longseq_attention_rates.py`` shows what the rows imply (hardware/data/README.md:
+#: between the priced cuDNN 9.1 and FA2 rates, so FA2 is not the answer either).
 DEFAULT_ATTENTION_IMPL: Mapping[str, str] = {"sm_80": "fa2", "sm_90": "cudnn", "sm_100": "cudnn"}
 
 #: An implementation that does not run on an architecture falls back to the first of these

@@ -79,11 +79,11 @@ def test_llm_foundry_keeps_fa1():
 
 
 class _Model:
-    num_heads, head_dim, num_layers = 32, 128, 32
+    num_heads, qk_head_dim, v_head_dim, num_layers = 32, 128, 128, 32
 
 
 class _Plan:
-    seq_len, global_batch, world_size = 8192, 16, 8
+    seq_len, global_batch, dp, tp, pp, cp = 8192, 16, 8, 1, 1, 1
     recompute = "full"
 
 

@@ -46,8 +46,12 @@ if str(REPO) not in sys.path:
 
 from hardware.compute import ComputeModel, attention_efficiency  # noqa: E402
 from sim.step import simulate_step  # noqa: E402
-from strategies.model_costs import CAUSAL_FLOP_FRACTION, FLASH_BWD_FLOP_FACTOR  # noqa: E402
+from strategies.model_costs import FLASH_BWD_FLOP_FACTOR  # noqa: E402
 from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+# the step's executed attention FLOPs, one formula for both tools (TP, CP, PP and DP split)
+from longseq_attention_rates import attention_flops_per_gpu  # noqa: E402
 
 SOURCE = "mosaicml_llmfoundry"
 #: attention implementations compared with the implied rates
@@ -127,15 +131,6 @@ class RowRates:
         """The implied rate in the table's units (module docstring)."""
         priced = self.candidates[self.impl]
         return priced * (self.simulated_s - self.free_s) / self.implied_attention_s(paired)
-
-
-def attention_flops_per_gpu(model, plan) -> float:
-    """Executed attention FLOPs of one step on one GPU (data parallel only: every GPU
-    runs global_batch / world_size sequences)."""
-    n_fwd = 2 if plan.recompute == "full" else 1
-    fwd = (CAUSAL_FLOP_FRACTION * 4.0 * plan.seq_len ** 2 * model.num_heads * model.head_dim
-           * model.num_layers * plan.global_batch / plan.world_size)
-    return fwd * (n_fwd + FLASH_BWD_FLOP_FACTOR)
 
 
 def row_rates(min_seq: int = 8192) -> list[RowRates]:
