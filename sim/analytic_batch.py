@@ -196,7 +196,9 @@ class BatchStepEvaluator:
     # ------------------------------------------------------------------ public
     def covers(self, plan: ParallelPlan) -> bool:
         """Whether :meth:`step_ns` prices ``plan`` here (else through analytic_step)."""
-        if self.model.moe is not None or plan.dp_mode != "allreduce":
+        if self.model.moe is not None or plan.dp_mode != "allreduce" or plan.dp_replicas > 1:
+            # (hybrid sharding: a bucket's reduction is two collectives, priced by
+            # AnalyticStepModel._reduction_ns)
             return False
         if plan_contention(plan) is not None:
             # SM contention re-prices each part by the data-parallel collectives it

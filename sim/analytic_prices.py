@@ -66,12 +66,15 @@ class SharedPrices:
 #: read: they set how many micro-batches, stages, buckets and shards there are, not a
 #: part's kernels and TP/CP/EP communication (recompute_layers reaches a part through
 #: its recompute mode, which is keyed on its own; the groups are keyed on their own).
+#: grad_reduce_dtype is read: with xla_scan_carry_copies a layer's backward copies its
+#: unreduced gradients in that dtype (StepLowerer._carry_copy); dp and zero are not,
+#: because the plan only allows those copies with zero 3 over dp*cp > 1.
 _NOT_IN_PARTS = frozenset({
     "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
-    "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_dtype", "layers_per_stage",
+    "overlap_grad_reduce", "overlap_param_gather", "layers_per_stage",
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
-    "grad_reduce_every_microbatch"})
+    "grad_reduce_every_microbatch", "dp_shard"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) and a layer's
 #: parameter gather (StepLowerer.param_gather_op: its kernels' parameters) do not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
@@ -84,7 +87,7 @@ _NOT_IN_OPTIMIZER = frozenset({
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "grad_reduce_every_microbatch",
-    "recompute_early_stop"})
+    "recompute_early_stop", "xla_scan_carry_copies"})
 #: Plan fields only a recompute reads (StepLowerer._recompute, from a layer's B and I
 #: phases): a layer's forward (F) and weight gradients (W), the embedding and the head in
 #: every phase run the same ops whatever they say, so their prices are keyed without them
@@ -94,7 +97,7 @@ _RECOMPUTE_FIELDS = frozenset({"recompute", "recompute_modules", "recompute_earl
 #: sizes and order of the axes, the ZeRO stage (reduction kind, parameter gathers) and
 #: the parameter-gather overlap.
 _GROUP_FIELDS = ("tp", "cp", "dp", "pp", "ep", "order", "zero", "overlap_param_gather",
-                 "dp_mode")
+                 "dp_mode", "dp_shard")
 _GETTERS = {
     "part": attrgetter(*(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_PARTS)),
     "part_no_recompute": attrgetter(*(f.name for f in PLAN_FIELDS

@@ -850,9 +850,16 @@ class AnalyticStepModel:
 
     def _reduction_ns(self, pricer: OpPricer, p: int, group: str, size: float) -> int | None:
         """Duration of the reduction of one gradient bucket (StepLowerer.reduction_op) on
-        rank ``p``; None when nothing is reduced (a data-parallel group of one)."""
-        return self._collective_ns(pricer, p, "reduce", (group, size),
-                                   lambda: self.lowerer.reduction_op(p, group, size), False)
+        rank ``p``; None when nothing is reduced (a data-parallel group of one). Under
+        hybrid sharding the replicas' all-reduce follows on the same stream
+        (StepLowerer.replica_reduction_op): the two back to back."""
+        found = self._collective_ns(pricer, p, "reduce", (group, size),
+                                    lambda: self.lowerer.reduction_op(p, group, size), False)
+        if found is None or self.plan.dp_replicas == 1:
+            return found
+        return found + (self._collective_ns(
+            pricer, p, "replica", (group, size),
+            lambda: self.lowerer.replica_reduction_op(p, group, size), False) or 0)
 
     def _gather_ns(self, pricer: OpPricer, p: int, layer: int) -> int | None:
         """Duration of ZeRO's parameter gather of a layer (StepLowerer.param_gather_op)
@@ -1009,7 +1016,7 @@ class AnalyticStepModel:
         lowerer, plan = self.lowerer, self.plan
         placement, m = lowerer.placement, plan.num_microbatches
         # everything StepLowerer.gathers_params reads besides (comp, micro-batch)
-        decides = (type(lowerer).gathers_params, plan.dp * plan.cp == 1, plan.zero,
+        decides = (type(lowerer).gathers_params, plan.shard_dp * plan.cp == 1, plan.zero,
                    lowerer._gather_in_forward())
         key = (decides, placement, m, comp, stage)
         found = _REPEATS.get(key)
@@ -1821,6 +1828,10 @@ def contention_closed_form(plan: ParallelPlan) -> bool:
     SMs (tests/test_contention.py bounds it)."""
     if plan_contention(plan) is None:
         return True
+    if plan.dp_replicas > 1:
+        # (hybrid sharding: each bucket's reduce-scatter and replica all-reduce hold
+        # different SMs; the walk prices one interval per bucket)
+        return False
     from strategies.schedules import get_schedule  # (the module imports this one's users)
     return not get_schedule(plan.schedule).pairs_own_actions
 

@@ -78,10 +78,13 @@ GRAD_NORM_BYTES = 4
 COMPUTE = "compute"
 #: Stream of the expert all-to-all inside an overlapped forward-backward pair.
 EP_STREAM = "ep"
-#: Communication groups of a rank: tensor, context, gradient (data x context), expert,
-#: expert-gradient (expert data parallelism), expert-tensor, expert x expert-tensor, and
-#: the EP members at the rank's position in every NVLink domain and in its own domain.
-GROUP_NAMES = ("tp", "cp", "grad", "ep", "expert_grad", "etp", "ep_etp", "ep_rail", "ep_local")
+#: Communication groups of a rank: tensor, context, gradient (data x context: the ZeRO/FSDP
+#: shard group, ``plan.shard_dp`` x cp under hybrid sharding), the HSDP replicas of its
+#: shard, expert, expert-gradient (expert data parallelism), expert-tensor, expert x
+#: expert-tensor, and the EP members at the rank's position in every NVLink domain and in
+#: its own domain.
+GROUP_NAMES = ("tp", "cp", "grad", "replica", "ep", "expert_grad", "etp", "ep_etp", "ep_rail",
+               "ep_local")
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 
@@ -447,6 +450,30 @@ class StepLowerer:
                            bytes=8.0 * self.model.moe.num_experts, stream=COMPUTE, phase="F",
                            host_launches=launches, host_calls=calls, host_sync=True)
             self._ops[("host_sync", tag)] = op
+        b.add(op)
+
+    def _carry_copy(self, b: _RankBuilder, layer: int, tag: str, what: str, phase: str
+                    ) -> None:
+        """With ``plan.xla_scan_carry_copies``, the device-to-device copy of one loop-carried
+        buffer of a scanned layer on the compute stream (``what``: ``params``, the layer's
+        gathered parameters, which the pipelined all-gather of the previous iteration
+        wrote; ``grads``, its unreduced gradients, which the next iteration's pipelined
+        reduce-scatter reads): copy insertion's copy of a while loop's carried value that
+        the body reads while a collective writes it (xla/service/copy_insertion.cc
+        ``AddCopiesForWhile``; what while-loop double buffering removes, openxla/xla
+        PR #5473). A memcpy kernel reading and writing the buffer once each."""
+        if not self.plan.xla_scan_carry_copies:
+            return
+        key = ("carry_copy", layer, what, phase)
+        op = self._ops.get(key)
+        if op is None:
+            params = sum(k.params for k in self.kernels(layer))
+            size = params * (PARAM_BYTES if what == "params" else self.grad_bytes)
+            op = ComputeOp(name=f"scan.copy.{what}.l{layer}.{phase}", kind="memcpy",
+                           bytes=2.0 * size, shape=(int(params),),
+                           dtype="bf16" if what == "params" else self.plan.grad_reduce_dtype,
+                           stream=COMPUTE, phase=phase)
+            self._ops[key] = op
         b.add(op)
 
     def _layer_forward(self, b: _RankBuilder, layer: int, tag: str,
@@ -982,7 +1009,7 @@ class StepLowerer:
         last optimizer step updated, gathered layer by layer as the forward reaches
         them: Megatron-LM's ``--overlap-param-gather``)."""
         plan = self.plan
-        if plan.dp * plan.cp == 1:
+        if plan.shard_dp * plan.cp == 1:
             return False
         if plan.zero == 3:
             return True
@@ -1000,7 +1027,7 @@ class StepLowerer:
         if type(self).gathers_params is not StepLowerer.gathers_params:  # (a subclass's)
             return sum(self.gathers_params(comp, j) for j in range(m)
                        if placement.on_route(stage, j))
-        if plan.dp * plan.cp == 1:
+        if plan.shard_dp * plan.cp == 1:
             return 0
         if plan.zero == 3:
             return placement.microbatches_through(stage, m)
@@ -1064,6 +1091,8 @@ class StepLowerer:
         rank = self.representatives[p]
         b = _RankBuilder(rank, self._groups(rank))
         index = self._reduce_bucket(b, group, size, "bucket", 0)
+        if index >= 0 and self.plan.dp_replicas > 1:
+            index = 0  # (the reduce-scatter; replica_reduction_op is the all-reduce after it)
         return b.ops[index] if index >= 0 else None
 
     def param_gather_op(self, p: int, layer: int) -> Op | None:
@@ -1073,6 +1102,18 @@ class StepLowerer:
         rank = self.representatives[p]
         b = _RankBuilder(rank, self._groups(rank))
         index = self._param_gather(b, [layer], "gather", "F", 0).get(layer, -1)
+        return b.ops[index] if index >= 0 else None
+
+    def replica_reduction_op(self, p: int, group: str, size: float) -> Op | None:
+        """The all-reduce over the HSDP replicas that follows the reduction of one
+        ``dense`` gradient bucket of pipeline rank ``p`` (:meth:`_reduce_bucket`; None
+        without replicas)."""
+        if self.plan.dp_replicas == 1 or group != "dense":
+            return None
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        index = self._collective(b, "dp", "all_reduce", b.groups['replica'],
+                                 size / len(b.groups['grad']), "grads.replica.bucket", "dp")
         return b.ops[index] if index >= 0 else None
 
     def optimizer_ops(self, p: int) -> list[Op]:
@@ -1091,8 +1132,34 @@ class StepLowerer:
         (strategies.param_server)."""
         ranks = b.groups['grad'] if group == "dense" else b.groups['expert_grad']
         kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
-        return self._collective(b, "dp", kind, ranks, size, f"grads.{group}.{label}", "dp",
-                                (done_index,))
+        index = self._collective(b, "dp", kind, ranks, size, f"grads.{group}.{label}", "dp",
+                                 (done_index,))
+        return self._replica_all_reduce(b, group, size, label, index)
+
+    def _replica_all_reduce(self, b: _RankBuilder, group: str, size: float, label: str,
+                            reduced: int) -> int:
+        """Hybrid sharding: after a ``dense`` bucket's reduce-scatter (op ``reduced``) in the
+        shard group, all-reduce the rank's ``size / (shard_dp * cp)`` bytes with the ranks
+        holding the same shard (PyTorch FSDP2 ``foreach_reduce``: reduce-scatter over the
+        mesh's shard dimension, then ``all_reduce`` over ``all_reduce_group``, its
+        replicate dimension, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py;
+        Megatron-Core ``--num-distributed-optimizer-instances``: reduce-scatter in the
+        intra-instance group, all-reduce in the inter-instance group,
+        megatron/core/distributed/param_and_grad_buffer.py ``start_grad_sync``). The op's
+        index (``reduced`` without replicas).
+
+        Both frameworks issue the all-reduce on its own stream (FSDP2's
+        ``all_reduce_stream``, Megatron's second communication stream), so the next
+        bucket's reduce-scatter may run beside it; here it follows on the data-parallel
+        stream, which overstates the stream's busy time by at most the shorter of the two
+        per bucket (the all-reduce moves 1/shard of the bucket)."""
+        plan = self.plan
+        if plan.dp_replicas == 1 or group != "dense" or reduced < 0:
+            return reduced
+        shard = size / len(b.groups['grad'])
+        index = self._collective(b, "dp", "all_reduce", b.groups['replica'], shard,
+                                 f"grads.replica.{label}", "dp", (reduced,))
+        return reduced if index < 0 else index
 
     # -------------------------------------------------------------------- step
     def distinct_ranks(self, ranks: Sequence[int]) -> list[int]:
@@ -1199,7 +1266,11 @@ class StepLowerer:
                                 for r in layout.expert_tp_group(member)))
         if name in ("ep_rail", "ep_local"):
             return self._ep_domain_group(rank, name)
-        return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",), "grad": ("dp", "cp")}[name])
+        if name == "grad":
+            return layout.dp_shard_group(rank)
+        if name == "replica":
+            return layout.dp_replica_group(rank)
+        return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",)}[name])
 
     def _ep_domain_group(self, rank: int, name: str) -> tuple[int, ...]:
         """The members of ``rank``'s EP group in its NVLink domain (``ep_local``), or at
@@ -1232,11 +1303,15 @@ class StepLowerer:
             for kernel in (kernels if comp == "F" else reversed(kernels)):
                 self._emit_kernel(b, kernel, tag, comp)
         elif comp == "F":
+            self._carry_copy(b, part, tag, "params", comp)
             self._layer_forward(b, part, tag)
         else:
             if comp in ("B", "I"):
+                self._carry_copy(b, part, tag, "params", comp)
                 self._recompute(b, part, tag)
             self._layer_backward(b, part, tag, comp)
+            if comp in ("B", "W"):
+                self._carry_copy(b, part, tag, "grads", comp)
         return b.ops
 
     def actions(self) -> tuple[tuple[Action, ...], ...]:
@@ -1334,8 +1409,11 @@ class StepLowerer:
         for layer in reversed(layers):
             b.wait(gathered.get(layer, -1))
             if action.comp in ("B", "I"):
+                self._carry_copy(b, layer, tag, "params", action.comp)
                 self._recompute(b, layer, tag)
             self._layer_backward(b, layer, tag, action.comp)
+            if action.comp in ("B", "W"):
+                self._carry_copy(b, layer, tag, "grads", action.comp)
             if reduce_now:
                 dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
                                              b.last(),
@@ -1449,6 +1527,7 @@ class StepLowerer:
         gathered = self._param_gather(b, layers, tag, "F", j) if communicate else {}
         for layer in layers:
             b.wait(gathered.get(layer, -1))
+            self._carry_copy(b, layer, tag, "params", "F")
             self._layer_forward(b, layer, tag)
         if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
@@ -1523,17 +1602,19 @@ class StepLowerer:
         group, a few bytes left out here), clipping, the Adam kernels of
         ``plan.optimizer_impl`` (:func:`strategies.model_costs.optimizer_kernels`) over
         the rank's shard, reading and writing what the plan's optimizer stores
-        (:func:`strategies.memory.optimizer_storage`), the per-step FP8 weight quantization of a weight-caching fp8
-        recipe, and under ZeRO 1/2 without overlap the parameter all-gather."""
+        (:func:`strategies.memory.optimizer_storage`), the per-step FP8 weight
+        quantization of a weight-caching fp8 recipe, and under ZeRO 1/2 without overlap
+        the parameter all-gather."""
         plan = self.plan
         layers = self.rank_layers(p)
         params = costs.rank_params(self.model, layers=layers, tp=plan.tp,
                                    ep=plan.ep, has_embedding=self.holds_embedding(p),
                                    has_head=self.holds_head(p), etp=self.etp)
         sharded = plan.zero >= 1
-        # a chunk held by several pipeline ranks is sharded over all of their ranks
+        # a chunk held by several pipeline ranks is sharded over all of their ranks; under
+        # hybrid sharding over the shard group only (plan.dp_shard)
         copies = self.chunk_copies if sharded else 1
-        dense = params.dense_params / (plan.dp * plan.cp * copies if sharded else 1)
+        dense = params.dense_params / (plan.shard_dp * plan.cp * copies if sharded else 1)
         expert = params.expert_params / (self.layout.expert_dp * copies if sharded else 1)
         # (the kernels with parameters counted once per layer kind: a layer's kernels
         # are its kind's, StepLowerer.kernels)
@@ -1560,6 +1641,10 @@ class StepLowerer:
             b.add(compute_op(kernel, kernel.name, "F", deps=deps))
             deps = ()
             if kernel.name == "optimizer.grad_norm" and sharded:
+                # (hybrid sharding: the replicas hold the same reduced shards, so the
+                # norm's partial sums reduce over the shard group only: FSDP2's DTensor
+                # gradients are Replicate on the replicate dimension; Megatron-Core sums
+                # over the intra-instance data-parallel group)
                 self._collective(b, "dp", "all_reduce", b.groups['grad'], GRAD_NORM_BYTES,
                                  "optimizer.grad_norm", COMPUTE, (b.last(),))
         recipe = costs.resolve_fp8_recipe(plan.fp8_recipe)

@@ -211,7 +211,7 @@ _NOT_IN_ACTIVATIONS = frozenset({
     "attention_impl", "elementwise", "order", "dp_mode", "ps_servers", "ps_placement",
     "staleness", "ps_steps", "grad_reduce_every_microbatch", "recompute_early_stop",
     "optimizer_moments_dtype", "master_weights_dtype", "fp8_params", "comm_sm_contention",
-    "nccl_max_ctas", "tp_comm_fp8_reduce_scatter"})
+    "nccl_max_ctas", "tp_comm_fp8_reduce_scatter", "xla_scan_carry_copies", "dp_shard"})
 #: Plan fields the model states and buffers of :func:`rank_memory` do not read.
 _NOT_IN_STATES = frozenset({
     "global_batch", "micro_batch", "seq_len", "schedule", "pp", "vpp", "layers_per_stage",
@@ -221,7 +221,7 @@ _NOT_IN_STATES = frozenset({
     "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
     "grad_reduce_every_microbatch", "recompute_early_stop", "fp8_swiglu_inputs",
     "e5m6_attention_output", "comm_sm_contention", "nccl_max_ctas",
-    "tp_comm_fp8_reduce_scatter"})
+    "tp_comm_fp8_reduce_scatter", "xla_scan_carry_copies"})
 _FIELDS = {"activations": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_ACTIVATIONS),
            "states": tuple(f.name for f in PLAN_FIELDS if f.name not in _NOT_IN_STATES)}
 #: Entries kept before the table starts again (values are recomputed on demand).
@@ -658,7 +658,8 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
 
     With ``P_d``, ``P_e`` the dense and routed-expert parameters on the rank
     (:func:`strategies.model_costs.rank_params` with ``plan.tp``, ``plan.ep``), ``P_l`` the
-    parameters of its transformer layers, ``D = dp*cp``, ``D_e = tp*dp*cp/(expert_tp*ep)``, ``z =
+    parameters of its transformer layers, ``D = shard_dp*cp`` (the ZeRO/FSDP shard group:
+    ``dp*cp`` unless ``plan.dp_shard`` splits dp), ``D_e = tp*dp*cp/(expert_tp*ep)``, ``z =
     plan.zero``, ``c`` the fp8 recipe's weight-copy bytes in fp8 plans (else 0),
     ``g`` the bytes of ``plan.grad_reduce_dtype`` and ``K = M + 2*m`` with ``m`` the bytes
     of ``plan.optimizer_moments_dtype`` and ``M`` those of ``plan.master_weights_dtype``
@@ -680,7 +681,7 @@ def rank_memory(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int],
       or ``inflight * stage_activation_bytes(layers, ...)`` for a rank whose in-flight
       micro-batches each hold all its layers;
     * transient = :func:`transient_activation_bytes` when anything is held, else 0;
-    * comm buffers = ``2*grad_bucket_bytes`` if D > 1, plus for z = 3 and D > 1
+    * comm buffers = ``2*grad_bucket_bytes`` if dp*cp > 1, plus for z = 3 and D > 1
       ``(2 + c) * (sum of the two largest held layers' P_d + P_e)`` (gathered weights) and
       ``(2 + (g if g != 2 else 0)) * (the largest)`` (its unsharded gradients);
     * workspace = ``reserve_bytes``.
@@ -770,7 +771,12 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
         )
     # expert data parallelism: tp*cp*dp / (expert_tp*ep) ranks hold the same expert shard
     expert_dp_group = plan.tp * dp_group // (etp * plan.ep) * chunk_copies
-    shard_group = dp_group * chunk_copies
+    # hybrid sharding (plan.dp_shard): states divided by the shard group, shard_dp * cp
+    # (PyTorch FSDP HYBRID_SHARD / FSDP2 2-D mesh: "sharding within a node and replicating
+    # across nodes", torch.distributed.fsdp.ShardingStrategy; Megatron-Core's distributed
+    # optimizer over dp*cp / num_distributed_optimizer_instances ranks)
+    shard_dp_group = getattr(plan, "shard_dp", plan.dp) * plan.cp
+    shard_group = shard_dp_group * chunk_copies
 
     rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep, etp=etp,
                                  has_embedding=has_embedding, has_head=has_head)
@@ -813,7 +819,7 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     comm = 0.0
     if dp_group > 1:
         comm += 2.0 * plan.grad_bucket_bytes
-        if plan.zero >= 3 and len(layers) > 0:
+        if plan.zero >= 3 and len(layers) > 0 and shard_dp_group > 1:
             sizes = sorted((sum(model_costs.layer_params(model, layer, tp=plan.tp, ep=plan.ep,
                                                          etp=etp))
                             for layer, count in model_costs.layer_types(model, layers).items()

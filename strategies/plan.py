@@ -135,6 +135,18 @@ class ParallelPlan:
         seq_len: tokens per sequence.
         zero: ZeRO stage (0 none, 1 optimizer state, 2 + gradients,
             3 + parameters = FSDP).
+        dp_shard: hybrid sharding (HSDP): the data-parallel ranks (times cp) one ZeRO/FSDP
+            shard group spans, consecutive in dp; the ``dp / dp_shard`` groups hold the
+            same shards (replicas). Parameters are all-gathered and gradients
+            reduce-scattered within the shard group, then each rank all-reduces its
+            1/(dp_shard*cp) of the gradients with the ranks holding the same shard in the
+            other groups, and optimizer state is divided by ``dp_shard * cp``, not
+            ``dp * cp``: PyTorch FSDP ``ShardingStrategy.HYBRID_SHARD`` / FSDP2
+            ``fully_shard(mesh=2-D (replicate, shard))`` (torchtitan
+            ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``),
+            Megatron-Core ``--num-distributed-optimizer-instances`` (dp_shard = dp /
+            instances), MaxText/Paxml meshes with an FSDP axis smaller than DP. 0 (default)
+            or dp: one shard group over all of dp. Needs ZeRO >= 1 when it splits dp.
         sequence_parallel: shard LayerNorm/dropout activations over TP
             (Korthikanti et al. 2022); TP all-reduces become reduce-scatter +
             all-gather.
@@ -253,6 +265,25 @@ class ParallelPlan:
             ``no_sync()`` (Composer's trainer, whose ``ddp_sync_context`` skips
             ``no_sync`` for FSDP), each shard accumulating the reduced gradients. Needs
             ZeRO 2 or 3, overlapped gradient reduction and no pipeline parallelism.
+        xla_scan_carry_copies: the layers run as one scanned layer (``jax.lax.scan``,
+            an XLA while loop) whose FSDP collectives XLA's collective pipeliner moves one
+            iteration away (``--xla_gpu_enable_pipelined_all_gather`` /
+            ``_reduce_scatter``: the next layer's parameter all-gather issued in this
+            iteration, this layer's gradient reduce-scatter in the next;
+            xla/service/collective_pipeliner.h), without while-loop double buffering
+            (``--xla_gpu_enable_while_loop_double_buffering=false``). The pipelined values
+            are then loop-carried buffers that the loop body reads while the collective
+            writes (or writes while it reads), and copy insertion copies them once per
+            iteration: a device-to-device copy on the compute stream of each layer's
+            gathered parameters (every forward and backward) and of its unreduced
+            gradients (every backward). Double buffering (unrolling by two) removes these
+            copies (openxla/xla PR #5473: "some of the additional copies that result from
+            potential read-after-write hazards will be removed", savings "proportional to
+            sizes of weights and number of layers"; PR #10297: "the memcpies (which this
+            pass is designed to eliminate)"). Needs ZeRO 3 over more than one rank and
+            every backward reducing its gradients (one micro-batch per step, or
+            ``grad_reduce_every_microbatch``). False (default): no copies (double
+            buffering on, or the layers not scanned).
         comm_sm_contention: NCCL kernels overlapped with compute (data-parallel
             reduce-scatters and gathers, EP all-to-alls, CP ring exchanges, pipeline
             send/recvs) hold one SM per channel for as long as they run, and compute
@@ -344,6 +375,9 @@ class ParallelPlan:
     seq_len: int = _field(2048, "Tokens per sequence.", aliases=("--seq-length",), minimum=1)
     zero: int = _field(1, "ZeRO stage (3 = FSDP).", search="list",
                        choices=lambda: ZERO_STAGES)
+    dp_shard: int = _field(0, "Data-parallel ranks a ZeRO/FSDP shard group spans; the "
+                              "dp/dp_shard groups replicate it (HSDP; 0: all of dp).",
+                           minimum=0)
     sequence_parallel: bool = _field(True, "Sequence parallelism with TP.")
     recompute: str = _field("none", "Activation recomputation.", search="list",
                             choices=lambda: RECOMPUTE)
@@ -429,6 +463,10 @@ class ParallelPlan:
     grad_reduce_every_microbatch: bool = _field(
         False, "Reduce-scatter gradients after every micro-batch (FSDP v1 outside "
                "no_sync), not only the last one (ZeRO 2/3, pp 1).")
+    xla_scan_carry_copies: bool = _field(
+        False, "Scanned layers under XLA's collective pipeliner without while-loop double "
+               "buffering: each layer's gathered parameters and unreduced gradients are "
+               "copied once per loop iteration on the compute stream (ZeRO 3).")
     comm_sm_contention: bool = _field(False, "Overlapped NCCL kernels hold one SM per "
                                             "channel; compute beside them runs on the "
                                             "SMs left.")
@@ -476,6 +514,16 @@ class ParallelPlan:
     def world_size(self) -> int:
         """GPUs the plan uses: dp * tp * pp * cp."""
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_dp(self) -> int:
+        """Data-parallel ranks of one ZeRO/FSDP shard group: ``dp_shard``, or dp (0)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def dp_replicas(self) -> int:
+        """Shard groups holding the same shards (HSDP replicas): ``dp / shard_dp``."""
+        return self.dp // self.shard_dp
 
     @property
     def num_microbatches(self) -> int:
@@ -549,6 +597,14 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                          f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
                          f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
                          f"grad_reduce_every_microbatch false")
+    if plan.xla_scan_carry_copies and (plan.zero != 3 or plan.dp * plan.cp == 1 or not (
+            plan.num_microbatches == 1 or plan.grad_reduce_every_microbatch)):
+        raise ValueError(f"xla_scan_carry_copies: true needs zero 3 over dp*cp > 1 and every "
+                         f"backward reducing its gradients (1 micro-batch or "
+                         f"grad_reduce_every_microbatch), not zero {plan.zero}, dp*cp "
+                         f"{plan.dp * plan.cp}, {plan.num_microbatches} micro-batches, "
+                         f"grad_reduce_every_microbatch {plan.grad_reduce_every_microbatch}; "
+                         f"give xla_scan_carry_copies false")
     if plan.fp8_params and plan.dtype != "fp8":
         raise ValueError(f"fp8_params: true needs dtype fp8 (FP8 primary weights), not dtype "
                          f"{plan.dtype}; give fp8_params false")
@@ -565,6 +621,13 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                              f"{' or '.join(UB_FP8_REDUCE_SCATTER_RECIPES)} (TE's FP8 userbuffers), not "
                              f"dtype {plan.dtype}, {plan.tp_comm_overlap}, {plan.fp8_recipe}; "
                              f"give it empty")
+    if plan.dp_shard and plan.dp % plan.dp_shard:
+        raise ValueError(f"dp_shard: {plan.dp_shard} does not divide dp {plan.dp}; valid: a "
+                         f"divisor of {plan.dp}, or 0 (one shard group over all of dp)")
+    if plan.dp_replicas > 1 and plan.zero == 0:
+        raise ValueError(f"dp_shard: {plan.dp_shard} (of dp {plan.dp}) needs zero >= 1 (it "
+                         "sizes the ZeRO/FSDP shard groups; ZeRO 0 shards nothing); give "
+                         f"dp_shard 0 or zero 1, 2 or 3")
     if plan.nccl_max_ctas and not plan.comm_sm_contention:
         raise ValueError(f"nccl_max_ctas: {plan.nccl_max_ctas} needs comm_sm_contention true "
                          "(it caps the SMs an NCCL kernel takes from compute); give 0")
@@ -672,6 +735,14 @@ def validate_plan(plan: ParallelPlan, *, num_layers: int, num_heads: int, num_kv
         raise ValueError(f"zero: 3 is not valid with schedule {plan.schedule!r}, whose two "
                          "copies of every chunk would gather their parameters at different "
                          "times; give zero 0, 1 or 2")
+    if plan.dp_replicas > 1 and schedule.placement(plan.pp, plan.vpp).routes > 1:
+        raise ValueError(f"dp_shard: {plan.dp_shard} (of dp {plan.dp}) is not supported with "
+                         f"schedule {plan.schedule!r}, whose chunks are sharded over both of "
+                         "their holders; give dp_shard 0")
+    if plan.dp_replicas > 1 and num_experts:
+        raise ValueError(f"dp_shard: {plan.dp_shard} (of dp {plan.dp}) is not supported for a "
+                         "mixture-of-experts model (expert data parallelism is not split into "
+                         "shard groups here); give dp_shard 0")
     if num_experts == 0:
         for name, default in (("ep", 1), ("expert_tp", 0), ("moe_a2a_overlap", False),
                               ("moe_dispatcher", "alltoall"), ("moe_dispatch_fp8", False),
@@ -797,6 +868,35 @@ class RankLayout:
         for stride, size in spans:
             ranks = [r + i * stride for i in range(size) for r in ranks]
         return tuple(sorted(ranks))
+
+    # ------------------------------------------------------------ hybrid sharding
+    # The shard groups are consecutive in dp, the replicas strided (PyTorch DeviceMesh
+    # ``(replicate, shard)``: the shard dimension innermost, torchtitan's ParallelDims
+    # ``["dp_replicate", "dp_shard", "cp", "tp"]``; Megatron-Core's
+    # ``intra_partial_data_parallel_group_with_cp``: dp*cp/instances consecutive ranks of
+    # the data-parallel-with-CP group, megatron/core/parallel_state.py).
+
+    def dp_shard_group(self, rank: int) -> tuple[int, ...]:
+        """The ``shard_dp * cp`` ranks that share ``rank``'s ZeRO/FSDP shards (all of
+        dp x cp without hybrid sharding: :meth:`group` over dp and cp)."""
+        plan = self.plan
+        if plan.dp_replicas == 1:
+            return self.group(rank, "dp", "cp")
+        coords = self.coords(rank)
+        first = coords["dp"] // plan.shard_dp * plan.shard_dp
+        return tuple(sorted(self.rank(tp=coords["tp"], cp=c, dp=d, pp=coords["pp"])
+                            for d in range(first, first + plan.shard_dp)
+                            for c in range(plan.cp)))
+
+    def dp_replica_group(self, rank: int) -> tuple[int, ...]:
+        """The ``dp / shard_dp`` ranks holding the same shard as ``rank`` (same position
+        in their shard groups): they all-reduce it."""
+        plan = self.plan
+        coords = self.coords(rank)
+        offset = coords["dp"] % plan.shard_dp
+        return tuple(sorted(self.rank(tp=coords["tp"], cp=coords["cp"], pp=coords["pp"],
+                                      dp=offset + i * plan.shard_dp)
+                            for i in range(plan.dp_replicas)))
 
     # ------------------------------------------------------------ expert side
     # Megatron-Core builds the MoE layers' groups from a second rank generator over the

@@ -24,6 +24,7 @@ VARIANTS = dict(
     grad_reduce_dtype=["fp32"], recompute_layers=[1], recompute=["full"],
     optimizer_impl=["unfused"], store_param_remainders=[True],
     activation_offload_layers=[1], tp_comm_overlap=[True], micro_batch=[2], seq_len=[2048],
+    dp_shard=[2],
 )
 
 

@@ -46,6 +46,12 @@ EXACT = [
          zero=3, grad_reduce_every_microbatch=True),
     dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
          zero=2, grad_reduce_every_microbatch=True, grad_reduce_dtype="bf16"),
+    # XLA scanned layers without while-loop double buffering (the dgxc Paxml recipe): a
+    # copy of each layer's gathered parameters and unreduced gradients per iteration
+    dict(model="llama3-8b", gpus=64, tp=1, seq_len=4096, global_batch=64, zero=3,
+         grad_reduce_dtype="fp32", xla_scan_carry_copies=True),
+    dict(model="llama2-7b", gpus=16, tp=1, seq_len=2048, global_batch=64, micro_batch=2,
+         zero=3, grad_reduce_every_microbatch=True, xla_scan_carry_copies=True),
 ]
 
 

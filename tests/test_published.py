@@ -67,12 +67,16 @@ def test_dense_models_within_todays_bounds(report):
     pipelines): 5.29 %, 15.85 %, -2.2 %; the median and bias bounds open to that (a fidelity fix, the replay's numbers, not a physics loss). The eager Megatron-Core / NeMo rows (0.3-5.5 % faster) had
     been priced above their own replay, every layer's phase starting with the CPU level
     (nemo2407a_03 +1.2 % over the event fidelity, now -0.15 %; mb2602_01 +2.0 %, now
-    -0.17 %): that excess had offset part of their under-prediction."""
+    -0.17 %): that excess had offset part of their under-prediction. The dgxc Paxml
+    recipe's per-iteration copies of its scanned layers' loop-carried buffers (XLA
+    while-loop double buffering off; ParallelPlan.xla_scan_carry_copies): 5.29 %,
+    15.57 %, -2.04 % (the Paxml rows from -29..-33 % to -13.5..-19.5 %): the p90 and
+    bias tighten."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
     assert dense["median_abs_error"] <= 0.053
-    assert dense["p90_abs_error"] <= 0.16
-    assert abs(dense["bias"]) <= 0.0225
+    assert dense["p90_abs_error"] <= 0.157
+    assert abs(dense["bias"]) <= 0.021
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -142,10 +146,10 @@ def test_whole_set_within_todays_bounds(report):
     rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
     the MoE framework settings of validate.published_stacks as well (18.9 %); host issue
     per stack for the dense rows (18.6 %) and the gpt-oss experts' eager bias adds
-    (18.4 %)."""
+    (18.4 %); the dgxc Paxml scanned-layer copies (18.2 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.19
+    assert every["p90_abs_error"] <= 0.185
     assert abs(every["bias"]) <= 0.05
 
 

@@ -392,6 +392,10 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     fsdp = run.integer("fsdp", 0) or 0
     if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP
         defaults["zero"] = 2 if "SHARD_GRAD_OP" in run.get("notes") else 3
+    if 0 < fsdp < dp and dp % fsdp == 0:
+        # a printed shard group smaller than DP: hybrid sharding, dp / fsdp replicas (the
+        # dgxc MaxText rows' 'FSDP+DP', FSDP=128: ici_fsdp x dcn_fsdp with dcn_data replicas)
+        defaults["dp_shard"] = fsdp
     recompute = run.get("recompute") or "none"
     recompute_layers = 0
     # NeMo's performance recipes are Megatron-Core (NeMo 2 / Megatron-Bridge) configs; NeMo

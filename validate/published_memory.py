@@ -113,22 +113,20 @@ KNOWN_GAPS: Mapping[str, str] = {
                  "needs 50 GiB, and the row's printed GA 2 is inconsistent with micro-batch 4 "
                  "(GBS/(MBS*DP) = 8); the printed micro-batch is kept",
     **{row: "Paxml GPT-3 175B FP8 at MBS 2 with the recipe's SAVE_QKV_OUT_PROJ remat policy "
-            "(dgxc paxml_mod_configs.py Synthetic175BCkpt; applied) needs 95.8 GiB (128 GPUs) "
-            "/ 84.3 GiB (256): saved layer inputs, QKV and output projections of 96 layers "
-            "46.0 GiB (0.48 GiB a layer), model states sharded over the GPUs 22.9 / 11.4 "
-            "GiB, ZeRO-3 buffers as PyTorch FSDP's 23.7 GiB (two gathered layers of 1.81 B "
-            "parameters with FP8 copies, the largest one's bf16 and fp32 unsharded "
-            "gradients), reserve 2 GiB. XLA's buffer assignment of the scanned layers (the "
-            "per-layer all-gathers and reduce-scatters inside the scan) is not sourced; "
-            "with one gathered layer instead of two (16.9 GiB: weights with FP8 copies, "
-            "bf16 and fp32 gradients) the 128-GPU row is still 9 GiB over, and it fits "
-            "only if the scan holds no more than one layer's bf16 weights and bf16 "
-            "gradients (6.7 GiB), so the saved activations are the likelier overestimate "
-            "(their dtype under the FP8 recipe is not sourced). The recipe "
-            "shards over an FSDP group of 128 (DCN_MESH_SHAPE [DP, 16, 1] x ICI [1, 8, 1]), "
-            "which the plan cannot express (ZeRO-3 over all GPUs: the 256-GPU row's states "
-            "are half the recipe's)"
-       for row in ("dgxc_pax_01", "dgxc_pax_02")},
+            "(dgxc paxml_mod_configs.py Synthetic175BCkpt; applied) needs 95.8 GiB at every "
+            "size: the recipe shards over an FSDP group of 128 GPUs (DCN_MESH_SHAPE [DP, 16, "
+            "1] x ICI [1, 8, 1]; plan dp_shard 128, replicas beyond 128 GPUs): saved layer "
+            "inputs, QKV and output projections of 96 layers 46.0 GiB (0.48 GiB a layer), "
+            "model states sharded over 128 GPUs 22.9 GiB, ZeRO-3 buffers as PyTorch FSDP's "
+            "23.7 GiB (two gathered layers of 1.81 B parameters with FP8 copies, the largest "
+            "one's bf16 and fp32 unsharded gradients), reserve 2 GiB. XLA's buffer "
+            "assignment of the scanned layers (the per-layer all-gathers and reduce-scatters "
+            "inside the scan) is not sourced; with one gathered layer instead of two (16.9 "
+            "GiB: weights with FP8 copies, bf16 and fp32 gradients) it is still 9 GiB over, "
+            "and it fits only if the scan holds no more than one layer's bf16 weights and "
+            "bf16 gradients (6.7 GiB), so the saved activations are the likelier "
+            "overestimate (their dtype under the FP8 recipe is not sourced)"
+       for row in ("dgxc_pax_01", "dgxc_pax_02", "dgxc_pax_03", "dgxc_pax_04", "dgxc_pax_05")},
 }
 
 

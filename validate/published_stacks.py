@@ -22,7 +22,8 @@ __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "UB_FP8_REDUCE_SCATTER",
            "dgxc_recipe_of",
            "nemo1_distributed_adam",
-           "JAX_REMAT_RECIPES", "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+           "JAX_FSDP_SHARD_GPUS", "JAX_LOOP_DOUBLE_BUFFERING", "JAX_REMAT_RECIPES",
+           "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
            "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
@@ -277,8 +278,8 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: * layout: ``--fdl.DCN_MESH_SHAPE=[DP, 16, 1]`` over ``ICI_MESH_SHAPE = [1, 8, 1]``
 #:   (axes replica, data, mdl): weights sharded over an FSDP group of 128 GPUs (16 nodes),
 #:   ``DP = nodes / 16`` replicas; no TP, no pipeline (``USE_REPEATED_LAYER``: one
-#:   scanned layer). The plan has no shard-group field, so ZeRO-3 spans all GPUs; at 128
-#:   GPUs (dgxc_pax_01) the two agree and the row is still -29 %;
+#:   scanned layer). ZeRO-3 with ``dp_shard`` 128 (:data:`JAX_FSDP_SHARD_GPUS`); at 128
+#:   GPUs (dgxc_pax_01) there is one shard group and the row is still -29 %;
 #: * layers: ``ENABLE_TE=1`` swaps in Transformer Engine's praxis ``TransformerLayer``
 #:   (``dtype`` = the bf16 ``FPROP_DTYPE``), FP8 through ``te.fp8_autocast`` with
 #:   ``DelayedScaling`` (HYBRID, amax history 1024: ``te-delayed``), cuDNN fused attention
@@ -293,10 +294,35 @@ AUTOMODEL_EXPERT_PARALLEL = {"gpt-oss-20b": 8, "gpt-oss-120b": 64}
 #: reduce-scattered over 16 nodes) takes about as long as the layer's compute (about 32 of
 #: 36 ms in the backward at the simulator's rates), so how much of it the scheduler hides
 #: decides the step: with the overlap the simulator assumes the 128-GPU row is 5.28 s
-#: (-29 %), with none 7.13 s (-4.5 %), published 7.47 s. The exposed share under XLA's
-#: approximate latency estimator is not sourced, so it is not priced.
+#: (-29 %), with none 7.13 s (-4.5 %), published 7.47 s. The pipelined collectives do
+#: overlap across layers (the recipe turns the collective pipeliner on, as MaxText's
+#: does), but without while-loop double buffering every iteration copies the carried
+#: buffers (:data:`JAX_LOOP_DOUBLE_BUFFERING`): priced, 6.46 s (-13.5 %). What else the
+#: approximate latency estimator (no PGLE profile) leaves exposed is not sourced, so it
+#: is not priced.
 JAX_REMAT_RECIPES = {("maxtext", "llama2-70b"): "jax_save_qkv",
                      ("paxml", "gpt3-175b"): "jax_save_qkv_out"}
+#: FSDP shard groups (GPUs) of published JAX recipes whose rows do not print them: the
+#: Paxml GPT-3 175B mesh above, FSDP over 16 nodes x 8 GPUs, ``DP = nodes / 16`` replicas
+#: (the plan's ``dp_shard``).
+JAX_FSDP_SHARD_GPUS = {("paxml", "gpt3-175b"): 128}
+
+#: XLA while-loop double buffering of the published JAX recipes, ``{framework word:
+#: --xla_gpu_enable_while_loop_double_buffering}``. Both NVIDIA/dgxc-benchmarking recipes
+#: scan their layers (Paxml ``USE_REPEATED_LAYER``; MaxText ``scan_layers=true``) and turn
+#: XLA's collective pipeliner on for the FSDP collectives
+#: (``--xla_gpu_enable_pipelined_all_gather=true``, ``_reduce_scatter=true``,
+#: ``_all_reduce=true``): the next layer's all-gather overlaps the whole current layer,
+#: this layer's reduce-scatter the whole next one (xla/service/collective_pipeliner.h),
+#: so both recipes overlap FSDP traffic across layers. They differ in double buffering:
+#: ``paxml/configure.sh`` @143b90dd91f9be958fed4773ae95d941a3356a82 (the rows' README
+#: revision; image ghcr.io/nvidia/jax:pax-2024-03-04, paxml/setup.sh) sets
+#: ``--xla_gpu_enable_while_loop_double_buffering=false``, ``maxtext/configure.sh``
+#: @0b71cfda5163540778e2a3d2db59858bf62f96f7 sets it ``true`` (as JAX-Toolbox's
+#: rosetta/docs/GPU_performance.md recommends among its "Pipelined comm/compute for FSDP
+#: flags"). Without it the pipelined values are loop-carried buffers that copy insertion
+#: copies every iteration (``ParallelPlan.xla_scan_carry_copies``).
+JAX_LOOP_DOUBLE_BUFFERING = {"paxml": False, "maxtext": True}
 
 #: Spellings of Megatron-Core ``--recompute-modules`` in the rows' ``recompute_detail``
 #: and the module the plan names (``None``: a module the cost model has no kernels of).
@@ -701,9 +727,23 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         policy = next((p for (word, m), p in JAX_REMAT_RECIPES.items()
                        if word in name and m == row.get("model")), "jax_full")
         fields.update(recompute="selective", recompute_layers=0, recompute_modules=(policy,))
+        shard = next((g for (word, m), g in JAX_FSDP_SHARD_GPUS.items()
+                      if word in name and m == row.get("model")), 0)
+        dp = int(plan_fields.get("dp", 1))
+        if shard and dp > shard and dp % shard == 0:
+            fields["dp_shard"] = shard
+            unprinted.append(f"FSDP shard group {shard} GPUs x {dp // shard} replicas (the "
+                             "published recipe's mesh)")
         unprinted.append(f"JAX remat policy {policy} ("
                          + ("the published recipe's" if policy != "jax_full"
                             else "MaxText's default 'full'") + ")")
+    if kind == "jax" and not next((on for word, on in JAX_LOOP_DOUBLE_BUFFERING.items()
+                                   if word in framework.lower()), True):
+        fields["xla_scan_carry_copies"] = True
+        unprinted.append("XLA scanned layers with pipelined FSDP collectives and no while-loop "
+                         "double buffering: each layer's gathered parameters and unreduced "
+                         "gradients copied once per iteration (the published recipe's "
+                         "XLA_FLAGS)")
     is_bridge = "megatron-bridge" in framework.lower()
     if is_bridge and version.startswith("NeMo 2"):
         fields["store_param_remainders"] = True

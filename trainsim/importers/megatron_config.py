@@ -351,6 +351,26 @@ def _data_parallel(s: Settings, plan: dict[str, Any], notes: list[str], *,
     if s.value("use_torch_fsdp2", bool, False):
         zero = 3 if s.value("torch_fsdp2_reshard_after_forward", bool, True) else 2
     plan["zero"] = zero
+    instances = s.value("num_distributed_optimizer_instances", int, 1, minimum=1)
+    if instances > 1:
+        # Megatron-Core's partial distributed optimizer: each instance shards over
+        # dp*cp/instances consecutive data-parallel ranks (intra_partial_data_parallel_group,
+        # megatron/core/parallel_state.py), gradients reduce-scattered there and all-reduced
+        # across the instances: the plan's hybrid sharding, dp_shard = dp / instances
+        spelled = s.spelled("num_distributed_optimizer_instances")
+        if not zero:
+            raise ValueError(f"{spelled}: {instances} needs {s.spelled('use_distributed_optimizer')} "
+                             "(Megatron-LM rejects it otherwise); give 1")
+        if dp is None:
+            raise ValueError(f"{spelled}: {instances} needs the data-parallel size; give --gpus")
+        if dp % instances:
+            raise ValueError(f"{spelled}: {instances} does not divide dp {dp}; valid: a divisor "
+                             f"of {dp} (instances splitting context-parallel groups are not "
+                             "modelled)")
+        plan["dp_shard"] = dp // instances
+        notes.append(f"{spelled} {instances}: ZeRO shards over dp/{instances} = "
+                     f"{dp // instances} data-parallel ranks (x cp), all-reduced across the "
+                     "instances (plan dp_shard)")
     if not zero:
         notes.append(f"{s.spelled('use_distributed_optimizer')} off: optimizer state "
                      "replicated on every data-parallel rank (Megatron-LM's default; ZeRO 0)")

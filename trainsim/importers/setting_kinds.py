@@ -160,8 +160,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
                         "bytes)"),
     "ddp_reduce_scatter_with_fp32_accumulation": ((False, None), "the all-to-all "
                                                   "reduce-scatter is not modelled"),
-    "num_distributed_optimizer_instances": ((1, None), "the plan has no field for several "
-                                            "distributed-optimizer instances"),
     "use_sharp": ((False, None), "SHARP in-network reductions are not modelled"),
     "enable_full_sharding_in_hsdp": ((False, None), "hybrid-sharded data parallelism is not "
                                      "modelled"),
