@@ -86,9 +86,8 @@ _NOT_IN_OPTIMIZER = frozenset({
     "global_batch", "micro_batch", "seq_len", "recompute", "recompute_layers",
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
-    "cross_entropy", "activation_offload_layers", "store_param_remainders",
-    "fsdp_fp32_params", "grad_reduce_every_microbatch", "recompute_early_stop",
-    "xla_scan_carry_copies"})
+    "cross_entropy", "activation_offload_layers", "grad_reduce_every_microbatch",
+    "recompute_early_stop", "xla_scan_carry_copies"})
 #: Plan fields only a recompute reads (StepLowerer._recompute, from a layer's B and I
 #: phases): a layer's forward (F) and weight gradients (W), the embedding and the head in
 #: every phase run the same ops whatever they say, so their prices are keyed without them

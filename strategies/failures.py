@@ -56,9 +56,11 @@ counts as a new interruption. Node policies:
 
 Repair times are exponential (or constant) with the class's mean ``repair_hours``.
 
-Checkpoints: ``checkpoint_bytes = parameters x CHECKPOINT_BYTES_PER_PARAM`` (bf16 weights +
-fp32 master weights, Adam momentum and variance = 2 + 12 = 14 bytes, the ZeRO accounting of
-:mod:`strategies.memory`; gradients are not saved). ``sync`` saves block training for
+Checkpoints: ``checkpoint_bytes = parameters x bytes per parameter`` the plan's optimizer
+stores (:func:`strategies.memory.checkpoint_bytes_per_param`: weights, master weights and
+Adam's moments in their dtypes; by default ``CHECKPOINT_BYTES_PER_PARAM``, bf16 weights + fp32
+master weights, momentum and variance = 2 + 12 = 14 bytes, the ZeRO accounting; gradients are
+not saved). ``sync`` saves block training for
 ``checkpoint_fixed_s + bytes / min(write_per_node x nodes, write_total)``; ``async`` blocks
 only for ``checkpoint_fixed_s + (bytes / gpus) / (pcie x snapshot_pcie_efficiency)`` (each GPU
 copies its shard to host memory; the shards are assumed even) and uploads in the background
@@ -94,9 +96,10 @@ except ModuleNotFoundError:  # Python 3.10
 
 from hardware.spec import ClusterSpec
 from hardware.toml_sources import source_comments
-from strategies.memory import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM
+from strategies.memory import checkpoint_bytes_per_param
 from strategies.model_costs import param_counts
 from strategies.model_spec import ModelSpec
+from strategies.plan import ParallelPlan
 
 __all__ = [
     "BLASTS",
@@ -143,9 +146,10 @@ POLICIES = ("spares", "wait", "elastic")
 CHECKPOINT_MODES = ("sync", "async")
 #: Repair-time distributions (mean = the class's repair_hours).
 REPAIR_DISTRIBUTIONS = ("exponential", "constant")
-#: Bytes saved per parameter: bf16 weights + fp32 master weights, momentum and variance
-#: (ZeRO paper, Rajbhandari et al. 2020, section 3.1; strategies.memory).
-CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM
+#: Bytes saved per parameter by default: bf16 weights + fp32 master weights, momentum and
+#: variance, 2 + 12 (ZeRO paper, Rajbhandari et al. 2020, section 3.1); a plan's own from
+#: what its optimizer stores (:func:`strategies.memory.checkpoint_bytes_per_param`).
+CHECKPOINT_BYTES_PER_PARAM = checkpoint_bytes_per_param()
 #: Hours of the "month" of a monthly availability (assumed: 30 days).
 MONTH_HOURS = 720.0
 
@@ -672,9 +676,14 @@ def load_responses(overrides: Responses | Mapping[str, Any] | None = None, **mor
 # --------------------------------------------------------------------------- checkpoints
 
 
-def checkpoint_bytes_for(model: ModelSpec, *,
-                         bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM) -> int:
-    """Bytes of one full checkpoint of ``model``: parameters x ``bytes_per_param``."""
+def checkpoint_bytes_for(model: ModelSpec, *, bytes_per_param: float | None = None,
+                         plan: ParallelPlan | None = None) -> int:
+    """Bytes of one full checkpoint of ``model``: parameters x ``bytes_per_param``, by
+    default what ``plan``'s optimizer stores per parameter
+    (:func:`strategies.memory.checkpoint_bytes_per_param`; without a plan
+    :data:`CHECKPOINT_BYTES_PER_PARAM`)."""
+    if bytes_per_param is None:
+        bytes_per_param = checkpoint_bytes_per_param(plan)
     _number("bytes_per_param", bytes_per_param, strict=True)
     return int(param_counts(model).total * bytes_per_param)
 

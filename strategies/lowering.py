@@ -46,6 +46,7 @@ from hardware.units import ELEMENT_BYTES
 from strategies import model_costs as costs
 from strategies import moe_dispatch
 from strategies.ir import CollectiveOp, ComputeOp, Mirrors, Op, Program, RecvOp, SendOp
+from strategies.memory import optimizer_storage
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import get_schedule
@@ -73,11 +74,6 @@ DTENSOR_TP = ("dtensor", "symmetric_memory")
 PIPELINED_TP = ("userbuffers", "symmetric_memory")
 #: Bytes of the gradient norm's partial sum all-reduced over the optimizer shards (fp32).
 GRAD_NORM_BYTES = 4
-#: HBM bytes an Adam update touches per parameter: read grad (2) + fp32 master,
-#: momentum, variance (12); write master, momentum, variance (12) + bf16 weight (2).
-OPTIMIZER_BYTES_PER_PARAM = 28
-#: FLOPs of one Adam update per parameter (moments, bias correction, update).
-OPTIMIZER_FLOPS_PER_PARAM = 12
 
 COMPUTE = "compute"
 #: Stream of the expert all-to-all inside an overlapped forward-backward pair.
@@ -1605,8 +1601,10 @@ class StepLowerer:
         ranks sharing the optimizer state; Megatron also reduces it over the model-parallel
         group, a few bytes left out here), clipping, the Adam kernels of
         ``plan.optimizer_impl`` (:func:`strategies.model_costs.optimizer_kernels`) over
-        the rank's shard, the per-step FP8 weight quantization of a weight-caching fp8
-        recipe, and under ZeRO 1/2 without overlap the parameter all-gather."""
+        the rank's shard, reading and writing what the plan's optimizer stores
+        (:func:`strategies.memory.optimizer_storage`), the per-step FP8 weight
+        quantization of a weight-caching fp8 recipe, and under ZeRO 1/2 without overlap
+        the parameter all-gather."""
         plan = self.plan
         layers = self.rank_layers(p)
         params = costs.rank_params(self.model, layers=layers, tp=plan.tp,
@@ -1629,8 +1627,15 @@ class StepLowerer:
             if found is None:
                 found = per_kind[kind] = sum(1 for k in self._layer_kernels(kind) if k.params)
             tensors += found
-        kernels = costs.optimizer_kernels(dense + expert, implementation=plan.optimizer_impl,
-                                          grad_bytes=self.grad_bytes, tensors=tensors)
+        # what the optimizer stores and so reads and writes (strategies.memory.optimizer_storage)
+        stored = optimizer_storage(plan)
+        kernels = costs.optimizer_kernels(dense + expert, implementation=stored.implementation,
+                                          grad_bytes=stored.grad_bytes, tensors=tensors,
+                                          param_bytes=stored.param_bytes,
+                                          exp_avg_bytes=stored.exp_avg_bytes,
+                                          exp_avg_sq_bytes=stored.exp_avg_sq_bytes,
+                                          param_extra_read_bytes=stored.param_extra_read_bytes,
+                                          weight_copy_bytes=stored.weight_copy_bytes)
         deps = tuple(sorted(set(dp_ops)))
         for kernel in kernels:
             b.add(compute_op(kernel, kernel.name, "F", deps=deps))

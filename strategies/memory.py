@@ -107,18 +107,22 @@ from strategies.plan import PLAN_FIELDS, ParallelPlan, RECOMPUTE, ZERO_STAGES
 __all__ = [
     "FP8_PARAM_BYTES_PER_PARAM",
     "FP8_WEIGHT_COPY_BYTES_PER_PARAM",
+    "FP8_WEIGHT_WRITE_BYTES_PER_PARAM",
     "FSDP_FP32_WEIGHT_BYTES_PER_PARAM",
     "GRAD_BYTES_PER_PARAM",
     "MemoryBreakdown",
     "MASTER_WEIGHT_BYTES_PER_PARAM",
     "MemoryOptions",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "OptimizerStorage",
     "OutOfMemoryError",
     "WEIGHT_BYTES_PER_PARAM",
     "WORKSPACE_BYTES",
     "ZERO3_PREFETCH_LAYERS",
     "check_fits",
+    "checkpoint_bytes_per_param",
     "memory_options",
+    "optimizer_storage",
     "pipeline_memory",
     "rank_memory",
     "stage_activation_bytes",
@@ -287,6 +291,139 @@ def memory_options(plan: ParallelPlan) -> MemoryOptions:
                          activation_offload_layers=plan.activation_offload_layers,
                          fp8_swiglu_inputs=plan.fp8_swiglu_inputs,
                          e5m6_attention_output=plan.e5m6_attention_output)
+
+
+# --------------------------------------------------------------------------- optimizer storage
+
+#: The model-weight copy a fused optimizer writes per parameter with FP8 primary weights
+#: (``ParallelPlan.fp8_params``): the FP8 weight, 1 byte, with one scale per tensor (TE
+#: ``FusedAdam.step``: ``multi_tensor_adam_fp8`` over ``[g, p_fp8, m, v, p_main, scale,
+#: amax, scale_inv]``, transformer_engine/pytorch/optimizers/fused_adam.py; Megatron-Core's
+#: distributed optimizer casts its master shard into the FP8 parameter buffer,
+#: ``quantize_param_shard``). The transpose is made from the gathered FP8 weight, outside the
+#: optimizer's shard.
+FP8_WEIGHT_WRITE_BYTES_PER_PARAM = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerStorage:
+    """What an Adam(W) step reads and writes per parameter, from the dtypes the plan's
+    optimizer stores (:func:`optimizer_storage`); bytes per element.
+
+    Attributes:
+        implementation: ``plan.optimizer_impl``.
+        grad_bytes: the gradient the optimizer reads.
+        param_bytes: the weight it updates: the master (fp32 4, its 16-bit remainder 2,
+            bf16 2) or, without one, the model's weight.
+        exp_avg_bytes: Adam's first moment.
+        exp_avg_sq_bytes: Adam's second moment.
+        param_extra_read_bytes: read once more: the bf16 weight a 16-bit remainder is
+            rebuilt into an fp32 master from.
+        weight_copy_bytes: the model-weight copy written (bf16 2, FP8 1, none 0).
+    """
+
+    implementation: str
+    grad_bytes: float
+    param_bytes: float
+    exp_avg_bytes: float
+    exp_avg_sq_bytes: float
+    param_extra_read_bytes: float
+    weight_copy_bytes: float
+
+    def adam_bytes_per_param(self) -> float:
+        """HBM bytes per parameter of the Adam kernels
+        (:func:`strategies.model_costs.adam_bytes_per_param`)."""
+        return model_costs.adam_bytes_per_param(
+            self.implementation, grad_bytes=self.grad_bytes, param_bytes=self.param_bytes,
+            exp_avg_bytes=self.exp_avg_bytes, exp_avg_sq_bytes=self.exp_avg_sq_bytes,
+            param_extra_read_bytes=self.param_extra_read_bytes,
+            weight_copy_bytes=self.weight_copy_bytes)
+
+
+def _uses_param_remainders(plan: ParallelPlan) -> bool:
+    """The fp32 master weights are kept as 16-bit remainders of the 16-bit weights
+    (``store_param_remainders`` under a sharded optimizer, 16-bit or fp8 plans; the
+    condition :func:`rank_memory` applies)."""
+    return (plan.store_param_remainders and plan.zero >= 1 and ELEMENT_BYTES[plan.dtype] <= 2
+            and plan.master_weights_dtype == "fp32"
+            and not (plan.fsdp_fp32_params and plan.zero >= 3))
+
+
+def optimizer_storage(plan: ParallelPlan) -> OptimizerStorage:
+    """What the plan's Adam step reads and writes per parameter, by the dtypes it stores.
+
+    * Moments in ``plan.optimizer_moments_dtype`` (fp32 4, bf16 2 each: Megatron-Core
+      ``--exp-avg-dtype``/``--exp-avg-sq-dtype``, Apex ``DistributedFusedAdam(dtype=...)``,
+      DeepSeek-V3). The fused kernel is taken to read and write them in that dtype, as
+      Apex's ``multi_tensor_fused_adam`` does (assumption for TE ``FusedAdam``, which
+      copies 16-bit states to fp32 temporaries around its kernel: ``get_unscaled_state``,
+      ``_apply_scale``).
+    * PyTorch FSDP over fp32 parameters (``fsdp_fp32_params``) and ``torch.optim``'s
+      ``foreach``/``for-loop`` AdamW: the optimizer updates the parameters it is given and
+      reads their gradients in the same dtype (torch.optim needs ``grad.dtype ==
+      param.dtype``; FSDP1 casts the reduced shard to the parameter dtype,
+      ``_cast_grad_to_param_dtype``): the master's dtype, or the bf16 model weight without
+      one; the bf16 copy stands for FSDP's cast of the updated shard at the next gather.
+    * Fused (Megatron-Core distributed optimizer with TE/Apex ``FusedAdam``; Apex
+      ``DistributedFusedAdam``): the gradient in ``plan.grad_reduce_dtype`` (the
+      ``main_grad`` buffer the precision-aware optimizer reads as ``decoupled_grad``);
+      the master in ``plan.master_weights_dtype``; with ``store_param_remainders`` TE's
+      ``multi_tensor_adam_param_remainder`` reads the bf16 weight and its int16 remainder
+      and writes both (param 2, extra read 2, copy 2); without a master Apex updates the
+      bf16 weight in place and, sharded, also writes ``params_out`` for the all-gather
+      (``DistributedFusedAdam._local_step``, ``store_params=False``); the copy written is
+      the bf16 weight (2) or, with ``fp8_params``, the FP8 weight
+      (:data:`FP8_WEIGHT_WRITE_BYTES_PER_PARAM`).
+
+    Defaults (fused, bf16 gradients, fp32 master and moments): 2 + 8 + 16 + 2 = 28 bytes.
+    """
+    moment = float(ELEMENT_BYTES[plan.optimizer_moments_dtype])
+    impl = plan.optimizer_impl
+    model_weight = float(WEIGHT_BYTES_PER_PARAM)
+    copy = float(FP8_WEIGHT_WRITE_BYTES_PER_PARAM if plan.dtype == "fp8" and plan.fp8_params
+                 else WEIGHT_BYTES_PER_PARAM)
+    if (plan.fsdp_fp32_params and plan.zero >= 3) or impl != "fused":
+        param = (float(FSDP_FP32_WEIGHT_BYTES_PER_PARAM) if plan.fsdp_fp32_params
+                 else float(MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
+                 or model_weight)
+        has_master = plan.fsdp_fp32_params or plan.master_weights_dtype != "none"
+        return OptimizerStorage(implementation=impl, grad_bytes=param, param_bytes=param,
+                                exp_avg_bytes=moment, exp_avg_sq_bytes=moment,
+                                param_extra_read_bytes=0.0,
+                                weight_copy_bytes=copy if has_master else 0.0)
+    grad = float(ELEMENT_BYTES[plan.grad_reduce_dtype])
+    extra = 0.0
+    if plan.master_weights_dtype == "none":
+        param, copy = model_weight, (copy if plan.zero >= 1 else 0.0)
+    elif _uses_param_remainders(plan):
+        param, extra = float(MASTER_REMAINDER_BYTES_PER_PARAM), model_weight
+    else:
+        param = float(MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
+    return OptimizerStorage(implementation=impl, grad_bytes=grad, param_bytes=param,
+                            exp_avg_bytes=moment, exp_avg_sq_bytes=moment,
+                            param_extra_read_bytes=extra, weight_copy_bytes=copy)
+
+
+def checkpoint_bytes_per_param(plan: ParallelPlan | None = None) -> float:
+    """Bytes a full checkpoint holds per parameter, from what the plan stores: the model
+    weights (bf16 2; the fp32 parameters 4 under ``fsdp_fp32_params``, which are the
+    masters), the master weights (``master_weights_dtype``: fp32 4, as 16-bit remainders 2,
+    bf16 2, none 0) and Adam's two moments (``optimizer_moments_dtype``); gradients are not
+    saved (``torch.save`` of the model and optimizer state dicts; Megatron-Core
+    ``dist_checkpointing`` saves the model's sharded state dict and the distributed
+    optimizer's ``param``/``exp_avg``/``exp_avg_sq`` shards). FP8 primary weights are
+    counted at 2 bytes (assumption: saved as the FP8 weight and its transpose or
+    dequantized to bf16). Without a plan, and for the defaults: 2 + 4 + 8 = 14
+    (:data:`strategies.failures.CHECKPOINT_BYTES_PER_PARAM`).
+    """
+    if plan is None:
+        return float(WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
+    moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
+    if plan.fsdp_fp32_params and plan.zero >= 3:
+        return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + moments
+    master = (MASTER_REMAINDER_BYTES_PER_PARAM if _uses_param_remainders(plan)
+              else MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
+    return float(WEIGHT_BYTES_PER_PARAM + master + moments)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,6 +103,9 @@ __all__ = [
     "CROSS_ENTROPY_IMPLS",
     "RECOMPUTE_MODES",
     "ADAM_BYTES_PER_PARAM",
+    "ADAM_FLOPS_PER_PARAM",
+    "ADAM_PASSES",
+    "adam_bytes_per_param",
     "CROSS_ENTROPY_BYTES_PER_LOGIT",
     "ELEMENTWISE_MODES",
     "RECOMPUTE_MODULES",
@@ -1484,50 +1487,122 @@ def head_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int = 
 
 # --------------------------------------------------------------------------- optimizer step
 
-#: HBM bytes per parameter of one Adam(W) update and its kernels, by implementation.
-#: ``fused``: one multi-tensor kernel over all parameters (Apex/TE ``FusedAdam`` used by
-#: Megatron-Core, ``torch.optim.AdamW(fused=True)``): read the fp32 gradient (4), the fp32
-#: master weight, exp_avg and exp_avg_sq (12); write them back (12); with bf16 model weights
-#: also write the bf16 copy (2) -- 30 bytes (28 without the copy).
+#: The tensors an Adam(W) step touches per parameter, each in its stored dtype:
+#: ``grad`` (the gradient the optimizer reads), ``param`` (the weight it updates: the
+#: master weight, or the model's own weight when there is none), ``exp_avg`` and
+#: ``exp_avg_sq`` (the moments), ``tmp`` (a temporary in ``exp_avg_sq``'s dtype, foreach
+#: only).
+ADAM_TENSORS = ("grad", "param", "exp_avg", "exp_avg_sq", "tmp")
+#: The passes over HBM of one Adam(W) update by implementation, each pass as
+#: ``{tensor: (reads, writes)}`` per parameter (the dtype of each tensor gives the bytes,
+#: :func:`adam_bytes_per_param`).
+#: ``fused``: one multi-tensor kernel reads the gradient, weight and both moments and writes
+#: the weight and both moments (TE ``tex.multi_tensor_adam``, transformer_engine/pytorch/
+#: optimizers/fused_adam.py ``FusedAdam.step`` tensor lists ``[g, p, m, v, p_main]``; Apex
+#: ``distributed_adam_cuda.multi_tensor_fused_adam`` lists ``[p, m, v, g, p_out]``,
+#: apex/contrib/optimizers/distributed_fused_adam.py ``_local_step``; ``torch.optim.AdamW(
+#: fused=True)``, aten/src/ATen/native/cuda/fused_adamw_impl.cu); the model-weight copy it
+#: also writes (``p`` / ``p_out``) is :func:`adam_bytes_per_param`'s ``weight_copy_bytes``.
 #: ``foreach``: ``torch.optim.AdamW(foreach=True)`` (torch.optim's default on CUDA, used by
-#: torchtitan), ``_multi_tensor_adamw``: eight ``_foreach_*`` passes -- weight-decay mul_ of
-#: the weights r4w4, lerp_ of exp_avg r4r4w4, mul_ and addcmul_ of exp_avg_sq r4w4 + r4r4w4,
-#: sqrt r4w4, div_ by the bias correction r4w4, add_ eps r4w4, addcdiv_ of the weights
-#: r4r4r4w4 = 80 bytes (+2 for a bf16 copy). ``for-loop``: the same ops tensor by tensor
-#: (``foreach=False``, Composer's ``DecoupledAdamW``): same bytes, 8 launches per tensor.
-ADAM_BYTES_PER_PARAM = {"fused": 28.0, "foreach": 80.0, "for-loop": 80.0}
-ADAM_OPS = {"fused": 1, "foreach": 8, "for-loop": 8}
+#: torchtitan), ``_multi_tensor_adam`` in torch/optim/adam.py: ``_foreach_mul_`` of the
+#: weights by ``1 - lr*wd``, ``_foreach_lerp_`` of exp_avg toward the gradient,
+#: ``_foreach_mul_`` and ``_foreach_addcmul_`` of exp_avg_sq, ``_foreach_sqrt`` of
+#: exp_avg_sq into a temporary, ``_foreach_div_`` of it by the bias correction,
+#: ``_foreach_add_`` of eps, ``_foreach_addcdiv_`` of the weights. ``for-loop``: the same
+#: ops tensor by tensor (``foreach=False``, Composer's ``DecoupledAdamW``).
+_FOREACH_PASSES = (
+    {"param": (1, 1)},                                  # mul_ (decoupled weight decay)
+    {"exp_avg": (1, 1), "grad": (1, 0)},                # lerp_
+    {"exp_avg_sq": (1, 1)},                             # mul_ by beta2
+    {"exp_avg_sq": (1, 1), "grad": (1, 0)},             # addcmul_(grad, grad)
+    {"exp_avg_sq": (1, 0), "tmp": (0, 1)},              # sqrt
+    {"tmp": (1, 1)},                                    # div_ by sqrt(bias correction 2)
+    {"tmp": (1, 1)},                                    # add_ eps
+    {"param": (1, 1), "exp_avg": (1, 0), "tmp": (1, 0)},  # addcdiv_
+)
+ADAM_PASSES = {
+    "fused": ({"grad": (1, 0), "param": (1, 1), "exp_avg": (1, 1), "exp_avg_sq": (1, 1)},),
+    "foreach": _FOREACH_PASSES,
+    "for-loop": _FOREACH_PASSES,
+}
+ADAM_IMPLEMENTATIONS = tuple(ADAM_PASSES)
+ADAM_OPS = {name: len(passes) for name, passes in ADAM_PASSES.items()}
+
+
+def adam_bytes_per_param(implementation: str = "fused", *, grad_bytes: float = 4.0,
+                         param_bytes: float = 4.0, exp_avg_bytes: float = 4.0,
+                         exp_avg_sq_bytes: float = 4.0, param_extra_read_bytes: float = 0.0,
+                         weight_copy_bytes: float = 0.0) -> float:
+    """HBM bytes per parameter of one Adam(W) update of ``implementation``
+    (:data:`ADAM_PASSES`): every pass's reads and writes of the gradient
+    (``grad_bytes`` per element), the updated weight (``param_bytes``: the master, or the
+    model weight when the optimizer keeps none), the moments (``exp_avg_bytes``,
+    ``exp_avg_sq_bytes``; the foreach temporary in ``exp_avg_sq``'s dtype), plus
+    ``param_extra_read_bytes`` read once (the bf16 weight a 16-bit master remainder is
+    rebuilt from) and ``weight_copy_bytes`` written once (the model-weight copy: bf16 2,
+    FP8 1, none 0). All fp32 and no copy: fused 28, foreach/for-loop 80.
+
+    Raises:
+        ValueError: unknown implementation, negative or non-positive sizes.
+    """
+    if implementation not in ADAM_PASSES:
+        raise ValueError(f"implementation: {implementation!r} is not valid; valid: "
+                         f"{', '.join(ADAM_IMPLEMENTATIONS)}")
+    sizes = {"grad": grad_bytes, "param": param_bytes, "exp_avg": exp_avg_bytes,
+             "exp_avg_sq": exp_avg_sq_bytes, "tmp": exp_avg_sq_bytes}
+    for name, value in (*sizes.items(), ("param_extra_read_bytes", param_extra_read_bytes),
+                        ("weight_copy_bytes", weight_copy_bytes)):
+        if not 0 <= value < math.inf or (name in ("grad", "param", "exp_avg", "exp_avg_sq")
+                                         and value == 0):
+            field = name if name.endswith("_bytes") else f"{name}_bytes"
+            raise ValueError(f"{field}: {value!r} is not valid; give bytes per element "
+                             f"(> 0 for the gradient, weight and moments, >= 0 otherwise)")
+    total = sum(sizes[tensor] * (reads + writes)
+                for step in ADAM_PASSES[implementation] for tensor, (reads, writes) in step.items())
+    return total + param_extra_read_bytes + weight_copy_bytes
+
+
+#: HBM bytes per parameter of one Adam(W) update by implementation with fp32 gradient,
+#: weight and moments and no model-weight copy (:func:`adam_bytes_per_param`'s defaults):
+#: fused 28 (read 4 x 4, write 3 x 4), foreach/for-loop 80 (8 passes).
+ADAM_BYTES_PER_PARAM = {name: adam_bytes_per_param(name) for name in ADAM_IMPLEMENTATIONS}
 #: FLOPs per parameter of an Adam update (moments 5, bias-corrected step 5, decay 2).
 ADAM_FLOPS_PER_PARAM = 12.0
 #: Gradient-norm clipping: the global L2 norm reads every gradient once (Apex
 #: ``multi_tensor_l2norm`` / ``torch._foreach_norm``, 2 FLOPs per element), then, when the norm
 #: exceeds the threshold, every gradient is scaled in place (Megatron ``clip_grad_by_total_norm_fp32``
 #: ``multi_tensor_scale``, ``torch._foreach_mul_``: read and write).
-ADAM_IMPLEMENTATIONS = tuple(ADAM_BYTES_PER_PARAM)
 
 
 def optimizer_kernels(params: float, *, implementation: str = "fused", grad_bytes: float = 4.0,
                       bf16_copy: bool = True, clip_grad: bool = True, clip_applied: bool = True,
-                      tensors: int = 1) -> list[Kernel]:
+                      tensors: int = 1, param_bytes: float = 4.0, exp_avg_bytes: float = 4.0,
+                      exp_avg_sq_bytes: float = 4.0, param_extra_read_bytes: float = 0.0,
+                      weight_copy_bytes: float | None = None) -> list[Kernel]:
     """The optimizer step of one rank over ``params`` local parameters (its ZeRO shard).
 
     ``optimizer.grad_norm`` (reads the gradients, ``grad_bytes`` each; its scalar is then
     all-reduced over the data-parallel group), ``optimizer.clip`` (scales them in place when
-    clipping is applied) and ``optimizer.adam`` (:data:`ADAM_BYTES_PER_PARAM`; the fp32
-    gradient read is ``grad_bytes``). All in the forward fields (``fwd_flops``,
-    ``fwd_bytes``, ``launches[0]``): the step has no backward. ``tensors``: parameter
-    tensors, for the launches of a per-tensor ``for-loop`` implementation.
+    clipping is applied) and ``optimizer.adam`` (:func:`adam_bytes_per_param` of the stored
+    dtypes: gradient ``grad_bytes``, updated weight ``param_bytes``, moments
+    ``exp_avg_bytes``/``exp_avg_sq_bytes``, ``param_extra_read_bytes``, and the model-weight
+    copy ``weight_copy_bytes``, by default 2 with ``bf16_copy`` else 0). All in the forward
+    fields (``fwd_flops``, ``fwd_bytes``, ``launches[0]``): the step has no backward.
+    ``tensors``: parameter tensors, for the launches of a per-tensor ``for-loop``
+    implementation.
 
     Raises:
         ValueError: unknown implementation, negative sizes.
     """
-    if implementation not in ADAM_BYTES_PER_PARAM:
+    if implementation not in ADAM_PASSES:
         raise ValueError(f"implementation: {implementation!r} is not valid; valid: "
                          f"{', '.join(ADAM_IMPLEMENTATIONS)}")
     if params < 0 or grad_bytes <= 0 or tensors < 1:
         raise ValueError(f"params {params!r}, grad_bytes {grad_bytes!r} and tensors {tensors!r} "
                          "must be >= 0, > 0 and >= 1")
     rows = int(round(params))
+    if weight_copy_bytes is None:
+        weight_copy_bytes = 2.0 if bf16_copy else 0.0
 
     def step(name: str, flops: float, nbytes: float, launches: int) -> Kernel:
         return Kernel(name=name, block="optimizer", kind="optimizer", shape=(rows,), dtype="fp32",
@@ -1535,7 +1610,11 @@ def optimizer_kernels(params: float, *, implementation: str = "fused", grad_byte
                       bwd_weight_flops=0.0, bwd_weight_bytes=0.0, launches=(launches, 0))
 
     per_tensor = tensors if implementation == "for-loop" else 1
-    adam_bytes = ADAM_BYTES_PER_PARAM[implementation] - FP32_BYTES + grad_bytes + (2.0 if bf16_copy else 0.0)
+    adam_bytes = adam_bytes_per_param(implementation, grad_bytes=grad_bytes,
+                                      param_bytes=param_bytes, exp_avg_bytes=exp_avg_bytes,
+                                      exp_avg_sq_bytes=exp_avg_sq_bytes,
+                                      param_extra_read_bytes=param_extra_read_bytes,
+                                      weight_copy_bytes=weight_copy_bytes)
     kernels = []
     if clip_grad:
         kernels.append(step("optimizer.grad_norm", 2.0 * params, grad_bytes * params, per_tensor))

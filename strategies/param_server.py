@@ -58,11 +58,10 @@ from typing import Mapping, Sequence
 
 from strategies import model_costs
 from strategies.ir import ComputeOp, Op, Program, RecvOp, SendOp
-from strategies.lowering import (GRAD_BYTES, OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_FLOPS_PER_PARAM,
-                                 PARAM_BYTES, StepLowerer, StepLowering, _RankBuilder)
-from strategies.memory import (GRAD_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM, MemoryBreakdown,
-                               OPTIMIZER_BYTES_PER_PARAM as OPTIMIZER_STATE_BYTES_PER_PARAM,
-                               WORKSPACE_BYTES, rank_memory)
+from strategies.lowering import GRAD_BYTES, PARAM_BYTES, StepLowerer, StepLowering, _RankBuilder
+from strategies.memory import (GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM,
+                               WEIGHT_BYTES_PER_PARAM, MemoryBreakdown, WORKSPACE_BYTES,
+                               optimizer_storage, rank_memory)
 from strategies.model_spec import ModelSpec
 from strategies.schedules import schedule_actions
 from strategies.plan import DP_MODES, ParallelPlan, RankLayout
@@ -295,10 +294,14 @@ class _Assembler:
         elements = size / GRAD_BYTES
         n = self.plan.dp
 
+        # the server's Adam over its shard: what the plan's optimizer stores (its summed
+        # gradient in the plan's gradient dtype; strategies.memory.optimizer_storage)
+        adam_bytes = optimizer_storage(self.plan).adam_bytes_per_param()
+
         def update(name: str, stream: str, deps: tuple[int, ...]) -> int:
             return add(ComputeOp(name=name, kind="optimizer",
-                                 flops=elements * OPTIMIZER_FLOPS_PER_PARAM,
-                                 bytes=elements * OPTIMIZER_BYTES_PER_PARAM, dtype="fp32",
+                                 flops=elements * model_costs.ADAM_FLOPS_PER_PARAM,
+                                 bytes=elements * adam_bytes, dtype="fp32",
                                  stream=stream, deps=deps))
 
         def pull(w: int, done: int) -> None:
@@ -368,7 +371,7 @@ def server_memory(plan: ParallelPlan, lowering: PSLowering) -> MemoryBreakdown:
     return MemoryBreakdown(
         weights_bytes=PARAM_BYTES * params,
         gradients_bytes=GRAD_BYTES_PER_PARAM * params,
-        optimizer_bytes=OPTIMIZER_STATE_BYTES_PER_PARAM * params,
+        optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM * params,
         activations_bytes=0.0,
         comm_buffers_bytes=float(plan.dp * largest),
         workspace_bytes=float(WORKSPACE_BYTES))
