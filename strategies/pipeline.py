@@ -1367,8 +1367,10 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
 # durations (D >= 0 covers the E_{-1} = 0 term), one np.maximum.accumulate. Rows are
 # recomputed from their inputs' current ends, ranks 0 .. p - 1 then p - 1 .. 0
 # (forwards flow down, backwards up), until one step recomputing every row at once
-# changes nothing: then every unit's equation holds, and since units and inputs form
-# an acyclic graph that solution is the only one -- the recurrence's integers.
+# changes nothing: then every unit's equation holds. The walk's order reads every
+# input already computed (checked once per shape, _vector_layout), so units and
+# inputs form an acyclic graph, whose equations have one solution: the one the walk
+# computes, to the integer. (Rows are kept as G = E - S; _family_timing_vector.)
 
 #: Sweep rounds (down and up) the numpy rows may take, per model chunk, before they
 #: give way to the position walk, plus a few: the benchmark's interleaved shapes settle
