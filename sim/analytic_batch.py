@@ -57,6 +57,22 @@ __all__ = ["BatchStepEvaluator"]
 
 
 
+def _timed_tail(timing, p: int) -> tuple | None:
+    """AnalyticStepModel._timed_tail without the host (the batch covers none): rank
+    ``p``'s tail as ``(((stage, comp), ...), releases)`` from its first action that
+    reduces gradients, or None (back to back)."""
+    rows = timing.rank_tail
+    row = rows[p] if rows else None
+    if row is None or len(row) < 2:
+        return None
+    reducing = [i for i, (_, comp, _) in enumerate(row) if comp in ("B", "W")]
+    if reducing:
+        row = row[reducing[0]:]
+    first = row[0][2]
+    return (tuple((stage, comp) for stage, comp, _ in row),
+            tuple(start - first for _, _, start in row) + (-first,))
+
+
 def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, dp_free: int,
                   reductions: dict, reduction_ns, rank) -> int:
     """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets
@@ -528,17 +544,6 @@ class BatchStepEvaluator:
             return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
                                        phases, kind_cost, reduction_ns, optimizer_ns,
                                        gather_ns, part_key)
-        # each distinct rank (AnalyticStepModel._signature) priced once, by its first p
-        by_signature: dict[tuple, tuple[int, int, int]] = {}
-        rank_costs = []
-        for p, signature in enumerate(signatures):
-            found = by_signature.get(signature)
-            if found is None:
-                found = by_signature[signature] = self._rank_ns(
-                    p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
-                    kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                    placement, plan, part_key)
-            rank_costs.append(found)
         t_p2p = 0
         if pp > 1:
             cost_model = cache.cost_model(layout)
@@ -550,6 +555,19 @@ class BatchStepEvaluator:
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
+        # each distinct rank (AnalyticStepModel._signature, with its tail as the timing
+        # runs it: AnalyticStepModel._timed_tail) priced once, by its first p
+        by_signature: dict[tuple, tuple[int, int, int]] = {}
+        rank_costs = []
+        for p, signature in enumerate(signatures):
+            timed = _timed_tail(timing, p)
+            found = by_signature.get((signature, timed))
+            if found is None:
+                found = by_signature[(signature, timed)] = self._rank_ns(
+                    p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
+                    kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
+                    placement, plan, part_key, timed)
+            rank_costs.append(found)
         first_wait = 0
         if gathers:
             # it reads forward prices (keyed without the recompute fields), gathers and
@@ -574,44 +592,57 @@ class BatchStepEvaluator:
 
     def _rank_ns(self, p, stages, stage_layers, kinds, is_first, is_last, split, phases,
                  kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                 placement, plan, part_key) -> tuple[int, int, int]:
+                 placement, plan, part_key, timed=None) -> tuple[int, int, int]:
         """(the last micro-batch's backward through the rank's stages, the same with its
         buckets reduced as they fill and the optimizer, the step's parameter gathers back
-        to back): AnalyticStepModel._rank_costs' totals."""
+        to back): AnalyticStepModel._rank_costs' totals. ``timed``: the tail as the
+        pipeline's timing runs it (``(actions, releases)``, :func:`_timed_tail`)."""
         tail_comps = ("I", "W") if split else ("B",)
         flags = self._flags
-        last_backward = sum(phases[c][s] for s in stages for c in tail_comps)
+        if timed is None:
+            tail = [(s, c) for s in reversed(stages) for c in tail_comps]
+            releases = None
+            last_backward = sum(phases[c][s] for s in stages for c in tail_comps)
+        else:
+            tail, releases = timed
+            last_backward = 0
+            for (s, comp), release in zip(tail, releases):
+                last_backward = max(last_backward, release) + phases[comp][s]
+            last_backward = max(last_backward, releases[-1])
         # _walk_parts over the tail (the rank's stages in reverse, the last micro-batch):
         # B / W actions reduce their buckets as they fill; I actions add their sums
         total = 0
         dp_free = 0
         reductions: dict = {}
-        for s in reversed(stages):
-            for comp in tail_comps:
-                if comp == "I":
-                    total += phases["I"][s]
-                    continue
-                # (each kind's list schedule and whole gradient bytes, looked up once)
-                rows = {}
-                for kind, layer, _ in kinds[s]:
-                    rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key)
-                pending: dict[str, float] = {}
-                if len(kinds[s]) == 1:
-                    # one kind of layer: the stage's layers are one run of identical
-                    # parts (head, run, embedding); a long run in closed form
-                    kind, _, count = kinds[s][0]
-                    part_ns, sums = rows[kind]
-                    parts = [(part_ns, sums, count)]
-                else:
-                    parts = [(*rows[flags[layer]], 1) for layer in reversed(stage_layers[s])]
-                if is_last[s]:
-                    parts.insert(0, (*self._row(p, "head", "head", comp, kind_cost, plan,
-                                                part_key), 1))
-                if is_first[s]:
-                    parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
-                                             plan, part_key), 1))
-                total, dp_free = _reduce_parts(parts, pending, bucket, total, dp_free,
-                                               reductions, reduction_ns, p)
+        for position, (s, comp) in enumerate(tail):
+            if releases is not None and releases[position] > total:
+                total = releases[position]
+            if comp == "I":
+                total += phases["I"][s]
+                continue
+            # (each kind's list schedule and whole gradient bytes, looked up once)
+            rows = {}
+            for kind, layer, _ in kinds[s]:
+                rows[kind] = self._row(p, layer, kind, comp, kind_cost, plan, part_key)
+            pending: dict[str, float] = {}
+            if len(kinds[s]) == 1:
+                # one kind of layer: the stage's layers are one run of identical
+                # parts (head, run, embedding); a long run in closed form
+                kind, _, count = kinds[s][0]
+                part_ns, sums = rows[kind]
+                parts = [(part_ns, sums, count)]
+            else:
+                parts = [(*rows[flags[layer]], 1) for layer in reversed(stage_layers[s])]
+            if is_last[s]:
+                parts.insert(0, (*self._row(p, "head", "head", comp, kind_cost, plan,
+                                            part_key), 1))
+            if is_first[s]:
+                parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
+                                         plan, part_key), 1))
+            total, dp_free = _reduce_parts(parts, pending, bucket, total, dp_free,
+                                           reductions, reduction_ns, p)
+        if releases is not None and releases[-1] > total:
+            total = releases[-1]
         finish = max(total, dp_free) + optimizer_ns(p)
         gathers_ns = 0
         if gathers:

@@ -939,17 +939,54 @@ class AnalyticStepModel:
             _add(total.exposed_ns, cost.exposed_ns, count)
         return total
 
-    def _rank_costs(self, p: int) -> _RankCosts:
+    def _rank_costs(self, p: int, timed: tuple | None = None) -> _RankCosts:
+        """What rank ``p``'s work costs; ``timed``: its tail as the pipeline's timing
+        runs it (:meth:`_timed_tail`), else the last micro-batch's backwards back to
+        back."""
         pricer = self.stage_pricers.get(p, self.pricer)
-        _, tail = self._rank_actions(p)
         per_step = self._work_cost(pricer, p, self._counts(p))
         gathers, first_gather = self._gathers_ns(pricer, p)
+        if timed is not None:
+            tail, releases = list(timed[0]), timed[1]
+            last = self._walk(pricer, p, tail, finish=False, releases=releases)
+            return _RankCosts(per_step, last,
+                              self._walk(pricer, p, tail, finish=True, releases=releases),
+                              gathers, first_gather)
+        _, tail = self._rank_actions(p)
         # (with the host, the last backward walked as the finish walks it: from the CPU
         # level, its lead carried, so what the finish adds after it is theirs to differ by)
         last = (self._walk(pricer, p, list(tail), finish=False) if self._hosted
                 else self._work_cost(pricer, p, tail))
         return _RankCosts(per_step, last, self._finish_cost(pricer, p, tail), gathers,
                           first_gather)
+
+    def _timed_tail(self, p: int, timing: PipelineTiming) -> tuple | None:
+        """Rank ``p``'s last micro-batch's backwards (B, or I and W, through each of its
+        stages) as the pipeline's timing runs them (``PipelineTiming.rank_tail``), for
+        :meth:`_walk`: ``(actions, releases)``, the releases each action's start and
+        then the rank's end, relative to the first action's start. None: not known, or
+        one action (then back to back is the timing's order: the 1F1B family's one
+        stage per rank). Where two or more are apart (a V's two stages, DualPipe's two
+        routes, a W deferred behind other weight passes) the replay reduces the first
+        stage's gradients in the gap, while the rank runs other micro-batches' actions or
+        waits for a transfer; back to back, the second stage's reductions queued behind
+        them (benchmarks/plan_fuzz.py: +3 to +12 % on ZB-V, DualPipe and DualPipe-V).
+        Without the host the actions before the first that reduces gradients change
+        nothing after it and are left out (ranks with equal signatures then share the
+        walk)."""
+        rows = timing.rank_tail
+        row = rows[p] if rows else None
+        if row is None or len(row) < 2:
+            return None
+        if not self._hosted:
+            reducing = [i for i, (_, comp, _) in enumerate(row) if comp in ("B", "W")]
+            if reducing:
+                row = row[reducing[0]:]
+        first = row[0][2]
+        lowerer = self.lowerer
+        actions = tuple(Action(stage, comp, lowerer.last_microbatch(stage))
+                        for stage, comp, _ in row)
+        return actions, tuple(start - first for _, _, start in row) + (-first,)
 
     def _stage_parts(self, stage: int) -> list[int | str]:
         """Parts of a virtual stage in backward order: head, layers reversed, embedding."""
@@ -1166,7 +1203,8 @@ class AnalyticStepModel:
                                "F").total_ns
 
     def _walk(self, pricer: OpPricer, p: int, actions: list[Action],
-              finish: bool, gathers: bool = False) -> OpListCost:
+              finish: bool, gathers: bool = False,
+              releases: Sequence[int] | None = None) -> OpListCost:
         """List schedule of ``actions`` on rank ``p``, part by part in the order the
         lowering issues them: layers and edges run back to back on the compute
         stream (each priced once per kind, :meth:`_part_cost`; their CP exchanges
@@ -1188,7 +1226,11 @@ class AnalyticStepModel:
         earlier). A gather that would start before the part being walked when its
         action's turn came (the stream ran it behind a reduction the walk expected but
         that issued nothing) makes the result inexact: ``self.inexact`` is set and the
-        event engine is the reference (:func:`analytic_step` callers, tests)."""
+        event engine is the reference (:func:`analytic_step` callers, tests).
+
+        ``releases`` (:meth:`_timed_tail`): no action starts before its entry (the
+        compute stream idles, or runs other actions, until then; the CPU goes on
+        issuing), and the compute ends no sooner than the last entry."""
         lowerer, plan = self.lowerer, self.plan
         cost = OpListCost(exposed_ns={})
         dp_free = 0
@@ -1216,7 +1258,8 @@ class AnalyticStepModel:
         placement = lowerer.placement
         if self.fast and not gathers and not contention:
             # the same walk from per-plan tables of each stage's parts
-            dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used)
+            dp_free = self._walk_parts(pricer, p, actions, finish, cost, pending, used,
+                                       releases=releases)
             actions_left: Sequence[Action] = ()
         else:
             actions_left = actions
@@ -1307,6 +1350,9 @@ class AnalyticStepModel:
 
         for position, action in enumerate(actions_left):
             stage, comp = action.stage, action.comp
+            if releases is not None and releases[position] > cost.total_ns:
+                cost.lead_ns += releases[position] - cost.total_ns
+                cost.total_ns = releases[position]
             run_gathers(position, 0)
             if (self.fast and not lowerer.gathers_params(comp, action.microbatch)
                     and not (contention and (plans[position][1] or dp_busy
@@ -1350,6 +1396,8 @@ class AnalyticStepModel:
                     final = index == len(parts) - 1
                     reduce(self._fill(part, grads, final))
             gathered.pop(position, None)
+        if actions_left and releases is not None and releases[-1] > cost.total_ns:
+            cost.total_ns = releases[-1]
         for part_cost, count in used.values():
             _add(cost.exposed_ns, part_cost.exposed_ns, count)
         if not finish:
@@ -1453,21 +1501,25 @@ class AnalyticStepModel:
 
     def _walk_parts(self, pricer: OpPricer, p: int, actions: Sequence[Action], finish: bool,
                     cost: OpListCost, pending: dict[int, dict[str, float]],
-                    used: dict[int, tuple[OpListCost, int]], dp_free: int = 0) -> int:
+                    used: dict[int, tuple[OpListCost, int]], dp_free: int = 0,
+                    releases: Sequence[int] | None = None) -> int:
         """:meth:`_walk`'s loop over ``actions`` without parameter gathers, from
         :meth:`_stage_table` (each part looked up once per plan, bucket fills by whole
         part sums, each bucket's reduction priced once per size; an action that reduces
         nothing adds its stage's sums at once, whole nanoseconds): adds to ``cost``,
         ``pending`` and ``used`` what the loop adds; returns where the data-parallel
-        stream ends (``dp_free`` where it ends before)."""
+        stream ends (``dp_free`` where it ends before); ``releases`` as :meth:`_walk`'s."""
         lowerer, plan = self.lowerer, self.plan
         bucket, overlap = plan.grad_bucket_bytes, plan.overlap_grad_reduce
         total = cost.total_ns
         compute = cost.compute_ns
         hosted, lead = self._hosted, cost.lead_ns
         reductions: dict[tuple[str, float], int | None] = {}
-        for action in actions:
+        for position, action in enumerate(actions):
             stage, comp = action.stage, action.comp
+            if releases is not None and releases[position] > total:
+                lead += releases[position] - total  # (the CPU goes on issuing)
+                total = releases[position]
             reduce_now = (finish and comp in ("B", "W") and overlap
                           and lowerer.reduces_grads(stage, action.microbatch))
             grads = pending.setdefault(stage, {})
@@ -1512,6 +1564,8 @@ class AnalyticStepModel:
                             pricer, p, *due_bucket)
                     if duration is not None:
                         dp_free = (dp_free if dp_free > total else total) + duration
+        if releases is not None and releases[-1] > total:
+            total = releases[-1]
         cost.total_ns, cost.compute_ns, cost.lead_ns = total, compute, lead
         return dp_free
 
@@ -1522,17 +1576,18 @@ class AnalyticStepModel:
         reps = self.lowerer.representatives
         t_p2p = (self.pricer.p2p_ns(reps[0], reps[1], int(self.lowerer.pp_message_bytes))
                  if pp > 1 else 0)
-        by_signature: dict[tuple, _RankCosts] = {}
-        ranks = []
-        for p in range(pp):
-            signature = self._signature(p)
-            if signature not in by_signature:
-                by_signature[signature] = self._rank_costs(p)
-            ranks.append(by_signature[signature])
         if pp == 1 and (self.lowerer.gathers_params("F", 0)
                         or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
         timing = self._pipeline_timing(t_p2p)
+        by_signature: dict[tuple, _RankCosts] = {}
+        ranks = []
+        for p in range(pp):
+            timed = self._timed_tail(p, timing)
+            signature = (self._signature(p), timed)
+            if signature not in by_signature:
+                by_signature[signature] = self._rank_costs(p, timed)
+            ranks.append(by_signature[signature])
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
         first_wait = self._gather_fill_delay_ns(t_p2p)

@@ -1018,7 +1018,10 @@ class _Replay(NamedTuple):
     pair, dependencies)`` with the dependencies as ``(unit position, crosses ranks)``;
     the duration index is ``comp * stages + stage`` of a single action (F, B, I, W) or
     of a pair's forward (``pair`` then holds the backward's (stage, comp) and the
-    forward's stage); and each rank's first and last unit (-1: none)."""
+    forward's stage); each rank's first and last unit (-1: none); and each rank's tail
+    (:func:`_tails`: its units that run the last micro-batch's backward through each of
+    its stages, in its order, as ``(unit, stage, comp)``; None when one of them is in an
+    overlapped pair)."""
 
     units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, bool], ...]], ...]
     first: tuple[int, ...]
@@ -1026,6 +1029,7 @@ class _Replay(NamedTuple):
     pp: int
     split: bool
     results: OrderedDict
+    tails: tuple[tuple[tuple[int, int, str], ...] | None, ...] = ()
 
 
 _REPLAYS: OrderedDict = OrderedDict()
@@ -1073,7 +1077,37 @@ def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
         if first[unit[0]] < 0:
             first[unit[0]] = k
         last[unit[0]] = k
-    return _Replay(tuple(units), tuple(first), tuple(last), pp, bool(has_split), OrderedDict())
+    return _Replay(tuple(units), tuple(first), tuple(last), pp, bool(has_split), OrderedDict(),
+                   _tails(actions, position))
+
+
+def _tails(actions, position: Mapping[tuple[int, str, int], int]
+           ) -> tuple[tuple[tuple[int, int, str], ...] | None, ...]:
+    """Per rank, the actions that run the last micro-batch's backward (B, or I and W)
+    through each of its stages -- the last micro-batch through a stage is the largest
+    that any list runs there (its route's last) -- in the rank's order, as ``(unit
+    position, stage, comp)``: where the gradients of the step are complete and the
+    data-parallel reduction starts (Megatron-Core's DDP reduces a bucket when its last
+    micro-batch's gradients are in: megatron/core/distributed/param_and_grad_buffer.py,
+    ``register_grad_ready``). None for a rank where one of them runs in an overlapped
+    pair (its two actions' kernels interleaved)."""
+    last_mb: dict[int, int] = {}
+    for row in actions:
+        for a in row:
+            if a.microbatch > last_mb.get(a.stage, -1):
+                last_mb[a.stage] = a.microbatch
+    out: list[tuple[tuple[int, int, str], ...] | None] = []
+    for row in actions:
+        found: list[tuple[int, int, str]] | None = []
+        for index, a in enumerate(row):
+            if a.comp == "F" or a.microbatch != last_mb[a.stage]:
+                continue
+            if a.overlap or (index and row[index - 1].overlap):
+                found = None
+                break
+            found.append((position[(a.stage, a.comp, a.microbatch)], a.stage, a.comp))
+        out.append(None if found is None else tuple(found))
+    return tuple(out)
 
 
 def _compiled(actions, placement: StagePlacement) -> _Replay | None:
@@ -1097,11 +1131,14 @@ def _compiled(actions, placement: StagePlacement) -> _Replay | None:
 def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement,
                   t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
                   t_comm: int, t_fb: Mapping[tuple[int, int], int] | None = None,
-                  t_i: Sequence[int] | None = None
-                  ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+                  t_i: Sequence[int] | None = None, tails: bool = False) -> tuple:
     """``(makespan, each rank's last end, each rank's first start, each rank's wait for
     transfers)`` of :func:`simulate_unit_times` on already-checked lists
     (``check=False``) with integer durations per stage (0 for a rank without actions).
+    With ``tails`` a fifth entry: per rank, the last micro-batch's backward actions
+    through each of its stages in its order (:func:`_tails`) as ``(stage, comp, start)``
+    (None for a rank where one runs in an overlapped pair, and for every rank of lists
+    replayed by :func:`simulate_unit_times`).
 
     The same earliest-start recurrence as :func:`_run` (a unit starts at the later of
     its rank's previous end and each dependency's end, plus ``t_comm`` across ranks;
@@ -1128,15 +1165,16 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
                                      list(t_b), None if t_w is None else list(t_w), t_comm,
                                      check=False, t_fb=t_fb,
                                      t_i=None if t_i is None else list(t_i))
-        return (timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans),
-                tuple(row[0][1] if row else 0 for row in timing.spans),
-                tuple(timing.comm_wait))
+        found = (timing.makespan, tuple(row[-1][2] if row else 0 for row in timing.spans),
+                 tuple(row[0][1] if row else 0 for row in timing.spans),
+                 tuple(timing.comm_wait))
+        return (*found, (None,) * len(actions)) if tails else found
     durations = (*t_f, *t_b, *ti, *tw)
     memo_key = (durations, t_comm, tuple(sorted(pairs.items())))
     found = compiled.results.get(memo_key)
     if found is not None:
         compiled.results.move_to_end(memo_key)
-        return found
+        return found if tails else found[:4]
     end = [0] * len(compiled.units)
     start_of = [0] * len(compiled.units)
     free = [0] * compiled.pp
@@ -1164,11 +1202,14 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     found = (max((end[k] for k in compiled.last if k >= 0), default=0),
              tuple(end[k] if k >= 0 else 0 for k in compiled.last),
              tuple(start_of[k] if k >= 0 else 0 for k in compiled.first),
-             tuple(wait))
+             tuple(wait),
+             tuple(None if row is None else tuple((stage, comp, start_of[k])
+                                                  for k, stage, comp in row)
+                   for row in compiled.tails))
     compiled.results[memo_key] = found
     if len(compiled.results) > _RESULTS_MAX:
         compiled.results.popitem(last=False)
-    return found
+    return found if tails else found[:4]
 
 
 # --------------------------------------------------------------------------- 1F1B family

@@ -172,6 +172,30 @@ def test_two_way_pipelines_replay_deep_without_deadlock(schedule, vpp, pp):
         assert abs(analytic.step_time_s / event.step_time_s - 1) < 0.01
 
 
+@pytest.mark.parametrize("schedule, vpp, gpus, global_batch, was", [
+    ("zb-v", 2, 8, 2, "+1.6 %"), ("zb-v", 2, 8, 6, "+1.2 %"),
+    ("dualpipe-v", 2, 8, 16, "+0.6 %"), ("dualpipe", 1, 8, 16, "+2.8 %"),
+    ("dualpipe", 1, 4, 8, "+1.1 %")])
+def test_a_ranks_last_backwards_are_timed_as_the_replay_runs_them(schedule, vpp, gpus,
+                                                                  global_batch, was):
+    """A rank holding two stages (a V's, DualPipe's two routes) runs its last
+    micro-batch's backward through them far apart; the first stage's gradient
+    reductions run in between. The closed form walked them back to back, the second
+    stage's reductions queued behind the first's (benchmarks/plan_fuzz.py; ``was``); it
+    now starts each where the pipeline's timing does (PipelineTiming.rank_tail): to
+    the ns in one NVLink domain."""
+    from dataclasses import replace
+
+    from strategies.models import load_model
+
+    pp = 4
+    model = replace(load_model("llama3-8b"), num_layers=2 * pp * vpp)
+    analytic, event = _both(dict(model=model, gpus=gpus, tp=1, pp=pp, vpp=vpp,
+                                 schedule=schedule, seq_len=1024, global_batch=global_batch,
+                                 zero=0))
+    assert analytic.step_time_s == event.step_time_s
+
+
 @pytest.mark.parametrize("schedule, vpp, split, global_batch", [
     ("1f1b", 1, (2, 9, 1, 5), 4),           # the heaviest stage in the middle: was +12.8 %
     ("interleaved", 2, (2, 1, 5, 2, 2, 4, 1, 0), 4),  # uneven, fewest micro-batches: -8.1 %
@@ -329,7 +353,7 @@ def test_every_schedule_times_long_pipelines_as_a_replay(schedule):
     """A schedule's timing (the 1F1B family's recurrence, or a replay extrapolated over
     the steady state's period) equals the exact replay of all its actions, with equal
     stages and with the first and last heavier (embedding, head), transfers included."""
-    from strategies.pipeline import simulate_unit_times
+    from strategies.pipeline import replay_timing, simulate_unit_times
     from strategies.schedules import get_schedule
 
     sched = get_schedule(schedule)
@@ -348,6 +372,13 @@ def test_every_schedule_times_long_pipelines_as_a_replay(schedule):
                 timing = sched.timing(pp, m, vpp, t_f, t_b, t_w, comm)
                 assert timing.makespan == full.makespan, (pp, vpp, m, equal)
                 assert timing.rank_end[0] == max(e for _, _, e in full.spans[0])
+                if timing.rank_tail:  # (extrapolated: the same starts before each end)
+                    _, ends, _, _, tails = replay_timing(
+                        sched.actions(pp, m, vpp), sched.placement(pp, vpp), t_f, t_b,
+                        t_w, comm, tails=True)
+                    assert timing.rank_tail == tuple(
+                        None if row is None else tuple((s, c, x - end) for s, c, x in row)
+                        for row, end in zip(tails, ends)), (pp, vpp, m, equal)
 
 
 def test_grad_reduce_every_microbatch_reduces_each_microbatch_and_needs_fsdp_without_pipeline():

@@ -47,12 +47,19 @@ class PipelineTiming:
         rank_start: per pipeline rank, the start of its first action (empty: not known).
         rank_comm_wait: per pipeline rank, time it idles for point-to-point transfers
             (empty: not known).
+        rank_tail: per pipeline rank, the last micro-batch's backward actions through
+            each of its stages in the order the rank runs them, as ``(stage, comp,
+            start less the rank's end)`` (None for a rank, or empty for all: not known;
+            :func:`strategies.pipeline.replay_timing`'s ``tails``). Where the step's
+            gradients are complete: the closed-form step model starts their reduction
+            there (sim.analytic_step).
     """
 
     makespan: int
     rank_end: tuple[int, ...]
     rank_start: tuple[int, ...] = ()
     rank_comm_wait: tuple[int, ...] = ()
+    rank_tail: tuple[tuple[tuple[int, str, int], ...] | None, ...] = ()
 
 
 def check_positive_shape(pp: object, microbatches: object, vpp: object) -> None:
@@ -194,11 +201,14 @@ class PipelineSchedule:
         def replay(m: int) -> PipelineTiming:
             # replay_timing: simulate_unit_times' makespan, ends, starts and transfer
             # waits, compiled once per action list and memoised per duration vector
-            makespan, ends, starts, waits = replay_timing(
+            makespan, ends, starts, waits, tails = replay_timing(
                 self.actions(pp, m, vpp, overlap), placement, t_f, t_b, weights, t_comm,
-                t_fb=t_fb, t_i=t_i)
+                t_fb=t_fb, t_i=t_i, tails=True)
             return PipelineTiming(int(makespan), tuple(int(e) for e in ends),
-                                  tuple(int(x) for x in starts), tuple(int(w) for w in waits))
+                                  tuple(int(x) for x in starts), tuple(int(w) for w in waits),
+                                  tuple(None if row is None else
+                                        tuple((s, c, int(x - end)) for s, c, x in row)
+                                        for row, end in zip(tails, ends)))
 
         short = -(-3 * pp // step) * step
         if microbatches <= short + 2 * step:
@@ -210,6 +220,8 @@ class PipelineSchedule:
                    for a, b in zip(runs, runs[1:])}
         if len(periods) != 1:
             return replay(microbatches)
+        # (the tails' starts before the rank's end are periodic too, or not known)
+        tail = runs[0].rank_tail if len({run.rank_tail for run in runs}) == 1 else ()
         period = periods.pop()
         repeats = (microbatches - base) // step
         grow = period[1:1 + pp], period[1 + pp:]
@@ -217,7 +229,8 @@ class PipelineSchedule:
                               tuple(e + repeats * d for e, d in zip(runs[0].rank_end, grow[0])),
                               runs[0].rank_start,
                               tuple(w + repeats * d
-                                    for w, d in zip(runs[0].rank_comm_wait, grow[1])))
+                                    for w, d in zip(runs[0].rank_comm_wait, grow[1])),
+                              tail)
 
     def bubble_lower_bound(self, pp: int, vpp: int, work_per_microbatch: float,
                            fill_per_stage: float) -> float:
