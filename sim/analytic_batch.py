@@ -547,14 +547,24 @@ class BatchStepEvaluator:
         t_p2p = 0
         if pp > 1:
             cost_model = cache.cost_model(layout)
-            t_p2p = cost_model.p2p_ns(reps[0], reps[1], int(pp_message_bytes(model, plan)))
+            size = int(pp_message_bytes(model, plan))
+            t_p2p = cost_model.p2p_ns(reps[0], reps[1], size)
+        hops = t_p2p
+        if pp > 1 and schedule.prices_each_hop:
+            # (AnalyticStepModel._hop_prices: each pair of ranks' where the hops differ)
+            prices = {}
+            for a, b in placement.edges():
+                prices[(a, b)] = cost_model.p2p_ns(reps[a], reps[b], size)
+                prices[(b, a)] = cost_model.p2p_ns(reps[b], reps[a], size)
+            if any(price != t_p2p for price in prices.values()):
+                hops = prices
         durations_b = list(phases["B"])
         if split:
             durations_b = [max(b, w) for b, w in zip(durations_b, phases["W"])]
-            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, phases["W"], t_p2p,
+            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, phases["W"], hops,
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
-            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, t_p2p)
+            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, hops)
         # each distinct rank (AnalyticStepModel._signature, with its tail as the timing
         # runs it: AnalyticStepModel._timed_tail) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}

@@ -1579,7 +1579,7 @@ class AnalyticStepModel:
         if pp == 1 and (self.lowerer.gathers_params("F", 0)
                         or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
-        timing = self._pipeline_timing(t_p2p)
+        timing = self._pipeline_timing(self._hop_prices(t_p2p))
         by_signature: dict[tuple, _RankCosts] = {}
         ranks = []
         for p in range(pp):
@@ -1806,7 +1806,25 @@ class AnalyticStepModel:
                             breakdown_s={0: row}, critical=0, ops_priced=pricer.ops_scheduled,
                             exact=not self.inexact)
 
-    def _pipeline_timing(self, t_p2p: int) -> PipelineTiming:
+    def _hop_prices(self, t_p2p: int) -> int | dict[tuple[int, int], int]:
+        """The pipeline's transfer price for the schedule's timing: ``t_p2p`` (rank 0 to
+        rank 1) for every hop, or, where the schedule prices each hop
+        (``PipelineSchedule.prices_each_hop``) and its hops differ (some cross nodes, the
+        others not), each pair of ranks' (both ways) as the event engine prices the
+        transfer between their representatives."""
+        lowerer, plan = self.lowerer, self.plan
+        if plan.pp < 2 or not lowerer.schedule.prices_each_hop:
+            return t_p2p
+        reps, size = lowerer.representatives, int(lowerer.pp_message_bytes)
+        prices = {}
+        for a, b in lowerer.placement.edges():
+            prices[(a, b)] = self.pricer.p2p_ns(reps[a], reps[b], size)
+            prices[(b, a)] = self.pricer.p2p_ns(reps[b], reps[a], size)
+        if all(price == t_p2p for price in prices.values()):
+            return t_p2p
+        return prices
+
+    def _pipeline_timing(self, t_p2p: int | dict[tuple[int, int], int]) -> PipelineTiming:
         """When each pipeline rank's compute ends: the schedule's own timing
         (:meth:`strategies.schedules.PipelineSchedule.timing`, its closed form or an
         exact replay of its actions) with each virtual stage's forward, backward and

@@ -617,6 +617,7 @@ def _run(
     the first stuck action (lowest rank) if the lists deadlock.
     """
     pp, rank_of = placement.pp, placement.rank_of_stage
+    per_edge = isinstance(t_comm, Mapping)
     has_split = {
         (a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"
     }
@@ -651,7 +652,7 @@ def _run(
                     if ready > produced:
                         produced = ready
                     if rank_of[d[0]] != rank:
-                        ready = ready + t_comm
+                        ready = ready + (t_comm[(rank_of[d[0]], rank)] if per_edge else t_comm)
                     if ready > start:
                         start = ready
                 # the rank idles for the transfer itself only past the data's production
@@ -859,7 +860,9 @@ def simulate_unit_times(
             contain I/W actions: W takes ``t_w`` and I takes ``t_b - t_w``, so
             split and unsplit schedules do the same total work. Ignored for
             lists with only B.
-        t_comm: point-to-point latency between ranks (>= 0).
+        t_comm: point-to-point latency between ranks (>= 0), or per pair of ranks
+            ``{(sending rank, receiving rank): latency}`` (every pair a dependency
+            crosses; a pipeline whose hops cross nodes in some places only).
         check: validate the lists' structure first (:func:`check_schedule`); lists
             from :func:`schedule_actions` may skip it.
         t_i: input-gradient part of the backward when it is not ``t_b - t_w`` (a
@@ -901,8 +904,10 @@ def simulate_unit_times(
         tw = [0] * num_stages
     ti = ([b - w for b, w in zip(tb, tw)] if t_i is None
           else _as_stage_durations("t_i", t_i, num_stages))
-    if isinstance(t_comm, bool) or not isinstance(t_comm, Real) or not t_comm >= 0:
-        raise ValueError(f"t_comm={t_comm!r} is invalid; valid: a duration >= 0")
+    for value in (t_comm.values() if isinstance(t_comm, Mapping) else (t_comm,)):
+        if isinstance(value, bool) or not isinstance(value, Real) or not value >= 0:
+            raise ValueError(f"t_comm={value!r} is invalid; valid: a duration >= 0 (or a "
+                             "mapping of rank pairs to durations >= 0)")
 
     def duration(action: Action) -> Number:
         s = action.stage
@@ -935,8 +940,9 @@ def simulate_unit_times(
     ends = [row[-1][2] for row in spans if row]
     makespan = max(ends) if ends else 0
     busy = tuple(_busy(row) for row in spans)
+    comms = list(t_comm.values()) if isinstance(t_comm, Mapping) else [t_comm]
     exact = all(
-        isinstance(v, Rational) for v in [*tf, *tb, *tw, *ti, t_comm, *pair_values]
+        isinstance(v, Rational) for v in [*tf, *tb, *tw, *ti, *comms, *pair_values]
     )
     if makespan == 0:
         bubble = tuple(0 for _ in busy)
@@ -1015,7 +1021,8 @@ def _held_walk(actions) -> _HeldWalk | None:
 class _Replay(NamedTuple):
     """An action list compiled for :func:`replay_timing`: per unit (an action, or an
     overlapped pair) in the order :func:`_run` executes them, ``(rank, duration index,
-    pair, dependencies)`` with the dependencies as ``(unit position, crosses ranks)``;
+    pair, dependencies)`` with the dependencies as ``(unit position, edge)``, the edge
+    0 on the same rank, else 1 + the index of its pair of ranks in ``edges``;
     the duration index is ``comp * stages + stage`` of a single action (F, B, I, W) or
     of a pair's forward (``pair`` then holds the backward's (stage, comp) and the
     forward's stage); each rank's first and last unit (-1: none); and each rank's tail
@@ -1023,13 +1030,14 @@ class _Replay(NamedTuple):
     its stages, in its order, as ``(unit, stage, comp)``; None when one of them is in an
     overlapped pair)."""
 
-    units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, bool], ...]], ...]
+    units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, int], ...]], ...]
     first: tuple[int, ...]
     last: tuple[int, ...]
     pp: int
     split: bool
     results: OrderedDict
     tails: tuple[tuple[tuple[int, int, str], ...] | None, ...] = ()
+    edges: tuple[tuple[int, int], ...] = ()
 
 
 _REPLAYS: OrderedDict = OrderedDict()
@@ -1043,6 +1051,7 @@ def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
     pp, num_stages, rank_of = placement.pp, placement.num_stages, placement.rank_of_stage
     has_split = {(a.stage, a.microbatch) for row in actions for a in row if a.comp == "I"}
     position: dict[tuple[int, str, int], int] = {}
+    edges: dict[tuple[int, int], int] = {}
     units = []
     pos = [0] * pp
     remaining = sum(len(row) for row in actions)
@@ -1057,7 +1066,7 @@ def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
                         for d in _dependencies(member, placement, has_split)]
                 if any(d not in position for d in deps):
                     break
-                refs = tuple((position[d], rank_of[d[0]] != rank) for d in deps)
+                refs = tuple((position[d], _edge(edges, rank_of[d[0]], rank)) for d in deps)
                 if action.overlap:
                     forward, backward = members if members[0].comp == "F" else members[::-1]
                     units.append((rank, forward.stage, (backward.stage,
@@ -1078,7 +1087,15 @@ def _compile_replay(actions, placement: StagePlacement) -> _Replay | None:
             first[unit[0]] = k
         last[unit[0]] = k
     return _Replay(tuple(units), tuple(first), tuple(last), pp, bool(has_split), OrderedDict(),
-                   _tails(actions, position))
+                   _tails(actions, position), tuple(edges))
+
+
+def _edge(edges: dict[tuple[int, int], int], source: int, rank: int) -> int:
+    """0 for a dependency on the same rank, else the 1-based index of the pair of ranks
+    ``(source, rank)`` in ``edges`` (added when new)."""
+    if source == rank:
+        return 0
+    return edges.setdefault((source, rank), len(edges) + 1)
 
 
 def _tails(actions, position: Mapping[tuple[int, str, int], int]
@@ -1130,7 +1147,8 @@ def _compiled(actions, placement: StagePlacement) -> _Replay | None:
 
 def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement,
                   t_f: Sequence[int], t_b: Sequence[int], t_w: Sequence[int] | None,
-                  t_comm: int, t_fb: Mapping[tuple[int, int], int] | None = None,
+                  t_comm: int | Mapping[tuple[int, int], int],
+                  t_fb: Mapping[tuple[int, int], int] | None = None,
                   t_i: Sequence[int] | None = None, tails: bool = False) -> tuple:
     """``(makespan, each rank's last end, each rank's first start, each rank's wait for
     transfers)`` of :func:`simulate_unit_times` on already-checked lists
@@ -1141,7 +1159,8 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     replayed by :func:`simulate_unit_times`).
 
     The same earliest-start recurrence as :func:`_run` (a unit starts at the later of
-    its rank's previous end and each dependency's end, plus ``t_comm`` across ranks;
+    its rank's previous end and each dependency's end, plus ``t_comm`` across ranks (one
+    price, or one per pair of ranks: :func:`simulate_unit_times`);
     the rank's wait for a transfer is the start past the latest production), over a
     dependency order compiled once per immutable action list and memoised per
     duration vector, so the same sums and maxima give the same integers. Mutable
@@ -1157,8 +1176,16 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     ti = list(t_i) if t_i is not None else [b - w for b, w in zip(t_b, tw)]
     pairs = dict(t_fb) if isinstance(t_fb, Mapping) else {}
     values = (*t_f, *t_b, *tw, *ti, *pairs.values())
+    per_edge = isinstance(t_comm, Mapping)
+    comm: tuple | None = None
+    if compiled is not None:
+        if per_edge:
+            found_comm = [t_comm.get(edge) for edge in compiled.edges]
+            comm = None if None in found_comm else (0, *found_comm)
+        else:
+            comm = (0,) + (t_comm,) * len(compiled.edges)
     if (compiled is None or (t_fb is not None and not isinstance(t_fb, Mapping)) or not all(_is_int(v) and v >= 0 for v in values)
-            or not _is_int(t_comm) or t_comm < 0
+            or comm is None or not all(_is_int(c) and c >= 0 for c in comm)
             or any(len(v) != num_stages for v in (t_f, t_b, tw, ti))
             or (compiled.split and t_w is None) or any(w > b for w, b in zip(tw, t_b))):
         timing = simulate_unit_times(actions, placement, placement.stages_per_rank, list(t_f),
@@ -1170,7 +1197,7 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
                  tuple(timing.comm_wait))
         return (*found, (None,) * len(actions)) if tails else found
     durations = (*t_f, *t_b, *ti, *tw)
-    memo_key = (durations, t_comm, tuple(sorted(pairs.items())))
+    memo_key = (durations, comm, tuple(sorted(pairs.items())))
     found = compiled.results.get(memo_key)
     if found is not None:
         compiled.results.move_to_end(memo_key)
@@ -1181,12 +1208,12 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     wait = [0] * compiled.pp
     for k, (rank, which, pair, deps) in enumerate(compiled.units):
         start = produced = free[rank]
-        for dep, far in deps:
+        for dep, edge in deps:
             ready = end[dep]
             if ready > produced:
                 produced = ready
-            if far:
-                ready += t_comm
+            if edge:
+                ready += comm[edge]
             if ready > start:
                 start = ready
         if start > produced:

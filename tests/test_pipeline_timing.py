@@ -272,3 +272,30 @@ def test_rows_refuse_an_order_the_walk_reads_ahead_of():
                 for m in (step, 2 * step, 5 * step):
                     warmups = tuple(schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp))
                     assert pipeline._vector_layout(pp, m, vpp, warmups) is not None
+
+
+def test_replay_takes_a_transfer_price_per_pair_of_ranks():
+    """t_comm as {(sending rank, receiving rank): ns}: the compiled replay and the event
+    replay (simulate_unit_times) agree, equal prices give the scalar's integers, and a
+    dearer hop delays exactly the dependencies that cross it (one hop of 1F1B on two
+    ranks: the first backward waits for the forward's transfer and its own)."""
+    from strategies.pipeline import simulate_unit_times
+    from strategies.schedules import get_schedule
+
+    schedule = get_schedule("zb-v")
+    actions, placement = schedule.actions(4, 8, 2), schedule.placement(4, 2)
+    t_f, t_b, t_w = [10, 11, 12, 13, 14, 15, 16, 17], [20] * 8, [7] * 8
+    pairs = [(a, b) for a, b in placement.edges()] + [(b, a) for a, b in placement.edges()]
+    same = {pair: 5 for pair in pairs}
+    assert replay_timing(actions, placement, t_f, t_b, t_w, same) == \
+        replay_timing(actions, placement, t_f, t_b, t_w, 5)
+    dear = {**same, (1, 2): 40, (2, 1): 40}
+    full = simulate_unit_times(actions, placement, 2, t_f, t_b, t_w, dear)
+    got = replay_timing(actions, placement, t_f, t_b, t_w, dear)
+    assert got[0] == full.makespan
+    assert got[1] == tuple(row[-1][2] for row in full.spans)
+    assert got[0] > replay_timing(actions, placement, t_f, t_b, t_w, 5)[0]
+    one = get_schedule("1f1b")
+    two = replay_timing(one.actions(2, 1, 1), one.placement(2, 1), [3, 4], [5, 6], None,
+                        {(0, 1): 100, (1, 0): 1})
+    assert two[0] == 3 + 100 + 4 + 6 + 1 + 5

@@ -95,6 +95,10 @@ class PipelineSchedule:
     #: Its own lists overlap forwards with backwards (F&B pairs, DualPipe): then what
     #: runs depends on the lists, and :meth:`action_counts` counts them.
     pairs_own_actions: ClassVar[bool] = False
+    #: Its :meth:`timing` takes a transfer price per pair of ranks (``t_comm`` a mapping:
+    #: a pipeline whose hops cross nodes in some places only); False: one price per hop
+    #: (the 1F1B family's closed form), the caller then gives one.
+    prices_each_hop: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ shape
     def check(self, pp: int, microbatches: int, vpp: int) -> None:
@@ -180,7 +184,9 @@ class PipelineSchedule:
         Args:
             t_f, t_b: forward and full backward of each stage for one micro-batch.
             t_w: weight-gradient part of each stage's backward (split schedules).
-            t_comm: a point-to-point transfer between ranks.
+            t_comm: a point-to-point transfer between ranks, or (where
+                :attr:`prices_each_hop`) ``{(sending rank, receiving rank): ns}`` for
+                every pair a dependency crosses.
             t_fb: an overlapped pair's duration by (forward stage, backward stage)
                 (:func:`strategies.pipeline.simulate_unit_times`).
             overlap: the action lists with overlapped pairs (:meth:`actions`).
@@ -400,7 +406,10 @@ class OneFOneBFamily(PipelineSchedule):
     so its step is timed exactly, without building the lists, by
     :func:`strategies.pipeline.one_f_one_b_family_timing` -- the list replay's integers
     at any size. Overlapped forward-backward pairs, a subclass with its own order and
-    durations that are not whole numbers are replayed from the lists."""
+    durations that are not whole numbers are replayed from the lists. One transfer price
+    per hop (:attr:`PipelineSchedule.prices_each_hop` False: the recurrence's)."""
+
+    prices_each_hop = False
 
     def warmup_forwards(self, rank: int, pp: int, microbatches: int, vpp: int) -> int | None:
         """Forwards rank ``rank`` runs before its first backward (shape already
