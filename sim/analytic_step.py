@@ -939,12 +939,14 @@ class AnalyticStepModel:
             _add(total.exposed_ns, cost.exposed_ns, count)
         return total
 
-    def _rank_costs(self, p: int, timed: tuple | None = None) -> _RankCosts:
+    def _rank_costs(self, p: int, timed: tuple | None = None,
+                    per_step: OpListCost | None = None) -> _RankCosts:
         """What rank ``p``'s work costs; ``timed``: its tail as the pipeline's timing
         runs it (:meth:`_timed_tail`), else the last micro-batch's backwards back to
-        back."""
+        back; ``per_step``: its actions' :meth:`_work_cost` when already priced."""
         pricer = self.stage_pricers.get(p, self.pricer)
-        per_step = self._work_cost(pricer, p, self._counts(p))
+        if per_step is None:
+            per_step = self._work_cost(pricer, p, self._counts(p))
         gathers, first_gather = self._gathers_ns(pricer, p)
         if timed is not None:
             tail, releases = list(timed[0]), timed[1]
@@ -1579,15 +1581,24 @@ class AnalyticStepModel:
         if pp == 1 and (self.lowerer.gathers_params("F", 0)
                         or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
+        # each distinct rank's actions priced first, in rank order: the first rank to
+        # price a part's kind stands for it (_kind_cost), before the timing asks each
+        # stage's holder
+        signatures = [self._signature(p) for p in range(pp)]
+        per_step: dict[tuple, OpListCost] = {}
+        for p, signature in enumerate(signatures):
+            if signature not in per_step:
+                per_step[signature] = self._work_cost(self.stage_pricers.get(p, self.pricer),
+                                                      p, self._counts(p))
         timing = self._pipeline_timing(self._hop_prices(t_p2p))
         by_signature: dict[tuple, _RankCosts] = {}
         ranks = []
-        for p in range(pp):
+        for p, signature in enumerate(signatures):
             timed = self._timed_tail(p, timing)
-            signature = (self._signature(p), timed)
-            if signature not in by_signature:
-                by_signature[signature] = self._rank_costs(p, timed)
-            ranks.append(by_signature[signature])
+            if (signature, timed) not in by_signature:
+                by_signature[(signature, timed)] = self._rank_costs(p, timed,
+                                                                    per_step[signature])
+            ranks.append(by_signature[(signature, timed)])
         # layers of the first micro-batch wait for their parameters (ZeRO-3, overlapped
         # ZeRO-1/2 gathers): the pipeline's fill is that much later
         first_wait = self._gather_fill_delay_ns(t_p2p)
