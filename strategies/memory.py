@@ -775,7 +775,7 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     # (PyTorch FSDP HYBRID_SHARD / FSDP2 2-D mesh: "sharding within a node and replicating
     # across nodes", torch.distributed.fsdp.ShardingStrategy; Megatron-Core's distributed
     # optimizer over dp*cp / num_distributed_optimizer_instances ranks)
-    shard_dp_group = getattr(plan, "shard_dp", plan.dp) * plan.cp
+    shard_dp_group = plan.shard_dp * plan.cp
     shard_group = shard_dp_group * chunk_copies
 
     rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep, etp=etp,
