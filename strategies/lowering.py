@@ -1629,11 +1629,7 @@ class StepLowerer:
         stored = optimizer_storage(plan)
         kernels = costs.optimizer_kernels(dense + expert, implementation=stored.implementation,
                                           grad_bytes=stored.grad_bytes, tensors=tensors,
-                                          param_bytes=stored.param_bytes,
-                                          exp_avg_bytes=stored.exp_avg_bytes,
-                                          exp_avg_sq_bytes=stored.exp_avg_sq_bytes,
-                                          param_extra_read_bytes=stored.param_extra_read_bytes,
-                                          weight_copy_bytes=stored.weight_copy_bytes)
+                                          adam_bytes=stored.adam_bytes_per_param())
         deps = tuple(sorted(set(dp_ops)))
         for kernel in kernels:
             b.add(compute_op(kernel, kernel.name, "F", deps=deps))

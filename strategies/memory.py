@@ -340,13 +340,21 @@ class OptimizerStorage:
             weight_copy_bytes=self.weight_copy_bytes)
 
 
-def _uses_param_remainders(plan: ParallelPlan) -> bool:
+def _uses_param_remainders(plan: ParallelPlan, store_param_remainders: bool) -> bool:
     """The fp32 master weights are kept as 16-bit remainders of the 16-bit weights
-    (``store_param_remainders`` under a sharded optimizer, 16-bit or fp8 plans; the
-    condition :func:`rank_memory` applies)."""
-    return (plan.store_param_remainders and plan.zero >= 1 and ELEMENT_BYTES[plan.dtype] <= 2
+    (``store_param_remainders`` -- the plan's, or :class:`MemoryOptions`' in
+    :func:`rank_memory` -- under a sharded optimizer, 16-bit or fp8 plans)."""
+    return (store_param_remainders and plan.zero >= 1 and ELEMENT_BYTES[plan.dtype] <= 2
             and plan.master_weights_dtype == "fp32"
             and not (plan.fsdp_fp32_params and plan.zero >= 3))
+
+
+def _master_bytes_per_param(plan: ParallelPlan, store_param_remainders: bool) -> int:
+    """Bytes per parameter of the master weights a non-FSDP-fp32 plan keeps: 16-bit
+    remainders (:func:`_uses_param_remainders`) or ``plan.master_weights_dtype``'s."""
+    if _uses_param_remainders(plan, store_param_remainders):
+        return MASTER_REMAINDER_BYTES_PER_PARAM
+    return MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
 
 
 def optimizer_storage(plan: ParallelPlan) -> OptimizerStorage:
@@ -395,7 +403,7 @@ def optimizer_storage(plan: ParallelPlan) -> OptimizerStorage:
     extra = 0.0
     if plan.master_weights_dtype == "none":
         param, copy = model_weight, (copy if plan.zero >= 1 else 0.0)
-    elif _uses_param_remainders(plan):
+    elif _uses_param_remainders(plan, plan.store_param_remainders):
         param, extra = float(MASTER_REMAINDER_BYTES_PER_PARAM), model_weight
     else:
         param = float(MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
@@ -421,8 +429,7 @@ def checkpoint_bytes_per_param(plan: ParallelPlan | None = None) -> float:
     moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if plan.fsdp_fp32_params and plan.zero >= 3:
         return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + moments
-    master = (MASTER_REMAINDER_BYTES_PER_PARAM if _uses_param_remainders(plan)
-              else MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
+    master = _master_bytes_per_param(plan, plan.store_param_remainders)
     return float(WEIGHT_BYTES_PER_PARAM + master + moments)
 
 
@@ -805,15 +812,11 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     # main_grad buffer is fp32 with grad_reduce_in_fp32, bf16 otherwise
     grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
     grads = sharded(grad_bytes, plan.zero >= 2)
-    remainders = (options.store_param_remainders and plan.zero >= 1
-                  and ELEMENT_BYTES[plan.dtype] <= 2)
     moments = 2 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if fp32_params:
         optimizer = sharded(moments, True)
     else:
-        master = MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
-        if remainders and plan.master_weights_dtype == "fp32":
-            master = MASTER_REMAINDER_BYTES_PER_PARAM
+        master = _master_bytes_per_param(plan, options.store_param_remainders)
         optimizer = sharded(master + moments, plan.zero >= 1)
 
     comm = 0.0
