@@ -18,7 +18,7 @@ stages are far apart. ``order`` can override it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from hardware.spec import ATTENTION_IMPLS
 from strategies import model_costs
@@ -805,6 +805,15 @@ def _validate_dp_mode(plan: ParallelPlan) -> None:
 
 #: The plan's fields with their metadata, in declaration order.
 PLAN_FIELDS = fields(ParallelPlan)
+
+
+def plan_from_dict(data: Mapping[str, object]) -> ParallelPlan:
+    """The plan whose fields ``data`` gives as JSON values (the inverse of a result's
+    embedded plan, ``sim.step._plan_dict``): lists back to tuples; keys that are not plan
+    fields (its ``num_microbatches``) ignored."""
+    names = {spec.name for spec in PLAN_FIELDS}
+    return ParallelPlan(**{name: tuple(value) if isinstance(value, list) else value
+                           for name, value in data.items() if name in names})
 
 
 #: RankLayout.group's tuples by (axis sizes and order, rank, axes), holding at most
