@@ -114,6 +114,7 @@ __all__ = [
     "MASTER_WEIGHT_BYTES_PER_PARAM",
     "MemoryOptions",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "optimizer_state_bytes_per_param",
     "OptimizerStorage",
     "OutOfMemoryError",
     "WEIGHT_BYTES_PER_PARAM",
@@ -426,11 +427,18 @@ def checkpoint_bytes_per_param(plan: ParallelPlan | None = None) -> float:
     """
     if plan is None:
         return float(WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
-    moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if plan.fsdp_fp32_params and plan.zero >= 3:
-        return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + moments
-    master = _master_bytes_per_param(plan, plan.store_param_remainders)
-    return float(WEIGHT_BYTES_PER_PARAM + master + moments)
+        return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
+    return WEIGHT_BYTES_PER_PARAM + optimizer_state_bytes_per_param(plan)
+
+
+def optimizer_state_bytes_per_param(plan: ParallelPlan) -> float:
+    """Bytes per parameter of an Adam optimizer's state outside FSDP fp32 parameters: the
+    master weights (:func:`_master_bytes_per_param`) and the two moments in
+    ``optimizer_moments_dtype`` (defaults: 4 + 8 = 12,
+    :data:`OPTIMIZER_BYTES_PER_PARAM`)."""
+    moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
+    return float(_master_bytes_per_param(plan, plan.store_param_remainders) + moments)
 
 
 @dataclass(frozen=True, kw_only=True)
