@@ -48,6 +48,7 @@ from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
                                optimizer_layers_key, plan_contention)
+from sim.host_lead import LEVEL, HostForm
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
@@ -57,16 +58,16 @@ __all__ = ["BatchStepEvaluator"]
 
 
 
-def _timed_tail(timing, p: int) -> tuple | None:
-    """AnalyticStepModel._timed_tail without the host (the batch covers none): rank
-    ``p``'s tail as ``(((stage, comp), ...), releases)`` from its first action that
-    reduces gradients, or None (back to back)."""
+def _timed_tail(timing, p: int, hosted: bool = False) -> tuple | None:
+    """AnalyticStepModel._timed_tail: rank ``p``'s tail as ``(((stage, comp), ...),
+    releases)`` (without the host from its first action that reduces gradients), or
+    None (back to back)."""
     rows = timing.rank_tail
     row = rows[p] if rows else None
     if row is None or len(row) < 2:
         return None
     reducing = [i for i, (_, comp, _) in enumerate(row) if comp in ("B", "W")]
-    if reducing:
+    if reducing and not hosted:
         row = row[reducing[0]:]
     first = row[0][2]
     return (tuple((stage, comp) for stage, comp, _ in row),
@@ -208,6 +209,8 @@ class BatchStepEvaluator:
         self._fill_delays: dict[tuple, int] = {}  # _fill_delay_ns by what it reads
         self._plan_grads: dict = {}  # the plan being priced's, by kind (_part_grads)
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
+        self._layer_runs: dict[tuple, tuple] = {}  # _runs by a stage's layers
+        self._programs: dict[tuple, tuple] = {}  # _host_program by schedule shape
 
     # ------------------------------------------------------------------ public
     def covers(self, plan: ParallelPlan) -> bool:
@@ -220,9 +223,10 @@ class BatchStepEvaluator:
             # SM contention re-prices each part by the data-parallel collectives it
             # overlaps: through analytic_step (its closed form, or the engine's fallback)
             return False
-        if plan.host_issue not in HOST_FREE_MODES:
-            # the CPU issues the kernels: phases carry its lead and the ranks' ends its
-            # bounds (AnalyticStepModel._host_ends), priced there
+        if plan.host_issue not in HOST_FREE_MODES and plan.pp == 1 and self._gathers(plan):
+            # the CPU issues the kernels of one rank whose layers wait for their gathers
+            # (AnalyticStepModel._whole_rank_step: each wait adds to the CPU's lead, layer
+            # by layer): priced there; other host-issue plans here (_host_step_ns)
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
@@ -517,19 +521,30 @@ class BatchStepEvaluator:
                 return ref._gather_ns(ref.pricer, p, layer) or 0
             return found[0] or 0
 
-        def optimizer_ns(p: int) -> int:
+        def optimizer_cost(p: int):
             found = get((opt_key, groups_key, p, *optimizer_keys[p]))
             if found is None:
                 ref = self._reference_model(plan)
                 found = ref._optimizer_cost(ref.pricer, p)
-            return found.total_ns
+            return found
+
+        def optimizer_ns(p: int) -> int:
+            return optimizer_cost(p).total_ns
 
         holders = placement.rank_of_stage
         comps = ("F", "B", "W", "I") if split else ("F", "B")
-        # per-stage phase times on the rank that holds each (AnalyticStepModel.
-        # _pipeline_timing)
-        phases = {}
-        for comp in comps:
+        hosted = plan.host_issue not in HOST_FREE_MODES
+        if hosted:
+            # the CPU issues the kernels: each phase is the form of its parts in issue
+            # order (AnalyticStepModel._phase_form), priced with the CPU ahead (its
+            # free_ns: _phase_cost), once per stage of the same parts in the same order
+            forms = self._host_forms(plan, stage_layers, is_first, is_last, holders,
+                                     comps, kind_cost)
+            phases = {comp: [form.free_ns for form in forms[comp]] for comp in comps}
+        else:
+            forms = None
+            phases = {}
+        for comp in () if hosted else comps:
             by_shape: dict[int, int] = {}
             row = []
             for s, shape in enumerate(shape_of):
@@ -570,9 +585,14 @@ class BatchStepEvaluator:
         by_signature: dict[tuple, tuple[int, int, int]] = {}
         rank_costs = []
         for p, signature in enumerate(signatures):
-            timed = _timed_tail(timing, p)
+            timed = _timed_tail(timing, p, hosted)
             found = by_signature.get((signature, timed))
-            if found is None:
+            if found is None and hosted:
+                found = by_signature[(signature, timed)] = self._host_rank(
+                    p, stages_of[p], stage_layers, kinds, is_first, is_last, split, forms,
+                    kind_cost, reduction_ns, optimizer_cost, gather_ns, gathers, bucket, m,
+                    placement, plan, part_key, timed)
+            elif found is None:
                 found = by_signature[(signature, timed)] = self._rank_ns(
                     p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
                     kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
@@ -590,6 +610,10 @@ class BatchStepEvaluator:
                 first_wait = self._fill_delays[wait_key] = self._fill_delay_ns(
                     placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p, is_first,
                     is_last)
+        if hosted:
+            return self._host_step(plan, schedule, placement, forms, rank_costs,
+                                   [end + first_wait for end in timing.rank_end], t_p2p,
+                                   first_wait)
         step = 0
         for (last_backward, finish, gathers_ns), compute_end in zip(rank_costs,
                                                                   timing.rank_end):
@@ -654,22 +678,241 @@ class BatchStepEvaluator:
         if releases is not None and releases[-1] > total:
             total = releases[-1]
         finish = max(total, dp_free) + optimizer_ns(p)
-        gathers_ns = 0
-        if gathers:
-            # AnalyticStepModel._gathers_ns: one micro-batch's actions (forwards in stage
-            # order, then the backwards reversed), each times the micro-batches that gather
-            work = [(s, "F") for s in stages]
-            for s in reversed(stages):
-                work += [(s, c) for c in (("I", "W") if split else ("B",))]
-            for s, comp in work:
-                if plan.zero == 3:
-                    repeats = placement.microbatches_through(s, m)
-                else:
-                    repeats = int(comp == "F" and placement.on_route(s, 0))
-                if repeats:  # (whole ns: by kind and count, as _layers_gather_ns)
-                    gathers_ns += sum(gather_ns(p, layer) * n
-                                      for _, layer, n in kinds[s]) * repeats
+        gathers_ns = (self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
+                                            plan) if gathers else 0)
         return last_backward, finish, gathers_ns
+
+    @staticmethod
+    def _step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement, plan) -> int:
+        """AnalyticStepModel._gathers_ns: the step's parameter gathers of rank ``p`` back
+        to back, ns (one micro-batch's actions, forwards in stage order, then the
+        backwards reversed, each times the micro-batches that gather)."""
+        gathers_ns = 0
+        work = [(s, "F") for s in stages]
+        for s in reversed(stages):
+            work += [(s, c) for c in (("I", "W") if split else ("B",))]
+        for s, comp in work:
+            if plan.zero == 3:
+                repeats = placement.microbatches_through(s, m)
+            else:
+                repeats = int(comp == "F" and placement.on_route(s, 0))
+            if repeats:  # (whole ns: by kind and count, as _layers_gather_ns)
+                gathers_ns += sum(gather_ns(p, layer) * n
+                                  for _, layer, n in kinds[s]) * repeats
+        return gathers_ns
+
+    # ------------------------------------------------------------ host issue
+    def _runs(self, layers: Sequence[int]) -> tuple:
+        """A stage's layers in forward order as runs of one kind: ``(kind, a layer of
+        it, count)`` each, per layer tuple (the order the CPU issues them in matters:
+        forms do not commute)."""
+        layers = tuple(layers)
+        found = self._layer_runs.get(layers)
+        if found is None:
+            flags, runs = self._flags, []
+            for layer in layers:
+                if runs and runs[-1][0] == flags[layer]:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([flags[layer], layer, 1])
+            found = self._layer_runs[layers] = tuple(tuple(run) for run in runs)
+        return found
+
+    def _host_forms(self, plan, stage_layers, is_first, is_last, holders, comps,
+                    kind_cost) -> dict[str, list[HostForm]]:
+        """Each virtual stage's phase as a :class:`sim.host_lead.HostForm`, per comp
+        (AnalyticStepModel._phase_form: the parts in the order the lowering issues them,
+        forward embedding, layers, head, else head, layers reversed, embedding; a run of
+        one kind as a power; composition is exact in any grouping, a max-plus product),
+        once per stage of the same runs and ends, priced by the rank that holds the
+        first such stage (its kind prices by the asking rank, :func:`kind_cost`)."""
+        forms: dict[str, list[HostForm]] = {}
+        for comp in comps:
+            by_shape: dict[tuple, HostForm] = {}
+            row = []
+            for s, layers in enumerate(stage_layers):
+                runs = self._runs(layers)
+                shape = (runs, is_first[s], is_last[s])
+                form = by_shape.get(shape)
+                if form is None:
+                    p = holders[s]
+                    form = LEVEL
+                    ends = []
+                    if is_first[s]:
+                        ends.append(kind_cost(p, "embedding", "embedding", comp).form())
+                    layer_forms = [kind_cost(p, layer, kind, comp).form().repeat(count)
+                                   for kind, layer, count in runs]
+                    if is_last[s]:
+                        head = kind_cost(p, "head", "head", comp).form()
+                    if comp == "F":
+                        parts = ends + layer_forms + ([head] if is_last[s] else [])
+                    else:
+                        parts = (([head] if is_last[s] else []) + layer_forms[::-1]
+                                 + ends)
+                    for part in parts:
+                        form = form.then(part)
+                    by_shape[shape] = form
+                row.append(form)
+            forms[comp] = row
+        return forms
+
+    def _host_rank(self, p, stages, stage_layers, kinds, is_first, is_last, split, forms,
+                   kind_cost, reduction_ns, optimizer_cost, gather_ns, gathers, bucket, m,
+                   placement, plan, part_key, timed=None) -> tuple:
+        """AnalyticStepModel._rank_costs of a rank whose CPU issues the kernels: (the last
+        micro-batch's backward through the rank's stages from no lead, and the lead it
+        leaves; the same with its buckets reduced as they fill and the optimizer from the
+        lead then, and that lead; the step's parameter gathers back to back; the
+        optimizer's form), as :meth:`AnalyticStepModel._walk_parts` carries the lead.
+        ``timed``: the tail as the pipeline's timing runs it (:func:`_timed_tail`; a wait
+        before an action: the CPU goes on issuing)."""
+        tail_comps = ("I", "W") if split else ("B",)
+        if timed is None:
+            tail = [(s, c) for s in reversed(stages) for c in tail_comps]
+            releases = None
+        else:
+            tail, releases = timed
+        total = lead = 0
+        for position, (s, comp) in enumerate(tail):
+            if releases is not None and releases[position] > total:
+                lead += releases[position] - total
+                total = releases[position]
+            form = forms[comp][s]
+            total += form.total_at(lead)
+            lead = form.lead_after(lead)
+        if releases is not None and releases[-1] > total:
+            total = releases[-1]
+        last_total, last_lead = total, lead
+        total = lead = dp_free = 0
+        reductions: dict = {}
+        for position, (s, comp) in enumerate(tail):
+            if releases is not None and releases[position] > total:
+                lead += releases[position] - total
+                total = releases[position]
+            if comp == "I":  # (an input gradient reduces nothing: its phase's form)
+                form = forms["I"][s]
+                total += form.total_at(lead)
+                lead = form.lead_after(lead)
+                continue
+            # head, the layers' runs reversed, embedding: (form, sums, count)
+            parts = [(*self._host_row(p, layer, kind, comp, kind_cost, plan, part_key),
+                      count) for kind, layer, count in self._runs(stage_layers[s])[::-1]]
+            if is_last[s]:
+                parts.insert(0, (*self._host_row(p, "head", "head", comp, kind_cost,
+                                                 plan, part_key), 1))
+            if is_first[s]:
+                parts.append((*self._host_row(p, "embedding", "embedding", comp,
+                                              kind_cost, plan, part_key), 1))
+            total, lead, dp_free = _reduce_parts_hosted(
+                parts, {}, bucket, total, lead, dp_free, reductions, reduction_ns, p)
+        if releases is not None and releases[-1] > total:
+            total = releases[-1]
+        optimizer = optimizer_cost(p).form()
+        if dp_free > total:  # (the CPU goes on issuing while the GPU waits for them)
+            lead += dp_free - total
+        finish_total = max(total, dp_free) + optimizer.total_at(lead)
+        gathers_ns = (self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
+                                            plan) if gathers else 0)
+        return last_total, last_lead, finish_total, lead, gathers_ns, optimizer
+
+    def _host_row(self, p, part, kind, comp, kind_cost, plan, part_key) -> tuple:
+        """(a part's form in ``comp``, its whole gradient bytes to the dense and expert
+        buckets): :meth:`_row` with the CPU's lead."""
+        sums = self._part_grads(plan, part_key, kind, part)
+        if sums is None:
+            raise _Unsupported  # filled kernel by kernel: analytic_step
+        return kind_cost(p, part, kind, comp).form(), sums
+
+    def _host_program(self, plan, schedule, placement) -> tuple:
+        """What AnalyticStepModel._host_ends reads of the schedule's action lists, once
+        per (schedule, pp, vpp, micro-batches): each rank's list as blocks of (stage,
+        comp) keys each repeated some times, rank 0's first key, and each rank's last
+        wait on another rank's action (AnalyticStepModel._last_wait, those the rank
+        ends keep) as (rank, holder, this rank's list from that action on, the holder's
+        list after its action), both as blocks."""
+        key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches)
+        found = self._programs.get(key)
+        if found is not None:
+            return found
+        rows = schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
+        shim = _PlacementOnly(placement)
+        keys = [[(action.stage, action.comp) for action in row] for row in rows]
+        longest = [2 * len(placement.stages_of(p)) + 2 for p in range(len(rows))]
+        blocks = tuple(_blocks(row, longest[p]) for p, row in enumerate(keys))
+        first = keys[0][0] if rows and rows[0] else None
+        lasts = [AnalyticStepModel._last_wait(shim, p, row, rows) for p, row in enumerate(rows)]
+        waits = []
+        for p in range(len(rows)):
+            last = lasts[p]
+            if last is None:
+                continue
+            index, holder, position = last
+            if lasts[holder] is not None and position < lasts[holder][0]:
+                continue  # (its rank waits for others after it: as _host_ends)
+            waits.append((p, holder, _blocks(keys[p][index:], longest[p]),
+                          _blocks(keys[holder][position + 1:], longest[holder])))
+        found = self._programs[key] = (blocks, first, tuple(waits))
+        return found
+
+    def _host_step(self, plan, schedule, placement, forms, rank_costs, rank_end, t_p2p,
+                   wait_ns) -> int:
+        """The step of a plan whose CPU issues the kernels, ns: each rank's compute end
+        bounded as AnalyticStepModel._host_ends bounds it (``rank_end``: the schedule's
+        timing with the fill's gather delay ``wait_ns``), then what follows its last
+        backward from the lead the CPU has there (AnalyticStepModel.run)."""
+        blocks, first, waits = self._host_program(plan, schedule, placement)
+        composed: dict[tuple, HostForm] = {}
+
+        def compose(keys_blocks) -> HostForm:
+            form = LEVEL
+            for block, count in keys_blocks:
+                found = composed.get(block)
+                if found is None:
+                    found = LEVEL
+                    for stage, comp in block:
+                        found = found.then(forms[comp][stage])
+                    composed[block] = found
+                form = form.then(found.repeat(count))
+            return form
+
+        ends = list(rank_end)
+        cpu_ends = []
+        late = 0
+        if first is not None:
+            head = forms[first[1]][first[0]]
+            late = head.total_ns - head.free_ns  # rank 0's first action, from no lead
+        start = HostForm(wait_ns, wait_ns, None, 0) if wait_ns else None
+        for p, row in enumerate(blocks):
+            alone = compose(row)
+            if start is not None:
+                alone = start.then(alone)
+            ends[p] = max(ends[p] + late, alone.total_ns)
+            cpu_ends.append(alone.host_ns)
+        gaps = [(p, holder, compose(tail).free_ns - compose(after).total_ns + t_p2p)
+                for p, holder, tail, after in waits]
+        for _ in range(len(blocks)):
+            moved = False
+            for p, holder, gap in gaps:
+                if ends[holder] + gap > ends[p]:
+                    ends[p] = ends[holder] + gap
+                    moved = True
+            if not moved:
+                break
+        step = 0
+        for p, (last_total, last_lead, finish_total, finish_lead, gathers_ns,
+                optimizer) in enumerate(rank_costs):
+            after_backward = finish_total - last_total
+            lead = max(ends[p] - cpu_ends[p], 0)
+            if lead > last_lead:
+                # the CPU is further ahead at the rank's end than its last backward alone
+                # leaves it: the optimizer runs from that much more lead
+                more = lead - last_lead
+                after_backward -= (optimizer.total_at(finish_lead)
+                                   - optimizer.total_at(finish_lead + more))
+            end = max(ends[p], gathers_ns) + after_backward
+            if end > step:
+                step = end
+        return step
 
     def _whole_rank_ns(self, plan, schedule, stage_layers, is_first, is_last, phases,
                        kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key) -> int:
@@ -841,6 +1084,75 @@ class BatchStepEvaluator:
                 waiting += t_p2p
                 free += t_p2p
         return waiting - free
+
+
+def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, lead: int,
+                         dp_free: int, reductions: dict, reduction_ns, rank
+                         ) -> tuple[int, int, int]:
+    """:func:`_reduce_parts` with the CPU issuing the kernels: ``parts`` are ``(form,
+    sums, count)``, each part adds ``form.total_at(lead)`` and leaves
+    ``form.lead_after(lead)`` (AnalyticStepModel._walk_parts). Within a run of one form,
+    once every later part adds the same ns (the lead at a fixed point, or far enough
+    ahead that the list's end no longer depends on it and still growing) the rest of the
+    run takes :func:`_fill_run` with that ns, its lead after the run
+    ``form.repeat(run).lead_after(lead)`` (composition is exact); until then part by
+    part. Returns (total, lead, dp_free)."""
+    final_index = len(parts) - 1
+    for index, (form, sums, count) in enumerate(parts):
+        final = index == final_index
+        while count:
+            step_ns = form.total_at(lead)
+            after = form.lead_after(lead)
+            if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
+                    and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX \
+                    and (after == lead or (after >= lead and step_ns == form.free_ns)):
+                # (at a fixed point every part adds the same; where total_at is free_ns,
+                # lead_after = free_ns - host_at(lead) is non-decreasing in the lead, so
+                # a lead that does not fall there stays there)
+                run = count - 1 if final else count
+                total, dp_free = _fill_run(pending, sums[0], run, step_ns, bucket, total,
+                                           dp_free, reductions, reduction_ns, rank)
+                lead = form.repeat(run).lead_after(lead)
+                count -= run
+                continue
+            total += step_ns
+            lead = after
+            dp_free = _fill_buckets(pending, sums, final and count == 1, bucket, total,
+                                    dp_free, reductions, reduction_ns, rank)
+            count -= 1
+    return total, lead, dp_free
+
+
+def _blocks(keys: Sequence, longest: int) -> tuple:
+    """``keys`` as ``((block, count), ...)``: from each position the repeated block (up
+    to ``longest`` keys) that covers the most keys, as AnalyticStepModel._row_form finds
+    them (a schedule's warm-up forwards, its steady cycles), else one key."""
+    n, index, out = len(keys), 0, []
+    while index < n:
+        size, count = 1, 1
+        head = keys[index]
+        for length in range(1, longest + 1):
+            if index + 2 * length > n:
+                break
+            if keys[index + length] != head:
+                continue
+            block = keys[index:index + length]
+            repeats = 1
+            while keys[index + repeats * length:index + (repeats + 1) * length] == block:
+                repeats += 1
+            if repeats > 1 and repeats * length > size * count:
+                size, count = length, repeats
+        out.append((tuple(keys[index:index + size]), count))
+        index += size * count
+    return tuple(out)
+
+
+class _PlacementOnly:
+    """What AnalyticStepModel._last_wait reads of a model: its lowering's placement."""
+
+    def __init__(self, placement) -> None:
+        self.lowerer = self
+        self.placement = placement
 
 
 class _Unsupported(Exception):

@@ -452,8 +452,7 @@ class StepLowerer:
             self._ops[("host_sync", tag)] = op
         b.add(op)
 
-    def _carry_copy(self, b: _RankBuilder, layer: int, tag: str, what: str, phase: str
-                    ) -> None:
+    def _carry_copy(self, b: _RankBuilder, layer: int, what: str, phase: str) -> None:
         """With ``plan.xla_scan_carry_copies``, the device-to-device copy of one loop-carried
         buffer of a scanned layer on the compute stream (``what``: ``params``, the layer's
         gathered parameters, which the pipelined all-gather of the previous iteration
@@ -1085,15 +1084,19 @@ class StepLowerer:
         """Forward kernels of a layer (its index) or of the ``"embedding"``/``"head"``."""
         return self._edge_kernels(part) if isinstance(part, str) else self.kernels(part)
 
+    def _bucket_reduction_ops(self, p: int, group: str, size: float) -> list[Op]:
+        """The ops :meth:`_reduce_bucket` issues for one gradient bucket of pipeline rank
+        ``p``: its reduction and, with HSDP replicas, the all-reduce after it."""
+        rank = self.representatives[p]
+        b = _RankBuilder(rank, self._groups(rank))
+        self._reduce_bucket(b, group, size, "bucket", 0)
+        return b.ops
+
     def reduction_op(self, p: int, group: str, size: float) -> Op | None:
         """The op that reduces one gradient bucket of pipeline rank ``p`` (None when
         there is nothing to reduce, e.g. data parallelism of 1)."""
-        rank = self.representatives[p]
-        b = _RankBuilder(rank, self._groups(rank))
-        index = self._reduce_bucket(b, group, size, "bucket", 0)
-        if index >= 0 and self.plan.dp_replicas > 1:
-            index = 0  # (the reduce-scatter; replica_reduction_op is the all-reduce after it)
-        return b.ops[index] if index >= 0 else None
+        ops = self._bucket_reduction_ops(p, group, size)
+        return ops[0] if ops else None
 
     def param_gather_op(self, p: int, layer: int) -> Op | None:
         """The all-gather of one layer's parameters on pipeline rank ``p`` that a
@@ -1108,13 +1111,8 @@ class StepLowerer:
         """The all-reduce over the HSDP replicas that follows the reduction of one
         ``dense`` gradient bucket of pipeline rank ``p`` (:meth:`_reduce_bucket`; None
         without replicas)."""
-        if self.plan.dp_replicas == 1 or group != "dense":
-            return None
-        rank = self.representatives[p]
-        b = _RankBuilder(rank, self._groups(rank))
-        index = self._collective(b, "dp", "all_reduce", b.groups['replica'],
-                                 size / len(b.groups['grad']), "grads.replica.bucket", "dp")
-        return b.ops[index] if index >= 0 else None
+        ops = self._bucket_reduction_ops(p, group, size)
+        return ops[1] if len(ops) > 1 else None
 
     def optimizer_ops(self, p: int) -> list[Op]:
         """The optimizer step of pipeline rank ``p`` and, under ZeRO 1/2, the
@@ -1303,15 +1301,15 @@ class StepLowerer:
             for kernel in (kernels if comp == "F" else reversed(kernels)):
                 self._emit_kernel(b, kernel, tag, comp)
         elif comp == "F":
-            self._carry_copy(b, part, tag, "params", comp)
+            self._carry_copy(b, part, "params", comp)
             self._layer_forward(b, part, tag)
         else:
             if comp in ("B", "I"):
-                self._carry_copy(b, part, tag, "params", comp)
+                self._carry_copy(b, part, "params", comp)
                 self._recompute(b, part, tag)
             self._layer_backward(b, part, tag, comp)
             if comp in ("B", "W"):
-                self._carry_copy(b, part, tag, "grads", comp)
+                self._carry_copy(b, part, "grads", comp)
         return b.ops
 
     def actions(self) -> tuple[tuple[Action, ...], ...]:
@@ -1409,11 +1407,11 @@ class StepLowerer:
         for layer in reversed(layers):
             b.wait(gathered.get(layer, -1))
             if action.comp in ("B", "I"):
-                self._carry_copy(b, layer, tag, "params", action.comp)
+                self._carry_copy(b, layer, "params", action.comp)
                 self._recompute(b, layer, tag)
             self._layer_backward(b, layer, tag, action.comp)
             if action.comp in ("B", "W"):
-                self._carry_copy(b, layer, tag, "grads", action.comp)
+                self._carry_copy(b, layer, "grads", action.comp)
             if reduce_now:
                 dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
                                              b.last(),
@@ -1527,7 +1525,7 @@ class StepLowerer:
         gathered = self._param_gather(b, layers, tag, "F", j) if communicate else {}
         for layer in layers:
             b.wait(gathered.get(layer, -1))
-            self._carry_copy(b, layer, tag, "params", "F")
+            self._carry_copy(b, layer, "params", "F")
             self._layer_forward(b, layer, tag)
         if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
@@ -1631,11 +1629,7 @@ class StepLowerer:
         stored = optimizer_storage(plan)
         kernels = costs.optimizer_kernels(dense + expert, implementation=stored.implementation,
                                           grad_bytes=stored.grad_bytes, tensors=tensors,
-                                          param_bytes=stored.param_bytes,
-                                          exp_avg_bytes=stored.exp_avg_bytes,
-                                          exp_avg_sq_bytes=stored.exp_avg_sq_bytes,
-                                          param_extra_read_bytes=stored.param_extra_read_bytes,
-                                          weight_copy_bytes=stored.weight_copy_bytes)
+                                          adam_bytes=stored.adam_bytes_per_param())
         deps = tuple(sorted(set(dp_ops)))
         for kernel in kernels:
             b.add(compute_op(kernel, kernel.name, "F", deps=deps))

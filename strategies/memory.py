@@ -114,6 +114,7 @@ __all__ = [
     "MASTER_WEIGHT_BYTES_PER_PARAM",
     "MemoryOptions",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "optimizer_state_bytes_per_param",
     "OptimizerStorage",
     "OutOfMemoryError",
     "WEIGHT_BYTES_PER_PARAM",
@@ -340,13 +341,21 @@ class OptimizerStorage:
             weight_copy_bytes=self.weight_copy_bytes)
 
 
-def _uses_param_remainders(plan: ParallelPlan) -> bool:
+def _uses_param_remainders(plan: ParallelPlan, store_param_remainders: bool) -> bool:
     """The fp32 master weights are kept as 16-bit remainders of the 16-bit weights
-    (``store_param_remainders`` under a sharded optimizer, 16-bit or fp8 plans; the
-    condition :func:`rank_memory` applies)."""
-    return (plan.store_param_remainders and plan.zero >= 1 and ELEMENT_BYTES[plan.dtype] <= 2
+    (``store_param_remainders`` -- the plan's, or :class:`MemoryOptions`' in
+    :func:`rank_memory` -- under a sharded optimizer, 16-bit or fp8 plans)."""
+    return (store_param_remainders and plan.zero >= 1 and ELEMENT_BYTES[plan.dtype] <= 2
             and plan.master_weights_dtype == "fp32"
             and not (plan.fsdp_fp32_params and plan.zero >= 3))
+
+
+def _master_bytes_per_param(plan: ParallelPlan, store_param_remainders: bool) -> int:
+    """Bytes per parameter of the master weights a non-FSDP-fp32 plan keeps: 16-bit
+    remainders (:func:`_uses_param_remainders`) or ``plan.master_weights_dtype``'s."""
+    if _uses_param_remainders(plan, store_param_remainders):
+        return MASTER_REMAINDER_BYTES_PER_PARAM
+    return MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
 
 
 def optimizer_storage(plan: ParallelPlan) -> OptimizerStorage:
@@ -395,7 +404,7 @@ def optimizer_storage(plan: ParallelPlan) -> OptimizerStorage:
     extra = 0.0
     if plan.master_weights_dtype == "none":
         param, copy = model_weight, (copy if plan.zero >= 1 else 0.0)
-    elif _uses_param_remainders(plan):
+    elif _uses_param_remainders(plan, plan.store_param_remainders):
         param, extra = float(MASTER_REMAINDER_BYTES_PER_PARAM), model_weight
     else:
         param = float(MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
@@ -418,12 +427,18 @@ def checkpoint_bytes_per_param(plan: ParallelPlan | None = None) -> float:
     """
     if plan is None:
         return float(WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
-    moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if plan.fsdp_fp32_params and plan.zero >= 3:
-        return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + moments
-    master = (MASTER_REMAINDER_BYTES_PER_PARAM if _uses_param_remainders(plan)
-              else MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype])
-    return float(WEIGHT_BYTES_PER_PARAM + master + moments)
+        return FSDP_FP32_WEIGHT_BYTES_PER_PARAM + 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
+    return WEIGHT_BYTES_PER_PARAM + optimizer_state_bytes_per_param(plan)
+
+
+def optimizer_state_bytes_per_param(plan: ParallelPlan) -> float:
+    """Bytes per parameter of an Adam optimizer's state outside FSDP fp32 parameters: the
+    master weights (:func:`_master_bytes_per_param`) and the two moments in
+    ``optimizer_moments_dtype`` (defaults: 4 + 8 = 12,
+    :data:`OPTIMIZER_BYTES_PER_PARAM`)."""
+    moments = 2.0 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
+    return float(_master_bytes_per_param(plan, plan.store_param_remainders) + moments)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -775,7 +790,7 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     # (PyTorch FSDP HYBRID_SHARD / FSDP2 2-D mesh: "sharding within a node and replicating
     # across nodes", torch.distributed.fsdp.ShardingStrategy; Megatron-Core's distributed
     # optimizer over dp*cp / num_distributed_optimizer_instances ranks)
-    shard_dp_group = getattr(plan, "shard_dp", plan.dp) * plan.cp
+    shard_dp_group = plan.shard_dp * plan.cp
     shard_group = shard_dp_group * chunk_copies
 
     rp = model_costs.rank_params(model, layers=layers, tp=plan.tp, ep=plan.ep, etp=etp,
@@ -805,15 +820,11 @@ def _model_states(model: ModelSpec, plan: ParallelPlan, *, layers: Sequence[int]
     # main_grad buffer is fp32 with grad_reduce_in_fp32, bf16 otherwise
     grad_bytes = ELEMENT_BYTES[plan.grad_reduce_dtype]
     grads = sharded(grad_bytes, plan.zero >= 2)
-    remainders = (options.store_param_remainders and plan.zero >= 1
-                  and ELEMENT_BYTES[plan.dtype] <= 2)
     moments = 2 * ELEMENT_BYTES[plan.optimizer_moments_dtype]
     if fp32_params:
         optimizer = sharded(moments, True)
     else:
-        master = MASTER_WEIGHT_BYTES_PER_PARAM[plan.master_weights_dtype]
-        if remainders and plan.master_weights_dtype == "fp32":
-            master = MASTER_REMAINDER_BYTES_PER_PARAM
+        master = _master_bytes_per_param(plan, options.store_param_remainders)
         optimizer = sharded(master + moments, plan.zero >= 1)
 
     comm = 0.0

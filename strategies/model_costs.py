@@ -1576,17 +1576,15 @@ ADAM_FLOPS_PER_PARAM = 12.0
 
 def optimizer_kernels(params: float, *, implementation: str = "fused", grad_bytes: float = 4.0,
                       bf16_copy: bool = True, clip_grad: bool = True, clip_applied: bool = True,
-                      tensors: int = 1, param_bytes: float = 4.0, exp_avg_bytes: float = 4.0,
-                      exp_avg_sq_bytes: float = 4.0, param_extra_read_bytes: float = 0.0,
-                      weight_copy_bytes: float | None = None) -> list[Kernel]:
+                      tensors: int = 1, adam_bytes: float | None = None) -> list[Kernel]:
     """The optimizer step of one rank over ``params`` local parameters (its ZeRO shard).
 
     ``optimizer.grad_norm`` (reads the gradients, ``grad_bytes`` each; its scalar is then
     all-reduced over the data-parallel group), ``optimizer.clip`` (scales them in place when
-    clipping is applied) and ``optimizer.adam`` (:func:`adam_bytes_per_param` of the stored
-    dtypes: gradient ``grad_bytes``, updated weight ``param_bytes``, moments
-    ``exp_avg_bytes``/``exp_avg_sq_bytes``, ``param_extra_read_bytes``, and the model-weight
-    copy ``weight_copy_bytes``, by default 2 with ``bf16_copy`` else 0). All in the forward
+    clipping is applied) and ``optimizer.adam`` (``adam_bytes`` per parameter: what the
+    stored dtypes give, :meth:`strategies.memory.OptimizerStorage.adam_bytes_per_param`; by
+    default :func:`adam_bytes_per_param` of fp32 state, a ``grad_bytes`` gradient and a
+    2-byte model-weight copy with ``bf16_copy``). All in the forward
     fields (``fwd_flops``, ``fwd_bytes``, ``launches[0]``): the step has no backward.
     ``tensors``: parameter tensors, for the launches of a per-tensor ``for-loop``
     implementation.
@@ -1601,8 +1599,9 @@ def optimizer_kernels(params: float, *, implementation: str = "fused", grad_byte
         raise ValueError(f"params {params!r}, grad_bytes {grad_bytes!r} and tensors {tensors!r} "
                          "must be >= 0, > 0 and >= 1")
     rows = int(round(params))
-    if weight_copy_bytes is None:
-        weight_copy_bytes = 2.0 if bf16_copy else 0.0
+    if adam_bytes is None:
+        adam_bytes = adam_bytes_per_param(implementation, grad_bytes=grad_bytes,
+                                          weight_copy_bytes=2.0 if bf16_copy else 0.0)
 
     def step(name: str, flops: float, nbytes: float, launches: int) -> Kernel:
         return Kernel(name=name, block="optimizer", kind="optimizer", shape=(rows,), dtype="fp32",
@@ -1610,11 +1609,6 @@ def optimizer_kernels(params: float, *, implementation: str = "fused", grad_byte
                       bwd_weight_flops=0.0, bwd_weight_bytes=0.0, launches=(launches, 0))
 
     per_tensor = tensors if implementation == "for-loop" else 1
-    adam_bytes = adam_bytes_per_param(implementation, grad_bytes=grad_bytes,
-                                      param_bytes=param_bytes, exp_avg_bytes=exp_avg_bytes,
-                                      exp_avg_sq_bytes=exp_avg_sq_bytes,
-                                      param_extra_read_bytes=param_extra_read_bytes,
-                                      weight_copy_bytes=weight_copy_bytes)
     kernels = []
     if clip_grad:
         kernels.append(step("optimizer.grad_norm", 2.0 * params, grad_bytes * params, per_tensor))

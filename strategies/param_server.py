@@ -59,8 +59,8 @@ from typing import Mapping, Sequence
 from strategies import model_costs
 from strategies.ir import ComputeOp, Op, Program, RecvOp, SendOp
 from strategies.lowering import GRAD_BYTES, PARAM_BYTES, StepLowerer, StepLowering, _RankBuilder
-from strategies.memory import (GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM,
-                               WEIGHT_BYTES_PER_PARAM, MemoryBreakdown, WORKSPACE_BYTES,
+from strategies.memory import (GRAD_BYTES_PER_PARAM, WEIGHT_BYTES_PER_PARAM, MemoryBreakdown,
+                               WORKSPACE_BYTES, optimizer_state_bytes_per_param,
                                optimizer_storage, rank_memory)
 from strategies.model_spec import ModelSpec
 from strategies.schedules import schedule_actions
@@ -360,9 +360,10 @@ def worker_memory(model: ModelSpec, plan: ParallelPlan, *, inflight_microbatches
 
 def server_memory(plan: ParallelPlan, lowering: PSLowering) -> MemoryBreakdown:
     """Peak memory of the largest server shard's process: bf16 weights (served to pulls),
-    the summed bf16 gradient and fp32 master weights, momentum and variance of its shard
-    (2 + 2 + 12 bytes per parameter), and receive buffers for one bucket shard from every
-    worker; no activations; the usual workspace."""
+    the summed bf16 gradient and the optimizer state the plan stores for its shard (master
+    weights, momentum and variance: :func:`strategies.memory.optimizer_state_bytes_per_param`,
+    2 + 2 + 12 bytes per parameter by default), and receive buffers for one bucket shard from
+    every worker; no activations; the usual workspace."""
     per_shard = [sum(bucket[s] for bucket in lowering.shard_bytes)
                  for s in range(len(lowering.server_ranks))]
     s = max(range(len(per_shard)), key=per_shard.__getitem__)
@@ -371,7 +372,7 @@ def server_memory(plan: ParallelPlan, lowering: PSLowering) -> MemoryBreakdown:
     return MemoryBreakdown(
         weights_bytes=PARAM_BYTES * params,
         gradients_bytes=GRAD_BYTES_PER_PARAM * params,
-        optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM * params,
+        optimizer_bytes=optimizer_state_bytes_per_param(plan) * params,
         activations_bytes=0.0,
         comm_buffers_bytes=float(plan.dp * largest),
         workspace_bytes=float(WORKSPACE_BYTES))

@@ -1298,7 +1298,7 @@ def one_f_one_b_family_timing(pp: int, microbatches: int, vpp: int,
         raise ValueError(f"t_f/t_b have {len(t_f)}/{len(t_b)} entries; valid: {stages} "
                          "(one per stage)")
     if _vector_pays(p, total, v, max(warmups)) and _vector_exact(microbatches, t_f, t_b,
-                                                                 t_comm, 2 * total * p):
+                                                                 t_comm):
         found = _family_timing_vector(p, microbatches, v, tuple(warmups), t_f, t_b, t_comm)
         if found is not None:
             return found
@@ -1322,7 +1322,6 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
     end_b = [[0] * total for _ in range(p)]
     free = [0] * p
     wait = [0] * p
-    first_start = [0] * p
     w_max = max(warmups)
     positions = 2 * total
     period = 2 * group if v > 1 else 2
@@ -1423,8 +1422,8 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                         i += repeats * period
                     check_from = positions  # (one skip reaches the first cool-down)
         i += 1
-    if total:  # (every rank's first action is F_0 of chunk 0; its end is never skipped)
-        first_start = [end_f[r][0] - fdur[r][0] for r in range(p)]
+    # (every rank's first action is F_0 of chunk 0; its end is never skipped)
+    first_start = [end_f[r][0] - fdur[r][0] for r in range(p)] if total else [0] * p
     return max(free), tuple(free), tuple(first_start), tuple(wait)
 
 
@@ -1447,6 +1446,13 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
 #: each bounce between neighbours is a round), where the walk is the cheaper.
 _VECTOR_ROUNDS_PER_CHUNK = 2
 _VECTOR_ROUNDS_EXTRA = 4
+#: The cost model of :func:`_vector_pays` (microseconds on this project's 2-core
+#: benchmark machine, best of 15): the walk per rank and position it visits, the numpy
+#: form's fixed cost per call, and the positions of a row that cost one more microsecond
+#: on top of the microsecond every recomputed row costs.
+_WALK_US_PER_RANK_POSITION = 0.45
+_VECTOR_CALL_US = 60
+_VECTOR_ROW_POSITIONS_PER_US = 60
 
 
 def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
@@ -1464,18 +1470,20 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     period = 2 * pp * vpp
     walked = min(positions, 2 * w_max + 2 * period + 2)
     rows = 2 * pp * (2 * vpp - 1)
-    return 0.45 * pp * walked > 60 + rows * (1 + positions / 60)
+    return (_WALK_US_PER_RANK_POSITION * pp * walked
+            > _VECTOR_CALL_US + rows * (1 + positions / _VECTOR_ROW_POSITIONS_PER_US))
 
 
-def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object,
-                  units: int) -> bool:
+def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object) -> bool:
     """Whether int64 arithmetic gives the recurrence's integers: whole-number
     durations >= 0 (Python ints) and every end below 2**62 (no end exceeds every
-    unit's duration plus ``t_comm``, summed)."""
+    unit's duration plus ``t_comm``, summed over the ``2 * microbatches * stages``
+    units)."""
     if type(t_comm) is not int or t_comm < 0:
         return False
     if not all(type(x) is int and x >= 0 for x in (*t_f, *t_b)):
         return False
+    units = 2 * microbatches * len(t_f)
     return microbatches * (sum(t_f) + sum(t_b)) + units * t_comm < 2 ** 62
 
 
@@ -1530,6 +1538,8 @@ def _vector_layout(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...
     order = np.append(order.reshape(-1), -1)  # ("no input": before everything)
     if not (order[dep.reshape(-1)] < order[:-1]).all():
         return None
+    for shared in (index, dep, far):  # (cached: every caller reads the same arrays)
+        shared.flags.writeable = False
     return index, dep, far, n
 
 
@@ -1562,13 +1572,16 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
     # solution, so every recomputation only rises towards it
     run_at = np.zeros(p * n + 1, dtype=np.int64)  # (the last: "no input", end 0)
     run_at[:-1] = run.reshape(-1)
-    offset = run_at[flat].reshape(p, n) + far * t_comm - run + d
+    run_in = run_at[flat].reshape(p, n)  # S at each unit's input
+    offset = run_in + far * t_comm - run + d
     rise = np.zeros(p * n + 1, dtype=np.int64)
     grid = rise[:-1].reshape(p, n)
     acc, add, take = np.maximum.accumulate, np.add, rise.take
     buf = np.empty(n, dtype=np.int64)
     rows = list(zip(dep, offset, grid))
-    order = rows + rows[::-1]
+    # down then up; the last row is not recomputed twice in a row (no row reads its own
+    # with p > 1: nothing it reads changed in between)
+    order = rows + rows[-2::-1] if p > 1 else rows
     for _ in range(rounds_max):
         for row_dep, row_offset, row in order:
             take(row_dep, out=buf)
@@ -1586,7 +1599,7 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
     before[:, 1:] = ends[:, :-1]
     # a unit's wait for its transfer: its start past the later of its rank's previous
     # end and its input's end (zero for an input on its own rank or none)
-    inputs = take(flat).reshape(p, n) + run_at[flat].reshape(p, n)
+    inputs = take(flat).reshape(p, n) + run_in
     wait = (start - np.maximum(before, inputs)).sum(axis=1)
     last = ends[:, -1].tolist()
     return max(last), tuple(last), tuple(start[:, 0].tolist()), tuple(wait.tolist())

@@ -18,7 +18,7 @@ stages are far apart. ``order`` can override it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from hardware.spec import ATTENTION_IMPLS
 from strategies import model_costs
@@ -597,12 +597,12 @@ def check_plan_fields(plan: ParallelPlan) -> None:
                          f"overlap_grad_reduce true, not zero {plan.zero}, pp {plan.pp}, "
                          f"overlap_grad_reduce {plan.overlap_grad_reduce}; give "
                          f"grad_reduce_every_microbatch false")
-    if plan.xla_scan_carry_copies and (plan.zero != 3 or plan.dp * plan.cp == 1 or not (
+    if plan.xla_scan_carry_copies and (plan.zero != 3 or plan.shard_dp * plan.cp == 1 or not (
             plan.num_microbatches == 1 or plan.grad_reduce_every_microbatch)):
-        raise ValueError(f"xla_scan_carry_copies: true needs zero 3 over dp*cp > 1 and every "
-                         f"backward reducing its gradients (1 micro-batch or "
-                         f"grad_reduce_every_microbatch), not zero {plan.zero}, dp*cp "
-                         f"{plan.dp * plan.cp}, {plan.num_microbatches} micro-batches, "
+        raise ValueError(f"xla_scan_carry_copies: true needs zero 3 over a shard group of "
+                         f"dp_shard*cp > 1 ranks and every backward reducing its gradients (1 "
+                         f"micro-batch or grad_reduce_every_microbatch), not zero {plan.zero}, "
+                         f"shard group {plan.shard_dp * plan.cp}, {plan.num_microbatches} micro-batches, "
                          f"grad_reduce_every_microbatch {plan.grad_reduce_every_microbatch}; "
                          f"give xla_scan_carry_copies false")
     if plan.fp8_params and plan.dtype != "fp8":
@@ -624,6 +624,10 @@ def check_plan_fields(plan: ParallelPlan) -> None:
     if plan.dp_shard and plan.dp % plan.dp_shard:
         raise ValueError(f"dp_shard: {plan.dp_shard} does not divide dp {plan.dp}; valid: a "
                          f"divisor of {plan.dp}, or 0 (one shard group over all of dp)")
+    if plan.dp_replicas > 1 and plan.shard_dp * plan.cp == 1:
+        raise ValueError(f"dp_shard: 1 with cp 1 shards nothing (every rank would hold the "
+                         f"whole model); give dp_shard 0 or a divisor of dp {plan.dp} above 1, "
+                         f"or zero 0 for plain data parallelism")
     if plan.dp_replicas > 1 and plan.zero == 0:
         raise ValueError(f"dp_shard: {plan.dp_shard} (of dp {plan.dp}) needs zero >= 1 (it "
                          "sizes the ZeRO/FSDP shard groups; ZeRO 0 shards nothing); give "
@@ -801,6 +805,15 @@ def _validate_dp_mode(plan: ParallelPlan) -> None:
 
 #: The plan's fields with their metadata, in declaration order.
 PLAN_FIELDS = fields(ParallelPlan)
+
+
+def plan_from_dict(data: Mapping[str, object]) -> ParallelPlan:
+    """The plan whose fields ``data`` gives as JSON values (the inverse of a result's
+    embedded plan, ``sim.step._plan_dict``): lists back to tuples; keys that are not plan
+    fields (its ``num_microbatches``) ignored."""
+    names = {spec.name for spec in PLAN_FIELDS}
+    return ParallelPlan(**{name: tuple(value) if isinstance(value, list) else value
+                           for name, value in data.items() if name in names})
 
 
 #: RankLayout.group's tuples by (axis sizes and order, rank, axes), holding at most

@@ -381,9 +381,8 @@ LATENCY_MIN_RANKS = 64
 class RingLatency:
     """One line of a large multi-node ring log read for its latency: the measured time
     minus the time trainsim streams the bytes at ``protocol``, over trainsim's latency
-    of the ring at that protocol (base latency + NCCL tuning.cc's steps x hop latency,
-    x NCCL's ring plateau for a Simple all-reduce across domains; hardware/network.py
-    ``phase_latency_s``). 1.0: the step model explains the time."""
+    of the ring at that protocol (base latency + NCCL tuning.cc's steps x hop latency;
+    hardware/network.py ``phase_latency_s``). 1.0: the step model explains the time."""
 
     log: Log
     size_bytes: int
@@ -418,24 +417,20 @@ def ring_latency_rows() -> tuple[RingLatency, ...]:
         network, ranks = cost.network, nodes * gpn
         group = tuple(range(ranks))
         for row in rows:
-            if not row.plan.startswith("ring/"):
+            protocol = row.plan.removeprefix("ring/")  # the protocol the selection runs
+            window = LATENCY_WINDOWS.get(protocol) if row.plan.startswith("ring/") else None
+            # (1 % slack: some logs print 63.999 MiB for 64 MiB)
+            if window is None or not 0.99 * window[0] <= row.size_bytes <= window[1]:
                 continue
-            for protocol, (low, high) in LATENCY_WINDOWS.items():
-                if row.plan != f"ring/{protocol}":  # the protocol the selection runs
-                    continue
-                # (1 % slack: some logs print 63.999 MiB for 64 MiB)
-                if not 0.99 * low <= row.size_bytes <= high:
-                    continue
-                plan = cost.collective_plan(log.collective, group, row.size_bytes, "ring",
-                                            protocol)
-                latency = network.base_latency_s(plan) + sum(
-                    network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
-                stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
-                steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
-                # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
-                measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
-                out.append(RingLatency(log, row.size_bytes, protocol, steps,
-                                       measured * 1e-9, stream, latency))
+            plan = cost.collective_plan(log.collective, group, row.size_bytes, "ring", protocol)
+            latency = network.base_latency_s(plan) + sum(
+                network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
+            stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
+            steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
+            # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
+            measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
+            out.append(RingLatency(log, row.size_bytes, protocol, steps,
+                                   measured * 1e-9, stream, latency))
     return tuple(out)
 
 

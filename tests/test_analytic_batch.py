@@ -93,6 +93,52 @@ def test_batch_step_equals_simulate_step(name, count, batch_at_least):
     assert len(COVERED) >= 6  # 1F1B, interleaved, GPipe, ZB-H1/H2, ZB-V, ...
 
 
+def test_host_issue_plans_batch_equal_simulate_step():
+    """Plans whose CPU issues the kernels (eager, compiled, partial; graphed is host-free)
+    take the batch path (phases as HostForms, the tail walk carrying the CPU's lead, the
+    rank ends' host bounds from each schedule shape's blocks) and give simulate_step's
+    step to the ns: dense models with and without pipelines, a model whose layers
+    alternate kinds (the CPU issues them in order: forms do not commute) and an MoE
+    model (through analytic_step), every covered schedule met with a pipeline."""
+    import dataclasses
+
+    cluster = load_cluster("dgx-h100")
+    dense, moe = tiny_models()
+    windowed = dataclasses.replace(dense, name="tiny-swa", sliding_window=256,
+                                   full_attention_every=2)
+    modes = ("eager", "compiled", "partial")
+    met: set = set()
+    for model, count, seed in ((dense, 50, 21), (windowed, 30, 22),
+                               (load_model("llama3-8b"), 24, 23), (moe, 6, 24)):
+        rng = random.Random(seed)
+        plans = []
+        while len(plans) < count:
+            try:
+                plan = dataclasses.replace(_random_plan(rng, model),
+                                           host_issue=modes[len(plans) % len(modes)])
+                validate_for(plan, model, cluster, GPUS)
+                simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False)
+            except ValueError:
+                continue
+            plans.append(plan)
+        evaluator = BatchStepEvaluator(model, cluster)
+        got = evaluator.step_ns(plans)
+        for plan, step_ns in zip(plans, got):
+            reference = simulate_step(model, cluster, plan, fidelity="analytic",
+                                      check_memory=False)
+            assert step_ns / 1e9 == reference.step_time_s, plan
+        assert evaluator.step_ns(plans) == got  # warm prices: the same integers
+        batch = [plan for plan in plans if evaluator.covers(plan)]
+        if model.moe is None:
+            assert len(batch) >= count // 2, len(batch)
+            met |= {(plan.host_issue, plan.pp > 1) for plan in batch}
+            met |= {plan.schedule for plan in batch if plan.pp > 1}
+        else:
+            assert not batch and evaluator.counts["batch"] == 0
+    assert {(mode, piped) for mode in modes for piped in (False, True)} <= met, met
+    assert set(COVERED) <= met, met
+
+
 def test_rank_results_are_simulate_steps():
     model = load_model("llama3-8b")
     cluster = load_cluster("dgx-h100")

@@ -385,6 +385,23 @@ def test_user_file_chain_relative_extends(tmp_path):
     assert (spec.name, spec.max_nodes, spec.fabric.tiers, spec.gpu.name) == ("top", 4, 1, "A100-SXM4-80GB")
 
 
+def test_an_edited_preset_file_is_read_again_and_overrides_do_not_leak(tmp_path):
+    """Presets are parsed once per process (hardware.catalog._RESOLVED) but a file edited
+    since, its base included, is read again, and a load's overrides stay its own."""
+    import os
+
+    base, top = tmp_path / "base.toml", tmp_path / "top.toml"
+    base.write_text('extends = "dgx-h100"\nmax_nodes = 4\n')
+    top.write_text('extends = "base.toml"\n[nic]\ncount_per_node = 4\n')
+    assert (load_cluster(top).max_nodes, load_cluster(top).nic.count_per_node) == (4, 4)
+    assert load_cluster(top, {"nic.count_per_node": 2}).nic.count_per_node == 2
+    assert load_cluster(top).nic.count_per_node == 4
+    stamp = base.stat().st_mtime_ns
+    base.write_text('extends = "dgx-h100"\nmax_nodes = 8\n')
+    os.utime(base, ns=(stamp + 10**9, stamp + 10**9))  # (a coarse clock may not tick)
+    assert load_cluster(top).max_nodes == 8
+
+
 def test_extends_cycle(tmp_path):
     (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
     (tmp_path / "b.toml").write_text('extends = "a.toml"\n')

@@ -88,6 +88,7 @@ def test_without_replicas_nothing_is_all_reduced_and_zero0_is_refused():
     assert not [op for op in _collectives(_plan(dp_shard=8)) if "replica" in op.name]
     expect_one_line_error(lambda: _plan(zero=0), "dp_shard", "zero")
     expect_one_line_error(lambda: _plan(dp_shard=3), "dp_shard", "divide")
+    expect_one_line_error(lambda: _plan(dp_shard=1, cp=1), "dp_shard", "shards nothing")
 
 
 def test_model_and_schedule_rules_are_one_line_errors():
@@ -167,6 +168,13 @@ def test_replicas_add_the_cross_group_all_reduce_and_save_gather_time():
     assert node.step_time_s != full.step_time_s
     assert max(m.total_bytes for m in node.memory.values()) > max(
         m.total_bytes for m in full.memory.values())
+    spans = {name: r.timeline_frame() for name, r in (("full", full), ("node", node))}
+    gathers = {name: f.loc[f["kind"] == "all_gather", "duration_ns"] for name, f in spans.items()}
+    # the same gathers (each layer in forward and backward), within one node: shorter
+    assert len(gathers["node"]) == len(gathers["full"]) > 0
+    assert gathers["node"].sum() < gathers["full"].sum()
+    replica = spans["node"]["op"].str.startswith("dp.all_reduce.grads.replica.")
+    assert replica.any() and not spans["full"]["op"].str.contains("replica").any()
 
 
 def test_symmetry_reduced_program_replays_as_the_full_one():

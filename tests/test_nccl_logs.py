@@ -256,7 +256,7 @@ def test_512_rank_ring_latency_in_numbers():
 #: buffSizes[proto] / NCCL_STEPS; LL halves it (8-byte flag + data words), LL128 keeps 15
 #: of every 16 words). Default buffers (src/include/device.h): LL 8 lines/thread x 512
 #: threads x 8 steps x 16 B = 512 KiB; LL128 120 elems/thread x 640 threads x 8 steps x
-#: 8 B = 4,915,200 B.
+#: 8 B = 4,915,200 B: 32,768 (LL) and 576,000 (LL128) data bytes.
 RING_CHUNK_DATA_BYTES = {"LL": 524288 // 8 // 2, "LL128": 4915200 // 8 * 15 // 16}
 
 
@@ -270,7 +270,6 @@ def test_mid_size_512_rank_rings_run_one_pass():
     trainsim's one charge of 2 (n - 1) or n - 1 step latencies is NCCL's count, and the
     2.7-3.7x LL128 excess is per step, not per chunk (the chunks are 576,000 B of data,
     the rows move <= 512 KiB per rank)."""
-    assert RING_CHUNK_DATA_BYTES == {"LL": 32768, "LL128": 576000}
     big = [r for r in logs.ring_latency_rows() if r.log.source == "together_b200_64node_sweep"]
     assert big
     for r in big:
@@ -301,8 +300,8 @@ def test_512_rank_ring_switches_to_simple_between_4_and_8_gib():
         assert all(plan == "ring/LL128" for mib, plan in plans.items() if 16 <= mib <= 4096)
         assert plans[8192] == "ring/Simple"
 
-        def time_s(r):  # nccl-tests: busbw = size / time x (n - 1) / n
-            return r.size_bytes * 511 / 512 / (r.measured * 1e9)
+        def time_s(r):  # up to the bus factor, equal for one collective over 512 ranks
+            return r.size_bytes / r.measured
 
         assert 1.85 < time_s(by_gib[4]) / time_s(by_gib[2]) < 2.0
         assert 1.4 < time_s(by_gib[8]) / time_s(by_gib[4]) < 1.65

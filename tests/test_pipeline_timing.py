@@ -236,11 +236,11 @@ def test_durations_int64_cannot_hold_take_the_position_walk(monkeypatch):
     """Fractions, negative values and ends past 2**62 are walked by position (Python's
     exact numbers), never by the int64 rows; rows that do not settle in
     their rounds give way to the walk with the same integers."""
-    assert not pipeline._vector_exact(4, [1, 2], [3, Fraction(1, 2)], 0, 16)
-    assert not pipeline._vector_exact(4, [1, 2], [3, 4], -1, 16)
-    assert not pipeline._vector_exact(4, [1, -2], [3, 4], 0, 16)
-    assert not pipeline._vector_exact(4, [2 ** 60, 0], [0, 0], 0, 16)
-    assert pipeline._vector_exact(4, [2 ** 50, 0], [0, 0], 2 ** 40, 16)
+    assert not pipeline._vector_exact(4, [1, 2], [3, Fraction(1, 2)], 0)
+    assert not pipeline._vector_exact(4, [1, 2], [3, 4], -1)
+    assert not pipeline._vector_exact(4, [1, -2], [3, 4], 0)
+    assert not pipeline._vector_exact(4, [2 ** 60, 0], [0, 0], 0)
+    assert pipeline._vector_exact(4, [2 ** 50, 0], [0, 0], 2 ** 40)
     schedule = get_schedule("interleaved")
     pp, vpp, m = 16, 2, 48
     warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]

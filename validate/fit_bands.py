@@ -488,6 +488,10 @@ def shift_source(frame: pd.DataFrame, source: str, factor: float) -> pd.DataFram
     return out
 
 
+#: The row of :func:`coverage_table` that weighs every held-out source equally.
+EACH_SOURCE = "each source"
+
+
 def perturbation_table(frame: pd.DataFrame, shift: float = 0.05, min_rows: int = 100
                        ) -> pd.DataFrame:
     """Leave-one-source-out coverage after shifting each validation source of at least
@@ -510,14 +514,10 @@ def perturbation_table(frame: pd.DataFrame, shift: float = 0.05, min_rows: int =
     return pd.DataFrame(out)
 
 
-#: The row of :func:`coverage_table` that weighs every held-out source equally.
-EACH_SOURCE = "each source"
-
-
 def coverage_table(predicted: pd.DataFrame) -> pd.DataFrame:
     """Per source, ``all`` (every held-out row pooled) and :data:`EACH_SOURCE` (the mean
-    of the sources' coverages and the median of their median widths): rows, coverage of
-    the band, median width.
+    of the sources' coverages; its width is the pooled rows'): rows, coverage of the band,
+    median width.
 
     The band is calibrated for a job on a stack it has not seen (the conformal quantile
     weighs each source equally, :func:`conformal_scale`), so its coverage is the mean over
@@ -525,17 +525,21 @@ def coverage_table(predicted: pd.DataFrame) -> pd.DataFrame:
     rows lets the largest source (MosaicML, 43 % of the rows) stand for the whole figure,
     which a +-5 % shift of that source alone moved by 14 points (:func:`perturbation_table`).
     """
-    per_source = [{"source_id": source, "rows": len(group),
-                   "coverage": float(group["inside"].mean()),
-                   "median_width": float(group["width"].median())}
-                  for source, group in predicted.groupby("source_id")]
-    pooled = {"source_id": "all", "rows": len(predicted),
-              "coverage": float(predicted["inside"].mean()),
-              "median_width": float(predicted["width"].median())}
-    each = {"source_id": EACH_SOURCE, "rows": len(predicted),
-            "coverage": float(np.mean([row["coverage"] for row in per_source])),
-            "median_width": float(np.median([row["median_width"] for row in per_source]))}
-    return pd.DataFrame([*per_source, pooled, each])
+    def summary(source: str, group: pd.DataFrame) -> dict:
+        return {"source_id": source, "rows": len(group),
+                "coverage": float(group["inside"].mean()),
+                "median_width": float(group["width"].median())}
+
+    rows = [summary(source, group)
+            for source, group in [*predicted.groupby("source_id"), ("all", predicted)]]
+    each = {**rows[-1], "source_id": EACH_SOURCE,
+            "coverage": float(np.mean([row["coverage"] for row in rows[:-1]]))}
+    return pd.DataFrame([*rows, each])
+
+
+def source_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-source rows of a :func:`coverage_table` (without its two summary rows)."""
+    return table[~table["source_id"].isin(["all", EACH_SOURCE])]
 
 
 #: Markers of the README block :func:`main` writes with ``--write-readme``.
@@ -549,7 +553,7 @@ def readme_block(table: pd.DataFrame, scale: float) -> str:
     rows), between :data:`README_BEGIN` and :data:`README_END`."""
     by_source = table.set_index("source_id")
     overall, each = by_source.loc["all"], by_source.loc[EACH_SOURCE]
-    sources = len(by_source) - 2
+    sources = len(source_rows(table))
     lines = [README_BEGIN,
              f"The model-error spread is scaled by a factor {scale:.2f} (conformal, each "
              "source weighted equally, above).",
@@ -560,8 +564,7 @@ def readme_block(table: pd.DataFrame, scale: float) -> str:
              f"{overall['median_width']:.0%} of the median (`(p90 - p10) / p50`):", "",
              "| source | held-out rows | coverage | median width |", "|---|---|---|---|"]
     lines += [f"| {row.source_id} | {int(row.rows)} | {row.coverage:.0%} | "
-              f"{row.median_width:.0%} |" for row in table.itertuples()
-              if row.source_id not in ("all", EACH_SOURCE)]
+              f"{row.median_width:.0%} |" for row in source_rows(table).itertuples()]
     return "\n".join([*lines, README_END]) + "\n"
 
 

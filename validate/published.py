@@ -46,8 +46,8 @@ from strategies import model_costs
 from strategies.memory import OutOfMemoryError
 from strategies.model_spec import MLASpec, ModelSpec, MoESpec
 from strategies.plan import ParallelPlan
-from validate.published_stacks import (framework_defaults, framework_kind, stack_settings,
-                                       torchtitan_pipeline)
+from validate.published_stacks import (framework_defaults, framework_kind, hsdp_shard,
+                                       stack_settings, torchtitan_pipeline)
 
 #: Folder of the published data, inside the installed package.
 DATA_DIR = Path(__file__).resolve().parent / "data" / "published"
@@ -392,7 +392,7 @@ def scenario_for(run: PublishedRun, models: Mapping[str, ModelSpec | str],
     fsdp = run.integer("fsdp", 0) or 0
     if fsdp > 0:  # sharding group printed: Megatron-FSDP / PyTorch FSDP
         defaults["zero"] = 2 if "SHARD_GRAD_OP" in run.get("notes") else 3
-    if 0 < fsdp < dp and dp % fsdp == 0:
+    if hsdp_shard(fsdp, dp):
         # a printed shard group smaller than DP: hybrid sharding, dp / fsdp replicas (the
         # dgxc MaxText rows' 'FSDP+DP', FSDP=128: ici_fsdp x dcn_fsdp with dcn_data replicas)
         defaults["dp_shard"] = fsdp

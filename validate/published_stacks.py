@@ -20,7 +20,7 @@ from typing import Mapping
 __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "DGXC_FP8_PARAMS", "DGXC_LAUNCHER_RECIPES", "DGXC_NEMO1_DISTRIBUTED_ADAM",
            "UB_FP8_REDUCE_SCATTER",
-           "dgxc_recipe_of",
+           "dgxc_recipe_of", "hsdp_shard",
            "nemo1_distributed_adam",
            "JAX_FSDP_SHARD_GPUS", "JAX_LOOP_DOUBLE_BUFFERING", "JAX_REMAT_RECIPES",
            "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
@@ -359,6 +359,13 @@ def framework_kind(framework: str, version: str = "") -> str:
         if any(word in name for word in words):
             return kind
     return "megatron-core"
+
+
+def hsdp_shard(shard_gpus: int, dp: int) -> int:
+    """The plan's ``dp_shard`` for a published shard group of ``shard_gpus`` ranks over
+    ``dp`` data-parallel ranks: the group when it is a proper divisor of dp (hybrid
+    sharding, ``dp / shard_gpus`` replicas), else 0 (one shard group over all of dp)."""
+    return shard_gpus if 0 < shard_gpus < dp and dp % shard_gpus == 0 else 0
 
 
 def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
@@ -727,10 +734,10 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         policy = next((p for (word, m), p in JAX_REMAT_RECIPES.items()
                        if word in name and m == row.get("model")), "jax_full")
         fields.update(recompute="selective", recompute_layers=0, recompute_modules=(policy,))
-        shard = next((g for (word, m), g in JAX_FSDP_SHARD_GPUS.items()
-                      if word in name and m == row.get("model")), 0)
         dp = int(plan_fields.get("dp", 1))
-        if shard and dp > shard and dp % shard == 0:
+        shard = hsdp_shard(next((g for (word, m), g in JAX_FSDP_SHARD_GPUS.items()
+                                 if word in name and m == row.get("model")), 0), dp)
+        if shard:
             fields["dp_shard"] = shard
             unprinted.append(f"FSDP shard group {shard} GPUs x {dp // shard} replicas (the "
                              "published recipe's mesh)")

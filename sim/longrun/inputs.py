@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -25,7 +24,7 @@ from strategies.failures import (
     Responses,
 )
 from strategies.model_spec import ModelSpec
-from strategies.plan import ParallelPlan
+from strategies.plan import plan_from_dict
 
 SECONDS_PER_DAY = 86400.0
 #: Default cap of a run to a token target, days (a run that does not finish by then is
@@ -171,16 +170,6 @@ def parse_tokens(value: float | int | str) -> float:
     return positive("tokens", value)
 
 
-def _plan_of(plan: Mapping[str, Any] | None) -> ParallelPlan | None:
-    """The :class:`ParallelPlan` a step's embedded plan fields describe (lists back to
-    tuples; entries that are not plan fields, e.g. ``num_microbatches``, dropped)."""
-    if not plan:
-        return None
-    names = {f.name for f in dataclass_fields(ParallelPlan)}
-    return ParallelPlan(**{k: tuple(v) if isinstance(v, list) else v
-                           for k, v in plan.items() if k in names})
-
-
 def prepare_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
                      days: float | None = None, tokens: float | str | None = None,
                      profile: str | Mapping[str, Any] | FailureProfile = "llama3-h100",
@@ -245,7 +234,7 @@ def prepare_long_run(*, cluster: str | ClusterSpec = "dgx-h100", gpus: int,
                              f"{fl.CHECKPOINT_BYTES_PER_PARAM} bytes), checkpoint_bytes, or "
                              "responses checkpoint_blocking_s and reload_s")
         # what the step's plan stores per parameter (weights, master, moments in their dtypes)
-        size = (fl.checkpoint_bytes_for(model_spec, plan=_plan_of(plan))
+        size = (fl.checkpoint_bytes_for(model_spec, plan=plan_from_dict(plan) if plan else None)
                 if model_spec is not None else 0)
     else:
         from hardware.units import parse_size_bytes
