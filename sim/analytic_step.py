@@ -26,7 +26,14 @@ same ops without an event loop, in three parts:
    last action's end, minus the last micro-batch's backward), the same list
    schedule prices the last micro-batch's backward with its gradient buckets
    reduced over data parallelism as they fill, the optimizer and ZeRO's
-   parameter all-gather; the step ends when the last rank does.
+   parameter all-gather; the step ends when the last rank does. Where the
+   schedule's timing is a replay of its lists, each of those backwards (a V's or
+   DualPipe's two stages, I and W apart) starts where the replay starts it
+   (``PipelineTiming.rank_tail``), so the first stage's reductions run in the gaps
+   as they do in the event replay; the 1F1B family, one stage per rank or
+   interleaved, walks them back to back. Replay-timed schedules also price each
+   pipeline hop at its own pair of ranks' transfer (a hop across nodes), the 1F1B
+   family's recurrence at rank 0 to rank 1's.
 
 ZeRO-3's parameter gathers depend on nothing, so the data-parallel stream runs
 them ahead of use: the first layer of the step waits for its gather, and a rank
