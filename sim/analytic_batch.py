@@ -64,7 +64,10 @@ def _timed_tail(timing, p: int, hosted: bool = False) -> tuple | None:
     None (back to back)."""
     rows = timing.rank_tail
     row = rows[p] if rows else None
-    if row is None or len(row) < 2:
+    if row is None:
+        return None
+    row = [(stage, comp, start) for stage, comp, back, start in row if not back]
+    if len(row) < 2:
         return None
     reducing = [i for i, (_, comp, _) in enumerate(row) if comp in ("B", "W")]
     if reducing and not hosted:
@@ -584,6 +587,10 @@ class BatchStepEvaluator:
         # runs it: AnalyticStepModel._timed_tail) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}
         rank_costs = []
+        if plan.zero == 3 and any(timing.rank_tail or ()):
+            # (the tail walked with its parameter gathers behind its reductions:
+            # AnalyticStepModel._rank_costs)
+            raise _Unsupported
         for p, signature in enumerate(signatures):
             timed = _timed_tail(timing, p, hosted)
             found = by_signature.get((signature, timed))

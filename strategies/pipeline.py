@@ -1026,9 +1026,9 @@ class _Replay(NamedTuple):
     the duration index is ``comp * stages + stage`` of a single action (F, B, I, W) or
     of a pair's forward (``pair`` then holds the backward's (stage, comp) and the
     forward's stage); each rank's first and last unit (-1: none); and each rank's tail
-    (:func:`_tails`: its units that run the last micro-batch's backward through each of
-    its stages, in its order, as ``(unit, stage, comp)``; None when one of them is in an
-    overlapped pair)."""
+    (:func:`_tails`: its units from the first that runs the last micro-batch's backward
+    on, as ``(unit, stage, comp, micro-batches before the stage's last)``; None when one
+    of them is in an overlapped pair)."""
 
     units: tuple[tuple[int, int, tuple | None, tuple[tuple[int, int], ...]], ...]
     first: tuple[int, ...]
@@ -1036,7 +1036,7 @@ class _Replay(NamedTuple):
     pp: int
     split: bool
     results: OrderedDict
-    tails: tuple[tuple[tuple[int, int, str], ...] | None, ...] = ()
+    tails: tuple[tuple[tuple[int, int, str, int], ...] | None, ...] = ()
     edges: tuple[tuple[int, int], ...] = ()
 
 
@@ -1099,11 +1099,12 @@ def _edge(edges: dict[tuple[int, int], int], source: int, rank: int) -> int:
 
 
 def _tails(actions, position: Mapping[tuple[int, str, int], int]
-           ) -> tuple[tuple[tuple[int, int, str], ...] | None, ...]:
-    """Per rank, the actions that run the last micro-batch's backward (B, or I and W)
-    through each of its stages -- the last micro-batch through a stage is the largest
-    that any list runs there (its route's last) -- in the rank's order, as ``(unit
-    position, stage, comp)``: where the gradients of the step are complete and the
+           ) -> tuple[tuple[tuple[int, int, str, int], ...] | None, ...]:
+    """Per rank, its units from the first that runs the last micro-batch's backward (B,
+    or I and W) through one of its stages to its end -- the last micro-batch through a
+    stage is the largest that any list runs there (its route's last) -- as ``(unit
+    position, stage, comp, how many micro-batches before the stage's last)``: the
+    backwards with 0 are where the gradients of the step are complete and their
     data-parallel reduction starts (Megatron-Core's DDP reduces a bucket when its last
     micro-batch's gradients are in: megatron/core/distributed/param_and_grad_buffer.py,
     ``register_grad_ready``). None for a rank where one of them runs in an overlapped
@@ -1113,16 +1114,19 @@ def _tails(actions, position: Mapping[tuple[int, str, int], int]
         for a in row:
             if a.microbatch > last_mb.get(a.stage, -1):
                 last_mb[a.stage] = a.microbatch
-    out: list[tuple[tuple[int, int, str], ...] | None] = []
+    out: list[tuple[tuple[int, int, str, int], ...] | None] = []
     for row in actions:
-        found: list[tuple[int, int, str]] | None = []
+        found: list[tuple[int, int, str, int]] | None = []
+        started = False
         for index, a in enumerate(row):
-            if a.comp == "F" or a.microbatch != last_mb[a.stage]:
+            started = started or (a.comp != "F" and a.microbatch == last_mb[a.stage])
+            if not started:
                 continue
             if a.overlap or (index and row[index - 1].overlap):
                 found = None
                 break
-            found.append((position[(a.stage, a.comp, a.microbatch)], a.stage, a.comp))
+            found.append((position[(a.stage, a.comp, a.microbatch)], a.stage, a.comp,
+                          last_mb[a.stage] - a.microbatch))
         out.append(None if found is None else tuple(found))
     return tuple(out)
 
@@ -1153,10 +1157,11 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
     """``(makespan, each rank's last end, each rank's first start, each rank's wait for
     transfers)`` of :func:`simulate_unit_times` on already-checked lists
     (``check=False``) with integer durations per stage (0 for a rank without actions).
-    With ``tails`` a fifth entry: per rank, the last micro-batch's backward actions
-    through each of its stages in its order (:func:`_tails`) as ``(stage, comp, start)``
-    (None for a rank where one runs in an overlapped pair, and for every rank of lists
-    replayed by :func:`simulate_unit_times`).
+    With ``tails`` a fifth entry: per rank, its actions from the first that runs the last
+    micro-batch's backward through one of its stages on (:func:`_tails`) as ``(stage,
+    comp, micro-batches before the stage's last, start)`` (None for a rank where one runs
+    in an overlapped pair, and for every rank of lists replayed by
+    :func:`simulate_unit_times`).
 
     The same earliest-start recurrence as :func:`_run` (a unit starts at the later of
     its rank's previous end and each dependency's end, plus ``t_comm`` across ranks (one
@@ -1230,8 +1235,8 @@ def replay_timing(actions: Sequence[Sequence[Action]], placement: StagePlacement
              tuple(end[k] if k >= 0 else 0 for k in compiled.last),
              tuple(start_of[k] if k >= 0 else 0 for k in compiled.first),
              tuple(wait),
-             tuple(None if row is None else tuple((stage, comp, start_of[k])
-                                                  for k, stage, comp in row)
+             tuple(None if row is None else tuple((stage, comp, back, start_of[k])
+                                                  for k, stage, comp, back in row)
                    for row in compiled.tails))
     compiled.results[memo_key] = found
     if len(compiled.results) > _RESULTS_MAX:

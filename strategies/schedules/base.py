@@ -47,19 +47,20 @@ class PipelineTiming:
         rank_start: per pipeline rank, the start of its first action (empty: not known).
         rank_comm_wait: per pipeline rank, time it idles for point-to-point transfers
             (empty: not known).
-        rank_tail: per pipeline rank, the last micro-batch's backward actions through
-            each of its stages in the order the rank runs them, as ``(stage, comp,
-            start less the rank's end)`` (None for a rank, or empty for all: not known;
-            :func:`strategies.pipeline.replay_timing`'s ``tails``). Where the step's
-            gradients are complete: the closed-form step model starts their reduction
-            there (sim.analytic_step).
+        rank_tail: per pipeline rank, its actions from the first that runs the last
+            micro-batch's backward through one of its stages on, as ``(stage, comp,
+            micro-batches before the stage's last, start less the rank's end)`` (None
+            for a rank, or empty for all: not known;
+            :func:`strategies.pipeline.replay_timing`'s ``tails``). The backwards with
+            0 are where the step's gradients are complete: the closed-form step model
+            starts their reduction there (sim.analytic_step).
     """
 
     makespan: int
     rank_end: tuple[int, ...]
     rank_start: tuple[int, ...] = ()
     rank_comm_wait: tuple[int, ...] = ()
-    rank_tail: tuple[tuple[tuple[int, str, int], ...] | None, ...] = ()
+    rank_tail: tuple[tuple[tuple[int, str, int, int], ...] | None, ...] = ()
 
 
 def check_positive_shape(pp: object, microbatches: object, vpp: object) -> None:
@@ -213,7 +214,7 @@ class PipelineSchedule:
             return PipelineTiming(int(makespan), tuple(int(e) for e in ends),
                                   tuple(int(x) for x in starts), tuple(int(w) for w in waits),
                                   tuple(None if row is None else
-                                        tuple((s, c, int(x - end)) for s, c, x in row)
+                                        tuple((s, c, k, int(x - end)) for s, c, k, x in row)
                                         for row, end in zip(tails, ends)))
 
         short = -(-3 * pp // step) * step
