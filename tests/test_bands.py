@@ -90,12 +90,14 @@ def test_a_miscalibrated_band_fails():
 
 @pytest.mark.slow
 def test_coverage_survives_a_shift_of_one_large_source():
-    """Robust to a physics refit: shifting the published times of any source of 100+
-    rows by +-5 % (what an attention-table or host-cost change does to one stack) keeps
-    the held-out coverage, each source weighted equally, within COVERAGE_RANGE (measured
-    80-83 %), and the rows pooled above 0.62 (65 % at MosaicML -5 %)."""
-    table = fit_bands.perturbation_table(fit_bands.load_rows(), shift=0.05)
-    assert len(table) >= 4, table.to_string()
+    """Robust to a physics refit: shifting the published times of the largest source
+    (MosaicML, 213 rows, 43 % of them: the source whose shift swung the pooled figure
+    most) by +-5 % (what an attention-table or host-cost change does to one stack) keeps
+    the held-out coverage, each source weighted equally, within COVERAGE_RANGE, and the
+    rows pooled above 0.62 (65 % at MosaicML -5 % in session 25). Every source of 100+
+    rows (three: ~15 s more) is ``python -m validate.fit_bands --perturb``."""
+    table = fit_bands.perturbation_table(fit_bands.load_rows(), shift=0.05, min_rows=200)
+    assert list(table["shifted"]) == ["mosaicml_llmfoundry"] * 2, table.to_string()
     assert table["coverage"].between(*COVERAGE_RANGE).all(), table.to_string()
     assert (table["coverage_pooled"] >= 0.62).all(), table.to_string()
 
