@@ -225,6 +225,7 @@ def _analytic_and_event(model, cluster, plan) -> tuple[dict, dict]:
     return analytic, event
 
 
+@pytest.mark.slow  # four plan searches, each confirmed by event replays (~13 s)
 @pytest.mark.parametrize("name,gpus,seq_len,global_batch", [
     ("llama3-8b", 16, 2048, 64), ("mixtral-8x7b", 32, 2048, 64),
     ("llama3-8b", 32, 8192, 16),

@@ -103,6 +103,7 @@ def _png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow  # starts a headless Chromium (~5 s)
 def test_the_report_renders_in_headless_chromium(tmp_path, step):
     """Chromium opens the page from disk with its network shut: plotly draws every
     figure (its SVGs are in the DOM after the scripts ran) and the screenshot has

@@ -105,6 +105,7 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path):
     assert code == 2 and "cluster: give --cluster" in err
 
 
+@pytest.mark.slow  # a calibrated collective sweep through the CLI (~6 s)
 def test_collective_command_applies_a_calibration(capsys, calibrations):
     """`trainsim collective --calibration` gives the calibrated busbw (same check, via the
     command a planner runs): dgx-h100 calibrated on the A3 Mega run matches that run."""
