@@ -48,7 +48,7 @@ from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
                                optimizer_layers_key, plan_contention)
-from sim.host_lead import LEVEL, HostForm
+from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
@@ -845,7 +845,7 @@ class BatchStepEvaluator:
         shim = _PlacementOnly(placement)
         keys = [[(action.stage, action.comp) for action in row] for row in rows]
         longest = [2 * len(placement.stages_of(p)) + 2 for p in range(len(rows))]
-        blocks = tuple(_blocks(row, longest[p]) for p, row in enumerate(keys))
+        blocks = tuple(repeated_blocks(row, longest[p]) for p, row in enumerate(keys))
         first = keys[0][0] if rows and rows[0] else None
         lasts = [AnalyticStepModel._last_wait(shim, p, row, rows) for p, row in enumerate(rows)]
         waits = []
@@ -856,8 +856,8 @@ class BatchStepEvaluator:
             index, holder, position = last
             if lasts[holder] is not None and position < lasts[holder][0]:
                 continue  # (its rank waits for others after it: as _host_ends)
-            waits.append((p, holder, _blocks(keys[p][index:], longest[p]),
-                          _blocks(keys[holder][position + 1:], longest[holder])))
+            waits.append((p, holder, repeated_blocks(keys[p][index:], longest[p]),
+                          repeated_blocks(keys[holder][position + 1:], longest[holder])))
         found = self._programs[key] = (blocks, first, tuple(waits))
         return found
 
@@ -897,14 +897,7 @@ class BatchStepEvaluator:
             cpu_ends.append(alone.host_ns)
         gaps = [(p, holder, compose(tail).free_ns - compose(after).total_ns + t_p2p)
                 for p, holder, tail, after in waits]
-        for _ in range(len(blocks)):
-            moved = False
-            for p, holder, gap in gaps:
-                if ends[holder] + gap > ends[p]:
-                    ends[p] = ends[holder] + gap
-                    moved = True
-            if not moved:
-                break
+        settle_rank_ends(ends, gaps)
         step = 0
         for p, (last_total, last_lead, finish_total, finish_lead, gathers_ns,
                 optimizer) in enumerate(rank_costs):
@@ -1128,30 +1121,6 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
-
-
-def _blocks(keys: Sequence, longest: int) -> tuple:
-    """``keys`` as ``((block, count), ...)``: from each position the repeated block (up
-    to ``longest`` keys) that covers the most keys, as AnalyticStepModel._row_form finds
-    them (a schedule's warm-up forwards, its steady cycles), else one key."""
-    n, index, out = len(keys), 0, []
-    while index < n:
-        size, count = 1, 1
-        head = keys[index]
-        for length in range(1, longest + 1):
-            if index + 2 * length > n:
-                break
-            if keys[index + length] != head:
-                continue
-            block = keys[index:index + length]
-            repeats = 1
-            while keys[index + repeats * length:index + (repeats + 1) * length] == block:
-                repeats += 1
-            if repeats > 1 and repeats * length > size * count:
-                size, count = length, repeats
-        out.append((tuple(keys[index:index + size]), count))
-        index += size * count
-    return tuple(out)
 
 
 class _PlacementOnly:

@@ -79,7 +79,7 @@ from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from sim.analytic_prices import SharedPrices, part_recomputes, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
-from sim.host_lead import LEVEL, HostForm
+from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import StepLowerer
@@ -1746,14 +1746,7 @@ class AnalyticStepModel:
                 for offset in range(position + 1, len(rows[holder])):
                     after = after.then(form_of(holder, rows[holder], offset))
                 waits.append((p, holder, tail.free_ns - after.total_ns + t_p2p))
-        for _ in range(len(rows)):
-            moved = False
-            for p, holder, gap in waits:
-                if ends[holder] + gap > ends[p]:
-                    ends[p] = ends[holder] + gap
-                    moved = True
-            if not moved:
-                break
+        settle_rank_ends(ends, waits)
         return ends, [max(end - cpu, 0) for end, cpu in zip(ends, cpu_ends)]
 
     def _last_wait(self, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
@@ -1795,33 +1788,18 @@ class AnalyticStepModel:
         form (:meth:`sim.host_lead.HostForm.repeat`: the same integers as composing
         them one by one, in O(log) compositions)."""
         keys = [(action.stage, action.comp) for action in row]
-        n = len(keys)
         longest = 2 * len(self.lowerer.placement.stages_of(p)) + 2  # block lengths tried
         blocks: dict[tuple, HostForm] = {}
         form, index = LEVEL, 0
-        while index < n:
-            size, count = 1, 1
-            head = keys[index]
-            for length in range(1, longest + 1):
-                if index + 2 * length > n:
-                    break
-                if keys[index + length] != head:
-                    continue  # (the block does not start again right after itself)
-                block = keys[index:index + length]
-                repeats = 1
-                while keys[index + repeats * length:index + (repeats + 1) * length] == block:
-                    repeats += 1
-                if repeats > 1 and repeats * length > size * count:
-                    size, count = length, repeats
-            key = tuple(keys[index:index + size])
+        for key, count in repeated_blocks(keys, longest):
             found = blocks.get(key)
             if found is None:
                 found = LEVEL
-                for offset in range(size):
+                for offset in range(len(key)):
                     found = found.then(form_of(p, row, index + offset))
                 blocks[key] = found
             form = form.then(found.repeat(count))
-            index += size * count
+            index += len(key) * count
         return form
 
     def _whole_rank_step(self) -> AnalyticStep:

@@ -34,7 +34,7 @@ forms against list schedules started ``L`` ahead, and the closed form against th
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 __all__ = ["HostForm", "LEVEL"]
 
@@ -123,3 +123,45 @@ class HostForm(NamedTuple):
 
 #: The empty list: nothing to run, the CPU's lead passes through unchanged.
 LEVEL = HostForm(0, 0, None, 0)
+
+
+def settle_rank_ends(ends: list[int], waits: Sequence[tuple[int, int, int]]) -> None:
+    """Raise rank ends in place to a fixed point of ``ends[p] >= ends[holder] + gap`` for
+    each ``(p, holder, gap)`` in ``waits`` (a rank's last wait for another rank: that
+    rank's end, less what it runs after the action waited for, plus the transfer and
+    this rank's list after the wait, from the CPU's lead); at most one round per rank,
+    as a chain of waits visits each rank once."""
+    for _ in range(len(ends)):
+        moved = False
+        for p, holder, gap in waits:
+            if ends[holder] + gap > ends[p]:
+                ends[p] = ends[holder] + gap
+                moved = True
+        if not moved:
+            return
+
+
+def repeated_blocks(keys: Sequence, longest: int) -> tuple[tuple[tuple, int], ...]:
+    """``keys`` (a rank's actions as hashable keys) as ``((block, count), ...)``: from
+    each position the repeated block (up to ``longest`` keys, starting again right after
+    itself) that covers the most keys -- a schedule's warm-up forwards, its steady
+    forward-backward cycles -- else one key; their forms compose as one power of the
+    block's (:meth:`HostForm.repeat`)."""
+    n, index, out = len(keys), 0, []
+    while index < n:
+        size, count = 1, 1
+        head = keys[index]
+        for length in range(1, longest + 1):
+            if index + 2 * length > n:
+                break
+            if keys[index + length] != head:
+                continue
+            block = keys[index:index + length]
+            repeats = 1
+            while keys[index + repeats * length:index + (repeats + 1) * length] == block:
+                repeats += 1
+            if repeats > 1 and repeats * length > size * count:
+                size, count = length, repeats
+        out.append((tuple(keys[index:index + size]), count))
+        index += size * count
+    return tuple(out)
