@@ -47,7 +47,7 @@ from hardware.spec import ClusterSpec
 from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
-                               optimizer_layers_key, plan_contention)
+                               last_wait, optimizer_layers_key, plan_contention)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
@@ -834,7 +834,7 @@ class BatchStepEvaluator:
         """What AnalyticStepModel._host_ends reads of the schedule's action lists, once
         per (schedule, pp, vpp, micro-batches): each rank's list as blocks of (stage,
         comp) keys each repeated some times, rank 0's first key, and each rank's last
-        wait on another rank's action (AnalyticStepModel._last_wait, those the rank
+        wait on another rank's action (sim.analytic_step.last_wait, those the rank
         ends keep) as (rank, holder, this rank's list from that action on, the holder's
         list after its action), both as blocks."""
         key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches)
@@ -842,12 +842,11 @@ class BatchStepEvaluator:
         if found is not None:
             return found
         rows = schedule.actions(plan.pp, plan.num_microbatches, plan.vpp)
-        shim = _PlacementOnly(placement)
         keys = [[(action.stage, action.comp) for action in row] for row in rows]
         longest = [2 * len(placement.stages_of(p)) + 2 for p in range(len(rows))]
         blocks = tuple(repeated_blocks(row, longest[p]) for p, row in enumerate(keys))
         first = keys[0][0] if rows and rows[0] else None
-        lasts = [AnalyticStepModel._last_wait(shim, p, row, rows) for p, row in enumerate(rows)]
+        lasts = [last_wait(placement, p, row, rows) for p, row in enumerate(rows)]
         waits = []
         for p in range(len(rows)):
             last = lasts[p]
@@ -1121,14 +1120,6 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
-
-
-class _PlacementOnly:
-    """What AnalyticStepModel._last_wait reads of a model: its lowering's placement."""
-
-    def __init__(self, placement) -> None:
-        self.lowerer = self
-        self.placement = placement
 
 
 class _Unsupported(Exception):

@@ -579,6 +579,39 @@ def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_by
     return due
 
 
+def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
+              ) -> tuple[int, int, int] | None:
+    """The last action of rank ``p``'s list ``row`` that waits for another rank's
+    (strategies.pipeline's dependencies: a forward for the previous stage's forward,
+    a backward or input-gradient for the next stage's), as (its index, that rank, the
+    index of the action there); None when there is none, or either is in an
+    overlapped pair (priced as one). ``placement``: the pipeline's
+    (strategies.pipeline.Placement)."""
+    for index in range(len(row) - 1, -1, -1):
+        action = row[index]
+        if action.comp == "F" and not placement.is_first(action.stage):
+            stage, comps = action.stage - 1, ("F",)
+        elif action.comp in ("B", "I") and not placement.is_last(action.stage):
+            stage, comps = action.stage + 1, ("B", "I")
+        else:
+            continue
+        holder = placement.rank_of(stage)
+        if holder == p:
+            continue
+        if action.overlap or (index and row[index - 1].overlap):
+            return None
+        other = rows[holder]
+        for position in range(len(other) - 1, -1, -1):
+            found = other[position]
+            if (found.stage == stage and found.comp in comps
+                    and found.microbatch == action.microbatch):
+                if found.overlap or (position and other[position - 1].overlap):
+                    return None
+                return index, holder, position
+        return None
+    return None
+
+
 class AnalyticStepModel:
     """Prices one step of one pipeline in closed form (module docstring).
 
@@ -1598,7 +1631,7 @@ class AnalyticStepModel:
     def run(self) -> AnalyticStep:
         """The step's time, per-rank ends and breakdown."""
         plan = self.plan
-        pp, m = plan.pp, plan.num_microbatches
+        pp = plan.pp
         reps = self.lowerer.representatives
         t_p2p = (self.pricer.p2p_ns(reps[0], reps[1], int(self.lowerer.pp_message_bytes))
                  if pp > 1 else 0)
@@ -1731,7 +1764,7 @@ class AnalyticStepModel:
         # that one's end is its rank's end less what its rank ran after it (at most that
         # run from no lead), when nothing after it waits for a third rank; to a fixed
         # point (the last micro-batch's backward, from the last stage down)
-        lasts = [self._last_wait(p, row, rows) for p, row in enumerate(rows)]
+        lasts = [last_wait(self.lowerer.placement, p, row, rows) for p, row in enumerate(rows)]
         waits = []
         for p, row in enumerate(rows):
             found = lasts[p]
@@ -1748,38 +1781,6 @@ class AnalyticStepModel:
                 waits.append((p, holder, tail.free_ns - after.total_ns + t_p2p))
         settle_rank_ends(ends, waits)
         return ends, [max(end - cpu, 0) for end, cpu in zip(ends, cpu_ends)]
-
-    def _last_wait(self, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
-                   ) -> tuple[int, int, int] | None:
-        """The last action of rank ``p``'s list ``row`` that waits for another rank's
-        (strategies.pipeline's dependencies: a forward for the previous stage's forward,
-        a backward or input-gradient for the next stage's), as (its index, that rank, the
-        index of the action there); None when there is none, or either is in an
-        overlapped pair (priced as one)."""
-        placement = self.lowerer.placement
-        for index in range(len(row) - 1, -1, -1):
-            action = row[index]
-            if action.comp == "F" and not placement.is_first(action.stage):
-                stage, comps = action.stage - 1, ("F",)
-            elif action.comp in ("B", "I") and not placement.is_last(action.stage):
-                stage, comps = action.stage + 1, ("B", "I")
-            else:
-                continue
-            holder = placement.rank_of(stage)
-            if holder == p:
-                continue
-            if action.overlap or (index and row[index - 1].overlap):
-                return None
-            other = rows[holder]
-            for position in range(len(other) - 1, -1, -1):
-                found = other[position]
-                if (found.stage == stage and found.comp in comps
-                        and found.microbatch == action.microbatch):
-                    if found.overlap or (position and other[position - 1].overlap):
-                        return None
-                    return index, holder, position
-            return None
-        return None
 
     def _row_form(self, p: int, row: Sequence[Action], form_of) -> HostForm:
         """The form of rank ``p``'s action list ``row`` (no overlapped pairs) back to

@@ -652,7 +652,16 @@ def _run(
                     if ready > produced:
                         produced = ready
                     if rank_of[d[0]] != rank:
-                        ready = ready + (t_comm[(rank_of[d[0]], rank)] if per_edge else t_comm)
+                        if per_edge:
+                            hop = t_comm.get((rank_of[d[0]], rank))
+                            if hop is None:
+                                raise ValueError(
+                                    f"t_comm: no price for the hop from rank {rank_of[d[0]]} "
+                                    f"to rank {rank}; valid: a mapping with every (sending "
+                                    f"rank, receiving rank) pair a dependency crosses")
+                            ready = ready + hop
+                        else:
+                            ready = ready + t_comm
                     if ready > start:
                         start = ready
                 # the rank idles for the transfer itself only past the data's production

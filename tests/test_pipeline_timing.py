@@ -300,3 +300,14 @@ def test_replay_takes_a_transfer_price_per_pair_of_ranks():
     two = replay_timing(one.actions(2, 1, 1), one.placement(2, 1), [3, 4], [5, 6], None,
                         {(0, 1): 100, (1, 0): 1})
     assert two[0] == 3 + 100 + 4 + 6 + 1 + 5
+
+
+def test_a_price_per_hop_reaches_the_one_price_family_and_a_missing_hop_is_named():
+    """The 1F1B family takes a per-hop mapping through the list replay (equal prices give
+    the recurrence's integers); a mapping without a crossed hop is one ValueError naming
+    it, not a KeyError."""
+    one = get_schedule("1f1b")
+    assert (one.timing(2, 4, 1, [1, 1], [2, 2], None, {(0, 1): 1, (1, 0): 1}).makespan
+            == one.timing(2, 4, 1, [1, 1], [2, 2], None, 1).makespan)
+    with pytest.raises(ValueError, match=r"t_comm: no price for the hop from rank 1 to rank 0"):
+        get_schedule("zb-v").timing(2, 2, 2, [1] * 4, [2] * 4, [1] * 4, {(0, 1): 1})

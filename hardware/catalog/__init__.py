@@ -331,8 +331,12 @@ _RESOLVED: dict[Path, tuple[tuple[tuple[Path, tuple[int, int]], ...], dict[str, 
 
 
 def _stamp(path: Path) -> tuple[int, int]:
-    """A file's modification time (ns) and size: what tells an edited file apart."""
-    stat = path.stat()
+    """A file's modification time (ns) and size: what tells an edited file apart
+    ((-1, -1) for a file gone since: read again, and the reader says what is missing)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return -1, -1
     return stat.st_mtime_ns, stat.st_size
 
 

@@ -424,9 +424,10 @@ class OneFOneBFamily(PipelineSchedule):
         """:meth:`PipelineSchedule.timing` (same arguments and integers): without
         overlapped pairs, the recurrence of
         :func:`strategies.pipeline.one_f_one_b_family_timing` on the schedule's warm-up
-        counts, memoised per durations; otherwise (or without warm-up counts, or with
-        durations that are not whole numbers) the base class's list replay."""
-        if not overlap:
+        counts, memoised per durations; otherwise (or without warm-up counts, with
+        durations that are not whole numbers, or a price per hop) the base class's list
+        replay."""
+        if not overlap and not isinstance(t_comm, Mapping):
             self.check(pp, microbatches, vpp)
             found = _family_timing(self, pp, microbatches, vpp, tuple(t_f), tuple(t_b),
                                    t_comm)
