@@ -47,7 +47,8 @@ from hardware.spec import ClusterSpec
 from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
-                               last_wait, optimizer_layers_key, plan_contention)
+                               last_wait, optimizer_layers_key, plan_contention,
+                               timed_tail_entries)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
@@ -59,22 +60,13 @@ __all__ = ["BatchStepEvaluator"]
 
 
 def _timed_tail(timing, p: int, hosted: bool = False) -> tuple | None:
-    """AnalyticStepModel._timed_tail: rank ``p``'s tail as ``(((stage, comp), ...),
-    releases)`` (without the host from its first action that reduces gradients), or
-    None (back to back)."""
-    rows = timing.rank_tail
-    row = rows[p] if rows else None
-    if row is None:
+    """:func:`sim.analytic_step.timed_tail_entries` (no regathers: the batch path hands
+    those plans over) as ``(((stage, comp), ...), releases)``, or None (back to back)."""
+    found = timed_tail_entries(timing, p, hosted, False)
+    if found is None:
         return None
-    row = [(stage, comp, start) for stage, comp, back, start in row if not back]
-    if len(row) < 2:
-        return None
-    reducing = [i for i, (_, comp, _) in enumerate(row) if comp in ("B", "W")]
-    if reducing and not hosted:
-        row = row[reducing[0]:]
-    first = row[0][2]
-    return (tuple((stage, comp) for stage, comp, _ in row),
-            tuple(start - first for _, _, start in row) + (-first,))
+    row, releases = found
+    return tuple((stage, comp) for stage, comp, _, _ in row), releases
 
 
 def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, dp_free: int,

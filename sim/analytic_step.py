@@ -579,6 +579,29 @@ def fill_by_sums(pending: dict[str, float], sums: tuple[float, float], bucket_by
     return due
 
 
+def timed_tail_entries(timing: PipelineTiming, p: int, hosted: bool, regathers: bool
+                       ) -> tuple[list, tuple[int, ...]] | None:
+    """Rank ``p``'s timed tail (:meth:`AnalyticStepModel._timed_tail`) as the pipeline's
+    timing entries ``(stage, comp, micro-batches before the stage's last, start)`` and the
+    releases (each action's start, then the rank's end, relative to the first start);
+    None when not known or one action. Without ``regathers`` only the last micro-batch's
+    actions, and without ``hosted`` from the first that reduces gradients on."""
+    rows = timing.rank_tail
+    row = rows[p] if rows else None
+    if row is None:
+        return None
+    if not regathers:
+        row = [entry for entry in row if not entry[2]]
+        if not hosted:
+            reducing = [i for i, entry in enumerate(row) if entry[1] in ("B", "W")]
+            if reducing:
+                row = row[reducing[0]:]
+    if len(row) < 2:
+        return None
+    first = row[0][3]
+    return row, tuple(entry[3] - first for entry in row) + (-first,)
+
+
 def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
               ) -> tuple[int, int, int] | None:
     """The last action of rank ``p``'s list ``row`` that waits for another rank's
@@ -1022,23 +1045,13 @@ class AnalyticStepModel:
         backward on is walked, with its parameter gathers: those issued after a
         reduction wait for it on the data-parallel stream, and their layers for them
         (benchmarks/plan_fuzz.py: ZB-V at one micro-batch -5.7 %, now to the ns)."""
-        rows = timing.rank_tail
-        row = rows[p] if rows else None
-        if row is None:
+        found = timed_tail_entries(timing, p, self._hosted, self._regathers())
+        if found is None:
             return None
+        row, releases = found
         lowerer = self.lowerer
-        if not self._regathers():
-            row = [entry for entry in row if not entry[2]]
-            if not self._hosted:
-                reducing = [i for i, entry in enumerate(row) if entry[1] in ("B", "W")]
-                if reducing:
-                    row = row[reducing[0]:]
-        if len(row) < 2:
-            return None
-        first = row[0][3]
-        actions = tuple(Action(stage, comp, lowerer.last_microbatch(stage) - back)
-                        for stage, comp, back, _ in row)
-        return actions, tuple(entry[3] - first for entry in row) + (-first,)
+        return tuple(Action(stage, comp, lowerer.last_microbatch(stage) - back)
+                     for stage, comp, back, _ in row), releases
 
     def _regathers(self) -> bool:
         """Every action gathers its layers' parameters (ZeRO-3): the tail is walked with
