@@ -47,8 +47,8 @@ from hardware.spec import ClusterSpec
 from sim.analytic_prices import part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
-                               last_wait, optimizer_layers_key, plan_contention,
-                               timed_tail_entries)
+                               hop_prices, last_wait, optimizer_layers_key,
+                               plan_contention, timed_tail_entries)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
@@ -554,20 +554,12 @@ class BatchStepEvaluator:
             return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
                                        phases, kind_cost, reduction_ns, optimizer_ns,
                                        gather_ns, part_key)
-        t_p2p = 0
+        t_p2p = hops = 0
         if pp > 1:
             cost_model = cache.cost_model(layout)
             size = int(pp_message_bytes(model, plan))
             t_p2p = cost_model.p2p_ns(reps[0], reps[1], size)
-        hops = t_p2p
-        if pp > 1 and schedule.prices_each_hop:
-            # (AnalyticStepModel._hop_prices: each pair of ranks' where the hops differ)
-            prices = {}
-            for a, b in placement.edges():
-                prices[(a, b)] = cost_model.p2p_ns(reps[a], reps[b], size)
-                prices[(b, a)] = cost_model.p2p_ns(reps[b], reps[a], size)
-            if any(price != t_p2p for price in prices.values()):
-                hops = prices
+            hops = hop_prices(schedule, placement, reps, size, cost_model.p2p_ns, t_p2p)
         durations_b = list(phases["B"])
         if split:
             durations_b = [max(b, w) for b, w in zip(durations_b, phases["W"])]

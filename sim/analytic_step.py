@@ -602,6 +602,24 @@ def timed_tail_entries(timing: PipelineTiming, p: int, hosted: bool, regathers: 
     return row, tuple(entry[3] - first for entry in row) + (-first,)
 
 
+def hop_prices(schedule, placement, reps: Sequence[int], size_bytes: int, p2p_ns,
+               t_p2p: int) -> int | dict[tuple[int, int], int]:
+    """The pipeline's transfer price for the schedule's timing
+    (:meth:`AnalyticStepModel._hop_prices`): ``t_p2p`` (rank 0 to rank 1) for every hop,
+    or, where the schedule prices each hop and its hops differ, each pair of pipeline
+    ranks' (both ways) as ``p2p_ns(sending representative, receiving representative,
+    size_bytes)`` prices it."""
+    if placement.pp < 2 or not schedule.prices_each_hop:
+        return t_p2p
+    prices = {}
+    for a, b in placement.edges():
+        prices[(a, b)] = p2p_ns(reps[a], reps[b], size_bytes)
+        prices[(b, a)] = p2p_ns(reps[b], reps[a], size_bytes)
+    if all(price == t_p2p for price in prices.values()):
+        return t_p2p
+    return prices
+
+
 def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[Action]]
               ) -> tuple[int, int, int] | None:
     """The last action of rank ``p``'s list ``row`` that waits for another rank's
@@ -1839,17 +1857,9 @@ class AnalyticStepModel:
         (``PipelineSchedule.prices_each_hop``) and its hops differ (some cross nodes, the
         others not), each pair of ranks' (both ways) as the event engine prices the
         transfer between their representatives."""
-        lowerer, plan = self.lowerer, self.plan
-        if plan.pp < 2 or not lowerer.schedule.prices_each_hop:
-            return t_p2p
-        reps, size = lowerer.representatives, int(lowerer.pp_message_bytes)
-        prices = {}
-        for a, b in lowerer.placement.edges():
-            prices[(a, b)] = self.pricer.p2p_ns(reps[a], reps[b], size)
-            prices[(b, a)] = self.pricer.p2p_ns(reps[b], reps[a], size)
-        if all(price == t_p2p for price in prices.values()):
-            return t_p2p
-        return prices
+        lowerer = self.lowerer
+        return hop_prices(lowerer.schedule, lowerer.placement, lowerer.representatives,
+                          int(lowerer.pp_message_bytes), self.pricer.p2p_ns, t_p2p)
 
     def _pipeline_timing(self, t_p2p: int | dict[tuple[int, int], int]) -> PipelineTiming:
         """When each pipeline rank's compute ends: the schedule's own timing
