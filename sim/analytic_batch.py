@@ -69,6 +69,17 @@ def _timed_tail(timing, p: int, hosted: bool = False) -> tuple | None:
     return tuple((stage, comp) for stage, comp, _, _ in row), releases
 
 
+def _tail_and_releases(stages, split: bool, timed: tuple | None) -> tuple:
+    """A rank's tail, the last micro-batch's backwards ``((stage, comp), ...)``, and when
+    the pipeline's timing runs them apart (``timed``, :func:`_timed_tail`) their releases
+    (each action starts no earlier, then the rank's end); without it the rank's stages in
+    reverse back to back (B, or I then W) and None."""
+    if timed is not None:
+        return timed
+    comps = ("I", "W") if split else ("B",)
+    return [(s, c) for s in reversed(stages) for c in comps], None
+
+
 def _fill_buckets(pending: dict, sums, final: bool, bucket: float, total: int, dp_free: int,
                   reductions: dict, reduction_ns, rank) -> int:
     """Add one part's gradient bytes (``sums``: dense, expert) to the ``pending`` buckets
@@ -622,18 +633,15 @@ class BatchStepEvaluator:
         buckets reduced as they fill and the optimizer, the step's parameter gathers back
         to back): AnalyticStepModel._rank_costs' totals. ``timed``: the tail as the
         pipeline's timing runs it (``(actions, releases)``, :func:`_timed_tail`)."""
-        tail_comps = ("I", "W") if split else ("B",)
         flags = self._flags
-        if timed is None:
-            tail = [(s, c) for s in reversed(stages) for c in tail_comps]
-            releases = None
-            last_backward = sum(phases[c][s] for s in stages for c in tail_comps)
-        else:
-            tail, releases = timed
-            last_backward = 0
-            for (s, comp), release in zip(tail, releases):
-                last_backward = max(last_backward, release) + phases[comp][s]
-            last_backward = max(last_backward, releases[-1])
+        tail, releases = _tail_and_releases(stages, split, timed)
+        last_backward = 0
+        for position, (s, comp) in enumerate(tail):
+            if releases is not None and releases[position] > last_backward:
+                last_backward = releases[position]
+            last_backward += phases[comp][s]
+        if releases is not None and releases[-1] > last_backward:
+            last_backward = releases[-1]
         # _walk_parts over the tail (the rank's stages in reverse, the last micro-batch):
         # B / W actions reduce their buckets as they fill; I actions add their sums
         total = 0
@@ -757,12 +765,7 @@ class BatchStepEvaluator:
         optimizer's form), as :meth:`AnalyticStepModel._walk_parts` carries the lead.
         ``timed``: the tail as the pipeline's timing runs it (:func:`_timed_tail`; a wait
         before an action: the CPU goes on issuing)."""
-        tail_comps = ("I", "W") if split else ("B",)
-        if timed is None:
-            tail = [(s, c) for s in reversed(stages) for c in tail_comps]
-            releases = None
-        else:
-            tail, releases = timed
+        tail, releases = _tail_and_releases(stages, split, timed)
         total = lead = 0
         for position, (s, comp) in enumerate(tail):
             if releases is not None and releases[position] > total:
