@@ -54,8 +54,13 @@ from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
+from strategies.schedules.base import prime_family_timings
 
 __all__ = ["BatchStepEvaluator"]
+
+#: Plans :meth:`BatchStepEvaluator.step_ns` walks up to their pipeline timing before
+#: timing them together (their paused walks held meanwhile)
+_CHUNK_PLANS = 512
 
 
 
@@ -255,15 +260,45 @@ class BatchStepEvaluator:
     def step_ns(self, plans: Sequence[ParallelPlan]) -> list[int]:
         """Step time of each plan, ns (validated plans; memory is not checked)."""
         out = []
-        for plan in plans:
-            found = None
-            if self.covers(plan):
-                try:
-                    # (a price no plan computed yet: the plan's own model computes what
-                    # it needs and stores it where it would, then the walk goes on)
-                    found = self._plan_step_ns(plan)
-                except _Unsupported:
-                    found = None
+        for start in range(0, len(plans), _CHUNK_PLANS):
+            out += self._chunk_step_ns(plans[start:start + _CHUNK_PLANS])
+        return out
+
+    def _chunk_step_ns(self, plans: Sequence[ParallelPlan]) -> list[int]:
+        """:meth:`step_ns` of a few hundred plans: the covered ones walked up to their
+        pipeline's timing (:meth:`_plan_walk`), those timings computed together
+        (:func:`strategies.schedules.base.prime_family_timings`: plans of one shape
+        differ in their durations only, and one numpy pass times several), then each
+        walk finished; the others as before."""
+        walked: list = [None] * len(plans)
+        paused = []
+        requests = []
+        for index, plan in enumerate(plans):
+            if not self.covers(plan):
+                continue
+            # (a price no plan computed yet: the plan's own model computes what it
+            # needs and stores it where it would, then the walk goes on)
+            walk = self._plan_walk(plan)
+            try:
+                requests.append(next(walk))
+            except StopIteration as stop:  # (no pipeline timing to ask for)
+                walked[index] = stop.value
+                continue
+            except _Unsupported:
+                continue
+            paused.append((index, walk))
+        prime_family_timings(requests)
+        for index, walk in paused:
+            try:
+                next(walk)
+            except StopIteration as stop:
+                walked[index] = stop.value
+            except _Unsupported:
+                pass
+            else:  # (a walk asks for one timing)
+                raise RuntimeError("a plan's walk asked for a second timing")
+        out = []
+        for plan, found in zip(plans, walked):
             if found is not None:
                 self.counts["batch"] += 1
             elif contention_closed_form(plan):
@@ -457,11 +492,25 @@ class BatchStepEvaluator:
 
     # ------------------------------------------------------------------ the step
     def _plan_step_ns(self, plan: ParallelPlan) -> int | None:
-        """AnalyticStepModel(...).run().step_ns from shared prices; a price not yet
-        computed is computed by the plan's own model (:meth:`_reference_model`, built
-        on the first such price), in one pass: looking the prices up has no side
-        effect, so a pass that stopped at the first miss and started again (as before)
-        gave the same integers at up to twice the walk."""
+        """:meth:`_plan_walk` of one plan, its timing computed where it asks for it."""
+        walk = self._plan_walk(plan)
+        try:
+            next(walk)
+            next(walk)
+        except StopIteration as stop:
+            return stop.value
+        raise RuntimeError("a plan's walk asked for a second timing")
+
+    def _plan_walk(self, plan: ParallelPlan):
+        """AnalyticStepModel(...).run().step_ns from shared prices, as a generator: it
+        yields the 1F1B family's timing request ``(schedule, pp, microbatches, vpp, t_f,
+        t_b, t_comm)`` once its phases are priced (:meth:`_chunk_step_ns` primes the
+        timings of many plans at once; the walk then asks ``schedule.timing`` as
+        before), and returns the step (ns). A price not yet computed is computed by the
+        plan's own model (:meth:`_reference_model`, built on the first such price), in
+        one pass: looking the prices up has no side effect, so a pass that stopped at
+        the first miss and started again (as before) gave the same integers at up to
+        twice the walk."""
         model, cache = self.model, self.cache
         layout = cache.layout(self.cluster, plan.world_size)
         shared = cache.shared_prices(layout)
@@ -480,7 +529,7 @@ class BatchStepEvaluator:
         pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
         split = schedule.split_backward
         get = shared.get
-        self._plan_grads = {}
+        plan_grads = self._plan_grads = {}
         # this plan's (rank, kind, phase) prices, once looked up (the shared key hashes
         # the plan's part fields and groups; a kind is a layer kind or "head" /
         # "embedding", so it says whether the part is a layer, all the key reads of it)
@@ -577,6 +626,12 @@ class BatchStepEvaluator:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, phases["W"], hops,
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
+            # (other plans' walks run until this one resumes: its per-plan state back)
+            model_of = self._model_of
+            yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
+            self._plan_grads = plan_grads
+            if model_of is not None and model_of[0] is plan:
+                self._model_of = model_of
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, hops)
         # each distinct rank (AnalyticStepModel._signature, with its tail as the timing
         # runs it: AnalyticStepModel._timed_tail) priced once, by its first p

@@ -1619,6 +1619,132 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
     return max(last), tuple(last), tuple(start[:, 0].tolist()), tuple(wait.tolist())
 
 
+#: The cost model of :func:`_batch_pays` (same units as :func:`_vector_pays`): sweep
+#: rounds the numpy rows of a batch take on the benchmark shapes that otherwise walk
+#: (1-3 when ``2 m v >= pp``, counted as 3; fewer micro-batches than ranks took more).
+_BATCH_ROUNDS = 3
+
+
+def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
+    """Whether the numpy rows of ``count`` duration sets at once
+    (:func:`one_f_one_b_family_timings`) should be cheaper than walking each (a cost
+    model only, never a result): shapes :func:`_vector_pays` leaves to the walk (one
+    call's numpy overhead is what the batch shares), at least as many positions as
+    ranks, and ~60 us plus ~(1 + count * positions / 60) us per row recomputed over
+    ~3 rounds (the best of 5 on the GPT-3/llama benchmark groups: 2-5x faster than the
+    walks where it says so) below the walk's ~0.45 us per rank and position."""
+    if count < 2 or _vector_pays(pp, total, vpp, w_max):
+        return False
+    positions = 2 * total
+    if positions < pp:
+        return False
+    period = 2 * pp * vpp if vpp > 1 else 2
+    walked = min(positions, 2 * w_max + 2 * period + 2)
+    rows = 2 * pp * (2 * vpp - 1)
+    batch = _VECTOR_CALL_US + _BATCH_ROUNDS * rows * (
+        1 + count * positions / _VECTOR_ROW_POSITIONS_PER_US)
+    return count * _WALK_US_PER_RANK_POSITION * pp * walked > batch
+
+
+def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
+                               warmups: Sequence[int],
+                               durations: Sequence[tuple[Sequence[int], Sequence[int]]],
+                               t_comm: int) -> list[tuple[int, tuple[int, ...],
+                                                          tuple[int, ...],
+                                                          tuple[int, ...]]]:
+    """:func:`one_f_one_b_family_timing` of one shape for several duration sets
+    ``durations`` (``(t_f, t_b)`` each), in order: the same integers. Where
+    :func:`_batch_pays` says so (shapes each call would walk), the numpy rows of
+    :func:`_family_timing_vector` solve every set at once (one more axis: a set's rows
+    never read another's, so each set's fixed point is its own, checked set by set);
+    a set whose rows have not settled, or whose ends could pass 2**62, is walked.
+
+    Raises:
+        ValueError: as :func:`one_f_one_b_family_timing`, for the first set it refuses.
+    """
+    total = microbatches * vpp
+    if not durations or not _batch_pays(pp, total, vpp, max(warmups, default=0),
+                                        len(durations)):
+        return [one_f_one_b_family_timing(pp, microbatches, vpp, warmups, t_f, t_b, t_comm)
+                for t_f, t_b in durations]
+    out: list = [None] * len(durations)
+    exact = []
+    for index, (t_f, t_b) in enumerate(durations):
+        # (a set the single call would refuse, or time without int64 rows: that call)
+        if (len(t_f) != pp * vpp or len(t_b) != pp * vpp or len(warmups) != pp
+                or any(not 0 <= w <= total for w in warmups)
+                or not _vector_exact(microbatches, t_f, t_b, t_comm)):
+            out[index] = one_f_one_b_family_timing(pp, microbatches, vpp, warmups, t_f,
+                                                   t_b, t_comm)
+        else:
+            exact.append(index)
+    if len(exact) > 1:
+        solved = _family_timing_vectors(pp, microbatches, vpp, tuple(warmups),
+                                        [durations[i] for i in exact], t_comm)
+        for index, found in zip(exact, solved):
+            out[index] = found
+    for index in exact:
+        if out[index] is None:
+            t_f, t_b = durations[index]
+            out[index] = _family_timing_scalar(pp, microbatches, vpp, warmups, t_f, t_b,
+                                               t_comm)
+    return out
+
+
+def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
+                           durations: Sequence[tuple[Sequence[int], Sequence[int]]],
+                           t_comm: int, rounds_max: int | None = None) -> list:
+    """:func:`_family_timing_vector` of several duration sets at once (arguments
+    checked, each :func:`_vector_exact`): each set's timing, or None for a set whose
+    rows have not settled after ``rounds_max`` rounds (or every set, when the walk's
+    order is not a topological order of the units: :func:`_vector_layout`)."""
+    if rounds_max is None:
+        rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
+    import numpy as np
+
+    p, count = pp, len(durations)
+    layout = _vector_layout(pp, microbatches, vpp, warmups)
+    if layout is None:
+        return [None] * count
+    index, dep, far, n = layout
+    d = np.array([(*t_f, *t_b) for t_f, t_b in durations], dtype=np.int64)[:, index]
+    run = np.cumsum(d, axis=2)
+    flat = dep.reshape(-1)
+    # (the rows of _family_timing_vector, one per set along the first axis)
+    run_at = np.zeros((count, p * n + 1), dtype=np.int64)
+    run_at[:, :-1] = run.reshape(count, -1)
+    run_in = run_at[:, flat].reshape(count, p, n)
+    offset = run_in + far * t_comm - run + d
+    rise = np.zeros((count, p * n + 1), dtype=np.int64)
+    grid = rise[:, :-1].reshape(count, p, n)
+    acc, add, take = np.maximum.accumulate, np.add, np.take
+    buf = np.empty((count, n), dtype=np.int64)
+    rows = [(dep[r], offset[:, r], grid[:, r]) for r in range(p)]
+    order = rows + rows[-2::-1] if p > 1 else rows
+    settled = np.zeros(count, dtype=bool)
+    for _ in range(rounds_max):
+        for row_dep, row_offset, row in order:
+            take(rise, row_dep, axis=1, out=buf)
+            add(buf, row_offset, out=buf)
+            acc(buf, axis=1, out=row)
+        every = acc(rise[:, flat].reshape(count, p, n) + offset, axis=2)
+        # (a set at its fixed point stays there: recomputing its rows changes nothing)
+        settled = (every == grid).reshape(count, -1).all(axis=1)
+        if settled.all():
+            break
+        grid[:] = every
+    ends = grid + run
+    start = ends - d
+    before = np.zeros_like(ends)
+    before[:, :, 1:] = ends[:, :, :-1]
+    inputs = rise[:, flat].reshape(count, p, n) + run_in
+    wait = (start - np.maximum(before, inputs)).sum(axis=2).tolist()
+    last = ends[:, :, -1].tolist()
+    first = start[:, :, 0].tolist()
+    return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
+            if settled[k] else None for k in range(count)]
+
+
 def _skip_periods(i: int, repeats: int, period: int, shift: int,
                   warmups: Sequence[int], end_f: list, end_b: list, free: list) -> None:
     """Move the recurrence of :func:`one_f_one_b_family_timing` from position ``i`` to

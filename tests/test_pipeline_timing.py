@@ -311,3 +311,112 @@ def test_a_price_per_hop_reaches_the_one_price_family_and_a_missing_hop_is_named
             == one.timing(2, 4, 1, [1, 1], [2, 2], None, 1).makespan)
     with pytest.raises(ValueError, match=r"t_comm: no price for the hop from rank 1 to rank 0"):
         get_schedule("zb-v").timing(2, 2, 2, [1] * 4, [2] * 4, [1] * 4, {(0, 1): 1})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_batched_rows_equal_each_set_walked(data):
+    """Several duration sets of one shape at once (strategies.pipeline.
+    _family_timing_vectors, one more numpy axis) give each set's own integers: every
+    set equal to its position walk, a set left unsettled by a round cap is None (never
+    another set's numbers), and the public batch (one_f_one_b_family_timings) equals
+    one call per set whichever form its cost model picks."""
+    name = data.draw(st.sampled_from(FAMILY))
+    pp = data.draw(st.integers(1, 10))
+    vpp = data.draw(st.integers(2, 3)) if name == "interleaved" else 1
+    step = pp if name == "interleaved" else 1
+    m = step * data.draw(st.integers(1, max(1, 32 // step)))
+    stages = pp * vpp
+    hi = data.draw(st.sampled_from([0, 1, 7, 1000, 10 ** 12]))
+    count = data.draw(st.integers(1, 5))
+    sets = [(data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages)),
+             data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages)))
+            for _ in range(count)]
+    t_comm = data.draw(st.integers(0, max(hi, 1)))
+    schedule = get_schedule(name)
+    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    walked = [pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, t_comm)
+              for t_f, t_b in sets]
+    rows = pipeline._family_timing_vectors(pp, m, vpp, tuple(warmups), sets, t_comm,
+                                           rounds_max=10 ** 6)
+    assert rows == [tuple(w) for w in walked]
+    capped = pipeline._family_timing_vectors(pp, m, vpp, tuple(warmups), sets, t_comm,
+                                             rounds_max=1)
+    assert all(c in (None, r) for c, r in zip(capped, rows))
+    assert (pipeline.one_f_one_b_family_timings(pp, m, vpp, warmups, sets, t_comm)
+            == [one_f_one_b_family_timing(pp, m, vpp, warmups, t_f, t_b, t_comm)
+                for t_f, t_b in sets])
+
+
+def test_batches_of_the_benchmark_shapes_take_the_rows(monkeypatch):
+    """One-chunk pipelines the single call walks (1F1B pp 8-16 at 12-48 micro-batches) are
+    timed by the batched rows for a dozen duration sets (the recompute modes and
+    micro-batch shapes of a plan search), equal to each set's replay; a set the rows
+    cannot hold (ends past 2**62) and one left unsettled by the round cap are walked
+    within the same batch, with their own integers."""
+    used = []
+    real = pipeline._family_timing_vectors
+
+    def counted(*args, **kwargs):
+        found = real(*args, **kwargs)
+        used.append((args[:3], found.count(None)))
+        return found
+
+    monkeypatch.setattr(pipeline, "_family_timing_vectors", counted)
+    rng = random.Random(9)
+    schedule = get_schedule("1f1b")
+    for pp, m in [(16, 24), (8, 12), (16, 48)]:
+        warmups = [schedule.warmup_forwards(r, pp, m, 1) for r in range(pp)]
+        sets = [([850_000_000 + rng.randint(0, 10 ** 7) for _ in range(pp)],
+                 [1_700_000_000 + rng.randint(0, 10 ** 8) for _ in range(pp)])
+                for _ in range(12)]
+        sets.append(([2 ** 61] * pp, [2 ** 61] * pp))
+        got = pipeline.one_f_one_b_family_timings(pp, m, 1, warmups, sets, 2_105_163)
+        for (t_f, t_b), found in zip(sets, got):
+            expected = replay_timing(schedule.actions(pp, m, 1), schedule.placement(pp, 1),
+                                     t_f, t_b, None, 2_105_163)
+            assert found == expected, (pp, m)
+    assert [shape for shape, _ in used] == [(16, 24, 1), (8, 12, 1), (16, 48, 1)]
+    # a batch cut short: the unsettled sets walk, the result is the same
+    monkeypatch.setattr(pipeline, "_VECTOR_ROUNDS_PER_CHUNK", 0)
+    monkeypatch.setattr(pipeline, "_VECTOR_ROUNDS_EXTRA", 1)
+    warmups = [schedule.warmup_forwards(r, 16, 24, 1) for r in range(16)]
+    sets = [([5 + s for s in range(16)], [9] * 16), ([7] * 16, [3 + 2 * s for s in range(16)])]
+    got = pipeline.one_f_one_b_family_timings(16, 24, 1, warmups, sets, 40)
+    assert used[-1][1] > 0  # (the cap left a set unsettled)
+    assert got == [pipeline._family_timing_scalar(16, 24, 1, warmups, t_f, t_b, 40)
+                   for t_f, t_b in sets]
+
+
+def test_primed_timings_are_the_ones_each_call_computes():
+    """strategies.schedules.base.prime_family_timings fills the 1F1B family's memo with
+    what OneFOneBFamily.timing computes alone (same PipelineTiming), leaves requests the
+    recurrence does not time (a price per hop, a refused shape, fractions) to their own
+    call, and those calls still give their own answer or error."""
+    from strategies.schedules import base
+
+    rng = random.Random(5)
+    one, inter = get_schedule("1f1b"), get_schedule("interleaved")
+    requests = []
+    for _ in range(30):
+        schedule, vpp = rng.choice([(one, 1), (inter, 2)])
+        pp = rng.choice([2, 4, 8])
+        m = pp * rng.randint(1, 4)
+        t_f = [rng.randint(1, 10 ** 6) for _ in range(pp * vpp)]
+        t_b = [rng.randint(1, 10 ** 6) for _ in range(pp * vpp)]
+        requests.append((schedule, pp, m, vpp, t_f, t_b, rng.choice([0, 7, 1000])))
+    requests.append((one, 2, 4, 1, [1, 1], [2, 2], {(0, 1): 1, (1, 0): 1}))  # per hop
+    requests.append((inter, 4, 6, 2, [1] * 8, [2] * 8, 3))  # m not a multiple of pp
+    requests.append((one, 2, 4, 1, [Fraction(1, 2), 1], [2, 2], 1))  # not whole ns
+    base._FAMILY_TIMINGS.clear()
+    alone = [base._family_timing(s, pp, m, vpp, tuple(f), tuple(b), c)
+             for s, pp, m, vpp, f, b, c in requests[:30]]
+    base._FAMILY_TIMINGS.clear()
+    base.prime_family_timings(requests)
+    assert len(base._FAMILY_TIMINGS) == len({(s, pp, m, vpp, tuple(f), tuple(b), c)
+                                             for s, pp, m, vpp, f, b, c in requests[:30]})
+    for (s, pp, m, vpp, f, b, c), expected in zip(requests, alone):
+        assert s.timing(pp, m, vpp, f, b, None, c) == expected
+    assert one.timing(2, 4, 1, [1, 1], [2, 2], None, {(0, 1): 1, (1, 0): 1}).makespan > 0
+    with pytest.raises(ValueError):
+        inter.timing(4, 6, 2, [1] * 8, [2] * 8, None, 3)

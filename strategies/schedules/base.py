@@ -31,6 +31,7 @@ from strategies.pipeline import (
     StagePlacement,
     interleaved_placement,
     one_f_one_b_family_timing,
+    one_f_one_b_family_timings,
     pair_forwards_with_backwards,
     peak_held,
     replay_timing,
@@ -437,11 +438,41 @@ class OneFOneBFamily(PipelineSchedule):
                               t_i)
 
 
-@lru_cache(maxsize=4096)
+#: OneFOneBFamily timings without pairs by ``(schedule, pp, microbatches, vpp, t_f, t_b,
+#: t_comm)`` (:func:`_family_timing`; :func:`prime_family_timings` fills it for many at
+#: once), the oldest dropped past :data:`_FAMILY_TIMINGS_MAX`
+_FAMILY_TIMINGS: dict[tuple, PipelineTiming | None] = {}
+_FAMILY_TIMINGS_MAX = 4096
+_MISSING = object()
+
+
 def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: int,
                    t_f: tuple, t_b: tuple, t_comm: int) -> PipelineTiming | None:
     """OneFOneBFamily.timing without pairs, memoised per durations; None when the lists
     must be replayed (no warm-up order, durations not whole ns >= 0)."""
+    key = (schedule, pp, microbatches, vpp, t_f, t_b, t_comm)
+    found = _FAMILY_TIMINGS.get(key, _MISSING)
+    if found is _MISSING:
+        warmups = _family_warmups(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)
+        found = None
+        if warmups is not None:
+            found = PipelineTiming(*one_f_one_b_family_timing(
+                pp, microbatches, vpp, warmups, t_f, t_b, t_comm))
+        _remember_timing(key, found)
+    return found
+
+
+def _remember_timing(key: tuple, found: PipelineTiming | None) -> None:
+    """Keep ``found`` in :data:`_FAMILY_TIMINGS` (bounded: the oldest entry goes)."""
+    if len(_FAMILY_TIMINGS) >= _FAMILY_TIMINGS_MAX:
+        _FAMILY_TIMINGS.pop(next(iter(_FAMILY_TIMINGS)))
+    _FAMILY_TIMINGS[key] = found
+
+
+def _family_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: int,
+                    t_f: tuple, t_b: tuple, t_comm: int) -> list[int] | None:
+    """Each rank's warm-up forwards when :func:`_family_timing` times these durations by
+    the recurrence; None when the lists must be replayed."""
     stages = pp * vpp
     if (len(t_f) != stages or len(t_b) != stages
             or not all(type(x) is int and x >= 0 for x in (*t_f, *t_b, t_comm))):
@@ -454,6 +485,39 @@ def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: in
         if found is None:
             return None
         warmups.append(found)
-    makespan, ends, starts, waits = one_f_one_b_family_timing(
-        pp, microbatches, vpp, warmups, t_f, t_b, t_comm)
-    return PipelineTiming(makespan, ends, starts, waits)
+    return warmups
+
+
+def prime_family_timings(requests: Sequence[tuple]) -> None:
+    """Time many :meth:`OneFOneBFamily.timing` calls ahead, for their later calls to find:
+    each request is ``(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)`` as that
+    method receives them (no overlapped pairs). Requests of one shape and ``t_comm`` are
+    timed together (:func:`strategies.pipeline.one_f_one_b_family_timings`: the same
+    integers as one at a time, several duration sets in one numpy pass where that pays);
+    requests the recurrence does not time (another schedule, a price per hop, a shape
+    the schedule refuses, durations not whole ns) are left to their own call."""
+    groups: dict[tuple, list[tuple]] = {}
+    for schedule, pp, microbatches, vpp, t_f, t_b, t_comm in requests:
+        if not isinstance(schedule, OneFOneBFamily) or isinstance(t_comm, Mapping):
+            continue
+        key = (schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b), t_comm)
+        if key in _FAMILY_TIMINGS:
+            continue
+        try:
+            schedule.check(pp, microbatches, vpp)
+        except ValueError:
+            continue  # (its own call raises)
+        warmups = _family_warmups(*key)
+        if warmups is None:
+            continue
+        members = groups.setdefault((pp, microbatches, vpp, tuple(warmups), t_comm), [])
+        if key not in members:
+            members.append(key)
+    for (pp, microbatches, vpp, warmups, t_comm), keys in groups.items():
+        try:
+            found = one_f_one_b_family_timings(pp, microbatches, vpp, warmups,
+                                               [(key[4], key[5]) for key in keys], t_comm)
+        except ValueError:
+            continue  # (a schedule's warm-up count out of range: its own call raises)
+        for key, timing in zip(keys, found):
+            _remember_timing(key, PipelineTiming(*timing))
