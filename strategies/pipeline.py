@@ -1622,29 +1622,37 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
 
 
 #: The cost model of :func:`_batch_pays` (same units as :func:`_vector_pays`): sweep
-#: rounds the numpy rows of a batch take on the benchmark shapes that otherwise walk
-#: (1-3 when ``2 m v >= pp``, counted as 3; fewer micro-batches than ranks took more).
+#: rounds the numpy rows of a batch take at least (the benchmark's one-chunk groups
+#: settle in 1-3; interleaved ones in 2 vpp - 1, as one set does), and the positions of
+#: all sets of a batch of shapes :func:`_vector_pays` gives the rows up to which one pass
+#: for all still costs less than one per set (above it the elements, not the calls,
+#: make the time: on the GPT-3 benchmark's groups, best of 15 in-process, 9 sets of
+#: pp 8 x 96 positions 1.8x faster, 6 x 192 a tie, pp 16 at 1,700-2,300 10-25 % slower).
 _BATCH_ROUNDS = 3
+_BATCH_VECTOR_POSITIONS = 960
 
 
 def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
     """Whether the numpy rows of ``count`` duration sets at once
-    (:func:`one_f_one_b_family_timings`) should be cheaper than walking each (a cost
-    model only, never a result): shapes :func:`_vector_pays` leaves to the walk (one
-    call's numpy overhead is what the batch shares), at least as many positions as
-    ranks, and ~60 us plus ~(1 + count * positions / 60) us per row recomputed over
-    ~3 rounds (the best of 5 on the GPT-3/llama benchmark groups: 2-5x faster than the
-    walks where it says so) below the walk's ~0.45 us per rank and position."""
-    if count < 2 or _vector_pays(pp, total, vpp, w_max):
+    (:func:`one_f_one_b_family_timings`) should be cheaper than timing each (a cost
+    model only, never a result). Shapes one call would time by the rows
+    (:func:`_vector_pays`): while the sets' positions together stay below
+    :data:`_BATCH_VECTOR_POSITIONS`. Shapes one call walks: at least as many positions
+    as ranks, and ~60 us plus ~(1 + count * positions / 60) us per row recomputed over
+    at least :data:`_BATCH_ROUNDS` rounds below the walk's ~0.45 us per rank and
+    position (best of 5 on the GPT-3/llama benchmark groups: 2-5x faster than the walks
+    where it says so)."""
+    if count < 2:
         return False
     positions = 2 * total
+    if _vector_pays(pp, total, vpp, w_max):
+        return count * positions <= _BATCH_VECTOR_POSITIONS
     if positions < pp:
         return False
     period = 2 * pp * vpp if vpp > 1 else 2
     walked = min(positions, 2 * w_max + 2 * period + 2)
-    rows = 2 * pp * (2 * vpp - 1)
-    batch = _VECTOR_CALL_US + _BATCH_ROUNDS * rows * (
-        1 + count * positions / _VECTOR_ROW_POSITIONS_PER_US)
+    rows = 2 * pp * max(2 * vpp - 1, _BATCH_ROUNDS)
+    batch = _VECTOR_CALL_US + rows * (1 + count * positions / _VECTOR_ROW_POSITIONS_PER_US)
     return count * _WALK_US_PER_RANK_POSITION * pp * walked > batch
 
 
