@@ -491,16 +491,6 @@ class BatchStepEvaluator:
         return found
 
     # ------------------------------------------------------------------ the step
-    def _plan_step_ns(self, plan: ParallelPlan) -> int | None:
-        """:meth:`_plan_walk` of one plan, its timing computed where it asks for it."""
-        walk = self._plan_walk(plan)
-        try:
-            next(walk)
-            next(walk)
-        except StopIteration as stop:
-            return stop.value
-        raise RuntimeError("a plan's walk asked for a second timing")
-
     def _plan_walk(self, plan: ParallelPlan):
         """AnalyticStepModel(...).run().step_ns from shared prices, as a generator: it
         yields the 1F1B family's timing request ``(schedule, pp, microbatches, vpp, t_f,
