@@ -287,10 +287,9 @@ class BatchStepEvaluator:
             except _Unsupported:
                 continue
             paused.append((index, walk))
-        prime_family_timings(requests)
-        for index, walk in paused:
+        for (index, walk), timing in zip(paused, prime_family_timings(requests)):
             try:
-                next(walk)
+                walk.send(timing)
             except StopIteration as stop:
                 walked[index] = stop.value
             except _Unsupported:
@@ -494,9 +493,9 @@ class BatchStepEvaluator:
     def _plan_walk(self, plan: ParallelPlan):
         """AnalyticStepModel(...).run().step_ns from shared prices, as a generator: it
         yields the 1F1B family's timing request ``(schedule, pp, microbatches, vpp, t_f,
-        t_b, t_comm)`` once its phases are priced (:meth:`_chunk_step_ns` primes the
-        timings of many plans at once; the walk then asks ``schedule.timing`` as
-        before), and returns the step (ns). A price not yet computed is computed by the
+        t_b, t_comm)`` once its phases are priced and is sent back its
+        ``schedule.timing`` (:meth:`_chunk_step_ns` times many plans' at once), or None
+        to ask ``schedule.timing`` itself, and returns the step (ns). A price not yet computed is computed by the
         plan's own model (:meth:`_reference_model`, built on the first such price), in
         one pass: looking the prices up has no side effect, so a pass that stopped at
         the first miss and started again (as before) gave the same integers at up to
@@ -618,11 +617,12 @@ class BatchStepEvaluator:
         else:
             # (other plans' walks run until this one resumes: its per-plan state back)
             model_of = self._model_of
-            yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
+            timing = yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
             self._plan_grads = plan_grads
             if model_of is not None and model_of[0] is plan:
                 self._model_of = model_of
-            timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, hops)
+            if timing is None:  # (one prime_family_timings left to this call)
+                timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, hops)
         # each distinct rank (AnalyticStepModel._signature, with its tail as the timing
         # runs it: AnalyticStepModel._timed_tail) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}

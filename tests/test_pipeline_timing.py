@@ -389,10 +389,11 @@ def test_batches_of_the_benchmark_shapes_take_the_rows(monkeypatch):
 
 
 def test_primed_timings_are_the_ones_each_call_computes():
-    """strategies.schedules.base.prime_family_timings fills the 1F1B family's memo with
-    what OneFOneBFamily.timing computes alone (same PipelineTiming), leaves requests the
-    recurrence does not time (a price per hop, a refused shape, fractions) to their own
-    call, and those calls still give their own answer or error."""
+    """strategies.schedules.base.prime_family_timings returns, and keeps in the 1F1B
+    family's memo, what OneFOneBFamily.timing computes alone (same PipelineTiming), from
+    the memo on a second call too; requests the recurrence does not time (a price per
+    hop, a refused shape, fractions) get None and are left to their own call, which
+    still gives its own answer or error."""
     from strategies.schedules import base
 
     rng = random.Random(5)
@@ -412,7 +413,9 @@ def test_primed_timings_are_the_ones_each_call_computes():
     alone = [base._family_timing(s, pp, m, vpp, tuple(f), tuple(b), c)
              for s, pp, m, vpp, f, b, c in requests[:30]]
     base._FAMILY_TIMINGS.clear()
-    base.prime_family_timings(requests)
+    primed = base.prime_family_timings(requests)
+    assert primed == alone + [None, None, None]
+    assert base.prime_family_timings(requests) == primed
     assert len(base._FAMILY_TIMINGS) == len({(s, pp, m, vpp, tuple(f), tuple(b), c)
                                              for s, pp, m, vpp, f, b, c in requests[:30]})
     for (s, pp, m, vpp, f, b, c), expected in zip(requests, alone):

@@ -488,36 +488,49 @@ def _family_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: i
     return warmups
 
 
-def prime_family_timings(requests: Sequence[tuple]) -> None:
-    """Time many :meth:`OneFOneBFamily.timing` calls ahead, for their later calls to find:
-    each request is ``(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)`` as that
-    method receives them (no overlapped pairs). Requests of one shape and ``t_comm`` are
-    timed together (:func:`strategies.pipeline.one_f_one_b_family_timings`: the same
-    integers as one at a time, several duration sets in one numpy pass where that pays);
-    requests the recurrence does not time (another schedule, a price per hop, a shape
-    the schedule refuses, durations not whole ns) are left to their own call."""
+def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | None]:
+    """:meth:`OneFOneBFamily.timing` of many requests at once, each ``(schedule, pp,
+    microbatches, vpp, t_f, t_b, t_comm)`` as that method receives them (no overlapped
+    pairs): the timing it returns, or None for a request left to its own call (another
+    schedule or one with its own ``timing``, a price per hop, a shape the schedule
+    refuses, durations not whole ns, lists to replay). Requests of one shape and
+    ``t_comm`` are timed together (:func:`strategies.pipeline.one_f_one_b_family_timings`:
+    the same integers as one at a time, several duration sets in one numpy pass where
+    that pays), and kept in the family's memo for later calls."""
+    keys: list[tuple | None] = []
+    found: dict[tuple, PipelineTiming | None] = {}
     groups: dict[tuple, list[tuple]] = {}
     for schedule, pp, microbatches, vpp, t_f, t_b, t_comm in requests:
-        if not isinstance(schedule, OneFOneBFamily) or isinstance(t_comm, Mapping):
+        # (the recurrence's t_comm is one whole number: a mapping of hops, or a float,
+        # goes to the list replay)
+        if (type(t_comm) is not int or not isinstance(schedule, OneFOneBFamily)
+                or type(schedule).timing is not OneFOneBFamily.timing):
+            keys.append(None)
             continue
         key = (schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b), t_comm)
-        if key in _FAMILY_TIMINGS:
+        keys.append(key)
+        if key in found:
             continue
+        known = _FAMILY_TIMINGS.get(key, _MISSING)
+        if known is not _MISSING:  # (a key is kept only once its shape passed check)
+            found[key] = known
+            continue
+        found[key] = None
         try:
             schedule.check(pp, microbatches, vpp)
         except ValueError:
             continue  # (its own call raises)
         warmups = _family_warmups(*key)
-        if warmups is None:
-            continue
-        members = groups.setdefault((pp, microbatches, vpp, tuple(warmups), t_comm), [])
-        if key not in members:
-            members.append(key)
-    for (pp, microbatches, vpp, warmups, t_comm), keys in groups.items():
+        if warmups is not None:
+            groups.setdefault((pp, microbatches, vpp, tuple(warmups), t_comm), []).append(key)
+    for (pp, microbatches, vpp, warmups, t_comm), members in groups.items():
         try:
-            found = one_f_one_b_family_timings(pp, microbatches, vpp, warmups,
-                                               [(key[4], key[5]) for key in keys], t_comm)
+            timings = one_f_one_b_family_timings(pp, microbatches, vpp, warmups,
+                                                 [(key[4], key[5]) for key in members],
+                                                 t_comm)
         except ValueError:
             continue  # (a schedule's warm-up count out of range: its own call raises)
-        for key, timing in zip(keys, found):
-            _remember_timing(key, PipelineTiming(*timing))
+        for key, timing in zip(members, timings):
+            found[key] = PipelineTiming(*timing)
+            _remember_timing(key, found[key])
+    return [None if key is None else found[key] for key in keys]
