@@ -54,7 +54,7 @@ from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
-from strategies.schedules.base import prime_family_timings
+from strategies.schedules.base import known_family_timing, prime_family_timings
 
 __all__ = ["BatchStepEvaluator"]
 
@@ -281,7 +281,7 @@ class BatchStepEvaluator:
             walk = self._plan_walk(plan)
             try:
                 requests.append(next(walk))
-            except StopIteration as stop:  # (no pipeline timing to ask for)
+            except StopIteration as stop:  # (no timing to ask for: none, or one known)
                 walked[index] = stop.value
                 continue
             except _Unsupported:
@@ -491,11 +491,12 @@ class BatchStepEvaluator:
 
     # ------------------------------------------------------------------ the step
     def _plan_walk(self, plan: ParallelPlan):
-        """AnalyticStepModel(...).run().step_ns from shared prices, as a generator: it
-        yields the 1F1B family's timing request ``(schedule, pp, microbatches, vpp, t_f,
-        t_b, t_comm)`` once its phases are priced and is sent back its
-        ``schedule.timing`` (:meth:`_chunk_step_ns` times many plans' at once), or None
-        to ask ``schedule.timing`` itself, and returns the step (ns). A price not yet computed is computed by the
+        """AnalyticStepModel(...).run().step_ns from shared prices, as a generator: once
+        its phases are priced, a pipeline timing not known yet
+        (:func:`strategies.schedules.base.known_family_timing`) is yielded as a request
+        ``(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)`` and the walk is sent back
+        its ``schedule.timing`` (:meth:`_chunk_step_ns` times many plans' at once), or
+        None to ask ``schedule.timing`` itself; it returns the step (ns). A price not yet computed is computed by the
         plan's own model (:meth:`_reference_model`, built on the first such price), in
         one pass: looking the prices up has no side effect, so a pass that stopped at
         the first miss and started again (as before) gave the same integers at up to
@@ -616,11 +617,17 @@ class BatchStepEvaluator:
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
             # (other plans' walks run until this one resumes: its per-plan state back)
-            model_of = self._model_of
-            timing = yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
-            self._plan_grads = plan_grads
-            if model_of is not None and model_of[0] is plan:
-                self._model_of = model_of
+            timing = known_family_timing(schedule, pp, m, vpp, phases["F"], durations_b,
+                                         hops)
+            if timing is None:
+                # (timed with other plans' timings: paused until then, other walks run,
+                # and its per-plan state is put back; a known timing does not pause, as
+                # holding many walks at once costs more than asking for it)
+                model_of = self._model_of
+                timing = yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
+                self._plan_grads = plan_grads
+                if model_of is not None and model_of[0] is plan:
+                    self._model_of = model_of
             if timing is None:  # (one prime_family_timings left to this call)
                 timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, None, hops)
         # each distinct rank (AnalyticStepModel._signature, with its tail as the timing

@@ -391,9 +391,9 @@ def test_batches_of_the_benchmark_shapes_take_the_rows(monkeypatch):
 def test_primed_timings_are_the_ones_each_call_computes():
     """strategies.schedules.base.prime_family_timings returns, and keeps in the 1F1B
     family's memo, what OneFOneBFamily.timing computes alone (same PipelineTiming), from
-    the memo on a second call too; requests the recurrence does not time (a price per
-    hop, a refused shape, fractions) get None and are left to their own call, which
-    still gives its own answer or error."""
+    the memo on a second call too (known_family_timing reads it); requests the
+    recurrence does not time (a price per hop, a refused shape, fractions) get None and
+    are left to their own call, which still gives its own answer or error."""
     from strategies.schedules import base
 
     rng = random.Random(5)
@@ -420,6 +420,9 @@ def test_primed_timings_are_the_ones_each_call_computes():
                                              for s, pp, m, vpp, f, b, c in requests[:30]})
     for (s, pp, m, vpp, f, b, c), expected in zip(requests, alone):
         assert s.timing(pp, m, vpp, f, b, None, c) == expected
+        assert base.known_family_timing(s, pp, m, vpp, f, b, c) == expected
+    for request in requests[30:]:  # (what the memo does not time is not known)
+        assert base.known_family_timing(*request) is None
     assert one.timing(2, 4, 1, [1, 1], [2, 2], None, {(0, 1): 1, (1, 0): 1}).makespan > 0
     with pytest.raises(ValueError):
         inter.timing(4, 6, 2, [1] * 8, [2] * 8, None, 3)

@@ -488,6 +488,18 @@ def _family_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: i
     return warmups
 
 
+def known_family_timing(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
+                        t_f: Sequence[int], t_b: Sequence[int], t_comm: object
+                        ) -> PipelineTiming | None:
+    """The :meth:`OneFOneBFamily.timing` of these arguments (no overlapped pairs) when
+    the family's memo holds it (a key is kept only once its shape passed the schedule's
+    check), else None (not timed yet, another schedule, or lists to replay)."""
+    if type(t_comm) is not int or type(schedule).timing is not OneFOneBFamily.timing:
+        return None
+    return _FAMILY_TIMINGS.get((schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b),
+                                t_comm))
+
+
 def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | None]:
     """:meth:`OneFOneBFamily.timing` of many requests at once, each ``(schedule, pp,
     microbatches, vpp, t_f, t_b, t_comm)`` as that method receives them (no overlapped
