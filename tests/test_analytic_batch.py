@@ -49,18 +49,24 @@ def _random_plan(rng: random.Random, model):
 
 
 def _plans(model, cluster, count: int, seed: int):
+    """``count`` valid random plans and, for each, the simulate_step result at analytic
+    fidelity (check_memory=False) that proved it valid: the tests compare the evaluator
+    with these (simulate_step is deterministic, so simulating a plan again would give the
+    same result at twice the cost)."""
     rng = random.Random(seed)
-    plans, tries = [], 0
+    plans, references, tries = [], [], 0
     while len(plans) < count and tries < 50 * count:
         tries += 1
         try:
             plan = _random_plan(rng, model)
             validate_for(plan, model, cluster, GPUS)
-            simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False)
+            reference = simulate_step(model, cluster, plan, fidelity="analytic",
+                                      check_memory=False)
         except ValueError:
             continue
         plans.append(plan)
-    return plans
+        references.append(reference)
+    return plans, references
 
 
 def _models():
@@ -75,13 +81,11 @@ def _models():
 def test_batch_step_equals_simulate_step(name, count, batch_at_least):
     model = _models()[name]
     cluster = load_cluster("dgx-h100")
-    plans = _plans(model, cluster, count, seed=16)
+    plans, references = _plans(model, cluster, count, seed=16)
     assert len(plans) == count
     evaluator = BatchStepEvaluator(model, cluster)  # one cache for all, as a search
     got = evaluator.step_ns(plans)
-    for plan, step_ns in zip(plans, got):
-        reference = simulate_step(model, cluster, plan, fidelity="analytic",
-                                  check_memory=False)
+    for plan, step_ns, reference in zip(plans, got, references, strict=True):
         assert step_ns / 1e9 == reference.step_time_s, plan
     # again from warm prices: the same integers
     assert evaluator.step_ns(plans) == got
@@ -111,21 +115,22 @@ def test_host_issue_plans_batch_equal_simulate_step():
     for model, count, seed in ((dense, 50, 21), (windowed, 30, 22),
                                (load_model("llama3-8b"), 24, 23), (moe, 6, 24)):
         rng = random.Random(seed)
-        plans = []
+        plans, references = [], []
         while len(plans) < count:
             try:
                 plan = dataclasses.replace(_random_plan(rng, model),
                                            host_issue=modes[len(plans) % len(modes)])
                 validate_for(plan, model, cluster, GPUS)
-                simulate_step(model, cluster, plan, fidelity="analytic", check_memory=False)
+                # the reference the evaluator must equal (simulate_step is deterministic)
+                reference = simulate_step(model, cluster, plan, fidelity="analytic",
+                                          check_memory=False)
             except ValueError:
                 continue
             plans.append(plan)
+            references.append(reference)
         evaluator = BatchStepEvaluator(model, cluster)
         got = evaluator.step_ns(plans)
-        for plan, step_ns in zip(plans, got):
-            reference = simulate_step(model, cluster, plan, fidelity="analytic",
-                                      check_memory=False)
+        for plan, step_ns, reference in zip(plans, got, references, strict=True):
             assert step_ns / 1e9 == reference.step_time_s, plan
         assert evaluator.step_ns(plans) == got  # warm prices: the same integers
         batch = [plan for plan in plans if evaluator.covers(plan)]
@@ -142,7 +147,7 @@ def test_host_issue_plans_batch_equal_simulate_step():
 def test_rank_results_are_simulate_steps():
     model = load_model("llama3-8b")
     cluster = load_cluster("dgx-h100")
-    plans = _plans(model, cluster, 50, seed=5)
+    plans, _ = _plans(model, cluster, 50, seed=5)
     plans += [make_plan(gpus=GPUS, tp=1, pp=1, micro_batch=8, global_batch=256,
                         seq_len=8192, zero=0)]  # does not fit
     results = BatchStepEvaluator(model, cluster).rank_results(plans)

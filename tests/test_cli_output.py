@@ -49,6 +49,31 @@ def test_tables_fit_100_columns(capsys, monkeypatch, name, columns):
                 or "fidelity" in line], bare[:5]
 
 
+def test_simulate_header_states_the_defaults_without_the_long_replay(capsys, tmp_path):
+    """The inner loop's variant of the test below (whose default event replay of 256
+    micro-batches takes seconds): the default batch is stated at analytic fidelity, the
+    default fidelity with a small batch, the calibration file in both."""
+    cal = tmp_path / "cal.toml"
+    cal.write_text('[fields]\n"gpu.sustained_fraction" = 0.7\n')
+    base = ("simulate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
+            "--calibration", str(cal))
+    expected = {("--fidelity", "analytic"): ("fidelity analytic",
+                                             "global batch 1,024 sequences (4.00 Mi tokens)",
+                                             "256 micro-batches of 1 per pipeline"),
+                ("--global-batch", "32"): ("fidelity event", "global batch 32 sequences",
+                                           "8 micro-batches of 1 per pipeline")}
+    for extra, phrases in expected.items():
+        code, out, err = run_cli(capsys, *base, *extra)
+        assert code == 0, err
+        header = words(out.split("step time")[0])
+        for phrase in ("llama3-8b on 16 GPUs of dgx-h100", f"calibration {cal.resolve()}",
+                       "seq_len 4,096", "schedule 1f1b", "zero 1",
+                       "DP gradient reduction overlapped with backward in 40 MB buckets",
+                       *phrases):
+            assert phrase in header, (phrase, header)
+
+
+@pytest.mark.slow  # the default step at event fidelity (256 micro-batches): ~6 s
 def test_simulate_header_states_the_effective_inputs(capsys, tmp_path):
     cal = tmp_path / "cal.toml"
     cal.write_text('[fields]\n"gpu.sustained_fraction" = 0.7\n')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,22 @@ ALLOWED = {
 VALIDATE_COMMANDS = ROOT / "trainsim" / "cli"
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per run: several rules read each file, and
+    none of them changes the tree."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of a file's tree, in ``ast.walk`` order, listed once per run."""
+    return tuple(ast.walk(_tree(path)))
+
+
 def _imports(path: Path, *, top_level_only: bool) -> list[tuple[str, int]]:
     """Modules a file imports (first dotted component), with line numbers."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    nodes = _tree(path).body if top_level_only else _nodes(path)
     found = []
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -38,9 +51,8 @@ def _imports(path: Path, *, top_level_only: bool) -> list[tuple[str, int]]:
 
 def _imports_inside_functions(path: Path) -> set[int]:
     """Line numbers of the imports that sit inside a function body."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     lines = set()
-    for func in ast.walk(tree):
+    for func in _nodes(path):
         if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             lines |= {node.lineno for node in ast.walk(func)
                       if isinstance(node, (ast.Import, ast.ImportFrom))}
@@ -112,9 +124,8 @@ STRATEGIES_MAY_READ = {"hardware.spec", "hardware.units", "hardware.toml_sources
 
 def _dotted_imports(path: Path) -> list[tuple[str, int]]:
     """Full dotted module names a file imports (``from a.b import c`` gives ``a.b``)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     found = []
-    for node in ast.walk(tree):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -124,9 +135,8 @@ def _dotted_imports(path: Path) -> list[tuple[str, int]]:
 
 def _divides_by_a_bandwidth(path: Path) -> list[int]:
     """Lines dividing by a ``*_bytes_per_s`` quantity: bytes turned into seconds."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     lines = []
-    for node in ast.walk(tree):
+    for node in _nodes(path):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             names = [n.attr if isinstance(n, ast.Attribute) else n.id
                      for n in ast.walk(node.right) if isinstance(n, (ast.Attribute, ast.Name))]
@@ -160,9 +170,8 @@ def test_strategies_read_only_hardware_specs_and_units():
 def _schedule_comparisons(path: Path, names: set[str]) -> list[int]:
     """Lines comparing something called ``schedule`` with a schedule's name
     (``plan.schedule == "zb-h1"``, ``schedule in ("1f1b", ...)``)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     lines = []
-    for node in ast.walk(tree):
+    for node in _nodes(path):
         if not isinstance(node, ast.Compare):
             continue
         parts = [node.left, *node.comparators]
