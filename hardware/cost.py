@@ -48,7 +48,7 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 import simpy
 
 from hardware.compute import (HOST_CALL_S, HOST_CPU_FACTOR, HOST_ISSUE_S, HOST_MODULE_S,
-                              ComputeModel)
+                              ComputeModel, expected_slowest_factor)
 from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
                               all_pairs_p2p_cap_s)
 from hardware.spec import NIC_PATHS, PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
@@ -338,6 +338,10 @@ class CostModel:
         self.ranks = dict(ranks or {})
         #: the host CPU's time relative to the reference host (GpuSpec.host_cpu)
         self._host_factor = HOST_CPU_FACTOR[layout.spec.gpu.host_cpu]
+        #: every kernel at the pace of the job's expected slowest GPU (GpuSpec.speed_spread,
+        #: hardware.compute.expected_slowest_factor); 1.0 for a fleet of equal GPUs
+        self.slowest_gpu_factor = expected_slowest_factor(layout.spec.gpu.speed_spread,
+                                                          layout.world_size)
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
@@ -370,6 +374,13 @@ class CostModel:
         conditions = self.ranks.get(rank) if rank is not None else None
         return 1.0 if conditions is None else conditions.speed
 
+    def kernel_factor(self, rank: int | None) -> float:
+        """What ``rank``'s kernels take relative to the fleet's mean GPU: the job's
+        expected slowest GPU's (:attr:`slowest_gpu_factor`), or a slowed rank's ``1 /
+        speed`` where it is slower still. A rank named slow is one of the job's GPUs, so
+        it sets the pace only where it is slower than the expected slowest of them."""
+        return max(self.slowest_gpu_factor, 1.0 / self.rank_speed(rank))
+
     def compute_ns(self, op, rank: int | None = None, start_ns: int = 0) -> int:
         """Nanoseconds a compute op takes on ``rank`` when it starts at ``start_ns``:
         the rank's GPU's price of the kernel, divided by the rank's speed, stretched by
@@ -395,8 +406,11 @@ class CostModel:
             if comm_sms and sms > comm_sms:
                 # the kernel's thread blocks run on the SMs the communication leaves
                 duration = math.ceil(duration * sms / (sms - comm_sms))
-            if conditions is not None and conditions.speed != 1.0:
-                duration = math.ceil(duration / conditions.speed)
+            factor = self.kernel_factor(rank)
+            if factor != 1.0:
+                duration = (math.ceil(duration / conditions.speed)
+                            if self.slowest_gpu_factor == 1.0
+                            else math.ceil(duration * factor))
             self._compute_cache[key] = duration
         if conditions is not None and conditions.episodes:
             return stretched_ns(start_ns, duration, conditions.episodes)
