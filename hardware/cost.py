@@ -310,6 +310,17 @@ def ll128_enabled(spec: ClusterSpec, geometry: GroupGeometry) -> bool:
     return True
 
 
+def slowest_gpu_factor(spec: ClusterSpec, gpus: int) -> float:
+    """How much longer every kernel of a ``gpus``-GPU job on ``spec`` runs than on the
+    fleet's mean GPU: the job's expected slowest GPU's
+    (:func:`hardware.compute.expected_slowest_factor` of ``spec.gpu.speed_spread``).
+
+    Raises:
+        ValueError: for a bad spread or GPU count.
+    """
+    return expected_slowest_factor(spec.gpu.speed_spread, gpus)
+
+
 class CostModel:
     """Durations of compute, collectives and point-to-point transfers on one job layout.
 
@@ -340,8 +351,7 @@ class CostModel:
         self._host_factor = HOST_CPU_FACTOR[layout.spec.gpu.host_cpu]
         #: every kernel at the pace of the job's expected slowest GPU (GpuSpec.speed_spread,
         #: hardware.compute.expected_slowest_factor); 1.0 for a fleet of equal GPUs
-        self.slowest_gpu_factor = expected_slowest_factor(layout.spec.gpu.speed_spread,
-                                                          layout.world_size)
+        self.slowest_gpu_factor = slowest_gpu_factor(layout.spec, layout.world_size)
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}

@@ -132,8 +132,8 @@ def test_the_cli_prints_the_factor(capsys):
                   "--set", "gpu.speed_spread=0.015")
     factor = expected_slowest_factor(SPREAD, 16)
     assert code == 0
-    assert "expected slowest of 16 GPUs (gpu.speed_spread 0.015)" in out
-    assert f"x{factor:.4f}" in out
+    assert "kernels at the slowest GPU's pace" in out
+    assert f"x{factor:.4f} (speed_spread 0.015)" in out
 
 
 def test_presets_default_to_equal_gpus():
