@@ -388,7 +388,10 @@ class CostModel:
         """What ``rank``'s kernels take relative to the fleet's mean GPU: the job's
         expected slowest GPU's (:attr:`slowest_gpu_factor`), or a slowed rank's ``1 /
         speed`` where it is slower still. A rank named slow is one of the job's GPUs, so
-        it sets the pace only where it is slower than the expected slowest of them."""
+        it sets the pace only where it is slower than the expected slowest of them. With
+        GPUs alike (factor 1.0) a rank's kernels take ``1 / speed``, faster ones too."""
+        if self.slowest_gpu_factor == 1.0:
+            return 1.0 / self.rank_speed(rank)
         return max(self.slowest_gpu_factor, 1.0 / self.rank_speed(rank))
 
     def compute_ns(self, op, rank: int | None = None, start_ns: int = 0) -> int:
@@ -416,11 +419,10 @@ class CostModel:
             if comm_sms and sms > comm_sms:
                 # the kernel's thread blocks run on the SMs the communication leaves
                 duration = math.ceil(duration * sms / (sms - comm_sms))
-            factor = self.kernel_factor(rank)
-            if factor != 1.0:
-                duration = (math.ceil(duration / conditions.speed)
-                            if self.slowest_gpu_factor == 1.0
-                            else math.ceil(duration * factor))
+            if self.slowest_gpu_factor != 1.0:
+                duration = math.ceil(duration * self.kernel_factor(rank))
+            elif conditions is not None and conditions.speed != 1.0:
+                duration = math.ceil(duration / conditions.speed)
             self._compute_cache[key] = duration
         if conditions is not None and conditions.episodes:
             return stretched_ns(start_ns, duration, conditions.episodes)

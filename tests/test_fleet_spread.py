@@ -87,6 +87,9 @@ def test_a_named_slow_rank_sets_the_pace_only_where_slower_than_the_expected_slo
     assert cost.kernel_factor(0) == cost.slowest_gpu_factor
     assert cost.kernel_factor(3) == cost.slowest_gpu_factor
     assert cost.kernel_factor(5) == 2.0
+    alike = CostModel(ClusterLayout(H100, 16, 8), ALGORITHMS,
+                      ranks={3: RankConditions(speed=1.25)})
+    assert alike.kernel_factor(3) == 0.8  # GPUs alike: a faster rank is faster, as before
     plan = _data_parallel(128)
     cluster = _cluster(SPREAD)
     alone = simulate_step(MODEL, cluster, plan, fidelity="analytic", check_memory=False)
