@@ -57,6 +57,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from statistics import NormalDist
 from typing import Mapping, Protocol, Sequence
 
 from hardware.spec import ATTENTION_IMPLS, COMPUTE_KINDS, GpuSpec
@@ -248,6 +249,52 @@ class EfficiencyCurve:
         x0, x1 = xs[i - 1], xs[i]
         y0, y1 = self.log_efficiency[i - 1], self.log_efficiency[i]
         return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+#: Largest ``GpuSpec.speed_spread`` a preset may give: a relative standard deviation of
+#: 20 % is ten times the measured fleets' (:func:`expected_slowest_factor`), so anything
+#: above it is a typo (a percentage given as a number: 1.5 for 1.5 %).
+MAX_SPEED_SPREAD = 0.2
+
+
+def expected_slowest_z(gpus: int) -> float:
+    """Expected largest of ``gpus`` independent standard normal draws, by Blom's
+    approximation ``Phi^-1((n - 0.375) / (n + 0.25))`` (G. Blom, *Statistical Estimates
+    and Transformed Beta-Variables*, 1958): 0 for one GPU, 1.434 for 8, 3.427 for 2048.
+    It is within 0.03 of the exact expected maximum (the integral of
+    ``x n Phi(x)^(n-1) phi(x)``, tabulated by H. L. Harter, Biometrika 48, 1961):
+    0.589 against 0.564 for two GPUs, 3.427 against 3.442 for 2048.
+
+    Raises:
+        ValueError: for a GPU count that is not an integer >= 1.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus: {gpus!r} is not valid; give an integer >= 1")
+    return NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
+
+
+def expected_slowest_factor(speed_spread: float, gpus: int) -> float:
+    """How much longer a kernel runs on the expected slowest of ``gpus`` GPUs than on the
+    fleet's mean GPU, when the GPUs' sustained kernel times have relative standard
+    deviation ``speed_spread`` (``GpuSpec.speed_spread``): ``1 + speed_spread *``
+    :func:`expected_slowest_z` ``(gpus)``.
+
+    Why: a synchronous data/tensor/pipeline-parallel step waits at its collectives for
+    every rank, so it runs at the pace of its slowest GPU, and same-SKU GPUs do not run
+    at one speed: under power management each settles at its own clock (Sinha et al.,
+    "Not All GPUs Are Created Equal", SC22, arXiv 2208.11035: 8 % average performance
+    variation across a cluster's same-SKU GPUs, up to 22 %; the Llama 3 paper, arXiv
+    2407.21783 §3.3.4: the 16K-H100 job's throughput moved 1-2 % with the day's
+    temperature through the GPUs' DVFS). The expected slowest of more GPUs is slower
+    (order statistics), so a job of the same per-GPU work slows as it grows.
+
+    Raises:
+        ValueError: for a spread outside ``[0, MAX_SPEED_SPREAD]`` or a bad GPU count.
+    """
+    if not 0 <= speed_spread <= MAX_SPEED_SPREAD:
+        raise ValueError(f"speed_spread: {speed_spread!r} is not valid; give a relative "
+                         f"standard deviation 0 <= x <= {MAX_SPEED_SPREAD:g} (0.015 = 1.5 %)")
+    return 1.0 + speed_spread * expected_slowest_z(gpus)
 
 
 @lru_cache(maxsize=1)

@@ -48,7 +48,7 @@ from typing import Iterator, Mapping, NamedTuple, Protocol, Sequence
 import simpy
 
 from hardware.compute import (HOST_CALL_S, HOST_CPU_FACTOR, HOST_ISSUE_S, HOST_MODULE_S,
-                              ComputeModel)
+                              ComputeModel, expected_slowest_factor)
 from hardware.network import (CommPlanLike, FlowFabric, NetworkModel, PhaseLike,
                               all_pairs_p2p_cap_s)
 from hardware.spec import NIC_PATHS, PROTOCOLS, ClusterSpec, GpuSpec, GroupGeometry
@@ -310,6 +310,17 @@ def ll128_enabled(spec: ClusterSpec, geometry: GroupGeometry) -> bool:
     return True
 
 
+def slowest_gpu_factor(spec: ClusterSpec, gpus: int) -> float:
+    """How much longer every kernel of a ``gpus``-GPU job on ``spec`` runs than on the
+    fleet's mean GPU: the job's expected slowest GPU's
+    (:func:`hardware.compute.expected_slowest_factor` of ``spec.gpu.speed_spread``).
+
+    Raises:
+        ValueError: for a bad spread or GPU count.
+    """
+    return expected_slowest_factor(spec.gpu.speed_spread, gpus)
+
+
 class CostModel:
     """Durations of compute, collectives and point-to-point transfers on one job layout.
 
@@ -338,6 +349,9 @@ class CostModel:
         self.ranks = dict(ranks or {})
         #: the host CPU's time relative to the reference host (GpuSpec.host_cpu)
         self._host_factor = HOST_CPU_FACTOR[layout.spec.gpu.host_cpu]
+        #: every kernel at the pace of the job's expected slowest GPU (GpuSpec.speed_spread,
+        #: hardware.compute.expected_slowest_factor); 1.0 for a fleet of equal GPUs
+        self.slowest_gpu_factor = slowest_gpu_factor(layout.spec, layout.world_size)
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
@@ -370,6 +384,16 @@ class CostModel:
         conditions = self.ranks.get(rank) if rank is not None else None
         return 1.0 if conditions is None else conditions.speed
 
+    def kernel_factor(self, rank: int | None) -> float:
+        """What ``rank``'s kernels take relative to the fleet's mean GPU: the job's
+        expected slowest GPU's (:attr:`slowest_gpu_factor`), or a slowed rank's ``1 /
+        speed`` where it is slower still. A rank named slow is one of the job's GPUs, so
+        it sets the pace only where it is slower than the expected slowest of them. With
+        GPUs alike (factor 1.0) a rank's kernels take ``1 / speed``, faster ones too."""
+        if self.slowest_gpu_factor == 1.0:
+            return 1.0 / self.rank_speed(rank)
+        return max(self.slowest_gpu_factor, 1.0 / self.rank_speed(rank))
+
     def compute_ns(self, op, rank: int | None = None, start_ns: int = 0) -> int:
         """Nanoseconds a compute op takes on ``rank`` when it starts at ``start_ns``:
         the rank's GPU's price of the kernel, divided by the rank's speed, stretched by
@@ -395,7 +419,9 @@ class CostModel:
             if comm_sms and sms > comm_sms:
                 # the kernel's thread blocks run on the SMs the communication leaves
                 duration = math.ceil(duration * sms / (sms - comm_sms))
-            if conditions is not None and conditions.speed != 1.0:
+            if self.slowest_gpu_factor != 1.0:
+                duration = math.ceil(duration * self.kernel_factor(rank))
+            elif conditions is not None and conditions.speed != 1.0:
                 duration = math.ceil(duration / conditions.speed)
             self._compute_cache[key] = duration
         if conditions is not None and conditions.episodes:

@@ -90,6 +90,12 @@ class GpuSpec:
         compute_capability: CUDA compute capability as NCCL writes it (major x 10 +
             minor: 80 A100, 90 H100/H200, 100 B200/GB200); 0 = not given. NCCL's LL128
             enable rule reads it (:func:`hardware.cost.ll128_enabled`).
+        speed_spread: relative standard deviation of a GPU's sustained kernel time
+            across the GPUs of this SKU in one fleet (manufacturing variability under
+            power management: same-SKU GPUs settle at different clocks under load).
+            A synchronous job runs at the pace of its slowest GPU, so every kernel is
+            priced at the expected slowest of the job's GPUs
+            (:func:`hardware.compute.expected_slowest_factor`); 0 = all GPUs alike.
     """
 
     name: str
@@ -105,6 +111,7 @@ class GpuSpec:
     memory_reserve_bytes: int = 1 << 30
     host_cpu: str = "x86"
     compute_capability: int = 0
+    speed_spread: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from hardware.catalog import cluster_to_dict
-from hardware.cost import ComputeTimer, CostModel
+from hardware.cost import ComputeTimer, CostModel, slowest_gpu_factor
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
 from hardware.units import canonical_dtype
@@ -416,7 +416,9 @@ def resolved_inputs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
     cluster_dict = cluster_to_dict(cluster) if cluster_dict is None else cluster_dict
     return {"model": model.name, "cluster": cluster_dict, "plan": _plan_dict(plan),
             "gpus": plan.world_size, "fidelity": fidelity, "nodes": layout.nodes,
-            "gpus_per_node": layout.gpus_per_node, "plans_chosen": dict(plan_counts)}
+            "gpus_per_node": layout.gpus_per_node, "plans_chosen": dict(plan_counts),
+            # every kernel at the pace of the job's expected slowest GPU (1.0: GPUs alike)
+            "slowest_gpu_factor": slowest_gpu_factor(cluster, layout.world_size)}
 
 
 def _plan_dict(plan: ParallelPlan) -> dict[str, object]:

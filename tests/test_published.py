@@ -71,12 +71,18 @@ def test_dense_models_within_todays_bounds(report):
     recipe's per-iteration copies of its scanned layers' loop-carried buffers (XLA
     while-loop double buffering off; ParallelPlan.xla_scan_carry_copies): 5.29 %,
     15.57 %, -2.04 % (the Paxml rows from -29..-33 % to -13.5..-19.5 %): the p90 and
-    bias tighten."""
+    bias tighten. Every kernel at the job's expected slowest GPU (gpu.speed_spread 1.5 %,
+    hardware.compute.expected_slowest_factor) with every preset refitted on its
+    calibration rows: 4.93 %, 14.82 %, -2.70 %. The median and p90 tighten (each weak-
+    scaling series flattens: tests/test_fleet_spread.py); the bias opens to 0.028 because
+    the calibration rows (H100: 128 GPUs; A100: 32-3072) now carry their slowest GPU, so
+    the rows on fewer GPUs, which were already simulated too fast, run 1-2 points faster
+    (MosaicML H100 below 128 GPUs -1.9 -> -3.5 %)."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
-    assert dense["median_abs_error"] <= 0.053
-    assert dense["p90_abs_error"] <= 0.157
-    assert abs(dense["bias"]) <= 0.021
+    assert dense["median_abs_error"] <= 0.050
+    assert dense["p90_abs_error"] <= 0.149
+    assert abs(dense["bias"]) <= 0.028
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -130,12 +136,14 @@ def test_moe_models_within_todays_bounds(report):
     mb2511_16 +22.5 %): five rows that were 18-31 % slow come within 9 % (mb2511_08
     +17.9 -> -1.9 %), the rows already simulated too fast fall further (mb2511_16 -27.7 ->
     -41.0 %); the p90 and bias open to what the replay gives (the eager dropless rows'
-    host cost is under-priced: test_host_issue's token-drop/dropless pair)."""
+    host cost is under-priced: test_host_issue's token-drop/dropless pair). Every kernel
+    at the job's expected slowest GPU (gpu.speed_spread) with the presets refitted:
+    11.39 %, 33.96 %, -11.46 %; the p90 and bias tighten."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
     assert moe["median_abs_error"] <= 0.115
-    assert moe["p90_abs_error"] <= 0.346
-    assert abs(moe["bias"]) <= 0.118
+    assert moe["p90_abs_error"] <= 0.340
+    assert abs(moe["bias"]) <= 0.115
 
 
 def test_whole_set_within_todays_bounds(report):
@@ -146,10 +154,11 @@ def test_whole_set_within_todays_bounds(report):
     rows of torchtitan and Llama 3 run as their stacks run CP (cp_comm_type), then
     the MoE framework settings of validate.published_stacks as well (18.9 %); host issue
     per stack for the dense rows (18.6 %) and the gpt-oss experts' eager bias adds
-    (18.4 %); the dgxc Paxml scanned-layer copies (18.2 %)."""
+    (18.4 %); the dgxc Paxml scanned-layer copies (18.2 %); every kernel at the job's
+    expected slowest GPU (17.5 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.185
+    assert every["p90_abs_error"] <= 0.175
     assert abs(every["bias"]) <= 0.05
 
 

@@ -59,6 +59,7 @@ from hardware.spec import (
     NicSpec,
     ScaleUpSpec,
 )
+from hardware.compute import MAX_SPEED_SPREAD
 from hardware.units import GIB, GB
 # tomllib is re-exported: tests read pyproject.toml with it.
 from hardware.user_input import load_input, tomllib  # noqa: F401
@@ -152,6 +153,8 @@ SCHEMA: dict[str, Any] = {
         "memory_reserve_gib": _Field(float, "nonnegative", required=False, high=1e6),
         "host_cpu": _Field(str, choices=HOST_CPUS, required=False),
         "compute_capability": _Field(int, "nonnegative", required=False, high=1000),
+        "speed_spread": _Field(float, "nonnegative", required=False,
+                               high=MAX_SPEED_SPREAD),
     },
     "scale_up": {
         "kind": _Field(str, choices=SCALE_UP_KINDS),
@@ -583,6 +586,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             memory_reserve_bytes=int(round(gpu.get("memory_reserve_gib", 1.0) * GIB)),
             host_cpu=gpu.get("host_cpu", "x86"),
             compute_capability=gpu.get("compute_capability", 0),
+            speed_spread=gpu.get("speed_spread", 0.0),
         ),
         scale_up=ScaleUpSpec(
             kind=up["kind"],
@@ -709,7 +713,8 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                 "kernel_launch_us": g.kernel_launch_s * us,
                 "sustained_fraction": g.sustained_fraction, "sm_count": g.sm_count,
                 "memory_reserve_gib": g.memory_reserve_bytes / GIB,
-                "host_cpu": g.host_cpu, "compute_capability": g.compute_capability},
+                "host_cpu": g.host_cpu, "compute_capability": g.compute_capability,
+                "speed_spread": g.speed_spread},
         "scale_up": scale_up,
         "nic": {"count_per_node": nic.count_per_node, "gbit_per_s": nic.gbit_per_s,
                 "kind": nic.kind, "gpudirect_rdma": nic.gpudirect_rdma,

@@ -111,6 +111,11 @@ def print_step(result) -> None:
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
             ("MFU (%)", f"{100 * result.mfu:.1f}"),
             ("peak memory (GiB)", f"{result.peak_memory_bytes / 2**30:.2f}")]
+    slowest = result.inputs.get("slowest_gpu_factor", 1.0)
+    if slowest != 1.0:
+        spread = result.inputs["cluster"]["gpu"]["speed_spread"]
+        rows.append(("kernels at the slowest GPU's pace", f"x{slowest:.4f} (speed_spread "
+                     f"{spread:g})"))
     cost = result.perturbation_cost
     if cost is not None:
         rows += [("step time without perturbations (s)", f"{cost['baseline_step_time_s']:.4f}"),
