@@ -496,8 +496,8 @@ class BatchStepEvaluator:
         (:func:`strategies.schedules.base.known_family_timing`) is yielded as a request
         ``(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)`` and the walk is sent back
         its ``schedule.timing`` (:meth:`_chunk_step_ns` times many plans' at once), or
-        None to ask ``schedule.timing`` itself; it returns the step (ns). A price not yet computed is computed by the
-        plan's own model (:meth:`_reference_model`, built on the first such price), in
+        None to ask ``schedule.timing`` itself; it returns the step (ns). A price not yet
+        computed is computed by the plan's own model (:meth:`_reference_model`, built on the first such price), in
         one pass: looking the prices up has no side effect, so a pass that stopped at
         the first miss and started again (as before) gave the same integers at up to
         twice the walk."""
@@ -616,13 +616,13 @@ class BatchStepEvaluator:
             timing = schedule.timing(pp, m, vpp, phases["F"], durations_b, phases["W"], hops,
                                      t_fb=None, overlap=False, t_i=phases["I"])
         else:
-            # (other plans' walks run until this one resumes: its per-plan state back)
-            timing = known_family_timing(schedule, pp, m, vpp, phases["F"], durations_b,
-                                         hops)
-            if timing is None:
+            missing, timing = known_family_timing(schedule, pp, m, vpp, phases["F"],
+                                                  durations_b, hops)
+            if missing:
                 # (timed with other plans' timings: paused until then, other walks run,
-                # and its per-plan state is put back; a known timing does not pause, as
-                # holding many walks at once costs more than asking for it)
+                # and its per-plan state is put back -- the gradients for correctness,
+                # the model only to spare rebuilding it; a known timing, or one the memo
+                # never holds, does not pause: holding many walks costs more than asking)
                 model_of = self._model_of
                 timing = yield (schedule, pp, m, vpp, phases["F"], durations_b, hops)
                 self._plan_grads = plan_grads

@@ -440,10 +440,19 @@ class OneFOneBFamily(PipelineSchedule):
 
 #: OneFOneBFamily timings without pairs by ``(schedule, pp, microbatches, vpp, t_f, t_b,
 #: t_comm)`` (:func:`_family_timing`; :func:`prime_family_timings` fills it for many at
-#: once), the oldest dropped past :data:`_FAMILY_TIMINGS_MAX`
+#: once), the least recently used dropped past :data:`_FAMILY_TIMINGS_MAX`
 _FAMILY_TIMINGS: dict[tuple, PipelineTiming | None] = {}
 _FAMILY_TIMINGS_MAX = 4096
 _MISSING = object()
+
+
+def _recall_timing(key: tuple) -> object:
+    """The memo's entry for ``key`` (a timing, or None for lists to replay), moved to the
+    most recently used end; :data:`_MISSING` when it holds none."""
+    found = _FAMILY_TIMINGS.pop(key, _MISSING)
+    if found is not _MISSING:
+        _FAMILY_TIMINGS[key] = found
+    return found
 
 
 def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: int,
@@ -451,7 +460,7 @@ def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: in
     """OneFOneBFamily.timing without pairs, memoised per durations; None when the lists
     must be replayed (no warm-up order, durations not whole ns >= 0)."""
     key = (schedule, pp, microbatches, vpp, t_f, t_b, t_comm)
-    found = _FAMILY_TIMINGS.get(key, _MISSING)
+    found = _recall_timing(key)
     if found is _MISSING:
         warmups = _family_warmups(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)
         found = None
@@ -463,7 +472,7 @@ def _family_timing(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: in
 
 
 def _remember_timing(key: tuple, found: PipelineTiming | None) -> None:
-    """Keep ``found`` in :data:`_FAMILY_TIMINGS` (bounded: the oldest entry goes)."""
+    """Keep ``found`` in :data:`_FAMILY_TIMINGS` (bounded: the least recently used goes)."""
     if len(_FAMILY_TIMINGS) >= _FAMILY_TIMINGS_MAX:
         _FAMILY_TIMINGS.pop(next(iter(_FAMILY_TIMINGS)))
     _FAMILY_TIMINGS[key] = found
@@ -488,16 +497,33 @@ def _family_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: i
     return warmups
 
 
+def _family_key(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
+                t_f: Sequence[int], t_b: Sequence[int], t_comm: object) -> tuple | None:
+    """The memo key of a :meth:`OneFOneBFamily.timing` call without overlapped pairs, or
+    None for a call the memo never holds (another schedule or one with its own
+    ``timing``; a price per hop or a ``t_comm`` that is not a whole number: those go to
+    the list replay)."""
+    if (type(t_comm) is not int or not isinstance(schedule, OneFOneBFamily)
+            or type(schedule).timing is not OneFOneBFamily.timing):
+        return None
+    return (schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b), t_comm)
+
+
 def known_family_timing(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
                         t_f: Sequence[int], t_b: Sequence[int], t_comm: object
-                        ) -> PipelineTiming | None:
-    """The :meth:`OneFOneBFamily.timing` of these arguments (no overlapped pairs) when
-    the family's memo holds it (a key is kept only once its shape passed the schedule's
-    check), else None (not timed yet, another schedule, or lists to replay)."""
-    if type(t_comm) is not int or type(schedule).timing is not OneFOneBFamily.timing:
-        return None
-    return _FAMILY_TIMINGS.get((schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b),
-                                t_comm))
+                        ) -> tuple[bool, PipelineTiming | None]:
+    """``(missing, timing)`` for a :meth:`OneFOneBFamily.timing` call without overlapped
+    pairs: ``(True, None)`` when :func:`prime_family_timings` would time it and the
+    family's memo does not hold it yet; else ``(False, the memo's timing)`` (None for
+    lists to replay) or ``(False, None)`` for a call the memo never holds (a key is kept
+    only once its shape passed the schedule's check)."""
+    key = _family_key(schedule, pp, microbatches, vpp, t_f, t_b, t_comm)
+    if key is None:
+        return False, None
+    found = _recall_timing(key)
+    if found is _MISSING:
+        return True, None
+    return False, found
 
 
 def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | None]:
@@ -512,18 +538,13 @@ def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | Non
     keys: list[tuple | None] = []
     found: dict[tuple, PipelineTiming | None] = {}
     groups: dict[tuple, list[tuple]] = {}
-    for schedule, pp, microbatches, vpp, t_f, t_b, t_comm in requests:
-        # (the recurrence's t_comm is one whole number: a mapping of hops, or a float,
-        # goes to the list replay)
-        if (type(t_comm) is not int or not isinstance(schedule, OneFOneBFamily)
-                or type(schedule).timing is not OneFOneBFamily.timing):
-            keys.append(None)
-            continue
-        key = (schedule, pp, microbatches, vpp, tuple(t_f), tuple(t_b), t_comm)
+    for request in requests:
+        key = _family_key(*request)
         keys.append(key)
-        if key in found:
+        if key is None or key in found:
             continue
-        known = _FAMILY_TIMINGS.get(key, _MISSING)
+        schedule, pp, microbatches, vpp, _, _, t_comm = key
+        known = _recall_timing(key)
         if known is not _MISSING:  # (a key is kept only once its shape passed check)
             found[key] = known
             continue
@@ -533,7 +554,9 @@ def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | Non
         except ValueError:
             continue  # (its own call raises)
         warmups = _family_warmups(*key)
-        if warmups is not None:
+        if warmups is None:
+            _remember_timing(key, None)  # (lists to replay, as _family_timing keeps it)
+        else:
             groups.setdefault((pp, microbatches, vpp, tuple(warmups), t_comm), []).append(key)
     for (pp, microbatches, vpp, warmups, t_comm), members in groups.items():
         try:
