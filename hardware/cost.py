@@ -352,6 +352,7 @@ class CostModel:
         #: every kernel at the pace of the job's expected slowest GPU (GpuSpec.speed_spread,
         #: hardware.compute.expected_slowest_factor); 1.0 for a fleet of equal GPUs
         self.slowest_gpu_factor = slowest_gpu_factor(layout.spec, layout.world_size)
+        self._episode_cache: dict[int, tuple[tuple[int, int, float], ...]] = {}
         self._compute_cache: dict[tuple, int] = {}
         self._gpu_timers: dict[int, tuple[GpuSpec, ComputeModel]] = {}
         self._choices: dict[tuple, CollectiveCost] = {}
@@ -396,8 +397,10 @@ class CostModel:
 
     def compute_ns(self, op, rank: int | None = None, start_ns: int = 0) -> int:
         """Nanoseconds a compute op takes on ``rank`` when it starts at ``start_ns``:
-        the rank's GPU's price of the kernel, divided by the rank's speed, stretched by
-        its throttling episodes.
+        the rank's GPU's price of the kernel times :meth:`kernel_factor` (the expected
+        slowest GPU's pace, or the rank's own ``1 / speed`` where slower), stretched by
+        its throttling episodes (each at the pace it sets beyond that factor:
+        :meth:`_episodes`).
 
         Raises:
             ValueError: from the compute model, for an op it cannot price.
@@ -425,8 +428,24 @@ class CostModel:
                 duration = math.ceil(duration / conditions.speed)
             self._compute_cache[key] = duration
         if conditions is not None and conditions.episodes:
-            return stretched_ns(start_ns, duration, conditions.episodes)
+            return stretched_ns(start_ns, duration, self._episodes(rank, conditions.episodes))
         return duration
+
+    def _episodes(self, rank: int, episodes: Sequence[tuple[int, int, float]]
+                  ) -> Sequence[tuple[int, int, float]]:
+        """``rank``'s throttling episodes as speeds relative to the duration
+        :meth:`compute_ns` already priced at the expected slowest GPU's factor ``F``: an
+        episode at speed ``s`` runs at ``min(1, s F)`` of it, so it costs ``max(F, 1/s)``
+        of the mean GPU's time, as a whole-step straggler at ``s`` does
+        (:meth:`kernel_factor`); as given when ``F`` is 1."""
+        factor = self.slowest_gpu_factor
+        if factor == 1.0:
+            return episodes
+        found = self._episode_cache.get(rank)
+        if found is None:
+            found = self._episode_cache[rank] = tuple(
+                (begin, end, min(1.0, speed * factor)) for begin, end, speed in episodes)
+        return found
 
     def host_ns(self, op) -> int:
         """Nanoseconds of CPU time the rank's launching thread spends issuing ``op``

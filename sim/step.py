@@ -348,7 +348,8 @@ def with_band(result: StepResult, model: ModelSpec, cluster: ClusterSpec,
         shares = band_shares(result.breakdown, result.step_time_s, dtype=plan.dtype,
                              moe=model.moe is not None)
         result.band = step_band(result.step_time_s, shares, gpus=plan.world_size,
-                                gpu_name=cluster.gpu.name)
+                                gpu_name=cluster.gpu.name,
+                                speed_spread=cluster.gpu.speed_spread)
     return result
 
 

@@ -31,14 +31,15 @@ run would measure, ``T * exp(L)``, with ``L`` the sum of three stated terms:
    ``gpu.sustained_fraction``, is known to the standard error of its calibration fit
    (``sustained_fraction_se``, in log units of the compute time); it is sampled and
    scales the compute share.
-3. **Run-to-run variability**: GPUs of one SKU differ in speed (coefficient of
-   variation ``gpu_speed_cv``, cited in the data file); a synchronous step waits for
-   the slowest of its ``N`` ranks, whose time is ``1 + cv * Z_(N)`` with ``Z_(N)`` the
-   largest of ``N`` standard normals (order statistics: its quantile ``q`` is
-   ``Phi^-1(q^(1/N))``). The calibration already absorbed the slowest GPU of the
-   calibration runs (``calibration_gpus``), so the factor applied to the compute share
-   is ``(1 + cv Z_(N)) / (1 + cv median Z_(N_cal))``: a job larger than the calibration
-   runs shifts up, a smaller one down.
+3. **Run-to-run variability**: GPUs of one SKU differ in speed (relative standard
+   deviation ``speed_spread``, the cluster's ``gpu.speed_spread``); a synchronous step
+   waits for the slowest of its ``N`` ranks, whose time is ``1 + s * Z_(N)`` with
+   ``Z_(N)`` the largest of ``N`` standard normals (order statistics: its quantile ``q``
+   is ``Phi^-1(q^(1/N))``). The simulated step already prices the expected slowest GPU
+   (:func:`hardware.compute.expected_slowest_factor`, and the presets' calibration is
+   fitted with it), so the factor applied to the compute share is the draw over that
+   expectation, ``(1 + s Z_(N)) / (1 + s E[Z_(N)])``: the spread of a job's slowest GPU
+   around the priced one.
 
 The terms are combined by sampling (``SAMPLES`` draws from ``seed``: deterministic);
 nothing is priced again, so a band costs about a millisecond.
@@ -60,6 +61,7 @@ from typing import Mapping
 
 import numpy as np
 
+from hardware.cost import expected_slowest_factor
 from strategies.ir import AXES
 
 #: The fitted band model (package data).
@@ -92,10 +94,8 @@ class BandModel:
         bias_covariance: the posterior covariance of the biases (log units squared),
             rows and columns in the order of :data:`COMPONENTS` then the constant.
         overhead_reference_s: the fixed overhead's share is this over the step time.
-        gpu_speed_cv: GPU-to-GPU speed spread (coefficient of variation, 1 = 100 %).
         sustained_fraction_se: per GPU name, the calibration fit's standard error
             (log units of compute time); ``default_se`` for a GPU with none.
-        calibration_gpus: per GPU name, the median GPU count of its calibration rows.
         provenance: where the numbers come from (rows, data hash, sources).
     """
 
@@ -107,9 +107,7 @@ class BandModel:
     scale: float
     bias_covariance: tuple[tuple[float, ...], ...]
     overhead_reference_s: float
-    gpu_speed_cv: float
     sustained_fraction_se: Mapping[str, float] = field(default_factory=dict)
-    calibration_gpus: Mapping[str, int] = field(default_factory=dict)
     default_se: float = 0.0
     provenance: Mapping[str, object] = field(default_factory=dict)
 
@@ -131,10 +129,8 @@ class BandModel:
                        scale=float(data["calibration"]["scale"]),
                        bias_covariance=_covariance(data["bias_covariance"]),
                        overhead_reference_s=float(data["overhead_reference_s"]),
-                       gpu_speed_cv=float(data["gpu_speed_cv"]["value"]),
                        sustained_fraction_se={g: float(v["sustained_fraction_se"])
                                               for g, v in gpus.items()},
-                       calibration_gpus={g: int(v["calibration_gpus"]) for g, v in gpus.items()},
                        default_se=max((float(v["sustained_fraction_se"]) for v in gpus.values()),
                                       default=0.0),
                        provenance=dict(data.get("provenance", {})))
@@ -241,7 +237,7 @@ class StepBand:
         p10_s, p50_s, p90_s: quantiles of the step a real run would measure.
         ratios: the sorted draws of measured / simulated (to combine with other spreads).
         terms: the terms' sizes: ``model_bias``, ``model_sigma`` (log units),
-            ``sustained_fraction_se``, ``gpu_speed_cv``, ``slow_of_n_median`` (the
+            ``sustained_fraction_se``, ``speed_spread``, ``slow_of_n_median`` (the
             median factor on compute), ``compute_share``.
     """
 
@@ -262,7 +258,7 @@ class StepBand:
 
 
 def step_band(step_s: float, shares: Mapping[str, float], *, gpus: int, gpu_name: str,
-              model: BandModel | None = None, seed: int = SEED,
+              speed_spread: float, model: BandModel | None = None, seed: int = SEED,
               samples: int = SAMPLES) -> StepBand:
     """The prediction band of a simulated step (module docstring).
 
@@ -271,11 +267,14 @@ def step_band(step_s: float, shares: Mapping[str, float], *, gpus: int, gpu_name
         shares: its components' shares (:func:`band_shares`).
         gpus: ranks of the job (the step waits for the slowest).
         gpu_name: the GPU's name (``cluster.gpu.name``), for its calibration spread.
+        speed_spread: the GPUs' relative speed spread the step was priced with
+            (``cluster.gpu.speed_spread``; 0 = GPUs alike, no run-to-run term).
         model: the fitted terms (default :func:`load_band_model`).
         seed, samples: the draws (same seed, same band).
 
     Raises:
-        ValueError: for a step time that is not positive, or ``gpus`` below 1.
+        ValueError: for a step time that is not positive, ``gpus`` below 1 or a bad
+            spread.
     """
     if not step_s > 0:
         raise ValueError(f"step_s: {step_s!r} is not a positive number of seconds")
@@ -286,16 +285,14 @@ def step_band(step_s: float, shares: Mapping[str, float], *, gpus: int, gpu_name
     mean, sigma = model_terms(model, shares)
     f_compute = compute_share(shares)
     se = model.sustained_fraction_se.get(gpu_name, model.default_se)
-    calibration_n = model.calibration_gpus.get(gpu_name, 1)
-    cv = model.gpu_speed_cv
-    slow, slow_median = _slow_factor(int(gpus), calibration_n, cv, seed, samples)
+    slow, slow_median = _slow_factor(int(gpus), float(speed_spread), seed, samples)
     compute_factor = np.exp(se * normal[1]) * slow
     log_ratio = mean + sigma * normal[0] + np.log1p(f_compute * (compute_factor - 1))
     ratios = np.sort(np.exp(log_ratio))
     # (one call for the three quantiles: the same numbers as one call each)
     p10, p50, p90 = (float(step_s * q) for q in np.quantile(ratios, QUANTILES))
     terms = {"model_bias": mean, "model_sigma": sigma, "sustained_fraction_se": se,
-             "gpu_speed_cv": cv, "slow_of_n_median": slow_median,
+             "speed_spread": float(speed_spread), "slow_of_n_median": slow_median,
              "compute_share": f_compute}
     return StepBand(p10, p50, p90, ratios, terms)
 
@@ -314,12 +311,13 @@ def _draws(seed: int, samples: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1024)
-def _slow_factor(gpus: int, calibration_n: int, cv: float, seed: int, samples: int
+def _slow_factor(gpus: int, speed_spread: float, seed: int, samples: int
                  ) -> tuple[np.ndarray, float]:
-    """The slowest-GPU factor on the compute share of each draw, relative to the
-    calibration runs' (module docstring, term 3), and its median; once per job size."""
+    """The slowest-GPU factor on the compute share of each draw, over the expected
+    slowest GPU the step was priced at (module docstring, term 3), and its median; once
+    per job size and spread."""
     _, order = _draws(seed, samples)
-    reference = 1 + cv * float(slowest_of_n(calibration_n, np.array([0.5]))[0])
-    slow = (1 + cv * _slowest_grid(gpus, samples)[order]) / reference
+    priced = expected_slowest_factor(speed_spread, gpus)
+    slow = (1 + speed_spread * _slowest_grid(gpus, samples)[order]) / priced
     slow.flags.writeable = False
     return slow, float(np.median(slow))

@@ -82,7 +82,7 @@ def test_reduced_and_full_programs_give_identical_timelines(gpus, tp, pp, stragg
         moved = mine.compare(theirs).index
         shift_ns = (mine.loc[moved, ["start_ns", "end_ns"]]
                     - theirs.loc[moved, ["start_ns", "end_ns"]]).abs().to_numpy()
-        assert shift_ns.max(initial=0) < 5e-4 * big.makespan_ns
+        assert len(moved) < len(mine) // 4 and shift_ns.max(initial=0) < 5e-4 * big.makespan_ns
         return
     assert small.makespan_ns == big.makespan_ns
     assert mine.equals(theirs)

@@ -206,12 +206,18 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     schedule's own lower bound on the bubble
     (:meth:`strategies.schedules.PipelineSchedule.bubble_lower_bound`). Embedding,
     head, communication, the optimizer and ZeRO-3 gathers only add to the real time.
-    Tests check the bound against the simulator.
+    Every kernel runs at the job's expected slowest GPU's pace
+    (:func:`hardware.cost.slowest_gpu_factor`; the layers are priced on one GPU, where it
+    is 1, and scaled by the job's). Tests check the bound against the simulator.
     """
+    from hardware.cost import slowest_gpu_factor
+
     args = (plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.ep,
             plan.sequence_parallel, plan.dtype, plan.flash_attention, plan.recompute,
             plan.fp8_recipe, plan.elementwise, plan.attention_impl)
     layers_s, smallest_fill = _layers_compute_s(model, cluster, args)
+    pace = slowest_gpu_factor(cluster, plan.world_size)
+    layers_s, smallest_fill = layers_s * pace, smallest_fill * pace
     per_microbatch = layers_s / plan.pp
     compute_s = per_microbatch * plan.num_microbatches
     if plan.pp == 1:

@@ -53,7 +53,8 @@ def _band(program, result, spec) -> StepBand | None:
     dtypes = Counter(op.dtype for _, _, op in compute_ops(program))
     dtype = dtypes.most_common(1)[0][0] if dtypes else "bf16"
     shares = band_shares(breakdown, step_ns * 1e-9, dtype=dtype, moe=False)
-    return step_band(step_ns * 1e-9, shares, gpus=program.world_size, gpu_name=spec.gpu.name)
+    return step_band(step_ns * 1e-9, shares, gpus=program.world_size, gpu_name=spec.gpu.name,
+                     speed_spread=spec.gpu.speed_spread)
 
 
 def compare(directory: str, *, calibration: str | None = None, cluster: str | None = None,
@@ -89,6 +90,10 @@ def compare(directory: str, *, calibration: str | None = None, cluster: str | No
             raise ValueError("cluster: give --cluster (the preset the GPUs belong to) or a "
                              "--calibration made for them")
         cluster = "cpu-host"
+    if cal is not None:
+        # the calibration measured these very GPUs (kernel tables, per-rank speeds): no
+        # fleet spread on top of them (gpu.speed_spread prices an unmeasured fleet)
+        overrides = {**(overrides or {}), "gpu.speed_spread": 0.0}
     spec = load_cluster(preset_path(cluster), overrides)
     if cal is not None:
         spec = apply_calibration(spec, cal)

@@ -45,7 +45,8 @@ The band (:mod:`sim.step_bands`) has three terms; two are fitted here:
   standard error of a median, ``1.2533 sd / sqrt(n)``), in log units of compute time
   (divided by the rows' mean compute share).
 
-The third, GPU-to-GPU speed spread, is a published figure (:data:`GPU_SPEED_CV`).
+The third, GPU-to-GPU speed spread, is each row's cluster's ``gpu.speed_spread`` (a
+published figure, hardware/catalog/_defaults.toml), the one the step was priced with.
 
 ``python -m validate.fit_bands`` simulates the published rows once (about a minute),
 writes them to :data:`ROWS_FILE` (so the coverage test reuses them in milliseconds) and
@@ -79,14 +80,6 @@ from validate.published_report import readme_text, replace_readme_block
 
 #: The simulated published rows the band is fitted on (written by :func:`main`).
 ROWS_FILE = DATA_DIR / "band_rows.csv"
-#: GPU-to-GPU speed spread (coefficient of variation) of one GPU SKU, and its source.
-GPU_SPEED_CV = 0.02
-GPU_SPEED_CV_SOURCE = (
-    "Sinha et al., 'Not All GPUs Are Created Equal: Characterizing Variability in "
-    "Large-Scale, Accelerator-Rich Systems', SC22 (arXiv:2208.11035): 8 % average "
-    "performance variation across GPUs of one SKU and cluster, read as the range of "
-    "about +-2 standard deviations, so cv = 8 % / 4 = 2 %; outliers up to 1.5x slower "
-    "are stragglers, not this spread")
 #: Weak priors of the model-error fit (log units): the biases' prior spread, and the
 #: centres of the log-normal priors (one e-fold wide) of the row spreads and of the
 #: spread between sources.
@@ -104,9 +97,8 @@ Z_90 = NormalDist().inv_cdf(0.9)
 
 
 def calibration_spread(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per GPU name of the calibration rows of ``frame`` (evaluate's columns): rows,
-    ``sustained_fraction_se`` (log units of compute time) and ``calibration_gpus``
-    (median GPU count).
+    """Per GPU name of the calibration rows of ``frame`` (evaluate's columns): rows and
+    ``sustained_fraction_se`` (log units of compute time).
 
     Raises:
         ValueError: when ``frame`` has no compared calibration row.
@@ -122,8 +114,7 @@ def calibration_spread(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
         spread = float(residuals.std(ddof=1)) if len(residuals) > 1 else float(abs(residuals[0]))
         out[gpu_name] = {"rows": int(len(group)),
                          "sustained_fraction_se": MEDIAN_SE_FACTOR * spread
-                         / math.sqrt(len(group)) / max(share, 0.1),
-                         "calibration_gpus": int(group["gpus"].median())}
+                         / math.sqrt(len(group)) / max(share, 0.1)}
     return out
 
 
@@ -144,7 +135,7 @@ def known_terms(rows: pd.DataFrame, gpus_terms: Mapping[str, Mapping[str, float]
     offset, variance = [], []
     for _, row in rows.iterrows():
         band = step_band(1.0, _shares(row), gpus=int(row["gpus"]), gpu_name=row["gpu_name"],
-                         model=model, samples=400)
+                         speed_spread=float(row["speed_spread"]), model=model, samples=400)
         logs = np.log(band.ratios)
         offset.append(float(logs.mean()))
         variance.append(float(logs.var()))
@@ -410,7 +401,6 @@ def _band_dict(fitted: Fitted, gpus_terms, scale: float = 1.0,
                                 "matrix": [[float(v) for v in row] for row in covariance]},
             "calibration": calibration,
             "overhead_reference_s": OVERHEAD_REFERENCE_S,
-            "gpu_speed_cv": {"value": GPU_SPEED_CV, "source": GPU_SPEED_CV_SOURCE},
             "gpus": {g: dict(v) for g, v in gpus_terms.items()}}
 
 
@@ -432,7 +422,8 @@ def predict(rows: pd.DataFrame, model: BandModel) -> pd.DataFrame:
     published step lies in it) and ``width`` ((p90 - p10) / p50)."""
     out = rows.copy()
     bands = [step_band(float(r["simulated_step_s"]), _shares(r), gpus=int(r["gpus"]),
-                       gpu_name=r["gpu_name"], model=model) for _, r in rows.iterrows()]
+                       gpu_name=r["gpu_name"], speed_spread=float(r["speed_spread"]),
+                       model=model) for _, r in rows.iterrows()]
     out["p10_s"] = [b.p10_s for b in bands]
     out["p50_s"] = [b.p50_s for b in bands]
     out["p90_s"] = [b.p90_s for b in bands]
@@ -601,8 +592,8 @@ def write_rows(path: Path = ROWS_FILE) -> None:
     """Simulate every published row (analytic fidelity) and write the compared ones with
     their shares to ``path``."""
     frame = evaluate(load_runs())
-    keep = ["source_id", "row_id", "role", "status", "gpu", "gpu_name", "dtype", "moe", "gpus",
-            "published_step_s", "simulated_step_s", "error", *SHARE_COLUMNS]
+    keep = ["source_id", "row_id", "role", "status", "gpu", "gpu_name", "speed_spread", "dtype",
+            "moe", "gpus", "published_step_s", "simulated_step_s", "error", *SHARE_COLUMNS]
     text = frame[frame["status"] == "ok"][keep].to_csv(index=False, float_format="%.6g")
     write_text_atomic(path, text)  # a killed refit leaves the previous rows whole
 

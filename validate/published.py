@@ -579,7 +579,8 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
     ``fits`` (the simulated peak memory fits the GPU), ``peak_memory_gib``,
     ``status`` (``ok``, ``not_expressible``, ``no_step_time``, ``error``), ``reason``
     (the assumptions, or why the row was not compared), ``settings`` (framework
-    settings applied; :class:`Scenario`), ``gpu_name`` (the preset's GPU) and
+    settings applied; :class:`Scenario`), ``gpu_name`` (the preset's GPU),
+    ``speed_spread`` (its GPUs' spread, ``gpu.speed_spread``) and
     ``share_<component>`` (each component's share of the simulated step,
     :func:`sim.step_bands.band_shares`: what the prediction band is fitted on).
     ``preset_overrides``: as :func:`scenario_for`.
@@ -611,6 +612,7 @@ def evaluate(runs: Sequence[PublishedRun], *, fidelity: str = "analytic",
             row["reason"] = "; ".join(scenario.assumptions)
             row["settings"] = "; ".join(scenario.settings)
             row["gpu_name"] = scenario.cluster.gpu.name
+            row["speed_spread"] = scenario.cluster.gpu.speed_spread
             shares = band_shares(result.breakdown, result.step_time_s,
                                  dtype=scenario.plan.dtype, moe=scenario.model.moe is not None)
             row.update({f"share_{name}": value for name, value in shares.items()})
