@@ -1451,7 +1451,7 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
 # changes nothing: then every unit's equation holds. The walk's order reads every
 # input already computed (checked once per shape, _vector_layout), so units and
 # inputs form an acyclic graph, whose equations have one solution: the one the walk
-# computes, to the integer. (Rows are kept as G = E - S; _family_timing_vector.)
+# computes, to the integer. (Rows are kept as G = E - S; _family_timing_vectors.)
 
 #: Sweep rounds (down and up) the numpy rows may take, per model chunk, before they
 #: give way to the position walk, plus a few: the benchmark's interleaved shapes settle
@@ -1469,23 +1469,38 @@ _VECTOR_CALL_US = 60
 _VECTOR_ROW_POSITIONS_PER_US = 60
 
 
+def _walk_us(pp: int, total: int, vpp: int, w_max: int) -> float:
+    """The position walk's cost in microseconds (a cost model:
+    :data:`_WALK_US_PER_RANK_POSITION` per rank and position it visits): the warm-up,
+    two periods and the cool-down once the period skip applies (a period is
+    ``2 pp vpp`` positions, 2 for one chunk: :func:`one_f_one_b_family_timing`), all
+    ``2 * total`` positions at most."""
+    period = 2 * pp * vpp if vpp > 1 else 2
+    walked = min(2 * total, 2 * w_max + 2 * period + 2)
+    return _WALK_US_PER_RANK_POSITION * pp * walked
+
+
+def _rows_us(pp: int, rounds: int, positions: int) -> float:
+    """The numpy rows' cost in microseconds (cost model): :data:`_VECTOR_CALL_US` per
+    call plus, per row recomputed (2 ``pp`` a round over ``rounds`` rounds), one
+    microsecond and one more per :data:`_VECTOR_ROW_POSITIONS_PER_US` of the row's
+    ``positions`` (of every set a batch solves together)."""
+    rows = 2 * pp * rounds
+    return _VECTOR_CALL_US + rows * (1 + positions / _VECTOR_ROW_POSITIONS_PER_US)
+
+
 def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     """Whether the numpy form should be cheaper than the position walk (a cost model
-    only, never a result): the walk ~0.45 us per rank and position it visits (the
-    warm-up, two periods and the cool-down once the period skip applies), the numpy
-    form ~60 us plus ~(1 + positions / 60) us per row recomputed, 2 pp rows a round
-    and up to 2 vpp - 1 rounds (measured on the GPT-3/llama benchmark shapes, best of
-    15; rounds on 600 random interleaved shapes). One chunk (vpp 1) always walks: its
-    rounds are not predictable (equal stages with t_comm > 0 took up to 25, the walk's
-    period skip caps its cost) and the gain was small where they were few."""
+    only, never a result): the walk ~0.45 us per rank and position it visits
+    (:func:`_walk_us`), the numpy form ~60 us plus ~(1 + positions / 60) us per row
+    recomputed, 2 pp rows a round and up to 2 vpp - 1 rounds (:func:`_rows_us`;
+    measured on the GPT-3/llama benchmark shapes, best of 15; rounds on 600 random
+    interleaved shapes). One chunk (vpp 1) always walks: its rounds are not
+    predictable (equal stages with t_comm > 0 took up to 25, the walk's period skip
+    caps its cost) and the gain was small where they were few."""
     if vpp == 1:
         return False
-    positions = 2 * total
-    period = 2 * pp * vpp
-    walked = min(positions, 2 * w_max + 2 * period + 2)
-    rows = 2 * pp * (2 * vpp - 1)
-    return (_WALK_US_PER_RANK_POSITION * pp * walked
-            > _VECTOR_CALL_US + rows * (1 + positions / _VECTOR_ROW_POSITIONS_PER_US))
+    return _walk_us(pp, total, vpp, w_max) > _rows_us(pp, 2 * vpp - 1, 2 * total)
 
 
 def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object) -> bool:
@@ -1564,61 +1579,10 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
                                      tuple[int, ...]] | None:
     """:func:`one_f_one_b_family_timing` (arguments checked, durations whole numbers
     >= 0 with ends below 2**62: :func:`_vector_exact`) by the numpy rows of the
-    comment above; None if the rows have not settled after ``rounds_max`` rounds
-    (default ``_VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA``; the position
-    walk then times it)."""
-    if rounds_max is None:
-        rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
-    import numpy as np
-
-    p = pp
-    layout = _vector_layout(pp, microbatches, vpp, warmups)
-    if layout is None:
-        return None
-    index, dep, far, n = layout
-    d = np.array((*t_f, *t_b), dtype=np.int64)[index]
-    run = np.cumsum(d, axis=1)
-    flat = dep.reshape(-1)
-    # rows kept as G = E - S (E_j = S_j + G_j, G_j = max_{i <= j} (D_i - S_{i-1})): an
-    # input's end is G + S at its unit, so G_j = max_{i <= j} (G[input_i] + add_i)
-    # with add = S[input] + (t_comm across ranks) - S_{i-1}, one gather, one add and
-    # one prefix maximum per row; G = 0 (each rank back to back from 0) is below the
-    # solution, so every recomputation only rises towards it
-    run_at = np.zeros(p * n + 1, dtype=np.int64)  # (the last: "no input", end 0)
-    run_at[:-1] = run.reshape(-1)
-    run_in = run_at[flat].reshape(p, n)  # S at each unit's input
-    offset = run_in + far * t_comm - run + d
-    rise = np.zeros(p * n + 1, dtype=np.int64)
-    grid = rise[:-1].reshape(p, n)
-    # (gathers in mode "clip": every index is in range by construction, the same values,
-    # and numpy buffers an ``out`` under its default "raise" mode: ~2x the gather's time)
-    acc, add, take = np.maximum.accumulate, np.add, rise.take
-    buf = np.empty(n, dtype=np.int64)
-    rows = list(zip(dep, offset, grid))
-    # down then up; the last row is not recomputed twice in a row (no row reads its own
-    # with p > 1: nothing it reads changed in between)
-    order = rows + rows[-2::-1] if p > 1 else rows
-    for _ in range(rounds_max):
-        for row_dep, row_offset, row in order:
-            take(row_dep, out=buf, mode="clip")
-            add(buf, row_offset, out=buf)
-            acc(buf, out=row)
-        every = acc(take(flat, mode="clip").reshape(p, n) + offset, axis=1)
-        if np.array_equal(every, grid):
-            break
-        grid[:] = every
-    else:
-        return None
-    ends = grid + run
-    start = ends - d
-    before = np.zeros_like(ends)
-    before[:, 1:] = ends[:, :-1]
-    # a unit's wait for its transfer: its start past the later of its rank's previous
-    # end and its input's end (zero for an input on its own rank or none)
-    inputs = take(flat, mode="clip").reshape(p, n) + run_in
-    wait = (start - np.maximum(before, inputs)).sum(axis=1)
-    last = ends[:, -1].tolist()
-    return max(last), tuple(last), tuple(start[:, 0].tolist()), tuple(wait.tolist())
+    comment above (:func:`_family_timing_vectors` of the one set); None if the rows
+    have not settled after ``rounds_max`` rounds (the position walk then times it)."""
+    return _family_timing_vectors(pp, microbatches, vpp, warmups, [(t_f, t_b)], t_comm,
+                                  rounds_max)[0]
 
 
 #: The cost model of :func:`_batch_pays` (same units as :func:`_vector_pays`): sweep
@@ -1649,11 +1613,8 @@ def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
         return count * positions <= _BATCH_VECTOR_POSITIONS
     if positions < pp:
         return False
-    period = 2 * pp * vpp if vpp > 1 else 2
-    walked = min(positions, 2 * w_max + 2 * period + 2)
-    rows = 2 * pp * max(2 * vpp - 1, _BATCH_ROUNDS)
-    batch = _VECTOR_CALL_US + rows * (1 + count * positions / _VECTOR_ROW_POSITIONS_PER_US)
-    return count * _WALK_US_PER_RANK_POSITION * pp * walked > batch
+    return (count * _walk_us(pp, total, vpp, w_max)
+            > _rows_us(pp, max(2 * vpp - 1, _BATCH_ROUNDS), count * positions))
 
 
 def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
@@ -1664,25 +1625,24 @@ def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
                                                           tuple[int, ...]]]:
     """:func:`one_f_one_b_family_timing` of one shape for several duration sets
     ``durations`` (``(t_f, t_b)`` each), in order: the same integers. Where
-    :func:`_batch_pays` says so (shapes each call would walk), the numpy rows of
-    :func:`_family_timing_vector` solve every set at once (one more axis: a set's rows
-    never read another's, so each set's fixed point is its own, checked set by set);
-    a set whose rows have not settled, or whose ends could pass 2**62, is walked.
+    :func:`_batch_pays` says so (shapes each call would walk), the numpy rows
+    solve every set at once (:func:`_family_timing_vectors`); a set whose rows have
+    not settled, or whose ends could pass 2**62, is walked.
 
     Raises:
         ValueError: as :func:`one_f_one_b_family_timing`, for the first set it refuses.
     """
     total = microbatches * vpp
-    if not durations or not _batch_pays(pp, total, vpp, max(warmups, default=0),
-                                        len(durations)):
+    # (warm-up counts the single call refuses: it raises, for the first set)
+    if (not durations or len(warmups) != pp or any(not 0 <= w <= total for w in warmups)
+            or not _batch_pays(pp, total, vpp, max(warmups, default=0), len(durations))):
         return [one_f_one_b_family_timing(pp, microbatches, vpp, warmups, t_f, t_b, t_comm)
                 for t_f, t_b in durations]
     out: list = [None] * len(durations)
     exact = []
     for index, (t_f, t_b) in enumerate(durations):
         # (a set the single call would refuse, or time without int64 rows: that call)
-        if (len(t_f) != pp * vpp or len(t_b) != pp * vpp or len(warmups) != pp
-                or any(not 0 <= w <= total for w in warmups)
+        if (len(t_f) != pp * vpp or len(t_b) != pp * vpp
                 or not _vector_exact(microbatches, t_f, t_b, t_comm)):
             out[index] = one_f_one_b_family_timing(pp, microbatches, vpp, warmups, t_f,
                                                    t_b, t_comm)
@@ -1704,10 +1664,14 @@ def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
 def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
                            durations: Sequence[tuple[Sequence[int], Sequence[int]]],
                            t_comm: int, rounds_max: int | None = None) -> list:
-    """:func:`_family_timing_vector` of several duration sets at once (arguments
-    checked, each :func:`_vector_exact`): each set's timing, or None for a set whose
-    rows have not settled after ``rounds_max`` rounds (or every set, when the walk's
-    order is not a topological order of the units: :func:`_vector_layout`)."""
+    """:func:`one_f_one_b_family_timing` of one shape for several duration sets
+    ``durations`` (``(t_f, t_b)`` each; arguments checked, each set
+    :func:`_vector_exact`) by the numpy rows of the comment above, every set at once
+    along a first axis (a set's rows never read another's, so each set's fixed point
+    is its own, checked set by set): each set's timing, or None for a set whose rows
+    have not settled after ``rounds_max`` rounds (default ``_VECTOR_ROUNDS_PER_CHUNK *
+    vpp + _VECTOR_ROUNDS_EXTRA``; or every set, when the walk's order is not a
+    topological order of the units: :func:`_vector_layout`)."""
     if rounds_max is None:
         rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
     import numpy as np
@@ -1717,38 +1681,59 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     if layout is None:
         return [None] * count
     index, dep, far, n = layout
-    d = np.array([(*t_f, *t_b) for t_f, t_b in durations], dtype=np.int64)[:, index]
+    size = p * n + 1  # a set's units, then its "no input" (end 0)
+    values = np.array([(*t_f, *t_b) for t_f, t_b in durations], dtype=np.int64)
+    d = values.take(index, axis=1)
     run = np.cumsum(d, axis=2)
-    flat = dep.reshape(-1)
-    # (the rows of _family_timing_vector, one per set along the first axis)
-    run_at = np.zeros((count, p * n + 1), dtype=np.int64)
+    # each unit's input as a flat index into all sets' (count, size) arrays
+    deps = dep[None]
+    if count > 1:
+        deps = deps + np.arange(0, count * size, size)[:, None, None]
+    # rows kept as G = E - S (E_j = S_j + G_j, G_j = max_{i <= j} (D_i - S_{i-1})): an
+    # input's end is G + S at its unit, so G_j = max_{i <= j} (G[input_i] + add_i)
+    # with add = S[input] + (t_comm across ranks) - S_{i-1}, one gather, one add and
+    # one prefix maximum per row; G = 0 (each rank back to back from 0) is below the
+    # solution, so every recomputation only rises towards it
+    run_at = np.zeros((count, size), dtype=np.int64)
     run_at[:, :-1] = run.reshape(count, -1)
-    run_in = run_at[:, flat].reshape(count, p, n)
+    # (gathers in mode "clip": every index is in range by construction, the same values,
+    # and numpy buffers an ``out`` under its default "raise" mode: ~2x the gather's time)
+    run_in = run_at.take(deps, mode="clip")  # S at each unit's input
     offset = run_in + far * t_comm - run + d
-    rise = np.zeros((count, p * n + 1), dtype=np.int64)
-    grid = rise[:, :-1].reshape(count, p, n)
-    acc, add, take = np.maximum.accumulate, np.add, np.take
-    buf = np.empty((count, n), dtype=np.int64)
-    rows = [(dep[r], offset[:, r], grid[:, r]) for r in range(p)]
+    rise = np.zeros(count * size, dtype=np.int64)
+    grid = rise.reshape(count, size)[:, :-1].reshape(count, p, n)
+    acc, add, take = np.maximum.accumulate, np.add, rise.take
+    if count == 1:  # (1-D rows: numpy's 2-D gathers and prefix maxima take ~0.2-0.4 us
+        # more each, ~5 % of a single call's time on the benchmark shapes)
+        buf = np.empty(n, dtype=np.int64)
+        rows = [(dep[r], offset[0, r], grid[0, r]) for r in range(p)]
+    else:
+        buf = np.empty((count, n), dtype=np.int64)
+        rows = [(deps[:, r], offset[:, r], grid[:, r]) for r in range(p)]
+    # down then up; the last row is not recomputed twice in a row (no row reads its own
+    # with p > 1: nothing it reads changed in between)
     order = rows + rows[-2::-1] if p > 1 else rows
-    settled = np.zeros(count, dtype=bool)
+    same = np.zeros((count, 1), dtype=bool)  # (no round yet: no set settled)
     for _ in range(rounds_max):
         for row_dep, row_offset, row in order:
-            take(rise, row_dep, axis=1, out=buf, mode="clip")
+            take(row_dep, out=buf, mode="clip")
             add(buf, row_offset, out=buf)
-            acc(buf, axis=1, out=row)
-        every = acc(take(rise, flat, axis=1, mode="clip").reshape(count, p, n) + offset,
-                    axis=2)
-        # (a set at its fixed point stays there: recomputing its rows changes nothing)
-        settled = (every == grid).reshape(count, -1).all(axis=1)
-        if settled.all():
+            acc(buf, axis=-1, out=row)
+        every = acc(take(deps, mode="clip") + offset, axis=2)
+        same = every == grid
+        if same.all():
+            settled = [True] * count
             break
         grid[:] = every
+    else:  # (a set at its fixed point stays there: recomputing its rows changes nothing)
+        settled = same.reshape(count, -1).all(axis=1).tolist()
     ends = grid + run
     start = ends - d
     before = np.zeros_like(ends)
     before[:, :, 1:] = ends[:, :, :-1]
-    inputs = rise[:, flat].reshape(count, p, n) + run_in
+    # a unit's wait for its transfer: its start past the later of its rank's previous
+    # end and its input's end (zero for an input on its own rank or none)
+    inputs = take(deps, mode="clip") + run_in
     wait = (start - np.maximum(before, inputs)).sum(axis=2).tolist()
     last = ends[:, :, -1].tolist()
     first = start[:, :, 0].tolist()
