@@ -27,6 +27,13 @@ COMMANDS = {
 }
 
 
+#: What the header of ``simulate`` with SMALL_STEP's model and parallelism (any batch)
+#: states besides its fidelity, batch and calibration: the defaults it ran with.
+SIMULATE_HEADER_PHRASES = ("llama3-8b on 16 GPUs of dgx-h100", "seq_len 4,096",
+                           "schedule 1f1b", "zero 1",
+                           "DP gradient reduction overlapped with backward in 40 MB buckets")
+
+
 def words(text: str) -> str:
     """``text`` with its whitespace collapsed and wrapped header lines joined again (a
     header wraps with ``#   `` at the start of each continuation line)."""
@@ -66,10 +73,7 @@ def test_simulate_header_states_the_defaults_without_the_long_replay(capsys, tmp
         code, out, err = run_cli(capsys, *base, *extra)
         assert code == 0, err
         header = words(out.split("step time")[0])
-        for phrase in ("llama3-8b on 16 GPUs of dgx-h100", f"calibration {cal.resolve()}",
-                       "seq_len 4,096", "schedule 1f1b", "zero 1",
-                       "DP gradient reduction overlapped with backward in 40 MB buckets",
-                       *phrases):
+        for phrase in (*SIMULATE_HEADER_PHRASES, f"calibration {cal.resolve()}", *phrases):
             assert phrase in header, (phrase, header)
 
 
@@ -81,11 +85,9 @@ def test_simulate_header_states_the_effective_inputs(capsys, tmp_path):
                              "--tp", "2", "--pp", "2", "--calibration", str(cal))
     assert code == 0, err
     header = words(out.split("step time")[0])
-    for phrase in ("llama3-8b on 16 GPUs of dgx-h100", "fidelity event",
-                  f"calibration {cal.resolve()}", "seq_len 4,096",
-                  "global batch 1,024 sequences (4.00 Mi tokens)",
-                  "256 micro-batches of 1 per pipeline", "schedule 1f1b", "zero 1",
-                  "DP gradient reduction overlapped with backward in 40 MB buckets"):
+    for phrase in (*SIMULATE_HEADER_PHRASES, "fidelity event", f"calibration {cal.resolve()}",
+                   "global batch 1,024 sequences (4.00 Mi tokens)",
+                   "256 micro-batches of 1 per pipeline"):
         assert phrase in header, (phrase, header)
 
 
