@@ -182,24 +182,33 @@ def test_a_subclass_with_its_own_order_is_replayed():
             timing.rank_comm_wait) == expected
 
 
+def _draw_family_shape(data, max_pp: int, max_vpp: int, max_microbatches: int, sets: int):
+    """A random 1F1B-family shape for the hypothesis tests: ``(pp, m, vpp, warm-ups,
+    duration sets [(t_f, t_b)], t_comm)``, durations from 0 to 10**12 (empty stages
+    included), warm-up counts of the drawn schedule."""
+    name = data.draw(st.sampled_from(FAMILY))
+    pp = data.draw(st.integers(1, max_pp))
+    vpp = data.draw(st.integers(2, max_vpp)) if name == "interleaved" else 1
+    step = pp if name == "interleaved" else 1
+    m = step * data.draw(st.integers(1, max(1, max_microbatches // step)))
+    stages = pp * vpp
+    hi = data.draw(st.sampled_from([0, 1, 7, 1000, 10 ** 12]))
+    durations = st.lists(st.integers(0, hi), min_size=stages, max_size=stages)
+    drawn = [(data.draw(durations), data.draw(durations)) for _ in range(sets)]
+    t_comm = data.draw(st.integers(0, max(hi, 1)))
+    schedule = get_schedule(name)
+    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    return pp, m, vpp, warmups, drawn, t_comm
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_numpy_rows_equal_the_position_walk(data):
     """The numpy rows (strategies.pipeline._family_timing_vector) and the position walk
     give the same integers on any family shape: durations from 0 to 10**12 (ends near
     10**16), any t_comm, empty stages, warm-up counts of every schedule."""
-    name = data.draw(st.sampled_from(FAMILY))
-    pp = data.draw(st.integers(1, 12))
-    vpp = data.draw(st.integers(2, 4)) if name == "interleaved" else 1
-    step = pp if name == "interleaved" else 1
-    m = step * data.draw(st.integers(1, max(1, 40 // step)))
-    stages = pp * vpp
-    hi = data.draw(st.sampled_from([0, 1, 7, 1000, 10 ** 12]))
-    t_f = data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages))
-    t_b = data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages))
-    t_comm = data.draw(st.integers(0, max(hi, 1)))
-    schedule = get_schedule(name)
-    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    pp, m, vpp, warmups, durations, t_comm = _draw_family_shape(data, 12, 4, 40, 1)
+    (t_f, t_b), = durations
     walked = pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, t_comm)
     rows = pipeline._family_timing_vector(pp, m, vpp, tuple(warmups), t_f, t_b, t_comm,
                                           rounds_max=10 ** 6)
@@ -321,20 +330,8 @@ def test_batched_rows_equal_each_set_walked(data):
     set equal to its position walk, a set left unsettled by a round cap is None (never
     another set's numbers), and the public batch (one_f_one_b_family_timings) equals
     one call per set whichever form its cost model picks."""
-    name = data.draw(st.sampled_from(FAMILY))
-    pp = data.draw(st.integers(1, 10))
-    vpp = data.draw(st.integers(2, 3)) if name == "interleaved" else 1
-    step = pp if name == "interleaved" else 1
-    m = step * data.draw(st.integers(1, max(1, 32 // step)))
-    stages = pp * vpp
-    hi = data.draw(st.sampled_from([0, 1, 7, 1000, 10 ** 12]))
-    count = data.draw(st.integers(1, 5))
-    sets = [(data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages)),
-             data.draw(st.lists(st.integers(0, hi), min_size=stages, max_size=stages)))
-            for _ in range(count)]
-    t_comm = data.draw(st.integers(0, max(hi, 1)))
-    schedule = get_schedule(name)
-    warmups = [schedule.warmup_forwards(r, pp, m, vpp) for r in range(pp)]
+    pp, m, vpp, warmups, sets, t_comm = _draw_family_shape(
+        data, 10, 3, 32, data.draw(st.integers(1, 5)))
     walked = [pipeline._family_timing_scalar(pp, m, vpp, warmups, t_f, t_b, t_comm)
               for t_f, t_b in sets]
     rows = pipeline._family_timing_vectors(pp, m, vpp, tuple(warmups), sets, t_comm,
