@@ -426,3 +426,16 @@ def test_primed_timings_are_the_ones_each_call_computes():
     assert one.timing(2, 4, 1, [1, 1], [2, 2], None, {(0, 1): 1, (1, 0): 1}).makespan > 0
     with pytest.raises(ValueError):
         inter.timing(4, 6, 2, [1] * 8, [2] * 8, None, 3)
+
+
+@pytest.mark.parametrize("warmups", [[1, 1, 1], [1, 1, 1, 99], [1, 1, -1, 1]],
+                         ids=["wrong-length", "past-the-actions", "negative"])
+def test_batched_timings_refuse_bad_warmups_as_the_single_call(warmups):
+    """strategies.pipeline.one_f_one_b_family_timings checks the warm-up counts once,
+    before its sets, and hands bad ones to the single call: the same ValueError."""
+    sets = [([5] * 4, [9] * 4), ([7] * 4, [3] * 4)]
+    with pytest.raises(ValueError) as single:
+        pipeline.one_f_one_b_family_timing(4, 8, 1, warmups, *sets[0], 10)
+    with pytest.raises(ValueError) as batched:
+        pipeline.one_f_one_b_family_timings(4, 8, 1, warmups, sets, 10)
+    assert str(batched.value) == str(single.value)
