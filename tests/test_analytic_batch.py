@@ -48,17 +48,20 @@ def _random_plan(rng: random.Random, model):
     return make_plan(gpus=GPUS, **fields)
 
 
-def _plans(model, cluster, count: int, seed: int):
+def _plans(model, cluster, count: int, seed: int, vary=None):
     """``count`` valid random plans and, for each, the simulate_step result at analytic
     fidelity (check_memory=False) that proved it valid: the tests compare the evaluator
     with these (simulate_step is deterministic, so simulating a plan again would give the
-    same result at twice the cost)."""
+    same result at twice the cost). ``vary(plan, index)``, when given, changes each drawn
+    plan before it is validated (index: the plans kept so far)."""
     rng = random.Random(seed)
     plans, references, tries = [], [], 0
     while len(plans) < count and tries < 50 * count:
         tries += 1
         try:
             plan = _random_plan(rng, model)
+            if vary is not None:
+                plan = vary(plan, len(plans))
             validate_for(plan, model, cluster, GPUS)
             reference = simulate_step(model, cluster, plan, fidelity="analytic",
                                       check_memory=False)
@@ -117,20 +120,11 @@ def test_host_issue_plans_batch_equal_simulate_step():
     met: set = set()
     for model, count, seed in ((dense, 50, 21), (windowed, 30, 22),
                                (load_model("llama3-8b"), 24, 23), (moe, 6, 24)):
-        rng = random.Random(seed)
-        plans, references = [], []
-        while len(plans) < count:
-            try:
-                plan = dataclasses.replace(_random_plan(rng, model),
-                                           host_issue=modes[len(plans) % len(modes)])
-                validate_for(plan, model, cluster, GPUS)
-                # the reference the evaluator must equal (simulate_step is deterministic)
-                reference = simulate_step(model, cluster, plan, fidelity="analytic",
-                                          check_memory=False)
-            except ValueError:
-                continue
-            plans.append(plan)
-            references.append(reference)
+        plans, references = _plans(
+            model, cluster, count, seed,
+            vary=lambda plan, kept: dataclasses.replace(plan,
+                                                        host_issue=modes[kept % len(modes)]))
+        assert len(plans) == count
         evaluator = BatchStepEvaluator(model, cluster)
         base._FAMILY_TIMINGS.clear()  # (cold, as test_batch_step_equals_simulate_step)
         got = evaluator.step_ns(plans)
