@@ -9,7 +9,8 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path, json_text
+from trainsim.cli.errors import (EXIT_OOM, UserError, check_choice, check_output_path, json_text,
+                                 oom_message)
 from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
                                   plan_header, spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
@@ -76,7 +77,7 @@ def simulate(
             print(json_text({"error": "out_of_memory", "rank": oom.rank,
                               "capacity_bytes": oom.capacity_bytes,
                               "memory": oom.breakdown.to_dict()}, indent=1))
-        print(f"error: {oom}", file=sys.stderr)
+        print(f"error: {oom_message(oom)}", file=sys.stderr)
         sys.exit(EXIT_OOM)
     # The result is printed first: a trace or report that cannot be written (too many
     # ranks asked for) then costs the user that file, never the simulation.
