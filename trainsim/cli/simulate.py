@@ -105,8 +105,12 @@ def print_step(result) -> None:
     comment(out, plan_header(result.inputs["plan"]))
     if "import" in result.inputs:
         comment(out, import_header(result.inputs["import"]))
-    rows = [("step time (s)", f"{result.step_time_s:.4f}"),
-            ("step time p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
+    # The band is what a real run would measure (sim/step_bands.py: the fitted model-error
+    # bias and spread, the calibration's uncertainty, the GPU spread), so its p50 need
+    # not be the simulated step, and the step may even lie outside it: the labels say which
+    # is which (a user read "step time 0.75 / p10 0.79" as a contradiction).
+    rows = [("step time, simulated (s)", f"{result.step_time_s:.4f}"),
+            ("a real run's step, 80 % band p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
              f"{result.step_time_p50_s:.4f} / {result.step_time_p90_s:.4f}"),
             ("tokens/s", f"{result.tokens_per_s:,.0f}"),
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
