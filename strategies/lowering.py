@@ -342,22 +342,21 @@ class StepLowerer:
         whose plan gives :func:`strategies.model_costs.layer_kernels` the same arguments
         (:data:`_SHARED_KERNELS`: the lowerers of a plan search's plans share them, and
         the ops :meth:`_emit_kernel` builds of them)."""
-        plan = self.plan
-        key = ("layer", id(self.model), kind, plan.micro_batch, plan.seq_len, plan.tp, plan.cp,
-               plan.ep, plan.sequence_parallel, plan.dtype, plan.flash_attention,
-               plan.fp8_recipe, plan.elementwise, self.etp, self.routing.rows_factor,
-               plan.expert_bias_impl)
+        plan, model = self.plan, self.model
+        args = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
+                    cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel,
+                    dtype=plan.dtype, flash_attention=plan.flash_attention,
+                    dropout=model.dropout, fp8_recipe=plan.fp8_recipe,
+                    elementwise=plan.elementwise, etp=self.etp,
+                    expert_load=self.routing.rows_factor,
+                    expert_bias_impl=plan.expert_bias_impl)
+        # (the key is the call's own arguments, so it cannot miss one the call reads)
+        key = ("layer", id(model), kind, *args.values())
         found = _SHARED_KERNELS.get(key)
-        if found is not None and found[0] is self.model:
+        if found is not None and found[0] is model:
             return found[1]
-        model = self.model
         layer = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
-        kernels = tuple(costs.layer_kernels(
-            model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
-            cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
-            flash_attention=plan.flash_attention, dropout=model.dropout,
-            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise, etp=self.etp,
-            expert_load=self.routing.rows_factor, expert_bias_impl=plan.expert_bias_impl))
+        kernels = tuple(costs.layer_kernels(model, layer, **args))
         _share_kernels(key, model, kernels)
         return kernels
 
@@ -367,34 +366,28 @@ class StepLowerer:
 
     def _edge_kernels(self, which: str) -> tuple[costs.Kernel, ...]:
         """Kernels of the ``embedding`` or the ``head`` (with the MTP modules) on one
-        GPU, shared as :meth:`_layer_kernels`' are."""
-        plan = self.plan
-        key = ("edge", id(self.model), which, plan.micro_batch, plan.seq_len, plan.tp,
-               plan.cp, plan.sequence_parallel, plan.dtype, plan.cross_entropy,
-               plan.elementwise, plan.ep, self.etp, self.routing.rows_factor)
-        found = _SHARED_KERNELS.get(key)
-        if found is not None and found[0] is self.model:
-            return found[1]
-        kernels = self._edge_kernels_of(which)
-        _share_kernels(key, self.model, kernels)
-        return kernels
-
-    def _edge_kernels_of(self, which: str) -> tuple[costs.Kernel, ...]:
-        """:meth:`_edge_kernels`, computed."""
-        plan = self.plan
+        GPU, shared as :meth:`_layer_kernels`' are (keyed by the calls' arguments)."""
+        plan, model = self.plan, self.model
         common = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                       sequence_parallel=plan.sequence_parallel, dtype=plan.dtype)
         if which == "embedding":
-            return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
-                                                 **common))
-        head = costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
-                                  elementwise=plan.elementwise, **common)
-        # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
-        mtp = costs.mtp_kernels(self.model, ep=plan.ep, etp=self.etp,
-                                expert_load=self.routing.rows_factor,
-                                cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
-                                **common)
-        return tuple(head + mtp)
+            extra = dict(dropout=model.dropout)
+        else:
+            extra = dict(cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
+                         ep=plan.ep, etp=self.etp, expert_load=self.routing.rows_factor)
+        key = ("edge", id(model), which, *common.values(), *extra.values())
+        found = _SHARED_KERNELS.get(key)
+        if found is not None and found[0] is model:
+            return found[1]
+        if which == "embedding":
+            kernels = tuple(costs.embedding_kernels(model, **extra, **common))
+        else:
+            head = costs.head_kernels(model, cross_entropy=plan.cross_entropy,
+                                      elementwise=plan.elementwise, **common)
+            # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
+            kernels = tuple(head + costs.mtp_kernels(model, **extra, **common))
+        _share_kernels(key, model, kernels)
+        return kernels
 
     # -------------------------------------------------------------- collectives
     @staticmethod
