@@ -38,21 +38,25 @@ def test_series_of_names_the_weak_scaling_series():
     assert tool.series_of("nvidia_nemo_perf", "nemo2407a_01") is None
 
 
-def test_amax_estimate_covers_megatron_delayed_scaling_rows_only():
+def test_amax_reductions_cover_megatron_delayed_scaling_rows_only():
     """Two amax all-reduces (forward, backward) per micro-batch and model chunk over TP x
-    DP x CP for a Megatron-Core FP8 row; none for its BF16 twin or a JAX (MaxText) row."""
+    DP x CP for a Megatron-Core FP8 row, and the simulated step carries them (slower than
+    the same row re-simulated without); none for its BF16 twin or a JAX (MaxText) row."""
     from sim.analytic_step import PricingCache
+    from sim.step import simulate_step
     from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
     tool = _tool()
     runs = {r.row_id: r for r in load_runs(sources=["nvidia_dgxc_benchmarking"])}
-    models, recipes, cache = load_models(), load_nemo_recipes(), PricingCache()
+    models, recipes = load_models(), load_nemo_recipes()
 
-    def estimate(row_id):
-        run = runs[row_id]
-        return tool.amax_reduction_s(run, scenario_for(run, models, recipes), cache, "auto")
+    def scenario(row_id):
+        return scenario_for(runs[row_id], models, recipes)
 
-    seconds, group, count, one_us = estimate("dgxc_gpt175_10")  # tp4 pp8 vpp12 dp64, 64 mb
-    assert (group, count) == (4 * 64, 2 * 64 * 12)
-    assert 0 < one_us < 1000 and seconds > count / 2 * one_us / 1e6
-    assert estimate("dgxc_gpt175_05") == (0.0, 0, 0, 0.0)   # its BF16 twin
-    assert estimate("dgxc_maxtext_12") == (0.0, 0, 0, 0.0)  # MaxText FP8 (JAX, no TE)
+    gpt = scenario("dgxc_gpt175_10")  # tp4 pp8 vpp12 dp64, 64 micro-batches
+    assert tool.amax_reductions(gpt) == (4 * 64, 2 * 64 * 12)
+    cache = PricingCache()
+    with_op = simulate_step(gpt.model, gpt.cluster, gpt.plan, fidelity="analytic",
+                            check_memory=False, cache=cache).step_time_s
+    assert with_op > tool.without_amax_s(gpt, cache)
+    assert tool.amax_reductions(scenario("dgxc_gpt175_05")) == (0, 0)   # its BF16 twin
+    assert tool.amax_reductions(scenario("dgxc_maxtext_12")) == (0, 0)  # MaxText FP8 (JAX)

@@ -1,51 +1,39 @@
 #!/usr/bin/env python3
-"""Why FP8 weak-scaling series lose speed with GPU count (issue 12): measure the trend and
-price the one FP8-only mechanism that synchronises the whole data-parallel side.
+"""Why FP8 weak-scaling series lose speed with GPU count (issue 12): the trend, and what
+Transformer Engine's amax all-reduce (now an op of the simulated step) contributes.
 
 Run from the repository root::
 
-    python tools/fp8_trend.py                    # slopes, BF16 vs FP8, and the amax estimate
-    python tools/fp8_trend.py --algorithm ring   # the amax all-reduce priced as a ring
+    python tools/fp8_trend.py
 
 What it prints:
 
-1. **Slope of the error per doubling** of each weak-scaling series of the NVIDIA DGX
+1. Per FP8 row the simulator prices with the amax all-reduce (``te-delayed``,
+   ``amax_reduction`` megatron): its amax group (TP x DP x CP, Megatron-Core's
+   ``get_amax_reduction_group``), the reductions per step (forward and backward of every
+   model chunk and micro-batch), the step's error as simulated and the error the same
+   row has with ``amax_reduction = "none"`` (re-simulated: the step without the op).
+2. The **slope of the error per doubling** of each weak-scaling series of the NVIDIA DGX
    Cloud benchmarking rows and NeMo's long-sequence rows (same model, GPU and dtype:
-   least squares of ``simulated / published - 1`` on ``log2(GPUs)``), as the simulator
-   prices them today and with the estimate of 2. added to each FP8 row.
-2. **Transformer Engine's amax reduction**, the mechanism candidate: under delayed
-   scaling (``te-delayed``, Megatron-Core's default ``fp8_recipe`` before TE 2.x) every
-   exit of an ``fp8_autocast`` region all-reduces (``ReduceOp.MAX``, ``async_op=False``,
-   on the compute stream) the region's current amaxes over the region's ``fp8_group``
-   (TransformerEngine ``transformer_engine/pytorch/fp8.py``:
-   ``FP8GlobalStateManager.fp8_autocast_exit`` -> ``reduce_and_update_fp8_tensors
-   (forward=True)`` -> ``reduce_tensor_across_group_op_max``), and the backward's amaxes
-   are reduced the same way when the region's backward ends
-   (``hook_for_bwd_amax_reduction``, a ``register_multi_grad_hook``). Megatron-Core wraps
-   each ``TransformerBlock.forward`` (one model chunk) in one region under delayed
-   scaling, ``fp8_group = parallel_state.get_amax_reduction_group(with_context_parallel=
-   True, tp_only_amax_red=config.tp_only_amax_red)``: TP x DP x CP unless
-   ``tp_only_amax_red`` (default False; megatron/core/transformer/transformer_block.py,
-   megatron/core/fp8_utils.py ``get_fp8_context``). So each micro-batch of each model
-   chunk synchronises all data-parallel replicas of a pipeline stage twice; BF16 steps
-   synchronise them once, at the gradient reduction. Bytes: one fp32 amax per FP8
-   tensor of the region, 3 per GEMM forward (input, weight, output) and 2 backward
-   (grad output, grad input), 4 GEMMs per layer (TE 1.x ``fp8_meta`` sizes).
-   The estimate prices that all-reduce with the simulator's own collective cost model
-   (``hardware.cost.CostModel.collective``, ``--algorithm`` as NCCL would be forced
-   with ``NCCL_ALGO``) and adds ``2 x micro-batches x vpp`` of them per step, exposed.
+   least squares of ``simulated / published - 1`` on ``log2(GPUs)``), with the op and
+   without it.
 
-The estimate is offline (the step is not re-simulated): it is what the lowering would
-add if the reduction were an op on the compute stream of every forward and backward
-action. Only Megatron-Core-family rows (NeMo, Megatron-Bridge, DGX Cloud's NeMo recipes)
-with the ``te-delayed`` recipe get it; MaxText and Paxml (JAX) rows do not.
+The mechanism (strategies/lowering.py ``StepLowerer._amax_reduction``): under delayed
+scaling every exit of an ``fp8_autocast`` region all-reduces (``ReduceOp.MAX``,
+``async_op=False``, on the compute stream) the amaxes of TE's global buffer over the
+region's ``fp8_group`` (TransformerEngine ``transformer_engine/pytorch/fp8.py``
+``fp8_autocast_exit`` -> ``reduce_and_update_fp8_tensors``; TE 2.x ``quantization.py``
+``autocast_exit``), and the backward's when the region's backward ends. Megatron-Core
+opens one region per ``TransformerBlock.forward``; JAX stacks (MaxText, Paxml) run no
+such collective. This tool used to add an offline estimate of it on top of the simulated
+step; the rows now carry the op.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,22 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from sim.analytic_step import PricingCache  # noqa: E402
+from sim.step import simulate_step  # noqa: E402
+from strategies.lowering import reduces_amax  # noqa: E402
 from validate.published import (evaluate, load_models, load_nemo_recipes,  # noqa: E402
                                 load_runs, scenario_for)
-from validate.published_stacks import framework_kind  # noqa: E402
 
 #: Sources whose rows form weak-scaling series (fixed work per GPU).
 SOURCES = ("nvidia_dgxc_benchmarking", "nvidia_nemo_perf")
-
-#: fp32 amaxes per GEMM that one amax reduction carries: forward (input, weight,
-#: output) and backward (grad output, grad input); TE 1.x ``fp8_meta["scaling_fwd"]``
-#: and ``["scaling_bwd"]`` hold 3 and 2 per GEMM.
-AMAX_PER_GEMM = {"forward": 3, "backward": 2}
-
-#: GEMMs of one transformer layer under TE (QKV, attention projection, FC1, FC2).
-GEMMS_PER_LAYER = 4
-
-ALGORITHMS = ("auto", "tree", "ring")
 
 
 def series_of(source_id: str, row_id: str) -> str | None:
@@ -93,70 +72,60 @@ def slope_per_doubling(gpus: list[int], errors: list[float]) -> float:
     return float(np.polyfit(np.log2(gpus), errors, 1)[0])
 
 
-def amax_reduction_s(run, scenario, cache: PricingCache, algorithm: str
-                     ) -> tuple[float, int, int, float]:
-    """Seconds per step of a row's amax all-reduces (see the module docstring), the
-    group size, the reductions per step and one forward reduction's microseconds.
-    (0, 0, 0, 0) for rows it does not apply to."""
+def amax_reductions(scenario) -> tuple[int, int]:
+    """The amax group size and the amax all-reduces per step of a row's scenario
+    (forward and backward of each micro-batch of each model chunk); (0, 0) when its
+    plan runs none (not ``te-delayed`` FP8, a JAX stack, or a group of one)."""
     plan = scenario.plan
-    if (plan.dtype != "fp8" or plan.fp8_recipe != "te-delayed"
-            or framework_kind(run.get("framework"), run.get("framework_version"))
-            != "megatron-core"):
-        return 0.0, 0, 0, 0.0
-    layout = cache.layout(scenario.cluster, plan.world_size)
-    cost = cache.cost_model(layout)
-    # Megatron's rank order puts TP, CP and DP inside PP: rank 0's group is contiguous
-    group = tuple(range(plan.tp * plan.cp * plan.dp))
-    layers = math.ceil(scenario.model.num_layers / (plan.pp * plan.vpp))
-    seconds = {}
-    for phase, per_gemm in AMAX_PER_GEMM.items():
-        size = 4 * per_gemm * GEMMS_PER_LAYER * layers
-        seconds[phase] = (cost.collective("all_reduce", group, size, algorithm).duration_ns
-                          / 1e9 if len(group) > 1 else 0.0)
-    reductions = 2 * plan.num_microbatches * plan.vpp
-    per_step = plan.num_microbatches * plan.vpp * sum(seconds.values())
-    return per_step, len(group), reductions, seconds["forward"] * 1e6
+    group = plan.tp * plan.cp * (1 if plan.tp_only_amax_red else plan.dp)
+    if not reduces_amax(plan) or group == 1:
+        return 0, 0
+    return group, 2 * plan.num_microbatches * plan.vpp
+
+
+def without_amax_s(scenario, cache: PricingCache) -> float:
+    """The row's simulated step (analytic) with ``amax_reduction = "none"``."""
+    plan = replace(scenario.plan, amax_reduction="none")
+    return simulate_step(scenario.model, scenario.cluster, plan, fidelity="analytic",
+                         check_memory=False, cache=cache).step_time_s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the series' slopes and the amax estimate (see the module docstring)."""
+    """Print the amax rows and the series' slopes (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", default="auto",
-                        help=f"the amax all-reduce's algorithm: {', '.join(ALGORITHMS)}")
-    args = parser.parse_args(argv)
-    if args.algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm: {args.algorithm!r} is not valid; valid: "
-                         f"{', '.join(ALGORITHMS)}")
+    parser.parse_args(argv)
     runs = [r for r in load_runs(sources=SOURCES) if series_of(r.source_id, r.row_id)]
     frame = evaluate(runs)
     models, recipes, cache = load_models(), load_nemo_recipes(), PricingCache()
     by_row = {(r.source_id, r.row_id): r for r in runs}
     series: dict[tuple[str, str, str], list[tuple[int, float, float]]] = {}
-    print(f"{'row':22s} {'GPUs':>5s} {'group':>5s} {'reductions':>10s} {'one (us)':>8s} "
-          f"{'per step (ms)':>13s} {'error':>7s} {'with amax':>9s}")
+    print(f"{'row':22s} {'GPUs':>5s} {'group':>5s} {'reductions':>10s} "
+          f"{'amax (ms)':>9s} {'error':>7s} {'no amax':>8s}")
     for row in frame.itertuples():
         if row.status != "ok":
             continue
-        run = by_row[(row.source_id, row.row_id)]
-        added, group, count, one_us = amax_reduction_s(
-            run, scenario_for(run, models, recipes), cache, args.algorithm)
-        with_amax = (row.simulated_step_s + added) / row.published_step_s - 1
+        scenario = scenario_for(by_row[(row.source_id, row.row_id)], models, recipes)
+        group, count = amax_reductions(scenario)
+        without = row.error
+        if count:
+            bare_s = without_amax_s(scenario, cache)
+            without = bare_s / row.published_step_s - 1
+            print(f"{row.row_id:22s} {row.gpus:5d} {group:5d} {count:10d} "
+                  f"{(row.simulated_step_s - bare_s) * 1e3:9.1f} {row.error:+7.2%} "
+                  f"{without:+8.2%}")
         key = (series_of(row.source_id, row.row_id), row.gpu, row.dtype)
-        series.setdefault(key, []).append((row.gpus, row.error, with_amax))
-        if added:
-            print(f"{row.row_id:22s} {row.gpus:5d} {group:5d} {count:10d} {one_us:8.1f} "
-                  f"{added * 1e3:13.1f} {row.error:+7.2%} {with_amax:+9.2%}")
+        series.setdefault(key, []).append((row.gpus, row.error, without))
     print(f"\n{'series':14s} {'GPU':9s} {'dtype':5s} {'rows':>4s} {'slope/doubling':>14s} "
-          f"{'with amax':>9s} {'mean error':>10s} {'with amax':>9s}")
+          f"{'no amax':>8s} {'mean error':>10s} {'no amax':>8s}")
     for (name, gpu, dtype), points in sorted(series.items()):
         gpus = [n for n, _, _ in points]
         if len(set(gpus)) < 3:
             continue
-        before = [e for _, e, _ in points]
-        after = [a for _, _, a in points]
+        with_op = [e for _, e, _ in points]
+        bare = [b for _, _, b in points]
         print(f"{name:14s} {gpu:9s} {dtype:5s} {len(points):4d} "
-              f"{slope_per_doubling(gpus, before):+14.2%} {slope_per_doubling(gpus, after):+9.2%} "
-              f"{np.mean(before):+10.2%} {np.mean(after):+9.2%}")
+              f"{slope_per_doubling(gpus, with_op):+14.2%} {slope_per_doubling(gpus, bare):+8.2%} "
+              f"{np.mean(with_op):+10.2%} {np.mean(bare):+8.2%}")
     return 0
 
 
