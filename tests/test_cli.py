@@ -200,3 +200,16 @@ def test_a_negative_size_names_the_option_given(capsys, args, expected):
     code, _, err = run_cli(capsys, *args)
     assert code == 2 and err.startswith("error: " + expected), err
     assert err.count("\n") == 1
+
+
+def test_out_of_memory_suggests_command_line_flags(capsys):
+    """A user who ran `trainsim simulate` out of memory was told "try recompute='full',
+    zero=2": the Python API's spelling, not the flags the command takes."""
+    code, _, err = run_cli(capsys, "simulate", "--model", "llama3-405b", "--gpus", "8",
+                           "--micro-batch", "2", "--global-batch", "16", "--fidelity",
+                           "analytic")
+    assert code == 3, err
+    line = err.strip()
+    assert "\n" not in line and line.startswith("error: out of memory on rank 0"), line
+    tips = line.rpartition("; try ")[2]
+    assert tips == "--zero 2, --recompute full, --micro-batch 1, more tp, pp or cp", tips

@@ -172,3 +172,16 @@ def test_hardware_list_breaks_names_only_after_a_hyphen(capsys, monkeypatch, col
         assert any(aligned(cell, value) for value in values), cell
     assert ("rail-" in cells) == (columns < 100)
     assert ("rail-optimized" in cells) == (columns >= 100)
+
+
+def test_simulate_labels_the_simulated_step_and_the_real_run_band(capsys, monkeypatch):
+    """A user read "step time 0.7527" beside "p10 / p50 / p90 0.7879 / 0.8886 / 1.0041" as a
+    contradiction: the band is what a real run would measure (model-error bias included),
+    so the simulated step can lie outside it. The labels say which number is which."""
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run_cli(capsys, "simulate", "--model", "llama3-8b", "--gpus", "4",
+                             "--global-batch", "8", "--fidelity", "analytic")
+    assert code == 0, err
+    text = words(out)
+    assert "step time, simulated (s)" in text, text
+    assert "a real run's step, 80 % band p10 / p50 / p90 (s)" in text, text

@@ -244,6 +244,89 @@ def test_hf_deepseek_config_matches_the_preset(tmp_path):
         assert getattr(spec, field) == getattr(preset, field), field
 
 
+# BigScience's bloom config.json (huggingface.co/bigscience/bloom), the keys the loader reads
+BLOOM_CONFIG = {"model_type": "bloom", "hidden_size": 14336, "n_layer": 70, "n_head": 112,
+                "vocab_size": 250880, "layer_norm_epsilon": 1e-05, "hidden_dropout": 0.0,
+                "attention_dropout": 0.0}
+# tiiuae/falcon-180B config.json
+FALCON_180B_CONFIG = {"model_type": "falcon", "hidden_size": 14848, "num_hidden_layers": 80,
+                      "num_attention_heads": 232, "num_kv_heads": 8, "multi_query": True,
+                      "new_decoder_architecture": True, "parallel_attn": True, "alibi": False,
+                      "bias": False, "layer_norm_epsilon": 1e-05, "vocab_size": 65024}
+# facebook/opt-66b config.json (the released OPT sizes share the layout of OPT-175B)
+OPT_66B_CONFIG = {"model_type": "opt", "hidden_size": 9216, "num_hidden_layers": 64,
+                  "num_attention_heads": 72, "ffn_dim": 36864, "vocab_size": 50272,
+                  "activation_function": "relu", "dropout": 0.1, "do_layer_norm_before": True,
+                  "word_embed_proj_dim": 9216, "max_position_embeddings": 2048}
+# Qwen/Qwen3-30B-A3B config.json
+QWEN3_30B_A3B_CONFIG = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+                        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                        "intermediate_size": 6144, "moe_intermediate_size": 768,
+                        "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+                        "mlp_only_layers": [], "hidden_act": "silu", "rms_norm_eps": 1e-06,
+                        "tie_word_embeddings": False, "vocab_size": 151936}
+
+
+def test_hf_bloom_falcon_opt_configs_read_their_own_keys(tmp_path):
+    """A user's BLOOM config once failed with "num_attention_heads: missing": its keys are
+    transformers' attribute_map aliases, and the MLP width is implied (4 x hidden)."""
+    bloom = load_model(_write(tmp_path / "bloom" / "config.json", json.dumps(BLOOM_CONFIG)))
+    assert (bloom.num_layers, bloom.num_heads, bloom.num_kv_heads, bloom.head_dim,
+            bloom.ffn_hidden_size, bloom.mlp, bloom.norm, bloom.tied_embeddings,
+            bloom.dropout) == (70, 112, 112, 128, 57344, "gelu", "layernorm", True, False)
+    falcon = load_model(_write(tmp_path / "falcon" / "config.json", json.dumps(FALCON_180B_CONFIG)))
+    assert (falcon.num_layers, falcon.num_heads, falcon.num_kv_heads, falcon.head_dim,
+            falcon.ffn_hidden_size, falcon.mlp, falcon.norm, falcon.tied_embeddings) == (
+        80, 232, 8, 64, 59392, "gelu", "layernorm", True)
+    falcon7 = dict(FALCON_180B_CONFIG, new_decoder_architecture=False)  # multi-query: one K/V head
+    assert load_model(_write(tmp_path / "f7.json", json.dumps(falcon7))).num_kv_heads == 1
+    falcon7["multi_query"] = False
+    assert load_model(_write(tmp_path / "f7b.json", json.dumps(falcon7))).num_kv_heads == 232
+    opt = load_model(_write(tmp_path / "opt" / "config.json", json.dumps(OPT_66B_CONFIG)))
+    assert (opt.num_layers, opt.num_heads, opt.ffn_hidden_size, opt.mlp, opt.norm,
+            opt.tied_embeddings, opt.dropout) == (64, 72, 36864, "gelu", "layernorm", True, True)
+    untied = dict(OPT_66B_CONFIG, tie_word_embeddings=False)
+    assert not load_model(_write(tmp_path / "o2.json", json.dumps(untied))).tied_embeddings
+
+
+def test_hf_qwen_moe_config_is_read_as_moe(tmp_path):
+    """A Qwen3-MoE config was read as a dense 48-layer model of FFN 6144 (MFU 54 % on a
+    3B-active model): its experts are under num_experts, which no branch read."""
+    spec = load_model(_write(tmp_path / "q" / "config.json", json.dumps(QWEN3_30B_A3B_CONFIG)))
+    assert spec.moe == MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768,
+                               capacity_factor=0.0)
+    assert [spec.is_moe_layer(i) for i in range(4)] == [True] * 4
+    step2 = dict(QWEN3_30B_A3B_CONFIG, decoder_sparse_step=2)  # layers 1, 3, ... are MoE
+    spec2 = load_model(_write(tmp_path / "q2.json", json.dumps(step2)))
+    assert [spec2.is_moe_layer(i) for i in range(6)] == [False, True] * 3
+    lead = dict(QWEN3_30B_A3B_CONFIG, mlp_only_layers=[0, 1])
+    spec3 = load_model(_write(tmp_path / "q3.json", json.dumps(lead)))
+    assert [spec3.is_moe_layer(i) for i in range(4)] == [False, False, True, True]
+    qwen2 = dict(QWEN3_30B_A3B_CONFIG, model_type="qwen2_moe", moe_intermediate_size=2560,
+                 shared_expert_intermediate_size=20480)  # Qwen2-57B-A14B: 8 experts' worth
+    assert load_model(_write(tmp_path / "q4.json", json.dumps(qwen2))).moe.shared_experts == 8
+    olmoe = {k: v for k, v in QWEN3_30B_A3B_CONFIG.items() if k != "moe_intermediate_size"}
+    olmoe.update(model_type="olmoe", intermediate_size=1024, num_experts=64)
+    assert load_model(_write(tmp_path / "o.json", json.dumps(olmoe))).moe.expert_ffn_hidden_size == 1024
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.update(mlp_only_layers=[3]), ["mlp_only_layers", "[3]", "leading run"]),
+    (lambda c: c.update(mlp_only_layers=[0], decoder_sparse_step=2), ["mlp_only_layers", "2"]),
+    (lambda c: c.update(model_type="qwen2_moe", shared_expert_intermediate_size=1000),
+     ["shared_expert_intermediate_size", "1000", "768"]),
+    (lambda c: c.update(model_type="jamba"), ["num_experts", "128", "jamba", "[moe]"]),
+    (lambda c: c.update(model_type="dbrx", num_experts=None, ffn_config={"moe_num_experts": 16}),
+     ["ffn_config", "dbrx", "[moe]"]),
+])
+def test_unread_or_bad_expert_keys_are_refused(tmp_path, edit, words):
+    cfg = dict(QWEN3_30B_A3B_CONFIG)
+    edit(cfg)
+    message = _error(load_model, _write(tmp_path / "bad" / "config.json", json.dumps(cfg)))
+    for word in words:
+        assert word in message, message
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda c: c.pop("intermediate_size"), ["intermediate_size", "missing"]),
     (lambda c: c.pop("vocab_size"), ["vocab_size", "missing"]),

@@ -52,8 +52,25 @@ A native model file is the same schema at any path. A Hugging Face
 * sliding-window attention: ``sliding_window`` (ignored when ``use_sliding_window`` is
   false) on the layers ``layer_types`` marks ``sliding_attention`` (one full layer every N),
   else Gemma 3's ``sliding_window_pattern``, Gemma 2's alternation, or every layer;
+* BLOOM, Falcon and OPT configs, whose keys transformers maps onto Llama's
+  (``attribute_map`` and ``__init__`` of ``BloomConfig``, ``FalconConfig``, ``OPTConfig``):
+  BLOOM's ``n_layer``/``n_head`` with an MLP of 4 x ``hidden_size`` (``BloomMLP``) and
+  GELU; Falcon's ``num_kv_heads`` (used when ``new_decoder_architecture``, else one K/V
+  head with ``multi_query`` (the default) or every head), ``ffn_hidden_size`` (None ->
+  4 x ``hidden_size``), ``activation``; OPT's ``ffn_dim``, ``activation_function`` (ReLU:
+  two matmuls and an elementwise activation, priced as the ``gelu`` MLP kind) and
+  ``dropout``; all three tie the embeddings unless ``tie_word_embeddings`` says otherwise
+  (transformers' ``PretrainedConfig`` default). ALiBi, parallel attention and OPT-350m's
+  ``word_embed_proj_dim`` projections are not priced;
 * Mixtral MoE keys ``num_local_experts``, ``num_experts_per_tok`` (each expert
   of ``intermediate_size``);
+* Qwen2-MoE / Qwen3-MoE keys ``num_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``, ``decoder_sparse_step`` (layer ``i`` is MoE when
+  ``(i + 1) % step == 0``, transformers ``Qwen3MoeDecoderLayer``), ``mlp_only_layers`` (a
+  leading run of dense layers), Qwen2-MoE's ``shared_expert_intermediate_size`` (a whole
+  number of experts); OLMoE's ``num_experts`` (each expert of ``intermediate_size``). Any
+  other config that names experts (``num_experts``, ``n_experts``, ``moe_num_experts``,
+  ``ffn_config``) is refused rather than read as a dense model;
 * DeepSeek MoE keys ``n_routed_experts``, ``num_experts_per_tok``,
   ``moe_intermediate_size``, ``n_shared_experts``, ``first_k_dense_replace``,
   ``moe_layer_freq``, ``n_group``, ``topk_group``, and multi-head latent attention
@@ -429,6 +446,7 @@ def _load_hf(path: Path) -> ModelSpec:
         )
         return validate_model(spec, where=str(path))
 
+    cfg = _hf_llama_keys(cfg, where)
     if "hidden_size" not in cfg:
         raise ValueError(
             f"hidden_size: missing {where}; a Hugging Face config needs Llama-style keys "
@@ -450,7 +468,10 @@ def _load_hf(path: Path) -> ModelSpec:
         head_dim = _hf_int(cfg, "head_dim", where)
     else:
         head_dim = _head_dim(hidden, heads, "num_attention_heads", where)
+    family = str(cfg.get("model_type", ""))
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if family == "opt" and act == "relu":
+        act = "gelu"  # OPTDecoderLayer fc1 -> ReLU -> fc2: the two-matmul MLP kind
     if not isinstance(act, str) or act.lower() not in _HF_ACTIVATIONS:
         raise ValueError(f"hidden_act: {act!r} is not supported {where}; valid: {', '.join(_HF_ACTIVATIONS)}")
     mlp = _HF_ACTIVATIONS[act.lower()]
@@ -458,7 +479,7 @@ def _load_hf(path: Path) -> ModelSpec:
         mlp = "swiglu"  # gated GELU: three matmuls, priced as swiglu
     has_ln = "layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg
     norm = "layernorm" if has_ln and "rms_norm_eps" not in cfg else "rmsnorm"
-    tied = cfg.get("tie_word_embeddings", False)
+    tied = cfg.get("tie_word_embeddings", family in _HF_TIED_BY_DEFAULT)
     if not isinstance(tied, bool):
         raise ValueError(f"tie_word_embeddings: {tied!r} must be true or false {where}")
     ffn = _hf_int(cfg, "intermediate_size", where)
@@ -474,6 +495,13 @@ def _load_hf(path: Path) -> ModelSpec:
             # gate_up_proj_bias and down_proj_bias; Mixtral's experts have none
             expert_bias=str(cfg.get("model_type", "")) == "gpt_oss",
         )
+    elif family in ("qwen2_moe", "qwen3_moe") and cfg.get("num_experts"):
+        moe = _hf_qwen_moe(cfg, where)
+    elif family == "olmoe" and cfg.get("num_experts"):
+        # transformers OlmoeSparseMoeBlock: every layer, experts of intermediate_size
+        moe = MoESpec(num_experts=_hf_int(cfg, "num_experts", where),
+                      top_k=_hf_int(cfg, "num_experts_per_tok", where),
+                      expert_ffn_hidden_size=ffn, capacity_factor=0.0)
     elif cfg.get("n_routed_experts") is not None:  # DeepSeek
         moe = MoESpec(
             num_experts=_hf_int(cfg, "n_routed_experts", where),
@@ -486,6 +514,14 @@ def _load_hf(path: Path) -> ModelSpec:
             router_groups=_hf_int(cfg, "n_group", where, default=0, minimum=0),
             router_group_topk=_hf_int(cfg, "topk_group", where, default=0, minimum=0),
         )
+    if moe is None:
+        for key in _HF_EXPERT_KEYS:
+            if cfg.get(key):
+                raise ValueError(
+                    f"{key}: {cfg[key]!r} in a {family or 'model_type-less'} config {where} "
+                    "names experts this loader does not read (it reads Mixtral, DeepSeek, "
+                    "Qwen2-MoE, Qwen3-MoE and OLMoE configs); write a native model TOML "
+                    "with a [moe] table instead")
     spec = ModelSpec(
         name=name,
         num_layers=_hf_int(cfg, "num_hidden_layers", where),
@@ -510,6 +546,87 @@ def _load_hf(path: Path) -> ModelSpec:
 
 
 _MISSING = object()
+
+#: model_types whose transformers config leaves ``tie_word_embeddings`` at
+#: ``PretrainedConfig``'s default (True) and whose LM head is tied to the embedding
+#: (``_tied_weights_keys = ["lm_head.weight"]`` of BloomForCausalLM, FalconForCausalLM,
+#: OPTForCausalLM). Llama-style configs default to untied (LlamaConfig: False).
+_HF_TIED_BY_DEFAULT = frozenset({"bloom", "falcon", "opt"})
+
+#: Keys that name experts in Hugging Face configs of MoE families (Qwen, OLMoE, Jamba,
+#: DBRX's ``ffn_config``, ...); a config carrying one that no branch reads is refused.
+_HF_EXPERT_KEYS = ("num_experts", "n_experts", "moe_num_experts", "num_local_experts",
+                   "n_routed_experts", "ffn_config")
+
+
+def _hf_llama_keys(cfg: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """``cfg`` with BLOOM's, Falcon's and OPT's keys renamed to the Llama-style ones
+    :func:`_load_hf` reads, their defaults filled in as transformers fills them
+    (``BloomConfig.attribute_map``; ``FalconConfig.__init__`` and ``FalconAttention``
+    for the K/V heads; ``OPTConfig``); other configs unchanged."""
+    family = str(cfg.get("model_type", ""))
+    out = dict(cfg)
+    if family == "bloom":
+        for old, new in (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads")):
+            if new not in out and old in out:
+                out[new] = out[old]
+        if "hidden_size" in out and isinstance(out["hidden_size"], int):
+            out.setdefault("intermediate_size", 4 * out["hidden_size"])  # BloomMLP
+        out.setdefault("hidden_act", "gelu")  # bloom_gelu_forward: tanh-approximated GELU
+    elif family == "falcon":
+        heads = out.get("num_attention_heads")
+        if out.get("new_decoder_architecture"):
+            kv = out.get("num_kv_heads", heads)
+        elif out.get("multi_query", True):
+            kv = 1
+        else:
+            kv = heads
+        out.setdefault("num_key_value_heads", kv)
+        if out.get("ffn_hidden_size") is not None:
+            out.setdefault("intermediate_size", out["ffn_hidden_size"])
+        elif "hidden_size" in out and isinstance(out["hidden_size"], int):
+            out.setdefault("intermediate_size", 4 * out["hidden_size"])
+        out.setdefault("hidden_act", out.get("activation", "gelu"))
+    elif family == "opt":
+        if "ffn_dim" in out:
+            out.setdefault("intermediate_size", out["ffn_dim"])
+        out.setdefault("hidden_act", out.get("activation_function", "relu"))
+        if "dropout" in out:
+            out.setdefault("hidden_dropout", out["dropout"])
+        out.setdefault("layer_norm_eps", 1e-5)  # OPTDecoderLayer: nn.LayerNorm, default eps
+    return out
+
+
+def _hf_qwen_moe(cfg: Mapping[str, Any], where: str) -> MoESpec:
+    """The experts of a Qwen2-MoE / Qwen3-MoE config (transformers
+    ``Qwen3MoeDecoderLayer``: layer ``i`` is sparse when it is not in ``mlp_only_layers``
+    and ``(i + 1) % decoder_sparse_step == 0``; Qwen2-MoE adds a shared expert of
+    ``shared_expert_intermediate_size``).
+
+    Raises:
+        ValueError: ``mlp_only_layers`` that is not a leading run of layers with
+            ``decoder_sparse_step`` 1, or a shared expert that is not a whole number of
+            routed experts.
+    """
+    expert = _hf_int(cfg, "moe_intermediate_size", where)
+    step = _hf_int(cfg, "decoder_sparse_step", where, default=1)
+    dense = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or (dense and (step != 1 or dense != list(range(len(dense))))):
+        raise ValueError(f"mlp_only_layers: {dense!r} is not valid {where}; valid: [] or a "
+                         f"leading run [0, 1, ..., n-1] with decoder_sparse_step 1 (got {step})")
+    shared_size = _hf_int(cfg, "shared_expert_intermediate_size", where, default=0, minimum=0)
+    if shared_size % expert:
+        raise ValueError(f"shared_expert_intermediate_size: {shared_size} is not a whole number "
+                         f"of experts of moe_intermediate_size {expert} {where}; valid: a "
+                         f"multiple of {expert}")
+    return MoESpec(num_experts=_hf_int(cfg, "num_experts", where),
+                   top_k=_hf_int(cfg, "num_experts_per_tok", where),
+                   expert_ffn_hidden_size=expert,
+                   shared_experts=shared_size // expert,
+                   capacity_factor=0.0,
+                   # trainsim's layer l is MoE when (l - first) % freq == 0
+                   first_dense_layers=len(dense) if dense else step - 1,
+                   layer_frequency=step)
 
 #: ``layer_types`` entries of Hugging Face configs (transformers ``configuration_utils``
 #: ``ALLOWED_LAYER_TYPES``) and whether the layer is windowed.

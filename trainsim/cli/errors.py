@@ -35,6 +35,20 @@ class InternalError(RuntimeError):
     """trainsim produced something it must not (e.g. a non-finite number in a result)."""
 
 
+_PLAN_KWARG = re.compile(r"\b([a-z][a-z0-9_]*)=('?)([^',\s]+)\2")
+
+
+def oom_message(oom: ValueError) -> str:
+    """The one-line message of an :class:`~strategies.memory.OutOfMemoryError` with its
+    suggestions spelled as the command line takes them (``--recompute full``, ``--zero 2``,
+    ``--micro-batch 2``) instead of the Python API's ``recompute='full'``."""
+    head, sep, tips = str(oom).rpartition("; try ")
+    if not sep:
+        return str(oom)
+    tips = _PLAN_KWARG.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", tips)
+    return f"{head}{sep}{tips}"
+
+
 def check_choice(field: str, value: str, valid: Sequence[str]) -> str:
     """``value`` if it is one of ``valid``.
 

@@ -9,7 +9,7 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, json_text
+from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, json_text, oom_message
 from trainsim.cli.output import (comment, console, import_header, job_header, plan_header,
                                   spinner, table)
 
@@ -71,7 +71,7 @@ def failures(
         with spinner(output_format == "table"):
             result = run_failures(chosen)
     except OutOfMemoryError as oom:
-        print(f"error: {oom}", file=sys.stderr)
+        print(f"error: {oom_message(oom)}", file=sys.stderr)
         sys.exit(EXIT_OOM)
     if output_format == "json":
         print(json_text(result.to_dict(), indent=1))

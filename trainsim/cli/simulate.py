@@ -9,7 +9,8 @@ import typer
 
 from trainsim import defaults
 from trainsim.cli import options
-from trainsim.cli.errors import EXIT_OOM, UserError, check_choice, check_output_path, json_text
+from trainsim.cli.errors import (EXIT_OOM, UserError, check_choice, check_output_path, json_text,
+                                 oom_message)
 from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
                                   plan_header, spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
@@ -76,7 +77,7 @@ def simulate(
             print(json_text({"error": "out_of_memory", "rank": oom.rank,
                               "capacity_bytes": oom.capacity_bytes,
                               "memory": oom.breakdown.to_dict()}, indent=1))
-        print(f"error: {oom}", file=sys.stderr)
+        print(f"error: {oom_message(oom)}", file=sys.stderr)
         sys.exit(EXIT_OOM)
     # The result is printed first: a trace or report that cannot be written (too many
     # ranks asked for) then costs the user that file, never the simulation.
@@ -104,8 +105,12 @@ def print_step(result) -> None:
     comment(out, plan_header(result.inputs["plan"]))
     if "import" in result.inputs:
         comment(out, import_header(result.inputs["import"]))
-    rows = [("step time (s)", f"{result.step_time_s:.4f}"),
-            ("step time p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
+    # The band is what a real run would measure (sim/step_bands.py: the fitted model-error
+    # bias and spread, the calibration's uncertainty, the GPU spread), so its p50 need
+    # not be the simulated step, and the step may even lie outside it: the labels say which
+    # is which (a user read "step time 0.75 / p10 0.79" as a contradiction).
+    rows = [("step time, simulated (s)", f"{result.step_time_s:.4f}"),
+            ("a real run's step, 80 % band p10 / p50 / p90 (s)", f"{result.step_time_p10_s:.4f} / "
              f"{result.step_time_p50_s:.4f} / {result.step_time_p90_s:.4f}"),
             ("tokens/s", f"{result.tokens_per_s:,.0f}"),
             ("TFLOP/s per GPU (model)", f"{result.tflops_per_gpu:.1f}"),
