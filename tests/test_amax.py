@@ -111,3 +111,22 @@ def test_bad_amax_reduction_is_a_one_line_error():
     with pytest.raises(ValueError, match="amax_reduction") as error:
         _plan(amax_reduction="always")
     assert "\n" not in str(error.value) and "megatron" in str(error.value)
+
+
+def test_simulate_says_where_the_amax_time_goes(capsys):
+    from trainsim.cli import main
+
+    args = ["simulate", "--model", MODEL, "--cluster", "dgx-h100", "--gpus", "16", "--tp",
+            "2", "--global-batch", "32", "--fidelity", "analytic"]
+    try:
+        main(args + ["--dtype", "fp8"])
+    except SystemExit as stop:
+        assert not stop.code
+    out = " ".join(line.lstrip("#").strip() for line in capsys.readouterr().out.splitlines())
+    assert ("FP8 amaxes all-reduced over TP x DP x CP after each chunk's forward and "
+            "backward (exposed dp)") in out
+    try:
+        main(args)  # bf16: no amax reduction
+    except SystemExit as stop:
+        assert not stop.code
+    assert "amaxes" not in capsys.readouterr().out
