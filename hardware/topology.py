@@ -423,6 +423,10 @@ class ClusterLayout:
         among the group's distinct values (what ``np.unique``'s inverse gives, and
         the running count of steps up for ascending ranks), as the same int64 bytes."""
         gpn = self.gpus_per_node
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
+        if len(key) == 1:  # (one member: every relabelled value is its own first, 0)
+            flat = [0] * (5 if one_nic_each else 4)
+            return _array("q", flat if one_nic_each else [key[0] % gpn] + flat).tobytes()
         nodes = [rank // gpn for rank in key]
         local = [rank % gpn for rank in key]
         if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
@@ -432,7 +436,6 @@ class ClusterLayout:
         fabric = self.spec.fabric
         units = [node // fabric.nodes_per_leaf for node in nodes]
         spines = [unit // fabric.leaves_per_spine_group for unit in units]
-        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         flat = [] if one_nic_each else list(local)

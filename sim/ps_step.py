@@ -29,7 +29,7 @@ from sim.engine import Engine
 from strategies.collectives.catalog import ALGORITHMS
 from sim.step import StepResult, job_layout, resolved_inputs, throughput
 from sim.timeline import Timeline
-from strategies.memory import MemoryBreakdown, OutOfMemoryError
+from strategies.memory import MemoryBreakdown, OutOfMemoryError, Remedy
 from strategies.model_spec import ModelSpec
 from strategies.param_server import (PSLowering, colocated_memory, lower_ps_step, num_servers,
                                      ps_world_size, server_memory, server_nodes,
@@ -126,14 +126,14 @@ def _check_ps_fits(plan: ParallelPlan, servers: int, breakdown: MemoryBreakdown,
     """check_fits with remedies that exist for parameter-server plans (no ZeRO, tp, pp)."""
     if breakdown.total_bytes <= capacity_bytes:
         return
-    tips = [f"ps_servers > {servers}"] if server else []
+    tips: list[Remedy | str] = [Remedy("ps_servers", servers, more_than=True)] if server else []
     if server and plan.ps_placement == "colocated":
-        tips.append("ps_placement='dedicated'")
+        tips.append(Remedy("ps_placement", "dedicated"))
     if breakdown.activations_bytes > 0:
         if plan.recompute != "full":
-            tips.append("recompute='full'")
+            tips.append(Remedy("recompute", "full"))
         if plan.micro_batch > 1:
-            tips.append(f"micro_batch={plan.micro_batch // 2}")
+            tips.append(Remedy("micro_batch", plan.micro_batch // 2))
     if not server or plan.ps_placement == "colocated":
         tips.append("dp_mode='allreduce' with zero or tp/pp (a worker holds the whole model)")
     raise OutOfMemoryError(rank, breakdown, capacity_bytes, tips)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Sequence
 
 from hardware.units import ELEMENT_BYTES
@@ -98,6 +97,27 @@ AMAX_PER_GEMM = {"F": 3, "B": 2}
 #: Bytes of one amax (fp32).
 AMAX_BYTES = 4
 _MICROBATCH = re.compile(r"\.mb\d+")
+
+#: Kernels of a layer kind, the embedding or the head by everything
+#: strategies.model_costs reads to build them (StepLowerer._layer_kernels,
+#: StepLowerer._edge_kernels): ``key -> (model, kernels)``, the model kept alive with its
+#: entry (the key holds its identity); emptied past :data:`_SHARED_KERNELS_MAX` entries.
+_SHARED_KERNELS: dict[tuple, tuple[ModelSpec, tuple]] = {}
+_SHARED_KERNELS_MAX = 4096
+
+
+#: Compute ops of :meth:`StepLowerer._emit_kernel` by the kernel's identity and every
+#: field compute_op reads (``key -> (kernel, op)``), across lowerers; bounded as
+#: :data:`_SHARED_KERNELS`.
+_SHARED_OPS: dict[tuple, tuple] = {}
+_SHARED_OPS_MAX = 65536
+
+
+def _share_kernels(key: tuple, model: ModelSpec, kernels: tuple) -> None:
+    """Keep ``kernels`` in :data:`_SHARED_KERNELS` (bounded)."""
+    if len(_SHARED_KERNELS) >= _SHARED_KERNELS_MAX:
+        _SHARED_KERNELS.clear()
+    _SHARED_KERNELS[key] = (model, kernels)
 
 
 class _LazyGroups(dict):
@@ -341,37 +361,57 @@ class StepLowerer:
         return groups
 
     # ------------------------------------------------------------------ kernels
-    @lru_cache(maxsize=None)
     def _layer_kernels(self, kind: tuple[bool, int]) -> tuple[costs.Kernel, ...]:
-        plan = self.plan
-        layer = next(i for i in range(self.model.num_layers) if self.model.layer_kind(i) == kind)
-        return tuple(costs.layer_kernels(
-            self.model, layer, micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
-            cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel, dtype=plan.dtype,
-            flash_attention=plan.flash_attention, dropout=self.model.dropout,
-            fp8_recipe=plan.fp8_recipe, elementwise=plan.elementwise, etp=self.etp,
-            expert_load=self.routing.rows_factor, expert_bias_impl=plan.expert_bias_impl))
+        """Forward kernels of a layer of ``kind`` on one GPU, one tuple for every lowerer
+        whose plan gives :func:`strategies.model_costs.layer_kernels` the same arguments
+        (:data:`_SHARED_KERNELS`: the lowerers of a plan search's plans share them, and
+        the ops :meth:`_emit_kernel` builds of them)."""
+        plan, model = self.plan, self.model
+        args = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
+                    cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel,
+                    dtype=plan.dtype, flash_attention=plan.flash_attention,
+                    dropout=model.dropout, fp8_recipe=plan.fp8_recipe,
+                    elementwise=plan.elementwise, etp=self.etp,
+                    expert_load=self.routing.rows_factor,
+                    expert_bias_impl=plan.expert_bias_impl)
+        # (the key is the call's own arguments, so it cannot miss one the call reads)
+        key = ("layer", id(model), kind, *args.values())
+        found = _SHARED_KERNELS.get(key)
+        if found is not None and found[0] is model:
+            return found[1]
+        layer = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
+        kernels = tuple(costs.layer_kernels(model, layer, **args))
+        _share_kernels(key, model, kernels)
+        return kernels
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer on one GPU."""
         return self._layer_kernels(self.model.layer_kind(layer))
 
-    @lru_cache(maxsize=None)
     def _edge_kernels(self, which: str) -> tuple[costs.Kernel, ...]:
-        plan = self.plan
+        """Kernels of the ``embedding`` or the ``head`` (with the MTP modules) on one
+        GPU, shared as :meth:`_layer_kernels`' are (keyed by the calls' arguments)."""
+        plan, model = self.plan, self.model
         common = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, tp=plan.tp, cp=plan.cp,
                       sequence_parallel=plan.sequence_parallel, dtype=plan.dtype)
         if which == "embedding":
-            return tuple(costs.embedding_kernels(self.model, dropout=self.model.dropout,
-                                                 **common))
-        head = costs.head_kernels(self.model, cross_entropy=plan.cross_entropy,
-                                  elementwise=plan.elementwise, **common)
-        # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
-        mtp = costs.mtp_kernels(self.model, ep=plan.ep, etp=self.etp,
-                                expert_load=self.routing.rows_factor,
-                                cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
-                                **common)
-        return tuple(head + mtp)
+            extra = dict(dropout=model.dropout)
+        else:
+            extra = dict(cross_entropy=plan.cross_entropy, elementwise=plan.elementwise,
+                         ep=plan.ep, etp=self.etp, expert_load=self.routing.rows_factor)
+        key = ("edge", id(model), which, *common.values(), *extra.values())
+        found = _SHARED_KERNELS.get(key)
+        if found is not None and found[0] is model:
+            return found[1]
+        if which == "embedding":
+            kernels = tuple(costs.embedding_kernels(model, **extra, **common))
+        else:
+            head = costs.head_kernels(model, cross_entropy=plan.cross_entropy,
+                                      elementwise=plan.elementwise, **common)
+            # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
+            kernels = tuple(head + costs.mtp_kernels(model, **extra, **common))
+        _share_kernels(key, model, kernels)
+        return kernels
 
     # -------------------------------------------------------------- collectives
     @staticmethod
@@ -499,13 +539,26 @@ class StepLowerer:
         key = (id(kernel), stem, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
-            name = f"{kernel.name}.{stem}"
-            host = (kernel, phase, self.plan.host_issue, self.local_experts)
-            op = compute_op(kernel, name, phase, attention_impl=self.attention_impl, deps=deps,
-                            comm_sms=comm_sms, host_launches=host_launches(*host),
-                            host_calls=host_calls(*host),
-                            host_modules=host_modules(*host, layer_impl=self.plan.layer_impl),
-                            host_issue=kernel_host_issue(kernel, self.plan.host_issue))
+            # (the same op for every lowerer that emits this kernel object -- shared by
+            # _layer_kernels / _edge_kernels -- with the same lowerer fields it reads)
+            plan = self.plan
+            shared_key = (key, self.attention_impl, plan.host_issue, self.local_experts,
+                          plan.layer_impl)
+            found = _SHARED_OPS.get(shared_key)
+            if found is not None and found[0] is kernel:
+                op = found[1]
+            else:
+                name = f"{kernel.name}.{stem}"
+                host = (kernel, phase, plan.host_issue, self.local_experts)
+                op = compute_op(kernel, name, phase, attention_impl=self.attention_impl,
+                                deps=deps, comm_sms=comm_sms,
+                                host_launches=host_launches(*host),
+                                host_calls=host_calls(*host),
+                                host_modules=host_modules(*host, layer_impl=plan.layer_impl),
+                                host_issue=kernel_host_issue(kernel, plan.host_issue))
+                if len(_SHARED_OPS) >= _SHARED_OPS_MAX:
+                    _SHARED_OPS.clear()
+                _SHARED_OPS[shared_key] = (kernel, op)  # (the kernel kept: its id stays its)
             self._ops[key] = op
         return b.add(op)
 

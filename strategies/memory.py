@@ -482,6 +482,27 @@ class MemoryBreakdown:
 _BREAKDOWN_FIELDS = tuple(f.name for f in fields(MemoryBreakdown))
 
 
+@dataclass(frozen=True)
+class Remedy:
+    """One plan change that lowers a rank's memory: a suggestion of :class:`OutOfMemoryError`.
+
+    Attributes:
+        field: the :class:`~strategies.plan.ParallelPlan` field to change.
+        value: the value to try.
+        more_than: ``value`` is a floor to exceed (``ps_servers > 4``), not the value itself.
+    """
+
+    field: str
+    value: object
+    more_than: bool = False
+
+    def __str__(self) -> str:
+        """As the Python API takes it: ``zero=2``, ``recompute='full'``, ``ps_servers > 4``."""
+        if self.more_than:
+            return f"{self.field} > {self.value}"
+        return f"{self.field}={self.value!r}"
+
+
 class OutOfMemoryError(ValueError):
     """A rank needs more memory than its GPU has.
 
@@ -489,23 +510,32 @@ class OutOfMemoryError(ValueError):
         rank: the rank.
         breakdown: its :class:`MemoryBreakdown`.
         capacity_bytes: the GPU memory it was checked against, bytes.
+        suggestions: remedies, the most effective first: :class:`Remedy` (one plan field)
+            or plain advice (``"more tp, pp or cp"``). The message spells them as the
+            Python API does; :meth:`message` lets a front end spell them its own way.
     """
 
     def __init__(self, rank: int, breakdown: MemoryBreakdown, capacity_bytes: float,
-                 suggestions: Sequence[str] = ()) -> None:
+                 suggestions: Sequence[Remedy | str] = ()) -> None:
         self.rank = rank
         self.breakdown = breakdown
         self.capacity_bytes = capacity_bytes
-        b = breakdown
-        tips = ", ".join(suggestions) or "a plan that shards more"
-        message = (
-            f"out of memory on rank {rank}: needs {_gib(b.total_bytes)} GiB of "
-            f"{_gib(capacity_bytes)} GiB (weights {_gib(b.weights_bytes)}, gradients "
+        self.suggestions = tuple(suggestions)
+        super().__init__(self.message(str))
+
+    def message(self, spell: Callable[[Remedy], str]) -> str:
+        """The one-line message with each :class:`Remedy` written by ``spell`` (plain
+        advice as it is)."""
+        b = self.breakdown
+        tips = ", ".join(spell(s) if isinstance(s, Remedy) else s
+                         for s in self.suggestions) or "a plan that shards more"
+        return (
+            f"out of memory on rank {self.rank}: needs {_gib(b.total_bytes)} GiB of "
+            f"{_gib(self.capacity_bytes)} GiB (weights {_gib(b.weights_bytes)}, gradients "
             f"{_gib(b.gradients_bytes)}, optimizer {_gib(b.optimizer_bytes)}, activations "
             f"{_gib(b.activations_bytes + b.transient_bytes)}, comm buffers {_gib(b.comm_buffers_bytes)}, workspace "
             f"{_gib(b.workspace_bytes)} GiB); try {tips}"
         )
-        super().__init__(message)
 
 
 def _gib(value: float) -> str:
@@ -899,21 +929,21 @@ def check_fits(breakdown: MemoryBreakdown, capacity_bytes: float, rank: int, *,
         raise ValueError(f"capacity_bytes: {capacity_bytes!r} must be > 0")
     if breakdown.total_bytes <= capacity_bytes:
         return
-    states: list[str] = []
+    states: list[Remedy | str] = []
     if plan is None:
         states.append("a higher ZeRO stage")
-    elif plan.zero < 3:
-        states.append(f"zero={plan.zero + 1}")
-    acts: list[str] = []
+    elif plan.zero < 3 and plan.shard_dp * plan.cp > 1:  # (one shard: ZeRO divides nothing)
+        states.append(Remedy("zero", plan.zero + 1))
+    acts: list[Remedy | str] = []
     # Under flash attention selective recompute saves nothing (model_costs), so only
     # full recompute is suggested.
     if plan is None:
         acts += ["recompute='full'", "a smaller micro_batch"]
     else:
         if plan.recompute != "full":
-            acts.append("recompute='full'")
+            acts.append(Remedy("recompute", "full"))
         if plan.micro_batch > 1:
-            acts.append(f"micro_batch={plan.micro_batch // 2}")
+            acts.append(Remedy("micro_batch", plan.micro_batch // 2))
     model_states = breakdown.weights_bytes + breakdown.gradients_bytes + breakdown.optimizer_bytes
     ordered = states + acts if model_states >= breakdown.activations_bytes else acts + states
     suggestions = [*ordered, "more tp, pp or cp"]

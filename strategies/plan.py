@@ -973,6 +973,11 @@ class RankLayout:
 
     def _expert_group(self, rank: int, varying: str) -> tuple[int, ...]:
         etp, ep, edp = self.expert_tp, self.plan.ep, self.expert_dp
+        if (varying == "ep" and ep == 1) or (varying == "etp" and etp == 1):
+            # (one member: the rank itself -- its index along that axis is 0, so the
+            # loop below maps its own position back to it; a dense model's EP group,
+            # asked for every rank)
+            return (rank,)
         local = self._stage_local(rank)
         index = {"etp": local % etp, "ep": local // etp % ep, "edp": local // (etp * ep)}
         size = {"etp": etp, "ep": ep, "edp": edp}[varying]

@@ -213,3 +213,19 @@ def test_out_of_memory_suggests_command_line_flags(capsys):
     assert "\n" not in line and line.startswith("error: out of memory on rank 0"), line
     tips = line.rpartition("; try ")[2]
     assert tips == "--zero 2, --recompute full, --micro-batch 1, more tp, pp or cp", tips
+
+
+def test_parameter_server_out_of_memory_spells_its_flags():
+    from sim.ps_step import _check_ps_fits
+    from strategies.memory import MemoryBreakdown, OutOfMemoryError
+    from strategies.plan import ParallelPlan
+    from trainsim.cli.errors import oom_message
+
+    plan = ParallelPlan(dp=4, micro_batch=2, global_batch=64, seq_len=32, zero=0)
+    full = MemoryBreakdown(weights_bytes=2e9, gradients_bytes=2e9, optimizer_bytes=4e9,
+                           activations_bytes=1e9, comm_buffers_bytes=0, workspace_bytes=0)
+    with pytest.raises(OutOfMemoryError) as info:
+        _check_ps_fits(plan, 4, full, 1e9, rank=8, server=True)
+    assert "try ps_servers > 4, " in str(info.value)
+    assert oom_message(info.value).rpartition("; try ")[2].startswith(
+        "--ps-servers > 4, --recompute full, --micro-batch 1"), oom_message(info.value)

@@ -13,6 +13,7 @@ from strategies.memory import (
     WORKSPACE_BYTES,
     MemoryBreakdown,
     OutOfMemoryError,
+    Remedy,
     check_fits,
     rank_memory,
     transient_activation_bytes,
@@ -278,6 +279,26 @@ def test_oom_suggestions_follow_the_biggest_consumer_and_the_plan():
     with pytest.raises(OutOfMemoryError) as info:
         check_fits(b, 80 * GIB, rank=0)
     assert "try recompute='full', a smaller micro_batch, a higher ZeRO stage" in str(info.value)
+
+
+def test_oom_does_not_suggest_zero_without_ranks_to_shard_over():
+    """One data-parallel rank (and cp 1) is one ZeRO shard: a higher stage divides
+    nothing, so it is not suggested (a user on one GPU was told to try zero=1)."""
+    b = _breakdown(60, 20)
+    with pytest.raises(OutOfMemoryError) as info:
+        check_fits(b, 80 * GIB, rank=0, plan=_plan(zero=0, micro_batch=4, dp=1))
+    assert str(info.value).endswith("try recompute='full', micro_batch=2, more tp, pp or cp")
+
+
+def test_oom_remedies_are_structured_for_each_front_end():
+    b = _breakdown(60, 20)
+    with pytest.raises(OutOfMemoryError) as info:
+        check_fits(b, 80 * GIB, rank=0, plan=_plan(zero=1, micro_batch=4))
+    remedies = [s for s in info.value.suggestions if isinstance(s, Remedy)]
+    assert [(r.field, r.value) for r in remedies] == [("zero", 2), ("recompute", "full"),
+                                                      ("micro_batch", 2)]
+    spelled = info.value.message(lambda r: f"<{r.field}:{r.value}>")
+    assert spelled.endswith("try <zero:2>, <recompute:full>, <micro_batch:2>, more tp, pp or cp")
 
 
 def test_check_fits_rejects_a_bad_capacity():

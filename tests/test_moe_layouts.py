@@ -53,7 +53,10 @@ def _expert_collectives(lowerer: StepLowerer, layer: int = 0, phase: str = "F"):
 @pytest.mark.parametrize("kw", [dict(tp=2, cp=2, dp=4, pp=2, ep=4, expert_tp=1),
                                 dict(tp=4, cp=1, dp=2, pp=2, ep=8, expert_tp=1),
                                 dict(tp=2, cp=1, dp=8, pp=1, ep=4),
-                                dict(tp=4, cp=2, dp=4, pp=1, ep=8, expert_tp=2)])
+                                dict(tp=4, cp=2, dp=4, pp=1, ep=8, expert_tp=2),
+                                # (groups of one: RankLayout._expert_group returns the rank)
+                                dict(tp=2, cp=2, dp=2, pp=2, ep=1),
+                                dict(tp=4, cp=1, dp=2, pp=2, ep=1, expert_tp=2)])
 def test_expert_groups_follow_megatrons_expert_rank_generator(kw):
     """Megatron-Core's expert RankGenerator (order tp-ep-dp-pp over etp, ep, edp, pp):
     rank = etp_i + etp*(ep_i + ep*(edp_i + edp*pp_i)); a group varies one index."""

@@ -20,7 +20,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # (the memory model is imported only when a command needs it)
+    from strategies.memory import OutOfMemoryError, Remedy
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -35,18 +38,18 @@ class InternalError(RuntimeError):
     """trainsim produced something it must not (e.g. a non-finite number in a result)."""
 
 
-_PLAN_KWARG = re.compile(r"\b([a-z][a-z0-9_]*)=('?)([^',\s]+)\2")
+def oom_message(oom: OutOfMemoryError) -> str:
+    """The one-line message of an out-of-memory error with its remedies spelled as the
+    command line takes them (``--recompute full``, ``--zero 2``, ``--micro-batch 1``)
+    rather than as the Python API does (``recompute='full'``)."""
+    return oom.message(_remedy_flags)
 
 
-def oom_message(oom: ValueError) -> str:
-    """The one-line message of an :class:`~strategies.memory.OutOfMemoryError` with its
-    suggestions spelled as the command line takes them (``--recompute full``, ``--zero 2``,
-    ``--micro-batch 2``) instead of the Python API's ``recompute='full'``."""
-    head, sep, tips = str(oom).rpartition("; try ")
-    if not sep:
-        return str(oom)
-    tips = _PLAN_KWARG.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", tips)
-    return f"{head}{sep}{tips}"
+def _remedy_flags(remedy: Remedy) -> str:
+    from trainsim.plan_fields import BY_NAME
+
+    flag = BY_NAME[remedy.field].options[0] if remedy.field in BY_NAME else remedy.field
+    return f"{flag} > {remedy.value}" if remedy.more_than else f"{flag} {remedy.value}"
 
 
 def check_choice(field: str, value: str, valid: Sequence[str]) -> str:
