@@ -108,8 +108,9 @@ def test_error_tables_cover_every_log(capsys):
 #: Categories whose median over all rows misses, and why.
 CATEGORY_MISSES = {
     "mid": "the collectives of 80- and 512-rank jobs miss at 1-256 MiB, the EFA sweeps at "
-           "1-8 MiB (KNOWN_MISSES): 10.4 % over 282 rows (10.9 % before NVLS paid its chunk pipeline fill); sendrecv sweeps, the largest part "
-           "of the rows, are within 10 %. Pacing every step of an inter-node ring at "
+           "1-8 MiB (KNOWN_MISSES): 10.4 % over 282 rows (10.9 % before NVLS paid its "
+           "chunk pipeline's fill); sendrecv sweeps, the largest part of the rows, are "
+           "within 10 %. Pacing every step of an inter-node ring at "
            "NCCL's network hop latency (tuning.cc hwLat NET, the 'max_latency' reading of "
            "nccl-tests#123) takes the 512-rank rows from 152 % to 62 % and leaves the "
            "category at 10.9 %: passing needs the per-step constant (6-8.5 us LL128, ~2 us "
