@@ -243,8 +243,7 @@ class BatchStepEvaluator:
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
             return False
-        if (reduces_amax(plan) and plan.tp * plan.cp * (
-                    1 if plan.tp_only_amax_red else plan.dp) > 1):
+        if reduces_amax(plan):
             # Transformer Engine's amax all-reduce per chunk forward and backward
             # (StepLowerer._amax_reduction, an "amax" part of every stage): priced by
             # analytic_step, whose stage tables carry it

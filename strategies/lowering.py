@@ -225,9 +225,13 @@ def _segments(ops: Sequence[Op]) -> list[list[tuple[int, Op]]]:
 def reduces_amax(plan: ParallelPlan) -> bool:
     """Whether ``plan``'s stack all-reduces Transformer Engine delayed scaling's amaxes
     after every model chunk's forward and backward (:meth:`StepLowerer._amax_reduction`): dtype
-    fp8, ``fp8_recipe`` ``te-delayed``, ``amax_reduction`` ``megatron``."""
+    fp8, ``fp8_recipe`` ``te-delayed``, ``amax_reduction`` ``megatron``, over a group of
+    more than one rank (TP x CP x DP, TP x CP with ``tp_only_amax_red``: the same size on
+    every rank; a group of one reduces nothing, TE's ``torch.distributed.all_reduce`` over
+    a one-rank group moves no data and the simulator issues no op)."""
+    group = plan.tp * plan.cp * (1 if plan.tp_only_amax_red else plan.dp)
     return (plan.dtype == "fp8" and plan.fp8_recipe == "te-delayed"
-            and plan.amax_reduction == "megatron")
+            and plan.amax_reduction == "megatron" and group > 1)
 
 
 def pp_message_bytes(model: ModelSpec, plan: ParallelPlan) -> int:
@@ -498,8 +502,6 @@ class StepLowerer:
         if not self.amax_in(comp):
             return -1
         group = b.groups["amax"]
-        if len(group) == 1:
-            return -1
         name = f"amax.all_reduce.{'fwd' if comp == 'F' else 'bwd'}"
         key = self._key(b, name, group)
         return b.add(CollectiveOp(name=name, key=key, kind="all_reduce", group=group,

@@ -6,7 +6,7 @@ group and bytes exactly, and every fidelity pricing it alike."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -14,9 +14,10 @@ from hardware.catalog import load_cluster
 from sim.analytic_batch import BatchStepEvaluator
 from sim.step import simulate_step
 from strategies.ir import CollectiveOp
-from strategies.lowering import lower_step
+from strategies.lowering import StepLowerer, lower_step, reduces_amax
 from strategies.models import load_model
 from trainsim.api import make_plan
+from trainsim.cli.output import plan_header
 
 MODEL = "llama3-8b"  # 32 layers, 4 FP8 GEMMs each (qkv, out, gate_up, down)
 
@@ -65,7 +66,17 @@ def test_no_reduction_outside_megatron_delayed_scaling(fields):
 
 
 def test_a_group_of_one_reduces_nothing():
-    assert _amax_ops(_plan(gpus=4, tp=1, pp=4, global_batch=8, tp_only_amax_red=True)) == []
+    plan = _plan(gpus=4, tp=1, pp=4, global_batch=8, tp_only_amax_red=True)
+    assert _amax_ops(plan) == [] and not reduces_amax(plan)
+    assert not reduces_amax(_plan(gpus=1, tp=1, pp=1, global_batch=8))  # dp 1, tp 1, cp 1
+    assert reduces_amax(_plan(gpus=4, tp=1, pp=1, global_batch=8))  # dp 4
+    # the closed form prices no amax part either, and simulate's header says nothing of
+    # it (one rule: reduces_amax)
+    single = _plan(gpus=1, tp=1, pp=1, global_batch=8)
+    assert not StepLowerer(load_model(MODEL), single).reduces_amax
+    assert "amaxes" not in plan_header(asdict(single))
+    assert "amaxes all-reduced over TP x DP x CP" in plan_header(
+        asdict(_plan(gpus=4, tp=1, pp=1, global_batch=8)))
 
 
 def test_grouped_expert_gemms_count_one_amax_set_per_local_expert():

@@ -77,9 +77,9 @@ def amax_reductions(scenario) -> tuple[int, int]:
     (forward and backward of each micro-batch of each model chunk); (0, 0) when its
     plan runs none (not ``te-delayed`` FP8, a JAX stack, or a group of one)."""
     plan = scenario.plan
-    group = plan.tp * plan.cp * (1 if plan.tp_only_amax_red else plan.dp)
-    if not reduces_amax(plan) or group == 1:
+    if not reduces_amax(plan):
         return 0, 0
+    group = plan.tp * plan.cp * (1 if plan.tp_only_amax_red else plan.dp)
     return group, 2 * plan.num_microbatches * plan.vpp
 
 

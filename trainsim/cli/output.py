@@ -126,6 +126,8 @@ def job_header(*, model: str | None, gpus: int | None, cluster: Any, fidelity: s
 def plan_header(plan: Mapping[str, Any]) -> str:
     """The effective plan in one sentence: parallel sizes, batch and sequence, schedule,
     memory options, overlap; then any other field that differs from its default."""
+    from strategies.lowering import reduces_amax
+    from strategies.plan import plan_from_dict
     from trainsim.plan_fields import PLAN_FIELDS
 
     tokens = plan["global_batch"] * plan["seq_len"]
@@ -139,8 +141,7 @@ def plan_header(plan: Mapping[str, Any]) -> str:
     overlap = (f"DP gradient reduction overlapped with backward in "
                f"{plan['grad_bucket_bytes'] / 1e6:g} MB buckets"
                if plan["overlap_grad_reduce"] else "DP gradient reduction after backward")
-    if (plan["dtype"] == "fp8" and plan.get("fp8_recipe") == "te-delayed"
-            and plan.get("amax_reduction") == "megatron"):
+    if reduces_amax(plan_from_dict(plan)):
         # strategies.lowering StepLowerer._amax_reduction: its time shows as exposed dp
         group = "TP x CP" if plan.get("tp_only_amax_red") else "TP x DP x CP"
         overlap += (f"; FP8 amaxes all-reduced over {group} after each chunk's forward and "
