@@ -113,11 +113,12 @@ _SHARED_OPS: dict[tuple, tuple] = {}
 _SHARED_OPS_MAX = 65536
 
 
-def _share_kernels(key: tuple, model: ModelSpec, kernels: tuple) -> None:
-    """Keep ``kernels`` in :data:`_SHARED_KERNELS` (bounded)."""
-    if len(_SHARED_KERNELS) >= _SHARED_KERNELS_MAX:
-        _SHARED_KERNELS.clear()
-    _SHARED_KERNELS[key] = (model, kernels)
+def _bounded_put(table: dict, limit: int, key: tuple, value: tuple) -> None:
+    """Store ``value`` under ``key`` in a shared table (:data:`_SHARED_KERNELS`,
+    :data:`_SHARED_OPS`), emptying the table first when it holds ``limit`` entries."""
+    if len(table) >= limit:
+        table.clear()
+    table[key] = value
 
 
 class _LazyGroups(dict):
@@ -381,11 +382,12 @@ class StepLowerer:
         # (the key is the call's own arguments, so it cannot miss one the call reads)
         key = ("layer", id(model), kind, *args.values())
         found = _SHARED_KERNELS.get(key)
-        if found is not None and found[0] is model:
+        if found is not None:
             return found[1]
         layer = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
         kernels = tuple(costs.layer_kernels(model, layer, **args))
-        _share_kernels(key, model, kernels)
+        # (the model stored only to hold it alive: its id in the key stays its own)
+        _bounded_put(_SHARED_KERNELS, _SHARED_KERNELS_MAX, key, (model, kernels))
         return kernels
 
     def kernels(self, layer: int) -> tuple[costs.Kernel, ...]:
@@ -405,7 +407,7 @@ class StepLowerer:
                          ep=plan.ep, etp=self.etp, expert_load=self.routing.rows_factor)
         key = ("edge", id(model), which, *common.values(), *extra.values())
         found = _SHARED_KERNELS.get(key)
-        if found is not None and found[0] is model:
+        if found is not None:
             return found[1]
         if which == "embedding":
             kernels = tuple(costs.embedding_kernels(model, **extra, **common))
@@ -414,7 +416,8 @@ class StepLowerer:
                                       elementwise=plan.elementwise, **common)
             # the MTP modules run on the stage holding the head (Megatron-Core puts them there)
             kernels = tuple(head + costs.mtp_kernels(model, **extra, **common))
-        _share_kernels(key, model, kernels)
+        # (the model stored only to hold it alive: its id in the key stays its own)
+        _bounded_put(_SHARED_KERNELS, _SHARED_KERNELS_MAX, key, (model, kernels))
         return kernels
 
     # -------------------------------------------------------------- collectives
@@ -547,7 +550,7 @@ class StepLowerer:
             shared_key = (key, self.attention_impl, plan.host_issue, self.local_experts,
                           plan.layer_impl)
             found = _SHARED_OPS.get(shared_key)
-            if found is not None and found[0] is kernel:
+            if found is not None:
                 op = found[1]
             else:
                 name = f"{kernel.name}.{stem}"
@@ -558,9 +561,8 @@ class StepLowerer:
                                 host_calls=host_calls(*host),
                                 host_modules=host_modules(*host, layer_impl=plan.layer_impl),
                                 host_issue=kernel_host_issue(kernel, plan.host_issue))
-                if len(_SHARED_OPS) >= _SHARED_OPS_MAX:
-                    _SHARED_OPS.clear()
-                _SHARED_OPS[shared_key] = (kernel, op)  # (the kernel kept: its id stays its)
+                # (the kernel stored only to hold it alive: its id in the key stays its own)
+                _bounded_put(_SHARED_OPS, _SHARED_OPS_MAX, shared_key, (kernel, op))
             self._ops[key] = op
         return b.add(op)
 
