@@ -94,8 +94,6 @@ AMAX_PART = "amax"
 #: ``2 * num_gemms`` amaxes: transformer_engine/pytorch/module/base.py, TE 1.x and the
 #: 2.x DelayedScalingRecipeState alike).
 AMAX_PER_GEMM = {"F": 3, "B": 2}
-#: Bytes of one amax (fp32).
-AMAX_BYTES = 4
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 #: Kernels of a layer kind, the embedding or the head by everything
@@ -431,13 +429,19 @@ class StepLowerer:
         return f"{base}#{count}"
 
     def _collective(self, b: _RankBuilder, axis: str, kind: str, group: tuple[int, ...],
-                    size: float, label: str, stream: str, deps: tuple[int, ...] = ()) -> int:
+                    size: float, label: str, stream: str, deps: tuple[int, ...] = (),
+                    dtype: str = "bf16", name: str | None = None) -> int:
+        """Add a ``kind`` collective of ``size`` bytes of ``dtype`` over ``group`` on
+        ``stream``, reported under ``axis`` and named ``<axis>.<kind>.<label>`` (or
+        ``name``); its op index, or -1 when there is nothing to issue (a group of one,
+        no bytes)."""
         if len(group) == 1 or size <= 0:
             return -1
-        key = self._key(b, f"{axis}.{kind}.{label}", group)
-        return b.add(CollectiveOp(name=f"{axis}.{kind}.{label}", key=key, kind=kind,
+        name = f"{axis}.{kind}.{label}" if name is None else name
+        key = self._key(b, name, group)
+        return b.add(CollectiveOp(name=name, key=key, kind=kind,
                                   group=group, size_bytes=int(size), stream=stream, deps=deps,
-                                  dtype="bf16", axis=axis,
+                                  dtype=dtype, axis=axis,
                                   host_launches=self._collective_host_launches(axis),
                                   host_issue=self._collective_host_issue(axis),
                                   # TE userbuffers / AsyncTP symmetric memory: not NCCL
@@ -481,11 +485,12 @@ class StepLowerer:
                 kernel.shape[0] for layer in self.rank_layers(p)
                 for kernel in self.kernels(layer)
                 if kernel.kind == "matmul" and kernel.dtype == "fp8")
-        return AMAX_BYTES * AMAX_PER_GEMM["F" if comp == "F" else "B"] * gemms
+        return ELEMENT_BYTES["fp32"] * AMAX_PER_GEMM["F" if comp == "F" else "B"] * gemms
 
-    def _amax_reduction(self, b: _RankBuilder, p: int, comp: str, tag: str) -> int:
+    def _amax_reduction(self, b: _RankBuilder, p: int, comp: str) -> None:
         """Transformer Engine delayed scaling's amax all-reduce at the end of a model
-        chunk's ``comp`` (:meth:`amax_in`) on pipeline rank ``p``; -1 when there is none.
+        chunk's ``comp`` (:meth:`amax_in`) on pipeline rank ``p`` (none over a group of
+        one, :func:`reduces_amax`).
 
         Megatron-Core runs each ``TransformerBlock.forward`` (one model chunk, one
         micro-batch) inside one ``fp8_autocast`` region under delayed scaling
@@ -502,16 +507,10 @@ class StepLowerer:
         (``reduce_tensor_across_group_op_max``): the compute stream waits for it. Its
         exposed time is reported under ``dp`` (the group spans the data-parallel
         replicas: what grows with the job), the op named ``amax.all_reduce.*``."""
-        if not self.amax_in(comp):
-            return -1
-        group = b.groups["amax"]
-        name = f"amax.all_reduce.{'fwd' if comp == 'F' else 'bwd'}"
-        key = self._key(b, name, group)
-        return b.add(CollectiveOp(name=name, key=key, kind="all_reduce", group=group,
-                                  size_bytes=self.amax_bytes(p, comp), stream=COMPUTE,
-                                  dtype="fp32", axis="dp",
-                                  host_launches=self._collective_host_launches("dp"),
-                                  host_issue=self._collective_host_issue("dp")))
+        if self.amax_in(comp):
+            self._collective(b, "dp", "all_reduce", b.groups["amax"],
+                             self.amax_bytes(p, comp), "", COMPUTE, dtype="fp32",
+                             name=f"amax.all_reduce.{'fwd' if comp == 'F' else 'bwd'}")
 
     # ----------------------------------------------------------------- forward
     def _tp_boundary(self, b: _RankBuilder, label: str, entering: bool, backward: bool) -> None:
@@ -1440,7 +1439,7 @@ class StepLowerer:
         b = _RankBuilder(self.representatives[p], self._groups(self.representatives[p]))
         tag = f"{comp}.part"
         if part == AMAX_PART:
-            self._amax_reduction(b, p, comp, tag)
+            self._amax_reduction(b, p, comp)
         elif isinstance(part, str):
             kernels = self._edge_kernels(part)
             for kernel in (kernels if comp == "F" else reversed(kernels)):
@@ -1567,9 +1566,9 @@ class StepLowerer:
             # the chunk's backward ends with the amax reduction inside the first FP8
             # module's backward, before autograd hands its weight gradients to the
             # gradient-reduction hooks: the stage's last bucket is issued after it
-            self._amax_reduction(b, placement.rank_of(s), action.comp, tag)
+            self._amax_reduction(b, placement.rank_of(s), action.comp)
             if reduce_now and not placement.is_first(s):
-                dp_ops += self._grad_buckets(b, (), AMAX_PART, grads, b.last(), True)
+                dp_ops += self._grad_buckets(b, (), f"l{layers[0]}", grads, b.last(), True)
         if placement.is_first(s):
             embedding = self._edge_kernels("embedding")
             for kernel in reversed(embedding):
@@ -1681,7 +1680,7 @@ class StepLowerer:
             b.wait(gathered.get(layer, -1))
             self._carry_copy(b, layer, "params", "F")
             self._layer_forward(b, layer, tag)
-        self._amax_reduction(b, placement.rank_of(s), "F", tag)
+        self._amax_reduction(b, placement.rank_of(s), "F")
         if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")
