@@ -1243,13 +1243,10 @@ class AnalyticStepModel:
                 gathered[layer] = dp_free[p]
         waiting = free = 0
         last = placement.num_chunks - 1  # micro-batch 0 runs the first route
-        for stage, layers in enumerate(lowerer.stage_layers[:last + 1]):
+        for stage in range(last + 1):
             p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
-            parts = (["embedding"] if stage == 0 else []) + list(layers)
-            parts += [AMAX_PART] if lowerer.reduces_amax else []
-            parts += ["head"] if stage == last else []
-            for part in parts:
+            for part in self._forward_parts(stage):
                 if not isinstance(part, str):
                     waiting = max(waiting, gathered[part])
                 cost = self._part_cost(pricer, p, part, "F").total_ns
