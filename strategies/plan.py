@@ -251,8 +251,8 @@ class ParallelPlan:
             the amaxes (:data:`AMAX_REDUCTIONS`): ``megatron`` -- Transformer Engine at
             every exit of the ``fp8_autocast`` region Megatron-Core wraps around each
             model chunk's forward, and when that region's backward ends (a blocking fp32
-            MAX all-reduce on the compute stream, axis ``amax``); ``none`` -- no such
-            collective (JAX stacks).
+            MAX all-reduce on the compute stream, its exposed time reported under axis
+            ``dp``); ``none`` -- no such collective (JAX stacks).
         tp_only_amax_red: Megatron-Core ``--tp-only-amax-red``: the amax all-reduce runs
             over the TP x CP group instead of TP x DP x CP
             (``parallel_state.get_amax_reduction_group(with_context_parallel=True,
