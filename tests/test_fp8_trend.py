@@ -1,5 +1,6 @@
-"""tools/fp8_trend.py: the FP8 weak-scaling trend measurement and its amax-reduction
-estimate (issue 12). Closed forms exact; the estimate's scope checked on published rows."""
+"""tools/fp8_trend.py: the FP8 weak-scaling trend measurement and the amax all-reduces
+per row (issue 12). Closed forms exact; which published rows carry the op, and that the
+simulated step with it is slower than re-simulated without."""
 
 import sys
 from pathlib import Path

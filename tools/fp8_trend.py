@@ -25,8 +25,7 @@ region's ``fp8_group`` (TransformerEngine ``transformer_engine/pytorch/fp8.py``
 ``fp8_autocast_exit`` -> ``reduce_and_update_fp8_tensors``; TE 2.x ``quantization.py``
 ``autocast_exit``), and the backward's when the region's backward ends. Megatron-Core
 opens one region per ``TransformerBlock.forward``; JAX stacks (MaxText, Paxml) run no
-such collective. This tool used to add an offline estimate of it on top of the simulated
-step; the rows now carry the op.
+such collective.
 """
 
 from __future__ import annotations
