@@ -68,26 +68,28 @@ class SharedPrices:
 #: its recompute mode, which is keyed on its own; the groups are keyed on their own).
 #: grad_reduce_dtype is read: with xla_scan_carry_copies a layer's backward copies its
 #: unreduced gradients in that dtype (StepLowerer._carry_copy); dp and zero are not,
-#: because the plan only allows those copies with zero 3 over dp*cp > 1.
+#: because the plan only allows those copies with zero 3 over dp*cp > 1. amax_reduction and
+#: tp_only_amax_red decide whether there is an amax part and its group, keyed on its own
+#: (its bytes and group: AnalyticStepModel._kind_cost); no layer or edge reads them.
 _NOT_IN_PARTS = frozenset({
     "dp", "pp", "vpp", "global_batch", "zero", "schedule", "grad_bucket_bytes",
     "overlap_grad_reduce", "overlap_param_gather", "layers_per_stage",
     "optimizer_impl", "store_param_remainders", "fsdp_fp32_params", "activation_offload_layers",
     "recompute_layers", "dp_mode", "ps_servers", "ps_placement", "staleness", "ps_steps",
-    "grad_reduce_every_microbatch", "dp_shard"})
+    "grad_reduce_every_microbatch", "dp_shard", "amax_reduction", "tp_only_amax_red"})
 #: Plan fields the optimizer step of a rank (StepLowerer.optimizer_ops) and a layer's
 #: parameter gather (StepLowerer.param_gather_op: its kernels' parameters) do not read
 #: (its layers, embedding and head are keyed on their own; the tokens of a micro-batch,
 #: micro_batch and seq_len, shape activations, never the parameters it updates; the
 #: schedule and vpp place the layers, which are keyed, and the copies of a chunk, which
-#: the groups key holds).
+#: the groups key holds; the amax all-reduce is no part of the optimizer step).
 _NOT_IN_OPTIMIZER = frozenset({
     "schedule", "vpp",
     "global_batch", "micro_batch", "seq_len", "recompute", "recompute_layers",
     "recompute_modules",
     "grad_bucket_bytes", "overlap_grad_reduce", "tp_comm_overlap", "attention_impl",
     "cross_entropy", "activation_offload_layers", "grad_reduce_every_microbatch",
-    "recompute_early_stop", "xla_scan_carry_copies"})
+    "recompute_early_stop", "xla_scan_carry_copies", "amax_reduction", "tp_only_amax_red"})
 #: Plan fields only a recompute reads (StepLowerer._recompute, from a layer's B and I
 #: phases): a layer's forward (F) and weight gradients (W), the embedding and the head in
 #: every phase run the same ops whatever they say, so their prices are keyed without them
