@@ -28,10 +28,12 @@ parallelism, schedules whose micro-batches take one route and whose lists pair n
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
 reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
-per-stage recompute count, no Transformer Engine amax all-reduce (FP8 ``te-delayed`` with
-``amax_reduction`` megatron over more than one rank), no SM contention (``comm_sm_contention``), no CPU issue cost
+per-stage recompute count, no SM contention (``comm_sm_contention``), no CPU issue cost
 (``host_issue`` off or graphed: with one the closed form carries the CPU's lead,
-:mod:`sim.host_lead`) and a compute model that prices by shape.
+:mod:`sim.host_lead`) and a compute model that prices by shape. Transformer Engine's
+amax all-reduce (FP8 ``te-delayed``, :func:`strategies.lowering.reduces_amax`) is a part
+of every stage's phases after its layers, priced as AnalyticStepModel prices it: on the
+stage's own rank, by that rank's bytes and amax group.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
 number, the usual cost), or under SM contention without an exact closed form
 (DualPipe, :func:`sim.analytic_step.contention_closed_form`; a walk the closed form
@@ -51,7 +53,8 @@ from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analyt
                                hop_prices, last_wait, optimizer_layers_key,
                                plan_contention, timed_tail_entries)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
-from strategies.lowering import StepLowerer, pp_message_bytes, reduces_amax, split_layers
+from strategies.lowering import (AMAX_PART, StepLowerer, amax_reduction_bytes,
+                                 pp_message_bytes, reduces_amax, split_layers)
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
@@ -223,6 +226,8 @@ class BatchStepEvaluator:
         self._model_of: tuple[ParallelPlan, AnalyticStepModel] | None = None
         self._layer_runs: dict[tuple, tuple] = {}  # _runs by a stage's layers
         self._programs: dict[tuple, tuple] = {}  # _host_program by schedule shape
+        self._amax_group_keys: dict[tuple, tuple] = {}  # _amax_groups by rank layout
+        self._layer_amax_gemms: dict[tuple, int] = {}  # _amax_gemms by (part fields, kind)
 
     # ------------------------------------------------------------------ public
     def covers(self, plan: ParallelPlan) -> bool:
@@ -242,11 +247,6 @@ class BatchStepEvaluator:
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
-            return False
-        if reduces_amax(plan):
-            # Transformer Engine's amax all-reduce per chunk forward and backward
-            # (StepLowerer._amax_reduction, an "amax" part of every stage): priced by
-            # analytic_step, whose stage tables carry it
             return False
         # (the rest reads the schedule, its placement and the job shape: once each)
         key = (plan.schedule, plan.pp, plan.vpp, plan.world_size)
@@ -416,6 +416,41 @@ class BatchStepEvaluator:
             found = self._layouts[key] = (reps, groups)
         return found
 
+    def _amax_groups(self, plan: ParallelPlan) -> tuple:
+        """Each pipeline rank's amax group (StepLowerer's ``amax``: TP x CP x DP, or TP x
+        CP with ``tp_only_amax_red``) as :func:`group_price_key` names it, once per rank
+        layout: what AnalyticStepModel._kind_cost keys an amax part's price by."""
+        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order,
+               plan.tp_only_amax_red)
+        found = self._amax_group_keys.get(key)
+        if found is None:
+            lowerer = StepLowerer(self.model, plan,
+                                  domain_gpus=self.cluster.scale_up.domain_gpus)
+            reps = lowerer.representatives
+            cluster_layout = self.cache.layout(self.cluster, plan.world_size)
+            found = self._amax_group_keys[key] = tuple(
+                group_price_key(cluster_layout, lowerer._groups(reps[p])["amax"])
+                for p in range(plan.pp))
+        return found
+
+    def _amax_gemms(self, plan: ParallelPlan, plain_key: tuple, kinds, stages_of) -> list:
+        """FP8 GEMMs of each pipeline rank's layers (StepLowerer.amax_bytes' count: the
+        amaxes of all the rank's chunks), by kind and count; a kind's count once per
+        ``part_no_recompute`` fields (the kernels' arguments), from the plan's model."""
+        per_kind = self._layer_amax_gemms
+        out = []
+        for stages in stages_of:
+            gemms = 0
+            for s in stages:
+                for kind, layer, count in kinds[s]:
+                    found = per_kind.get((plain_key, kind))
+                    if found is None:
+                        found = per_kind[(plain_key, kind)] = (
+                            self._reference_model(plan).lowerer.layer_amax_gemms(layer))
+                    gemms += found * count
+            out.append(gemms)
+        return out
+
     def _split(self, plan: ParallelPlan, schedule) -> tuple:
         """Layers and holders of each virtual stage, once per split."""
         key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule)
@@ -530,8 +565,24 @@ class BatchStepEvaluator:
         # the plan's part fields and groups; a kind is a layer kind or "head" /
         # "embedding", so it says whether the part is a layer, all the key reads of it)
         costs: dict = {}
+        amax = reduces_amax(plan)
+        if amax:
+            amax_groups = self._amax_groups(plan)
+            amax_gemms = self._amax_gemms(plan, plain_key, kinds, stages_of)
 
         def kind_cost(p: int, part, kind, comp: str):
+            if kind == AMAX_PART:
+                # the amax all-reduce: priced on the stage's own rank, keyed by its bytes
+                # and group (AnalyticStepModel._kind_cost)
+                cost = costs.get((p, kind, comp))
+                if cost is None:
+                    cost = get((plain_key, kind, comp,
+                                amax_reduction_bytes(amax_gemms[p], comp), amax_groups[p]))
+                    if cost is None:
+                        ref = self._reference_model(plan)
+                        cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
+                    costs[(p, kind, comp)] = cost
+                return cost
             # the plan's model prices a (kind, phase) once, on the rank that asks first,
             # and every rank reuses it (AnalyticStepModel._kind_cost): that rank's groups
             p = askers.get((kind, comp), p)
@@ -590,7 +641,8 @@ class BatchStepEvaluator:
             # order (AnalyticStepModel._phase_form), priced with the CPU ahead (its
             # free_ns: _phase_cost), once per stage of the same parts in the same order
             forms = self._host_forms(plan, stage_layers, is_first, is_last, holders,
-                                     comps, kind_cost)
+                                     comps, kind_cost,
+                                     tuple(zip(amax_gemms, amax_groups)) if amax else None)
             phases = {comp: [form.free_ns for form in forms[comp]] for comp in comps}
         else:
             forms = None
@@ -602,6 +654,8 @@ class BatchStepEvaluator:
                 found = by_shape.get(shape)
                 if found is None:  # (the asking rank, not the holder, picks the price)
                     found = by_shape[shape] = phase_ns(holders[s], s, comp)
+                if amax:  # (the holder's own: its bytes and group)
+                    found += kind_cost(holders[s], AMAX_PART, AMAX_PART, comp).total_ns
                 row.append(found)
             phases[comp] = row
         gathers = self._gathers(plan)
@@ -609,7 +663,7 @@ class BatchStepEvaluator:
         if pp == 1 and gathers:
             return self._whole_rank_ns(plan, schedule, stage_layers, is_first, is_last,
                                        phases, kind_cost, reduction_ns, optimizer_ns,
-                                       gather_ns, part_key)
+                                       gather_ns, part_key, amax)
         t_p2p = hops = 0
         if pp > 1:
             cost_model = cache.cost_model(layout)
@@ -651,25 +705,27 @@ class BatchStepEvaluator:
                 found = by_signature[(signature, timed)] = self._host_rank(
                     p, stages_of[p], stage_layers, kinds, is_first, is_last, split, forms,
                     kind_cost, reduction_ns, optimizer_cost, gather_ns, gathers, bucket, m,
-                    placement, plan, part_key, timed)
+                    placement, plan, part_key, timed, amax)
             elif found is None:
                 found = by_signature[(signature, timed)] = self._rank_ns(
                     p, stages_of[p], stage_layers, kinds, is_first, is_last, split, phases,
                     kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                    placement, plan, part_key, timed)
+                    placement, plan, part_key, timed, amax)
             rank_costs.append(found)
         first_wait = 0
         if gathers:
             # it reads forward prices (keyed without the recompute fields), gathers and
             # the p2p time on the split's stages: plans that differ in recompute alone
             # share it
+            # (and the amax part's forward, whose group and presence the part fields do
+            # not say: sim.analytic_prices._NOT_IN_PARTS)
             wait_key = (plan.pp, plan.vpp, plan.layers_per_stage, plan.schedule, plain_key,
-                        groups_key, opt_key, part_groups, t_p2p)
+                        groups_key, opt_key, part_groups, t_p2p, amax, plan.tp_only_amax_red)
             first_wait = self._fill_delays.get(wait_key)
             if first_wait is None:
                 first_wait = self._fill_delays[wait_key] = self._fill_delay_ns(
                     placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p, is_first,
-                    is_last)
+                    is_last, amax)
         if hosted:
             return self._host_step(plan, schedule, placement, forms, rank_costs,
                                    [end + first_wait for end in timing.rank_end], t_p2p,
@@ -686,11 +742,12 @@ class BatchStepEvaluator:
 
     def _rank_ns(self, p, stages, stage_layers, kinds, is_first, is_last, split, phases,
                  kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
-                 placement, plan, part_key, timed=None) -> tuple[int, int, int]:
+                 placement, plan, part_key, timed=None, amax=False) -> tuple[int, int, int]:
         """(the last micro-batch's backward through the rank's stages, the same with its
         buckets reduced as they fill and the optimizer, the step's parameter gathers back
         to back): AnalyticStepModel._rank_costs' totals. ``timed``: the tail as the
-        pipeline's timing runs it (``(actions, releases)``, :func:`_timed_tail`)."""
+        pipeline's timing runs it (``(actions, releases)``, :func:`_timed_tail`); ``amax``:
+        every backward has the amax part after its layers (before the embedding)."""
         flags = self._flags
         tail, releases = _tail_and_releases(stages, split, timed)
         last_backward = 0
@@ -727,6 +784,9 @@ class BatchStepEvaluator:
             if is_last[s]:
                 parts.insert(0, (*self._row(p, "head", "head", comp, kind_cost, plan,
                                             part_key), 1))
+            if amax:
+                parts.append((*self._row(p, AMAX_PART, AMAX_PART, comp, kind_cost, plan,
+                                         part_key), 1))
             if is_first[s]:
                 parts.append((*self._row(p, "embedding", "embedding", comp, kind_cost,
                                          plan, part_key), 1))
@@ -776,20 +836,23 @@ class BatchStepEvaluator:
         return found
 
     def _host_forms(self, plan, stage_layers, is_first, is_last, holders, comps,
-                    kind_cost) -> dict[str, list[HostForm]]:
+                    kind_cost, amax=None) -> dict[str, list[HostForm]]:
         """Each virtual stage's phase as a :class:`sim.host_lead.HostForm`, per comp
         (AnalyticStepModel._phase_form: the parts in the order the lowering issues them,
         forward embedding, layers, head, else head, layers reversed, embedding; a run of
         one kind as a power; composition is exact in any grouping, a max-plus product),
         once per stage of the same runs and ends, priced by the rank that holds the
-        first such stage (its kind prices by the asking rank, :func:`kind_cost`)."""
+        first such stage (its kind prices by the asking rank, :func:`kind_cost`).
+        ``amax``: per pipeline rank what its amax part's price reads (its FP8 GEMMs and
+        amax group), the part after the layers; None without one."""
         forms: dict[str, list[HostForm]] = {}
         for comp in comps:
             by_shape: dict[tuple, HostForm] = {}
             row = []
             for s, layers in enumerate(stage_layers):
                 runs = self._runs(layers)
-                shape = (runs, is_first[s], is_last[s])
+                shape = (runs, is_first[s], is_last[s],
+                         None if amax is None else amax[holders[s]])
                 form = by_shape.get(shape)
                 if form is None:
                     p = holders[s]
@@ -801,11 +864,14 @@ class BatchStepEvaluator:
                                    for kind, layer, count in runs]
                     if is_last[s]:
                         head = kind_cost(p, "head", "head", comp).form()
+                    after_layers = ([] if amax is None else
+                                    [kind_cost(p, AMAX_PART, AMAX_PART, comp).form()])
                     if comp == "F":
-                        parts = ends + layer_forms + ([head] if is_last[s] else [])
+                        parts = (ends + layer_forms + after_layers
+                                 + ([head] if is_last[s] else []))
                     else:
                         parts = (([head] if is_last[s] else []) + layer_forms[::-1]
-                                 + ends)
+                                 + after_layers + ends)
                     for part in parts:
                         form = form.then(part)
                     by_shape[shape] = form
@@ -815,7 +881,7 @@ class BatchStepEvaluator:
 
     def _host_rank(self, p, stages, stage_layers, kinds, is_first, is_last, split, forms,
                    kind_cost, reduction_ns, optimizer_cost, gather_ns, gathers, bucket, m,
-                   placement, plan, part_key, timed=None) -> tuple:
+                   placement, plan, part_key, timed=None, amax=False) -> tuple:
         """AnalyticStepModel._rank_costs of a rank whose CPU issues the kernels: (the last
         micro-batch's backward through the rank's stages from no lead, and the lead it
         leaves; the same with its buckets reduced as they fill and the optimizer from the
@@ -852,6 +918,9 @@ class BatchStepEvaluator:
             if is_last[s]:
                 parts.insert(0, (*self._host_row(p, "head", "head", comp, kind_cost,
                                                  plan, part_key), 1))
+            if amax:
+                parts.append((*self._host_row(p, AMAX_PART, AMAX_PART, comp, kind_cost,
+                                              plan, part_key), 1))
             if is_first[s]:
                 parts.append((*self._host_row(p, "embedding", "embedding", comp,
                                               kind_cost, plan, part_key), 1))
@@ -959,14 +1028,16 @@ class BatchStepEvaluator:
         return step
 
     def _whole_rank_ns(self, plan, schedule, stage_layers, is_first, is_last, phases,
-                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key) -> int:
+                       kind_cost, reduction_ns, optimizer_ns, gather_ns, part_key,
+                       amax=False) -> int:
         """AnalyticStepModel._whole_rank_step without pipeline parallelism, with
         parameter gathers: one rank's list schedule of every action in order
         (AnalyticStepModel._walk with ``gathers``): an action that gathers issues its
         layers' gathers on the data-parallel stream at its start and each layer waits
         for its own; the last micro-batch's backward reduces its buckets as they fill;
-        then the optimizer."""
+        then the optimizer; ``amax``: the amax part after the layers of every phase."""
         m, bucket = plan.num_microbatches, plan.grad_bucket_bytes
+        amax_part = [AMAX_PART] if amax else []
         flags = self._flags
         zero3 = plan.zero == 3
         rows: dict[tuple, tuple] = {}
@@ -1003,6 +1074,7 @@ class BatchStepEvaluator:
                     flags[layer] == flags[layers[0]] for layer in layers):
                 # one kind of layer (head, run, embedding), in closed form
                 before, after = (first, last) if comp == "F" else (last, first)
+                after = amax_part + after
                 n = len(layers)
                 if reduce_now:  # the bucket walk's runs (as _rank_ns)
                     parts = [(*row(part, comp), 1) for part in before]
@@ -1023,10 +1095,10 @@ class BatchStepEvaluator:
                     total += row(part, comp)[0]
                 continue
             if comp == "F":
-                parts = first + list(layers) + last
+                parts = first + list(layers) + amax_part + last
                 order = layers
             else:
-                parts = last + list(reversed(layers)) + first
+                parts = last + list(reversed(layers)) + amax_part + first
                 order = tuple(reversed(layers))
             gathered: dict[int, int] = {}
             pending: dict[str, float] = {}
@@ -1057,7 +1129,7 @@ class BatchStepEvaluator:
         return kind_cost(p, part, kind, comp).total_ns, sums
 
     def _fill_delay_ns(self, placement, stage_layers, kinds, kind_cost, gather_ns, t_p2p,
-                       is_first, is_last) -> int:
+                       is_first, is_last, amax=False) -> int:
         """AnalyticStepModel._gather_fill_delay_fast_ns: how much later micro-batch 0's
         forward leaves the last stage because layers wait for their gathers. Each rank's
         data-parallel stream gathers its layers back to back from the step's start, in
@@ -1066,7 +1138,8 @@ class BatchStepEvaluator:
         ``w <- max(w, G + g (i + 1)) + c`` for ``i < n`` unrolls to
         ``max(w + n c, G + g + n c + (n - 1) max(g - c, 0))`` (the latest gather that
         binds is the first or the last): the same integers as the walk layer by
-        layer, which stages of mixed kinds still take."""
+        layer, which stages of mixed kinds still take; ``amax``: each stage's amax part
+        after its layers."""
         holders = placement.rank_of_stage
         flags = self._flags
         gathers: dict[tuple, int] = {}
@@ -1120,6 +1193,10 @@ class BatchStepEvaluator:
                         waiting = done
                     waiting += cost_ns
                     free += cost_ns
+            if amax:
+                cost_ns = kind_cost(p, AMAX_PART, AMAX_PART, "F").total_ns
+                waiting += cost_ns
+                free += cost_ns
             if stage == last:
                 cost_ns = kind_cost(p, "head", "head", "F").total_ns
                 waiting += cost_ns

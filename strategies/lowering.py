@@ -233,6 +233,13 @@ def reduces_amax(plan: ParallelPlan) -> bool:
             and plan.amax_reduction == "megatron" and group > 1)
 
 
+def amax_reduction_bytes(gemms: int, comp: str) -> int:
+    """Bytes of the amax all-reduce ending phase ``comp`` (F, or B / I) of a pipeline rank
+    whose Transformer Engine modules run ``gemms`` FP8 GEMMs: one fp32 amax per FP8
+    tensor, :data:`AMAX_PER_GEMM` of them per GEMM (:meth:`StepLowerer.amax_bytes`)."""
+    return ELEMENT_BYTES["fp32"] * AMAX_PER_GEMM["F" if comp == "F" else "B"] * gemms
+
+
 def pp_message_bytes(model: ModelSpec, plan: ParallelPlan) -> int:
     """Bytes one pipeline send/recv of a micro-batch's activations moves: its tokens on a
     context-parallel rank x hidden size in bf16, split over TP with sequence parallelism
@@ -481,11 +488,16 @@ class StepLowerer:
         rank's model chunks (with ``vpp`` > 1, all its virtual stages' layers)."""
         gemms = self._amax_gemms.get(p)
         if gemms is None:
-            gemms = self._amax_gemms[p] = sum(
-                kernel.shape[0] for layer in self.rank_layers(p)
-                for kernel in self.kernels(layer)
-                if kernel.kind == "matmul" and kernel.dtype == "fp8")
-        return ELEMENT_BYTES["fp32"] * AMAX_PER_GEMM["F" if comp == "F" else "B"] * gemms
+            gemms = self._amax_gemms[p] = sum(self.layer_amax_gemms(layer)
+                                              for layer in self.rank_layers(p))
+        return amax_reduction_bytes(gemms, comp)
+
+    def layer_amax_gemms(self, layer: int) -> int:
+        """FP8 GEMMs of a layer whose amaxes TE's delayed scaling keeps (one per FP8
+        matmul kernel; a grouped expert GEMM counts once per local expert: its
+        ``shape[0]``); the same for every layer of one kind."""
+        return sum(kernel.shape[0] for kernel in self.kernels(layer)
+                   if kernel.kind == "matmul" and kernel.dtype == "fp8")
 
     def _amax_reduction(self, b: _RankBuilder, p: int, comp: str) -> None:
         """Transformer Engine delayed scaling's amax all-reduce at the end of a model

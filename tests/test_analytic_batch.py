@@ -142,6 +142,46 @@ def test_host_issue_plans_batch_equal_simulate_step():
     assert set(COVERED) <= met, met
 
 
+def test_fp8_delayed_scaling_plans_batch_equal_simulate_step():
+    """FP8 ``te-delayed`` plans carry Transformer Engine's amax all-reduce (an ``amax``
+    part after every stage's layers, priced on the stage's own rank by its bytes and
+    group: sim.analytic_step.AnalyticStepModel._kind_cost) and take the batch path:
+    simulate_step's step to the ns with TP x DP x CP and TP x CP (tp_only_amax_red)
+    groups, the op off (amax_reduction none) on some, host issue on some, every covered
+    schedule, no pipeline with ZeRO's gathers (the whole-rank walk)."""
+    import dataclasses
+
+    from strategies.lowering import reduces_amax
+
+    cluster = load_cluster("dgx-h100")
+    dense, _ = tiny_models()
+    modes = ("off", "eager", "off", "graphed", "compiled")
+    met: set = set()
+    for model, count, seed in ((dense, 60, 31), (load_model("llama3-8b"), 16, 32)):
+        def vary(plan, kept):
+            return dataclasses.replace(plan, dtype="fp8", fp8_recipe="te-delayed",
+                                       tp_only_amax_red=kept % 3 == 1,
+                                       amax_reduction="none" if kept % 7 == 6 else "megatron",
+                                       host_issue=modes[kept % len(modes)])
+
+        plans, references = _plans(model, cluster, count, seed, vary=vary)
+        assert len(plans) == count
+        evaluator = BatchStepEvaluator(model, cluster)
+        base._FAMILY_TIMINGS.clear()  # (cold, as test_batch_step_equals_simulate_step)
+        got = evaluator.step_ns(plans)
+        for plan, step_ns, reference in zip(plans, got, references, strict=True):
+            assert step_ns / 1e9 == reference.step_time_s, plan
+        assert evaluator.step_ns(plans) == got  # warm prices: the same integers
+        batch = [plan for plan in plans if evaluator.covers(plan) and reduces_amax(plan)]
+        assert len(batch) >= count // 3, len(batch)
+        met |= {plan.schedule for plan in batch if plan.pp > 1}
+        met |= {("tp_only", plan.tp_only_amax_red) for plan in batch}
+        met |= {("hosted", plan.host_issue in ("eager", "compiled")) for plan in batch}
+        met |= {"whole rank" for plan in batch if plan.pp == 1 and evaluator._gathers(plan)}
+    assert set(COVERED) | {("tp_only", True), ("tp_only", False), ("hosted", True),
+                           "whole rank"} <= met, met
+
+
 def test_rank_results_are_simulate_steps():
     model = load_model("llama3-8b")
     cluster = load_cluster("dgx-h100")
