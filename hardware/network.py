@@ -341,7 +341,9 @@ class NetworkModel:
         chunks: the last chunk leaves a leaf after all others and then crosses the
         whole tree, up and down, so the phase streams ``(2 depth - 1)`` more chunks
         per channel than its data (the pipeline fill; NCCL enqueue.cc picks the
-        chunk). Rings pipeline at a finer grain and pay their steps in latency.
+        chunk). NVLS phases pay their chunk pipeline's fill the same way
+        (:meth:`nvls_pipeline_factor`). Rings pipeline at a finer grain and pay their
+        steps in latency.
         """
         if plan.family == "nvls":
             return self.nvls_pipeline_factor(plan, phase, size_bytes)
@@ -370,18 +372,24 @@ class NetworkModel:
         comm = self.comm
         return comm.nvls_channels_multi_domain if plan.domains > 1 else comm.nvls_channels
 
+    def nvls_concurrent_ops(self, plan: CommPlanLike) -> int:
+        """Chunks an NVLS loop step moves: one per channel and head (all_reduce.h loopSize)."""
+        return self.nvls_channels(plan) * self.nvls_heads(plan)
+
     def nvls_chunk_bytes(self, plan: CommPlanLike, size_bytes: float | None = None) -> int:
         """Chunk an NVLS (one domain) or NVLS_TREE (several) all-reduce moves per head,
         channel and loop step, as NVIDIA/nccl src/enqueue.cc calcCollChunking picks it
-        from ``concurrentOps = nChannels x nHeads``: NVLS starts from NCCL_NVLS_CHUNKSIZE
-        and drops to 64 KiB below 64 x concurrentOps x chunk, to 32 KiB below 8 x, to
-        16 KiB below 2 x; NVLS_TREE caps it at 64 KiB from 4 nodes and drops to 64 KiB
-        below 4 x, to 32 KiB below 1 x (0: no NVLS chunk set)."""
+        from ``concurrentOps = nChannels x nHeads`` (:meth:`nvls_concurrent_ops`): NVLS
+        starts from NCCL_NVLS_CHUNKSIZE and drops to 64 KiB below 64 x concurrentOps x
+        chunk, to 32 KiB below 8 x, to 16 KiB below 2 x; NVLS_TREE caps it at 64 KiB from
+        4 nodes and drops to 64 KiB below 4 x, to 32 KiB below 1 x (0: no NVLS chunk set).
+        The same function's 32 KiB cap for NVLS across nodes whose NVLS bandwidth is
+        under 150 GB/s is left out: every preset's NVLS runs at 300 GB/s or more."""
         chunk = self.comm.nvls_chunk_bytes
         if chunk <= 0:
             return 0
         size = plan.size_bytes if size_bytes is None else size_bytes
-        ops = self.nvls_channels(plan) * self.nvls_heads(plan)
+        ops = self.nvls_concurrent_ops(plan)
         if plan.domains > 1:  # NVLS_TREE (ncclPatternNvlsTree)
             if plan.domains >= 4:
                 chunk = min(chunk, 65536)
@@ -414,12 +422,12 @@ class NetworkModel:
         rate, and never more of them than the message holds."""
         size = plan.size_bytes if size_bytes is None else size_bytes
         fill_steps = phase.intra_steps + phase.inter_steps
-        if size <= 0 or fill_steps <= 0 or plan.protocol != "Simple":
+        if size <= 0 or fill_steps <= 0:  # (NVLS runs Simple only: catalog.SIMPLE_ONLY)
             return 1.0
         chunk = self.nvls_chunk_bytes(plan, size)
         if chunk <= 0:
             return 1.0
-        step_bytes = min(float(size), self.nvls_channels(plan) * self.nvls_heads(plan) * chunk)
+        step_bytes = min(float(size), self.nvls_concurrent_ops(plan) * chunk)
         return 1.0 + fill_steps * step_bytes / size
 
     def phase_cap_s(self, plan: CommPlanLike, phase: PhaseLike,
