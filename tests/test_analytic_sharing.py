@@ -24,7 +24,7 @@ VARIANTS = dict(
     grad_reduce_dtype=["fp32"], recompute_layers=[1], recompute=["full"],
     optimizer_impl=["unfused"], store_param_remainders=[True],
     activation_offload_layers=[1], tp_comm_overlap=[True], micro_batch=[2], seq_len=[2048],
-    dp_shard=[2],
+    dp_shard=[2], amax_reduction=["none"], tp_only_amax_red=[True],
 )
 
 
@@ -55,13 +55,16 @@ def _plans(base):
     return out
 
 
-@pytest.mark.parametrize("which", ["dense", "moe"])
+@pytest.mark.parametrize("which", ["dense", "moe", "dense-fp8"])
 def test_shared_prices_give_each_plan_its_own_result(which):
+    """(dense-fp8: te-delayed FP8, whose amax part is keyed by its bytes and group, not
+    by amax_reduction / tp_only_amax_red, which no layer, edge or optimizer reads)"""
     dense, moe = tiny_models()
-    model = dense if which == "dense" else moe
+    model = moe if which == "moe" else dense
     cluster = load_cluster("dgx-h100")
     base = make_plan(gpus=16, tp=2, pp=2, micro_batch=1, global_batch=64, seq_len=1024,
-                     ep=2 if which == "moe" else 1)
+                     ep=2 if which == "moe" else 1,
+                     dtype="fp8" if which == "dense-fp8" else "bf16")
     plans = []
     for plan in _plans(base):
         try:
