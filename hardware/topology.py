@@ -384,33 +384,49 @@ class ClusterLayout:
             self._classes[key] = found
             return found
         ranks = np.asarray(key, dtype=np.int64)
-        nodes = ranks // self.gpus_per_node
-        local = ranks % self.gpus_per_node
-        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
-            domains = ranks
-        else:
-            domains = nodes // self._nodes_per_domain
+        gpn = self.gpus_per_node
+        pcie = self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1
         fabric = self.spec.fabric
-        units = nodes // fabric.nodes_per_leaf
-        spines = units // fabric.leaves_per_spine_group
         # with one NIC per GPU every GPU index is its own rail and its own PXN relay
         # (_gpu_on_rail), so GPU indices too are relabelled in order; else each
         # index keeps its rail
-        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == self.gpus_per_node
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
+        if bool((ranks[1:] > ranks[:-1]).all()):
+            # ascending ranks: nodes, domains, units and spine groups never decrease,
+            # so each one's rank among the distinct values (np.unique's inverse) counts
+            # the steps up before it -- the four columns in one 2-D pass (a large
+            # group's class costs a few numpy calls, not a few per column)
+            nodes = ranks // gpn
+            climbing = np.empty((4, ranks.size), dtype=np.int64)
+            climbing[0] = nodes
+            climbing[1] = ranks if pcie else nodes // self._nodes_per_domain
+            np.floor_divide(nodes, fabric.nodes_per_leaf, out=climbing[2])
+            np.floor_divide(climbing[2], fabric.leaves_per_spine_group, out=climbing[3])
+            rank_of = np.zeros((5, ranks.size), dtype=np.int64)
+            np.cumsum(climbing[:, 1:] != climbing[:, :-1], axis=1, out=rank_of[1:, 1:])
+            local = ranks % gpn
+            if one_nic_each:
+                # GPU indices (below gpus_per_node) relabelled by their rank among the
+                # group's: the running count of the indices present (np.unique's inverse)
+                present = np.zeros(gpn, dtype=np.int64)
+                present[local] = 1
+                rank_of[0] = (np.cumsum(present) - 1)[local]
+            else:
+                rank_of[0] = local
+            if len(self._classes) >= 65536:
+                self._classes.clear()
+            found = self._classes[key] = rank_of.tobytes()
+            return found
+        nodes = ranks // gpn
+        local = ranks % gpn
+        domains = ranks if pcie else nodes // self._nodes_per_domain
+        units = nodes // fabric.nodes_per_leaf
+        spines = units // fabric.leaves_per_spine_group
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         columns = [] if one_nic_each else [local]
-        ascending = bool((ranks[1:] > ranks[:-1]).all())
         for values in relabelled:
-            if ascending and values is not local:
-                # nodes, domains, units and spine groups of ascending ranks never
-                # decrease: each one's rank among the distinct values (np.unique's
-                # inverse) counts the steps up before it
-                rank_of = np.zeros(values.size, dtype=np.int64)
-                np.cumsum(values[1:] != values[:-1], out=rank_of[1:])
-                columns.append(rank_of)
-            else:
-                columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
+            columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
         found = np.stack(columns).astype(np.int64).tobytes()
         if len(self._classes) >= 65536:
             self._classes.clear()
