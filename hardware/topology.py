@@ -34,6 +34,10 @@ from hardware.spec import ClusterSpec, GroupGeometry
 
 #: Largest group whose :meth:`ClusterLayout.group_class` is computed in plain Python.
 _SMALL_GROUP = 64
+#: Nonzero entries of an array: a bool mask's any()/all() as one C call
+#: (ndarray.any and .all go through numpy's Python-level reduction wrappers, ~3 us a
+#: call on the few hundred transfers of a collective's phase)
+_count = np.count_nonzero
 
 
 #: Link tiers, in the order :attr:`ClusterLayout.link_tier_index` numbers them.
@@ -500,15 +504,17 @@ class ClusterLayout:
         dst = np.asarray(dst, dtype=np.int64)
         index = np.arange(src.size, dtype=np.int64) if with_transfers else None
         gpn, nics = self.gpus_per_node, spec.nic.count_per_node
-        src_node, dst_node = src // gpn, dst // gpn
+        # (node and GPU index in one pass each: the same quotient and remainder)
+        src_node, src_local = np.divmod(src, gpn)
+        dst_node, dst_local = np.divmod(dst, gpn)
         # (one NIC per GPU: x * nics // gpus_per_node is x, and a rail's PXN relay is
         # the GPU of the same index, -(-rail * gpus_per_node // nics))
         one_nic_each = nics == spec.gpus_per_node
         if one_nic_each:
-            src_rail, dst_rail_own = src % gpn, dst % gpn
+            src_rail, dst_rail_own = src_local, dst_local
         else:
-            src_rail = (src % gpn) * nics // spec.gpus_per_node
-            dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
+            src_rail = src_local * nics // spec.gpus_per_node
+            dst_rail_own = dst_local * nics // spec.gpus_per_node
         if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
             src_domain, dst_domain = src, dst
         elif self._nodes_per_domain == 1:
@@ -520,7 +526,7 @@ class ClusterLayout:
         across = moving & (src_domain != dst_domain)
         # (every transfer between domains, as a collective's counted transfers are:
         # the positions taken by all of them need no mask, those inside none)
-        all_across = bool(across.all())
+        all_across = _count(across) == across.size
         parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
 
         def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
@@ -528,7 +534,7 @@ class ClusterLayout:
                 parts.append((index, position, links))
             elif index is None:
                 parts.append((None, position, links[mask]))
-            elif mask.any():
+            elif _count(mask):
                 parts.append((index[mask], position, links[mask]))
 
         if not all_across:
@@ -548,32 +554,36 @@ class ClusterLayout:
             relayed = across & (src_rail != rail)
             if not one_nic_each:
                 relayed &= relay_local < gpn
-            relay = src_node * gpn + relay_local
-            relayed &= relay != src
-            if relayed.any():
+                relayed &= src_node * gpn + relay_local != src
+            # (one NIC per GPU: the relay, the GPU of index ``rail`` in the source's
+            # node, is the source itself exactly where its index is the rail: the
+            # comparison above already leaves those out)
+            if _count(relayed):
                 add(relayed, 1, self._gpu_out + src)
-                add(relayed, 2, self._gpu_in + relay)
+                add(relayed, 2, self._gpu_in + src_node * gpn + relay_local)
         add(across, 3, self._nic_out + src_node * nics + rail)
         if self._leaf_up >= 0:
             units = fabric.nodes_per_leaf
             src_leaf = (src_node // units) * nics + rail if rail_mode else src_node // units
             dst_leaf = (dst_node // units) * nics + dst_rail if rail_mode else dst_node // units
             climbs = across & (src_leaf != dst_leaf)
-            if climbs.any():
+            if _count(climbs):
                 add(climbs, 4, self._leaf_up + src_leaf)
                 if self._spine_up >= 0:
                     per_unit = nics if rail_mode else 1
                     src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
                     dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
                     crosses = climbs & (src_group != dst_group)
-                    if crosses.any():
+                    if _count(crosses):
                         add(crosses, 5, self._spine_up + src_group)
                         add(crosses, 6, self._spine_down + dst_group)
                 add(climbs, 7, self._leaf_down + dst_leaf)
         add(across, 8, self._nic_in + dst_node * nics + dst_rail)
         if not spec.nic.gpudirect_rdma:
             add(across, 9, self._host_h2d + dst)
-        elif gpn > 1:
+        elif gpn > 1 and not rail_mode:
+            # (rail-optimized: the transfer arrives on the destination's own rail,
+            # dst_rail is dst_rail_own, so nothing is relayed after the NIC)
             dst_relay_local = (dst_rail if one_nic_each
                                else -(-dst_rail * spec.gpus_per_node // nics))
             relayed = across & (dst_rail_own != dst_rail)
@@ -581,7 +591,7 @@ class ClusterLayout:
                 relayed &= dst_relay_local < gpn
             relay = dst_node * gpn + dst_relay_local
             relayed &= relay != dst
-            if relayed.any():
+            if _count(relayed):
                 add(relayed, 10, self._gpu_out + relay)
                 add(relayed, 11, self._gpu_in + dst)
         return parts
