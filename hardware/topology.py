@@ -335,27 +335,32 @@ class ClusterLayout:
             for rank in sorted(key):
                 by_domain.setdefault(rank // per_domain, []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
-        found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
+        found = GroupGeometry(key, domains, self._ring_switch_hops(domains))
         self._geometries[key] = found
         return found
 
-    def _ring_switch_hops(self, firsts: Sequence[int]) -> int:
+    def _ring_switch_hops(self, domains: Sequence[Sequence[int]]) -> int:
         """Most scale-out switches :meth:`path` crosses from the first member of each
         domain to the first member of the next (and the last to the first): 0 for one
         domain; else 1, 3 between leaf units (two tiers), 5 between spine groups
         (three tiers). A path leaves and enters on one rail (rail-optimized) or each
-        end's own rail (a leaf per unit), so only the units and groups decide."""
-        if len(firsts) < 2:
+        end's own rail (a leaf per unit), so only the units and groups decide.
+        ``domains``: the group's members per domain, domains ascending (as
+        :meth:`geometry` lists them)."""
+        if len(domains) < 2:
             return 0
         fabric = self.spec.fabric
-        # (plain Python: a few hundred domains at most, numpy's per-call cost dominated)
-        units = [first // self.gpus_per_node // fabric.nodes_per_leaf for first in firsts]
+        # a unit differs from the next (cyclically) iff the units are not all equal; a
+        # domain's unit (and spine group) never decreases with its first member, and
+        # domains ascend, so the first domain's is the least and the last one's the
+        # greatest: the two ends decide (no pass over every domain)
+        low = domains[0][0] // self.gpus_per_node // fabric.nodes_per_leaf
+        high = domains[-1][0] // self.gpus_per_node // fabric.nodes_per_leaf
         hops = 1
-        # a unit differs from the next (cyclically) iff the units are not all equal
-        if self._leaf_up >= 0 and min(units) != max(units):
+        if self._leaf_up >= 0 and low != high:
             hops = 3
             per_group = fabric.leaves_per_spine_group
-            if self._spine_up >= 0 and min(units) // per_group != max(units) // per_group:
+            if self._spine_up >= 0 and low // per_group != high // per_group:
                 hops = 5
         return hops
 
