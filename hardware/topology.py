@@ -26,6 +26,8 @@ from __future__ import annotations
 from array import array as _array
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate as _accumulate
+from operator import lt as _lt, ne as _ne
 from typing import Sequence
 
 import numpy as np
@@ -464,7 +466,12 @@ class ClusterLayout:
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         flat = [] if one_nic_each else list(local)
+        ascending = all(map(_lt, key, key[1:]))
         for values in relabelled:
+            if ascending and values is not local:
+                # (never decreasing: the running count of steps up, as the numpy path)
+                flat += _accumulate(map(_ne, values[1:], values), initial=0)
+                continue
             order = {value: index for index, value in enumerate(sorted(set(values)))}
             flat += [order[value] for value in values]
         return _array("q", flat).tobytes()
