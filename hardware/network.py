@@ -62,6 +62,10 @@ from hardware.spec import PROTOCOLS, CommTuningSpec, node_bucket
 from hardware.topology import TIERS, ClusterLayout
 from hardware.units import seconds_to_ns
 
+#: Most heads an NVLS all-reduce has in one NVLink domain: NCCL_MAX_NVLS_ARITY
+#: (NVIDIA/nccl src/include/device.h, 32 since NCCL 2.20; 8 before).
+NVLS_MAX_HEADS = 32
+
 #: How a transfer is driven, which changes the bandwidth it reaches.
 TRANSFER_MODES = ("collective", "p2p", "nvls")
 
@@ -337,8 +341,12 @@ class NetworkModel:
         chunks: the last chunk leaves a leaf after all others and then crosses the
         whole tree, up and down, so the phase streams ``(2 depth - 1)`` more chunks
         per channel than its data (the pipeline fill; NCCL enqueue.cc picks the
-        chunk). Rings pipeline at a finer grain and pay their steps in latency.
+        chunk). NVLS phases pay their chunk pipeline's fill the same way
+        (:meth:`nvls_pipeline_factor`). Rings pipeline at a finer grain and pay their
+        steps in latency.
         """
+        if plan.family == "nvls":
+            return self.nvls_pipeline_factor(plan, phase, size_bytes)
         if plan.family != "tree" or plan.protocol != "Simple" or self.comm.tree_chunk_bytes <= 0:
             return 1.0
         size = plan.size_bytes if size_bytes is None else size_bytes
@@ -349,6 +357,78 @@ class NetworkModel:
             return 1.0
         chunk = self.tree_chunk_bytes(plan, phase, size)
         return 1.0 + fill_steps * chunk * self.channels_running(plan, size) / size
+
+    def nvls_heads(self, plan: CommPlanLike) -> int:
+        """Heads of an NVLS all-reduce: the ranks of one NVLink domain that each reduce
+        one slice in the switch, at most NCCL_MAX_NVLS_ARITY = 32 (NVIDIA/nccl
+        src/graph/search.cc: the NVLS graph has ``min(NCCL_MAX_NVLS_ARITY, GPUs)``
+        channels, one head each; src/include/device.h, 32 since 2.20)."""
+        return max(1, min(NVLS_MAX_HEADS, plan.local_ranks))
+
+    def nvls_channels(self, plan: CommPlanLike) -> int:
+        """Channels an NVLS or NVLS_TREE all-reduce runs, at any size (enqueue.cc
+        topoGetAlgoInfo: ``nc = comm->nvlsChannels``; nvls.cc sets it per
+        architecture, more when the communicator spans NVLink domains)."""
+        comm = self.comm
+        return comm.nvls_channels_multi_domain if plan.domains > 1 else comm.nvls_channels
+
+    def nvls_concurrent_ops(self, plan: CommPlanLike) -> int:
+        """Chunks an NVLS loop step moves: one per channel and head (all_reduce.h loopSize)."""
+        return self.nvls_channels(plan) * self.nvls_heads(plan)
+
+    def nvls_chunk_bytes(self, plan: CommPlanLike, size_bytes: float | None = None) -> int:
+        """Chunk an NVLS (one domain) or NVLS_TREE (several) all-reduce moves per head,
+        channel and loop step, as NVIDIA/nccl src/enqueue.cc calcCollChunking picks it
+        from ``concurrentOps = nChannels x nHeads`` (:meth:`nvls_concurrent_ops`): NVLS
+        starts from NCCL_NVLS_CHUNKSIZE and drops to 64 KiB below 64 x concurrentOps x
+        chunk, to 32 KiB below 8 x, to 16 KiB below 2 x; NVLS_TREE caps it at 64 KiB from
+        4 nodes and drops to 64 KiB below 4 x, to 32 KiB below 1 x (0: no NVLS chunk set).
+        The same function's 32 KiB cap for NVLS across nodes whose NVLS bandwidth is
+        under 150 GB/s is left out: every preset's NVLS runs at 300 GB/s or more."""
+        chunk = self.comm.nvls_chunk_bytes
+        if chunk <= 0:
+            return 0
+        size = plan.size_bytes if size_bytes is None else size_bytes
+        ops = self.nvls_concurrent_ops(plan)
+        if plan.domains > 1:  # NVLS_TREE (ncclPatternNvlsTree)
+            if plan.domains >= 4:
+                chunk = min(chunk, 65536)
+            for times, floor in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+                if size < times * ops * chunk and chunk > floor:
+                    chunk = floor
+            return chunk
+        for times, floor in ((64, 65536), (8, 32768), (2, 16384)):
+            if size < times * ops * chunk and chunk > floor:
+                chunk = floor
+        return chunk
+
+    def nvls_pipeline_factor(self, plan: CommPlanLike, phase: PhaseLike,
+                             size_bytes: float | None = None) -> float:
+        """How much longer than its bytes alone an NVLS phase streams: the fill and
+        drain of NCCL's NVLS chunk pipeline.
+
+        NCCL runs an NVLS all-reduce (src/device/all_reduce.h, RunWorkElement
+        NCCL_ALGO_NVLS / NVLS_TREE, Simple) as a pipeline of stages per channel, each a
+        warp group handing chunks to the next through NCCL_STEPS buffer slots: scatter
+        (the rank's data into its NVLS buffers), the heads' reduction in the switch with
+        its multicast (multimem.ld_reduce / multimem.st), gather (out to the user
+        buffer); NVLS_TREE adds a tree of the domains' heads between reduce and
+        broadcast (one stage per tree edge, up and down). A loop step moves one chunk
+        per head and channel, ``nChannels x nHeads x chunk`` bytes in all
+        (loopSize, all_reduce.h; enqueue.cc calcCollChunking: nLoops). Streaming at
+        the bottleneck stage's rate, the last step still has to cross the other
+        stages: ``phase.intra_steps + phase.inter_steps`` more steps (2 for NVLS, the
+        hand-overs scatter -> reduce -> gather), each a step's bytes at the phase's
+        rate, and never more of them than the message holds."""
+        size = plan.size_bytes if size_bytes is None else size_bytes
+        fill_steps = phase.intra_steps + phase.inter_steps
+        if size <= 0 or fill_steps <= 0:  # (NVLS runs Simple only: catalog.SIMPLE_ONLY)
+            return 1.0
+        chunk = self.nvls_chunk_bytes(plan, size)
+        if chunk <= 0:
+            return 1.0
+        step_bytes = min(float(size), self.nvls_concurrent_ops(plan) * chunk)
+        return 1.0 + fill_steps * step_bytes / size
 
     def phase_cap_s(self, plan: CommPlanLike, phase: PhaseLike,
                     size_bytes: float | None = None) -> float:

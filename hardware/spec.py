@@ -276,6 +276,16 @@ class CommTuningSpec:
         tree_chunk_bytes: largest chunk a tree all-reduce pipelines in (one Simple
             step of a channel's buffer, NCCL_BUFFSIZE / NCCL_STEPS); NCCL halves it
             for small messages (enqueue.cc). 0: no pipeline fill modelled.
+        nvls_chunk_bytes: largest chunk NCCL's NVLS / NVLS_TREE all-reduce moves per
+            head, channel and step (NCCL_NVLS_CHUNKSIZE, src/transport/nvls.cc: 128 KiB);
+            NCCL halves it for small messages (enqueue.cc calcCollChunking). 0: no
+            NVLS pipeline fill modelled.
+        nvls_channels: channels an NVLS all-reduce runs inside one NVLink domain, at
+            every size (src/transport/nvls.cc ncclNvlsInit: 16 on Hopper, 24 on
+            Blackwell in one node or MNNVL domain; enqueue.cc topoGetAlgoInfo: ``nc =
+            comm->nvlsChannels``, no reduction for small messages).
+        nvls_channels_multi_domain: the same for a communicator over several NVLink
+            domains (NVLS_TREE; nvls.cc: 32 on Blackwell, 16 on Hopper).
         nccl_proto: the protocols NCCL may choose from under ``auto``, as the
             ``NCCL_PROTO`` environment variable gives them (all three unless a user or a
             network plugin sets it: aws-ofi-nccl sets ``NCCL_PROTO=simple`` where EFA
@@ -305,6 +315,9 @@ class CommTuningSpec:
     net_step_overhead_s: Mapping[str, float] = field(default_factory=dict)
     ring_plateau_factor: float = 1.0
     tree_chunk_bytes: int = 0
+    nvls_chunk_bytes: int = 0
+    nvls_channels: int = 16
+    nvls_channels_multi_domain: int = 16
     nccl_proto: tuple[str, ...] = PROTOCOLS
 
 

@@ -451,7 +451,8 @@ class ClusterLayout:
         the running count of steps up for ascending ranks), as the same int64 bytes."""
         gpn = self.gpus_per_node
         one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
-        if len(key) == 1:  # (one member: every relabelled value is its own first, 0)
+        if len(key) == 1:  # (one member: every relabelled value is its own first, 0;
+            # test_speed_paths.py's small-group-class test holds it to the loop's columns)
             flat = [0] * (5 if one_nic_each else 4)
             return _array("q", flat if one_nic_each else [key[0] % gpn] + flat).tobytes()
         nodes = [rank // gpn for rank in key]

@@ -28,7 +28,8 @@ parallelism, schedules whose micro-batches take one route and whose lists pair n
 forward with a backward (1F1B, 1F1B-eager, interleaved, GPipe, ZB-H1/H2, ZB-V: not
 DualPipe's two routes), overlapped gradient
 reduction (at the last micro-batch only: not ``grad_reduce_every_microbatch``), no
-per-stage recompute count, no SM contention (``comm_sm_contention``), no CPU issue cost
+per-stage recompute count, no Transformer Engine amax all-reduce (FP8 ``te-delayed`` with
+``amax_reduction`` megatron over more than one rank), no SM contention (``comm_sm_contention``), no CPU issue cost
 (``host_issue`` off or graphed: with one the closed form carries the CPU's lead,
 :mod:`sim.host_lead`) and a compute model that prices by shape.
 Every other plan goes through :func:`sim.analytic_step.analytic_step` (the same
@@ -50,7 +51,7 @@ from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analyt
                                hop_prices, last_wait, optimizer_layers_key,
                                plan_contention, timed_tail_entries)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
-from strategies.lowering import StepLowerer, pp_message_bytes, split_layers
+from strategies.lowering import StepLowerer, pp_message_bytes, reduces_amax, split_layers
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
@@ -241,6 +242,12 @@ class BatchStepEvaluator:
             return False
         if getattr(plan, "moe_a2a_overlap", False) or plan.recompute_layers \
                 or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch:
+            return False
+        if (reduces_amax(plan) and plan.tp * plan.cp * (
+                    1 if plan.tp_only_amax_red else plan.dp) > 1):
+            # Transformer Engine's amax all-reduce per chunk forward and backward
+            # (StepLowerer._amax_reduction, an "amax" part of every stage): priced by
+            # analytic_step, whose stage tables carry it
             return False
         # (the rest reads the schedule, its placement and the job shape: once each)
         key = (plan.schedule, plan.pp, plan.vpp, plan.world_size)

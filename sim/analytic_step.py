@@ -82,7 +82,7 @@ from sim.breakdown import AXES_IN_ORDER, critical_rank
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
-from strategies.lowering import StepLowerer
+from strategies.lowering import AMAX_PART, StepLowerer
 from strategies.model_spec import ModelSpec
 from strategies.pipeline import Action
 from strategies.schedules import PipelineTiming
@@ -879,14 +879,22 @@ class AnalyticStepModel:
         kind priced in this plan stands for the kind, and with shared prices a part
         another plan priced under the same key (its plan fields, kind, phase, recompute
         mode and groups) gives the same list schedule."""
-        key = (id(pricer), kind, comp)
+        amax = part == AMAX_PART
+        # (the amax all-reduce's bytes and group are the pipeline rank's: keyed by rank)
+        key = (id(pricer), kind, comp, p) if amax else (id(pricer), kind, comp)
         cost = self._part_costs.get(key)
         if cost is None:
             shared = self._shared_for(pricer)
             if shared is not None:
                 # (a phase that recomputes nothing is keyed without the recompute fields:
                 # one price for every recompute mode)
-                if part_recomputes(part, comp):
+                if amax:
+                    lowerer = self.lowerer
+                    group = lowerer._groups(lowerer.representatives[p])["amax"]
+                    shared_key = (self._shared_key("part_no_recompute"), kind, comp,
+                                  lowerer.amax_bytes(p, comp),
+                                  group_price_key(self.pricer.cost.layout, group))
+                elif part_recomputes(part, comp):
                     shared_key = (self._shared_key("part"), kind, comp,
                                   self.lowerer.recompute_of(part), self._part_groups(p))
                 else:
@@ -1083,7 +1091,17 @@ class AnalyticStepModel:
         placement = self.lowerer.placement
         parts: list[int | str] = ["head"] if placement.is_last(stage) else []
         parts += list(reversed(self.lowerer.stage_layers[stage]))
+        parts += [AMAX_PART] if self.lowerer.reduces_amax else []
         return parts + (["embedding"] if placement.is_first(stage) else [])
+
+    def _forward_parts(self, stage: int) -> list[int | str]:
+        """Parts of a virtual stage's forward, in order: embedding, layers, the amax
+        reduction (StepLowerer._amax_reduction), head."""
+        placement, lowerer = self.lowerer.placement, self.lowerer
+        parts: list[int | str] = ["embedding"] if placement.is_first(stage) else []
+        parts += list(lowerer.stage_layers[stage])
+        parts += [AMAX_PART] if lowerer.reduces_amax else []
+        return parts + (["head"] if placement.is_last(stage) else [])
 
     def _finish_cost(self, pricer: OpPricer, p: int, tail: list[Action]) -> OpListCost:
         """The last micro-batch's backward with its gradient buckets reduced on the
@@ -1229,6 +1247,7 @@ class AnalyticStepModel:
             p = placement.rank_of(stage)
             pricer = self.stage_pricers.get(p, self.pricer)
             parts = (["embedding"] if stage == 0 else []) + list(layers)
+            parts += [AMAX_PART] if lowerer.reduces_amax else []
             parts += ["head"] if stage == last else []
             for part in parts:
                 if not isinstance(part, str):
@@ -1276,6 +1295,10 @@ class AnalyticStepModel:
                                                             "F").total_ns
                 if gathered[layer] > waiting:
                     waiting = gathered[layer]
+                waiting += cost_ns
+                free += cost_ns
+            if lowerer.reduces_amax:
+                cost_ns = self._part_cost(pricer, p, AMAX_PART, "F").total_ns
                 waiting += cost_ns
                 free += cost_ns
             if stage == last:
@@ -1374,9 +1397,7 @@ class AnalyticStepModel:
 
         def parts_of(action: Action) -> list[int | str]:
             if action.comp == "F":
-                parts = (["embedding"] if placement.is_first(action.stage) else [])
-                parts += list(lowerer.stage_layers[action.stage])
-                return parts + (["head"] if placement.is_last(action.stage) else [])
+                return self._forward_parts(action.stage)
             return self._stage_parts(action.stage)
 
         # Under SM contention with gathers, the buckets each part fills are found first
@@ -1572,9 +1593,7 @@ class AnalyticStepModel:
         if table is None:
             lowerer, placement = self.lowerer, self.lowerer.placement
             if comp == "F":
-                parts = (["embedding"] if placement.is_first(stage) else [])
-                parts += list(lowerer.stage_layers[stage])
-                parts += ["head"] if placement.is_last(stage) else []
+                parts = self._forward_parts(stage)
             else:
                 parts = self._stage_parts(stage)
             flags, by_kind, rows = self._flags, {}, []

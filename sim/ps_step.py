@@ -126,7 +126,8 @@ def _check_ps_fits(plan: ParallelPlan, servers: int, breakdown: MemoryBreakdown,
     """check_fits with remedies that exist for parameter-server plans (no ZeRO, tp, pp)."""
     if breakdown.total_bytes <= capacity_bytes:
         return
-    tips: list[Remedy | str] = [Remedy("ps_servers", servers, more_than=True)] if server else []
+    # (twice the servers: each holds half the shard it holds now)
+    tips: list[Remedy | str] = [Remedy("ps_servers", 2 * servers)] if server else []
     if server and plan.ps_placement == "colocated":
         tips.append(Remedy("ps_placement", "dedicated"))
     if breakdown.activations_bytes > 0:

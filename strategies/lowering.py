@@ -83,7 +83,19 @@ EP_STREAM = "ep"
 #: expert-tensor, and the EP members at the rank's position in every NVLink domain and in
 #: its own domain.
 GROUP_NAMES = ("tp", "cp", "grad", "replica", "ep", "expert_grad", "etp", "ep_etp", "ep_rail",
-               "ep_local")
+               "ep_local", "amax")
+#: The pseudo-part (beside the layers and the ``"embedding"``/``"head"`` edges) that stands
+#: for Transformer Engine's amax all-reduce at the end of a model chunk's forward and
+#: backward (:meth:`StepLowerer._amax_reduction`).
+AMAX_PART = "amax"
+#: fp32 amaxes one FP8 GEMM contributes to TE delayed scaling's forward and backward
+#: reductions: forward input, weight, output; backward grad-output, grad-input
+#: (TE ``fp8_meta["scaling_fwd"]`` / ``["scaling_bwd"]`` hold ``3 * num_gemms`` and
+#: ``2 * num_gemms`` amaxes: transformer_engine/pytorch/module/base.py, TE 1.x and the
+#: 2.x DelayedScalingRecipeState alike).
+AMAX_PER_GEMM = {"F": 3, "B": 2}
+#: Bytes of one amax (fp32).
+AMAX_BYTES = 4
 _MICROBATCH = re.compile(r"\.mb\d+")
 
 #: Kernels of a layer kind, the embedding or the head by everything
@@ -210,6 +222,14 @@ def _segments(ops: Sequence[Op]) -> list[list[tuple[int, Op]]]:
     return [piece for piece in pieces if piece]
 
 
+def reduces_amax(plan: ParallelPlan) -> bool:
+    """Whether ``plan``'s stack all-reduces Transformer Engine delayed scaling's amaxes
+    after every model chunk's forward and backward (:meth:`StepLowerer._amax_reduction`): dtype
+    fp8, ``fp8_recipe`` ``te-delayed``, ``amax_reduction`` ``megatron``."""
+    return (plan.dtype == "fp8" and plan.fp8_recipe == "te-delayed"
+            and plan.amax_reduction == "megatron")
+
+
 def pp_message_bytes(model: ModelSpec, plan: ParallelPlan) -> int:
     """Bytes one pipeline send/recv of a micro-batch's activations moves: its tokens on a
     context-parallel rank x hidden size in bf16, split over TP with sequence parallelism
@@ -271,6 +291,10 @@ class StepLowerer:
             if plan.dtype == "fp8" and plan.tp_comm_overlap == "userbuffers"
             and plan.fp8_recipe in UB_FP8_GATHER_BYTES_PER_ELEMENT else 1.0)
         self.pp_message_bytes = pp_message_bytes(model, plan)
+        #: Transformer Engine delayed scaling's amax all-reduce after each model chunk's
+        #: forward and backward (:meth:`_amax_reduction`)
+        self.reduces_amax = reduces_amax(plan)
+        self._amax_gemms: dict[int, int] = {}
         self._ops: dict[tuple, ComputeOp] = {}
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
@@ -428,6 +452,61 @@ class StepLowerer:
 
     def _deps_after(self, b: _RankBuilder, *extra: int | None) -> tuple[int, ...]:
         return tuple(sorted({d for d in extra if d is not None and d >= 0}))
+
+    # ------------------------------------------------------------- FP8 amaxes
+    def amax_in(self, comp: str) -> bool:
+        """Whether phase ``comp`` (F, B, I, W) of a model chunk ends with Transformer
+        Engine's amax all-reduce (:meth:`_amax_reduction`): the forward and the input-gradient
+        backward (B, I) under delayed scaling; never the weight-gradient W."""
+        return self.reduces_amax and comp in ("F", "B", "I")
+
+    def amax_bytes(self, p: int, comp: str) -> int:
+        """Bytes of pipeline rank ``p``'s amax all-reduce in phase ``comp``: one fp32
+        amax per FP8 tensor of every TE module on the rank (:data:`AMAX_PER_GEMM` per
+        GEMM; a grouped expert GEMM is one GEMM per local expert). TE keys its global
+        amax buffer by recipe and group, not by autocast region
+        (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer``,
+        ``get_key_in_buffer``), so every region exit reduces the amaxes of all the
+        rank's model chunks (with ``vpp`` > 1, all its virtual stages' layers)."""
+        gemms = self._amax_gemms.get(p)
+        if gemms is None:
+            gemms = self._amax_gemms[p] = sum(
+                kernel.shape[0] for layer in self.rank_layers(p)
+                for kernel in self.kernels(layer)
+                if kernel.kind == "matmul" and kernel.dtype == "fp8")
+        return AMAX_BYTES * AMAX_PER_GEMM["F" if comp == "F" else "B"] * gemms
+
+    def _amax_reduction(self, b: _RankBuilder, p: int, comp: str, tag: str) -> int:
+        """Transformer Engine delayed scaling's amax all-reduce at the end of a model
+        chunk's ``comp`` (:meth:`amax_in`) on pipeline rank ``p``; -1 when there is none.
+
+        Megatron-Core runs each ``TransformerBlock.forward`` (one model chunk, one
+        micro-batch) inside one ``fp8_autocast`` region under delayed scaling
+        (megatron/core/transformer/transformer_block.py, megatron/core/fp8_utils.py
+        ``get_fp8_context``: ``fp8_group = parallel_state.get_amax_reduction_group(
+        with_context_parallel=True, tp_only_amax_red=config.tp_only_amax_red)``). TE
+        reduces at the region's outermost exit (transformer_engine/pytorch/fp8.py
+        ``fp8_autocast_exit`` -> ``reduce_and_update_fp8_tensors(forward=True)``; TE 2.x
+        quantization.py ``autocast_exit``, still for delayed scaling only: the other
+        recipes' global amax buffer is empty) and at the end of the region's backward
+        (the first FP8 module's backward, ``reduce_and_update_fp8_tensors(forward=
+        False)``), each a ``torch.distributed.all_reduce(op=MAX, async_op=False)`` of
+        the concatenated fp32 amaxes on the current (compute) stream
+        (``reduce_tensor_across_group_op_max``): the compute stream waits for it. Its
+        exposed time is reported under ``dp`` (the group spans the data-parallel
+        replicas: what grows with the job), the op named ``amax.all_reduce.*``."""
+        if not self.amax_in(comp):
+            return -1
+        group = b.groups["amax"]
+        if len(group) == 1:
+            return -1
+        name = f"amax.all_reduce.{'fwd' if comp == 'F' else 'bwd'}"
+        key = self._key(b, name, group)
+        return b.add(CollectiveOp(name=name, key=key, kind="all_reduce", group=group,
+                                  size_bytes=self.amax_bytes(p, comp), stream=COMPUTE,
+                                  dtype="fp32", axis="dp",
+                                  host_launches=self._collective_host_launches("dp"),
+                                  host_issue=self._collective_host_issue("dp")))
 
     # ----------------------------------------------------------------- forward
     def _tp_boundary(self, b: _RankBuilder, label: str, entering: bool, backward: bool) -> None:
@@ -1135,6 +1214,8 @@ class StepLowerer:
 
     def part_kernels(self, part: int | str) -> tuple[costs.Kernel, ...]:
         """Forward kernels of a layer (its index) or of the ``"embedding"``/``"head"``."""
+        if part == AMAX_PART:
+            return ()
         return self._edge_kernels(part) if isinstance(part, str) else self.kernels(part)
 
     def _bucket_reduction_ops(self, p: int, group: str, size: float) -> list[Op]:
@@ -1321,6 +1402,11 @@ class StepLowerer:
             return layout.dp_shard_group(rank)
         if name == "replica":
             return layout.dp_replica_group(rank)
+        if name == "amax":
+            # Megatron-Core get_amax_reduction_group(with_context_parallel=True,
+            # tp_only_amax_red): TP x DP x CP, or TP x CP with --tp-only-amax-red
+            axes = ("tp", "cp") if self.plan.tp_only_amax_red else ("tp", "cp", "dp")
+            return layout.group(rank, *axes)
         return layout.group(rank, *{"tp": ("tp",), "cp": ("cp",)}[name])
 
     def _ep_domain_group(self, rank: int, name: str) -> tuple[int, ...]:
@@ -1349,7 +1435,9 @@ class StepLowerer:
         communication included; no pipeline or data-parallel communication)."""
         b = _RankBuilder(self.representatives[p], self._groups(self.representatives[p]))
         tag = f"{comp}.part"
-        if isinstance(part, str):
+        if part == AMAX_PART:
+            self._amax_reduction(b, p, comp, tag)
+        elif isinstance(part, str):
             kernels = self._edge_kernels(part)
             for kernel in (kernels if comp == "F" else reversed(kernels)):
                 self._emit_kernel(b, kernel, tag, comp)
@@ -1448,6 +1536,7 @@ class StepLowerer:
         reduce_now = (action.comp in ("B", "W") and self.reduces_grads(s, j)
                       and plan.overlap_grad_reduce and communicate)
         grads = pending.setdefault(s, {})
+        amax = self.amax_in(action.comp)
         if action.comp in ("B", "I") and communicate:
             self._backward_recv(b, s, j)
         if placement.is_last(s):
@@ -1468,7 +1557,15 @@ class StepLowerer:
             if reduce_now:
                 dp_ops += self._grad_buckets(b, self.kernels(layer), f"l{layer}", grads,
                                              b.last(),
-                                             final=layer == layers[0] and not placement.is_first(s))
+                                             final=(layer == layers[0] and not amax
+                                                    and not placement.is_first(s)))
+        if amax:
+            # the chunk's backward ends with the amax reduction inside the first FP8
+            # module's backward, before autograd hands its weight gradients to the
+            # gradient-reduction hooks: the stage's last bucket is issued after it
+            self._amax_reduction(b, placement.rank_of(s), action.comp, tag)
+            if reduce_now and not placement.is_first(s):
+                dp_ops += self._grad_buckets(b, (), AMAX_PART, grads, b.last(), True)
         if placement.is_first(s):
             embedding = self._edge_kernels("embedding")
             for kernel in reversed(embedding):
@@ -1580,6 +1677,7 @@ class StepLowerer:
             b.wait(gathered.get(layer, -1))
             self._carry_copy(b, layer, "params", "F")
             self._layer_forward(b, layer, tag)
+        self._amax_reduction(b, placement.rank_of(s), "F", tag)
         if placement.is_last(s):
             for kernel in self._edge_kernels("head"):
                 self._emit_kernel(b, kernel, tag, "F")

@@ -489,17 +489,13 @@ class Remedy:
     Attributes:
         field: the :class:`~strategies.plan.ParallelPlan` field to change.
         value: the value to try.
-        more_than: ``value`` is a floor to exceed (``ps_servers > 4``), not the value itself.
     """
 
     field: str
     value: object
-    more_than: bool = False
 
     def __str__(self) -> str:
-        """As the Python API takes it: ``zero=2``, ``recompute='full'``, ``ps_servers > 4``."""
-        if self.more_than:
-            return f"{self.field} > {self.value}"
+        """As the Python API takes it: ``zero=2``, ``recompute='full'``."""
         return f"{self.field}={self.value!r}"
 
 
@@ -938,7 +934,7 @@ def check_fits(breakdown: MemoryBreakdown, capacity_bytes: float, rank: int, *,
     # Under flash attention selective recompute saves nothing (model_costs), so only
     # full recompute is suggested.
     if plan is None:
-        acts += ["recompute='full'", "a smaller micro_batch"]
+        acts += [Remedy("recompute", "full"), "a smaller micro_batch"]
     else:
         if plan.recompute != "full":
             acts.append(Remedy("recompute", "full"))

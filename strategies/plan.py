@@ -71,6 +71,13 @@ HOST_FREE_MODES = ("off", "graphed")
 #: What the transformer layers are built of (``ParallelPlan.layer_impl``): Transformer
 #: Engine modules (``te``) or plain PyTorch / framework-local modules (``torch``).
 LAYER_IMPLS = ("te", "torch")
+#: Who reduces Transformer Engine's delayed-scaling amaxes (``ParallelPlan.amax_reduction``):
+#: ``megatron`` -- TE's ``fp8_autocast`` exit (Megatron-Core opens one region per model
+#: chunk forward, ``megatron/core/fp8_utils.py`` ``get_fp8_context``), a blocking
+#: all-reduce per forward and per backward (strategies.lowering); ``none`` -- not as a
+#: separate synchronising collective (JAX/XLA stacks, or ``DelayedScaling(reduce_amax=
+#: False)``).
+AMAX_REDUCTIONS = ("megatron", "none")
 #: How ``trainsim plan`` treats a field (metadata ``search``): tries a ``list`` of values,
 #: takes one ``fixed`` value for every candidate, or ``derived`` it (dp: what is left).
 SEARCH_KINDS = ("list", "fixed", "derived")
@@ -240,6 +247,16 @@ class ParallelPlan:
         fp8_params: fp8 plans hold the linear layers' weights only in FP8 (Transformer
             Engine ``fp8_model_init``: the FP8 weight and its cached transpose, 2 bytes per
             parameter) instead of bf16 weights plus TE's cached FP8 copies.
+        amax_reduction: with dtype ``fp8`` and ``fp8_recipe`` ``te-delayed``, who reduces
+            the amaxes (:data:`AMAX_REDUCTIONS`): ``megatron`` -- Transformer Engine at
+            every exit of the ``fp8_autocast`` region Megatron-Core wraps around each
+            model chunk's forward, and when that region's backward ends (a blocking fp32
+            MAX all-reduce on the compute stream, axis ``amax``); ``none`` -- no such
+            collective (JAX stacks).
+        tp_only_amax_red: Megatron-Core ``--tp-only-amax-red``: the amax all-reduce runs
+            over the TP x CP group instead of TP x DP x CP
+            (``parallel_state.get_amax_reduction_group(with_context_parallel=True,
+            tp_only_amax_red=...)``).
         tp_comm_fp8_reduce_scatter: the TE userbuffers forward reduce-scatters
             (:data:`UB_PIPELINED_REDUCE_SCATTERS`: ``proj_fprop``, the attention
             out-projection's; ``fc2_fprop``, the MLP down projection's) whose buffer is
@@ -453,6 +470,13 @@ class ParallelPlan:
                                        choices=lambda: MASTER_WEIGHT_DTYPES)
     fp8_params: bool = _field(False, "With dtype fp8: linear-layer weights held only in FP8 "
                                      "(with their transpose), no bf16 copy.")
+    amax_reduction: str = _field("megatron", "With fp8_recipe te-delayed: megatron (TE "
+                                             "all-reduces the amaxes at each model chunk's "
+                                             "fp8_autocast exit and backward end) or none "
+                                             "(JAX stacks: no separate collective).",
+                                 choices=lambda: AMAX_REDUCTIONS)
+    tp_only_amax_red: bool = _field(False, "Reduce FP8 AMAX only in TP or TP-CP domain "
+                                           "(Megatron-Core --tp-only-amax-red).")
     tp_comm_fp8_reduce_scatter: tuple[str, ...] = _field(
         (), "TE userbuffers forward reduce-scatters with an FP8 buffer (fp8_buf): "
             "proj_fprop, fc2_fprop (empty: bf16).")

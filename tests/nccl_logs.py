@@ -391,6 +391,7 @@ class RingLatency:
     measured_s: float
     stream_s: float
     latency_s: float
+    inter_steps: int = 0
 
     @property
     def ratio(self) -> float:
@@ -412,26 +413,32 @@ def ring_latency_rows() -> tuple[RingLatency, ...]:
             continue
         if log.source in MID_SIZE_EXCLUDED:
             continue
-        preset, overrides, nodes, gpn = system_of(log)
-        cost = _cost_model(preset, tuple(sorted(overrides.items())), nodes, gpn)
-        network, ranks = cost.network, nodes * gpn
-        group = tuple(range(ranks))
         for row in rows:
             protocol = row.plan.removeprefix("ring/")  # the protocol the selection runs
             window = LATENCY_WINDOWS.get(protocol) if row.plan.startswith("ring/") else None
             # (1 % slack: some logs print 63.999 MiB for 64 MiB)
             if window is None or not 0.99 * window[0] <= row.size_bytes <= window[1]:
                 continue
-            plan = cost.collective_plan(log.collective, group, row.size_bytes, "ring", protocol)
-            latency = network.base_latency_s(plan) + sum(
-                network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
-            stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
-            steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
-            # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
-            measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
-            out.append(RingLatency(log, row.size_bytes, protocol, steps,
-                                   measured * 1e-9, stream, latency))
+            out.append(ring_latency(log, row, protocol))
     return tuple(out)
+
+
+def ring_latency(log: Log, row: Row, protocol: str) -> RingLatency:
+    """One log row read as a ring of ``protocol`` over all the log's ranks
+    (:class:`RingLatency`: measured, streamed and modelled latency, steps)."""
+    preset, overrides, nodes, gpn = system_of(log)
+    cost = _cost_model(preset, tuple(sorted(overrides.items())), nodes, gpn)
+    network, ranks = cost.network, nodes * gpn
+    plan = cost.collective_plan(log.collective, tuple(range(ranks)), row.size_bytes, "ring",
+                                protocol)
+    latency = network.base_latency_s(plan) + sum(
+        network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
+    stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
+    steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
+    # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
+    measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
+    return RingLatency(log, row.size_bytes, protocol, steps, measured * 1e-9, stream, latency,
+                       sum(ph.inter_steps for ph in plan.phases))
 
 
 @lru_cache(maxsize=None)

@@ -213,6 +213,12 @@ def test_out_of_memory_suggests_command_line_flags(capsys):
     assert "\n" not in line and line.startswith("error: out of memory on rank 0"), line
     tips = line.rpartition("; try ")[2]
     assert tips == "--zero 2, --recompute full, --micro-batch 1, more tp, pp or cp", tips
+    code, out, _ = run_cli(capsys, "simulate", "--model", "llama3-405b", "--gpus", "8",
+                           "--micro-batch", "2", "--global-batch", "16", "--fidelity",
+                           "analytic", "--format", "json")
+    assert code == 3 and json.loads(out)["remedies"] == [
+        {"field": "zero", "value": 2}, {"field": "recompute", "value": "full"},
+        {"field": "micro_batch", "value": 1}, "more tp, pp or cp"]
 
 
 def test_parameter_server_out_of_memory_spells_its_flags():
@@ -226,6 +232,6 @@ def test_parameter_server_out_of_memory_spells_its_flags():
                            activations_bytes=1e9, comm_buffers_bytes=0, workspace_bytes=0)
     with pytest.raises(OutOfMemoryError) as info:
         _check_ps_fits(plan, 4, full, 1e9, rank=8, server=True)
-    assert "try ps_servers > 4, " in str(info.value)
+    assert "try ps_servers=8, " in str(info.value)
     assert oom_message(info.value).rpartition("; try ")[2].startswith(
-        "--ps-servers > 4, --recompute full, --micro-batch 1"), oom_message(info.value)
+        "--ps-servers 8, --recompute full, --micro-batch 1"), oom_message(info.value)

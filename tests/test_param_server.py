@@ -342,7 +342,7 @@ def test_out_of_memory_suggests_what_parameter_servers_can_change():
     model = load_model("llama3-8b")  # 8e9 params x 12 B of optimizer state on one server
     with pytest.raises(OutOfMemoryError) as info:
         simulate_step(model, load_cluster("dgx-h100"), ps_plan(dp=8, global_batch=8))
-    assert info.value.rank == 8 and "try ps_servers > 1" in str(info.value)
+    assert info.value.rank == 8 and "try ps_servers=2" in str(info.value)
     assert "zero" not in str(info.value)
 
 

@@ -77,12 +77,15 @@ def test_dense_models_within_todays_bounds(report):
     scaling series flattens: tests/test_fleet_spread.py); the bias opens to 0.028 because
     the calibration rows (H100: 128 GPUs; A100: 32-3072) now carry their slowest GPU, so
     the rows on fewer GPUs, which were already simulated too fast, run 1-2 points faster
-    (MosaicML H100 below 128 GPUs -1.9 -> -3.5 %)."""
+    (MosaicML H100 below 128 GPUs -1.9 -> -3.5 %). Transformer Engine's amax all-reduce
+    after every model chunk's forward and backward (FP8 te-delayed Megatron-Core rows,
+    strategies.lowering StepLowerer._amax_reduction): 4.86 %, 14.82 %, -2.64 %; the
+    median and bias tighten."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
-    assert dense["median_abs_error"] <= 0.050
+    assert dense["median_abs_error"] <= 0.049
     assert dense["p90_abs_error"] <= 0.149
-    assert abs(dense["bias"]) <= 0.028
+    assert abs(dense["bias"]) <= 0.027
 
 
 def test_moe_models_within_todays_bounds(report):
@@ -138,10 +141,14 @@ def test_moe_models_within_todays_bounds(report):
     -41.0 %); the p90 and bias open to what the replay gives (the eager dropless rows'
     host cost is under-priced: test_host_issue's token-drop/dropless pair). Every kernel
     at the job's expected slowest GPU (gpu.speed_spread) with the presets refitted:
-    11.39 %, 33.96 %, -11.46 %; the p90 and bias tighten."""
+    11.39 %, 33.96 %, -11.46 %; the p90 and bias tighten. Transformer Engine's amax
+    all-reduce per model chunk forward and backward (FP8 te-delayed rows): 11.50 %,
+    33.96 %, -11.40 %: eleven of the thirteen FP8 rows it touches come closer (the Grok
+    series, -8.5 -> -7.9 % at 128-512 GPUs), but mb2602_17, already 11.5 % slow, becomes
+    the median's upper row at 11.7 %, so the median bound opens by 0.05 point."""
     moe = _line(report, "MoE models")
     assert moe["compared"] >= 86
-    assert moe["median_abs_error"] <= 0.115
+    assert moe["median_abs_error"] <= 0.1155
     assert moe["p90_abs_error"] <= 0.340
     assert abs(moe["bias"]) <= 0.115
 

@@ -433,7 +433,9 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
       activation checkpointing (``apply_ac``), PyTorch's non-reentrant checkpoint with
       early stop (``recompute_early_stop``).
     * JAX (MaxText, Paxml): parameters, gradients and optimizer state sharded (ZeRO-3),
-      fp32 reduction; XLA fuses elementwise chains.
+      fp32 reduction; XLA fuses elementwise chains; no per-chunk amax all-reduce
+      (``amax_reduction = "none"``: that is Transformer Engine's PyTorch
+      ``fp8_autocast`` exit, which the JAX step does not run).
     * Meta's Llama 3 training stack (arXiv 2407.21783 Section 3.3.2): FSDP-style data
       parallelism that shards optimizer state and gradients and does not reshard the
       parameters after the forward (ZeRO-2 with the parameters gathered once per step);
@@ -465,7 +467,10 @@ def framework_defaults(framework: str, version: str = "") -> dict[str, object]:
             out["cross_entropy"] = "eager_bf16"
         return out
     if kind == "jax":
-        return {"zero": 3, "grad_reduce_dtype": "fp32"}
+        # (FP8 in JAX: Flax's Fp8DotGeneralOp keeps the amax histories in the
+        # "_overwrite_with_gradient" collection, reduced with the step's gradients; no
+        # PyTorch Transformer Engine fp8_autocast exit all-reduces them per model chunk)
+        return {"zero": 3, "grad_reduce_dtype": "fp32", "amax_reduction": "none"}
     if kind == "meta-llama3":
         return {"zero": 2, "grad_reduce_dtype": "fp32", "cp_comm_type": "all_gather"}
     return {"zero": 1, "grad_reduce_dtype": "fp32"}

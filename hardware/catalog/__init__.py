@@ -210,6 +210,9 @@ SCHEMA: dict[str, Any] = {
                                                         high=1e6)),
         "ring_plateau_factor": _Field(float, "at_least_1", required=False, high=10.0),
         "tree_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**60),
+        "nvls_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**40),
+        "nvls_channels": _Field(int, "positive", required=False, high=1024),
+        "nvls_channels_multi_domain": _Field(int, "positive", required=False, high=1024),
         "nccl_proto": _Field(str, required=False),
     },
 }
@@ -639,6 +642,9 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             net_step_overhead_s={p: v * us for p, v in comm.get("net_step_overhead_us", {}).items()},
             ring_plateau_factor=comm.get("ring_plateau_factor", 1.0),
             tree_chunk_bytes=comm.get("tree_chunk_bytes", 0),
+            nvls_chunk_bytes=comm.get("nvls_chunk_bytes", 0),
+            nvls_channels=comm.get("nvls_channels", 16),
+            nvls_channels_multi_domain=comm.get("nvls_channels_multi_domain", 16),
             nccl_proto=parse_nccl_proto(comm.get("nccl_proto", ",".join(PROTOCOLS))),
         ),
         sources=dict(sorted(sources.items())),
@@ -750,6 +756,9 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                                           comm.net_step_overhead_s.items()},
                  "ring_plateau_factor": comm.ring_plateau_factor,
                  "tree_chunk_bytes": comm.tree_chunk_bytes,
+                 "nvls_chunk_bytes": comm.nvls_chunk_bytes,
+                 "nvls_channels": comm.nvls_channels,
+                 "nvls_channels_multi_domain": comm.nvls_channels_multi_domain,
                  "nccl_proto": ",".join(comm.nccl_proto)},
     }
 

@@ -471,11 +471,13 @@ def _load_hf(path: Path) -> ModelSpec:
     family = str(cfg.get("model_type", ""))
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if family == "opt" and act == "relu":
-        act = "gelu"  # OPTDecoderLayer fc1 -> ReLU -> fc2: the two-matmul MLP kind
+        # OPTDecoderLayer fc1 -> ReLU -> fc2: the two-matmul MLP kind (a Llama-style
+        # config's "relu" would gate it, three matmuls: refused below)
+        act = "gelu"
     if not isinstance(act, str) or act.lower() not in _HF_ACTIVATIONS:
         raise ValueError(f"hidden_act: {act!r} is not supported {where}; valid: {', '.join(_HF_ACTIVATIONS)}")
     mlp = _HF_ACTIVATIONS[act.lower()]
-    if str(cfg.get("model_type", "")).startswith("gemma"):
+    if family.startswith("gemma"):
         mlp = "swiglu"  # gated GELU: three matmuls, priced as swiglu
     has_ln = "layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg
     norm = "layernorm" if has_ln and "rms_norm_eps" not in cfg else "rmsnorm"
@@ -493,7 +495,7 @@ def _load_hf(path: Path) -> ModelSpec:
             capacity_factor=0.0,
             # transformers GptOssExperts (models/gpt_oss/modeling_gpt_oss.py) always has
             # gate_up_proj_bias and down_proj_bias; Mixtral's experts have none
-            expert_bias=str(cfg.get("model_type", "")) == "gpt_oss",
+            expert_bias=family == "gpt_oss",
         )
     elif family in ("qwen2_moe", "qwen3_moe") and cfg.get("num_experts"):
         moe = _hf_qwen_moe(cfg, where)
@@ -555,8 +557,7 @@ _HF_TIED_BY_DEFAULT = frozenset({"bloom", "falcon", "opt"})
 
 #: Keys that name experts in Hugging Face configs of MoE families (Qwen, OLMoE, Jamba,
 #: DBRX's ``ffn_config``, ...); a config carrying one that no branch reads is refused.
-_HF_EXPERT_KEYS = ("num_experts", "n_experts", "moe_num_experts", "num_local_experts",
-                   "n_routed_experts", "ffn_config")
+_HF_EXPERT_KEYS = ("num_experts", "n_experts", "moe_num_experts", "ffn_config")
 
 
 def _hf_llama_keys(cfg: Mapping[str, Any], where: str) -> Mapping[str, Any]:

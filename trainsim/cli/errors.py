@@ -45,11 +45,20 @@ def oom_message(oom: OutOfMemoryError) -> str:
     return oom.message(_remedy_flags)
 
 
+def remedies_json(oom: OutOfMemoryError) -> list:
+    """The error's remedies for JSON output: ``{"field": ..., "value": ...}`` per plan
+    change, plain advice as a string."""
+    from strategies.memory import Remedy
+
+    return [{"field": s.field, "value": s.value} if isinstance(s, Remedy) else s
+            for s in oom.suggestions]
+
+
 def _remedy_flags(remedy: Remedy) -> str:
     from trainsim.plan_fields import BY_NAME
 
     flag = BY_NAME[remedy.field].options[0] if remedy.field in BY_NAME else remedy.field
-    return f"{flag} > {remedy.value}" if remedy.more_than else f"{flag} {remedy.value}"
+    return f"{flag} {remedy.value}"
 
 
 def check_choice(field: str, value: str, valid: Sequence[str]) -> str:

@@ -139,6 +139,12 @@ def plan_header(plan: Mapping[str, Any]) -> str:
     overlap = (f"DP gradient reduction overlapped with backward in "
                f"{plan['grad_bucket_bytes'] / 1e6:g} MB buckets"
                if plan["overlap_grad_reduce"] else "DP gradient reduction after backward")
+    if (plan["dtype"] == "fp8" and plan.get("fp8_recipe") == "te-delayed"
+            and plan.get("amax_reduction") == "megatron"):
+        # strategies.lowering StepLowerer._amax_reduction: its time shows as exposed dp
+        group = "TP x CP" if plan.get("tp_only_amax_red") else "TP x DP x CP"
+        overlap += (f"; FP8 amaxes all-reduced over {group} after each chunk's forward and "
+                    "backward (exposed dp)")
     return (f"# plan: dp {plan['dp']} tp {plan['tp']} pp {plan['pp']} cp {plan['cp']} "
             f"ep {plan['ep']} vpp {plan['vpp']}; seq_len {plan['seq_len']:,}; global batch "
             f"{plan['global_batch']:,} sequences ({tokens / 2**20:.2f} Mi tokens) = {micro} "

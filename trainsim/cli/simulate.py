@@ -10,7 +10,7 @@ import typer
 from trainsim import defaults
 from trainsim.cli import options
 from trainsim.cli.errors import (EXIT_OOM, UserError, check_choice, check_output_path, json_text,
-                                 oom_message)
+                                 oom_message, remedies_json)
 from trainsim.cli.output import (comment, console, count_text, import_header, job_header,
                                   plan_header, spinner, table)
 from trainsim.trace import parse_trace_ranks, write_step_trace
@@ -76,7 +76,8 @@ def simulate(
         if output_format == "json":
             print(json_text({"error": "out_of_memory", "rank": oom.rank,
                               "capacity_bytes": oom.capacity_bytes,
-                              "memory": oom.breakdown.to_dict()}, indent=1))
+                              "memory": oom.breakdown.to_dict(),
+                              "remedies": remedies_json(oom)}, indent=1))
         print(f"error: {oom_message(oom)}", file=sys.stderr)
         sys.exit(EXIT_OOM)
     # The result is printed first: a trace or report that cannot be written (too many
