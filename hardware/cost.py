@@ -734,7 +734,11 @@ class CostModel:
     def _ll128_enabled(self, geometry: GroupGeometry) -> bool:
         """:func:`ll128_enabled` of this machine (its answer depends on the group only
         through the domains it spans and their sizes)."""
-        key = (geometry.num_domains > 1, max(len(d) for d in geometry.domains) > 1)
+        # (some domain holds more than one member exactly when the group has more members
+        # than domains: the domains split the group, each holding at least one -- the
+        # same key as the largest domain's size above 1, without a pass over them)
+        domains = geometry.num_domains
+        key = (domains > 1, geometry.size > domains)
         found = self._ll128_by_shape.get(key)
         if found is None:
             found = self._ll128_by_shape[key] = ll128_enabled(self.layout.spec, geometry)

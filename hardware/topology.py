@@ -26,6 +26,8 @@ from __future__ import annotations
 from array import array as _array
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate as _accumulate
+from operator import lt as _lt, ne as _ne
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +36,10 @@ from hardware.spec import ClusterSpec, GroupGeometry
 
 #: Largest group whose :meth:`ClusterLayout.group_class` is computed in plain Python.
 _SMALL_GROUP = 64
+#: Nonzero entries of an array: a bool mask's any()/all() as one C call
+#: (ndarray.any and .all go through numpy's Python-level reduction wrappers, ~3 us a
+#: call on the few hundred transfers of a collective's phase)
+_count = np.count_nonzero
 
 
 #: Link tiers, in the order :attr:`ClusterLayout.link_tier_index` numbers them.
@@ -331,27 +337,32 @@ class ClusterLayout:
             for rank in sorted(key):
                 by_domain.setdefault(rank // per_domain, []).append(rank)
         domains = tuple(tuple(by_domain[d]) for d in sorted(by_domain))
-        found = GroupGeometry(key, domains, self._ring_switch_hops([d[0] for d in domains]))
+        found = GroupGeometry(key, domains, self._ring_switch_hops(domains))
         self._geometries[key] = found
         return found
 
-    def _ring_switch_hops(self, firsts: Sequence[int]) -> int:
+    def _ring_switch_hops(self, domains: Sequence[Sequence[int]]) -> int:
         """Most scale-out switches :meth:`path` crosses from the first member of each
         domain to the first member of the next (and the last to the first): 0 for one
         domain; else 1, 3 between leaf units (two tiers), 5 between spine groups
         (three tiers). A path leaves and enters on one rail (rail-optimized) or each
-        end's own rail (a leaf per unit), so only the units and groups decide."""
-        if len(firsts) < 2:
+        end's own rail (a leaf per unit), so only the units and groups decide.
+        ``domains``: the group's members per domain, domains ascending (as
+        :meth:`geometry` lists them)."""
+        if len(domains) < 2:
             return 0
         fabric = self.spec.fabric
-        # (plain Python: a few hundred domains at most, numpy's per-call cost dominated)
-        units = [first // self.gpus_per_node // fabric.nodes_per_leaf for first in firsts]
+        # a unit differs from the next (cyclically) iff the units are not all equal; a
+        # domain's unit (and spine group) never decreases with its first member, and
+        # domains ascend, so the first domain's is the least and the last one's the
+        # greatest: the two ends decide (no pass over every domain)
+        low = domains[0][0] // self.gpus_per_node // fabric.nodes_per_leaf
+        high = domains[-1][0] // self.gpus_per_node // fabric.nodes_per_leaf
         hops = 1
-        # a unit differs from the next (cyclically) iff the units are not all equal
-        if self._leaf_up >= 0 and min(units) != max(units):
+        if self._leaf_up >= 0 and low != high:
             hops = 3
             per_group = fabric.leaves_per_spine_group
-            if self._spine_up >= 0 and min(units) // per_group != max(units) // per_group:
+            if self._spine_up >= 0 and low // per_group != high // per_group:
                 hops = 5
         return hops
 
@@ -384,33 +395,49 @@ class ClusterLayout:
             self._classes[key] = found
             return found
         ranks = np.asarray(key, dtype=np.int64)
-        nodes = ranks // self.gpus_per_node
-        local = ranks % self.gpus_per_node
-        if self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1:
-            domains = ranks
-        else:
-            domains = nodes // self._nodes_per_domain
+        gpn = self.gpus_per_node
+        pcie = self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1
         fabric = self.spec.fabric
-        units = nodes // fabric.nodes_per_leaf
-        spines = units // fabric.leaves_per_spine_group
         # with one NIC per GPU every GPU index is its own rail and its own PXN relay
         # (_gpu_on_rail), so GPU indices too are relabelled in order; else each
         # index keeps its rail
-        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == self.gpus_per_node
+        one_nic_each = self.spec.nic.count_per_node == self.spec.gpus_per_node == gpn
+        if bool((ranks[1:] > ranks[:-1]).all()):
+            # ascending ranks: nodes, domains, units and spine groups never decrease,
+            # so each one's rank among the distinct values (np.unique's inverse) counts
+            # the steps up before it -- the four columns in one 2-D pass (a large
+            # group's class costs a few numpy calls, not a few per column)
+            nodes = ranks // gpn
+            climbing = np.empty((4, ranks.size), dtype=np.int64)
+            climbing[0] = nodes
+            climbing[1] = ranks if pcie else nodes // self._nodes_per_domain
+            np.floor_divide(nodes, fabric.nodes_per_leaf, out=climbing[2])
+            np.floor_divide(climbing[2], fabric.leaves_per_spine_group, out=climbing[3])
+            rank_of = np.zeros((5, ranks.size), dtype=np.int64)
+            np.cumsum(climbing[:, 1:] != climbing[:, :-1], axis=1, out=rank_of[1:, 1:])
+            local = ranks % gpn
+            if one_nic_each:
+                # GPU indices (below gpus_per_node) relabelled by their rank among the
+                # group's: the running count of the indices present (np.unique's inverse)
+                present = np.zeros(gpn, dtype=np.int64)
+                present[local] = 1
+                rank_of[0] = (np.cumsum(present) - 1)[local]
+            else:
+                rank_of[0] = local
+            if len(self._classes) >= 65536:
+                self._classes.clear()
+            found = self._classes[key] = rank_of.tobytes()
+            return found
+        nodes = ranks // gpn
+        local = ranks % gpn
+        domains = ranks if pcie else nodes // self._nodes_per_domain
+        units = nodes // fabric.nodes_per_leaf
+        spines = units // fabric.leaves_per_spine_group
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         columns = [] if one_nic_each else [local]
-        ascending = bool((ranks[1:] > ranks[:-1]).all())
         for values in relabelled:
-            if ascending and values is not local:
-                # nodes, domains, units and spine groups of ascending ranks never
-                # decrease: each one's rank among the distinct values (np.unique's
-                # inverse) counts the steps up before it
-                rank_of = np.zeros(values.size, dtype=np.int64)
-                np.cumsum(values[1:] != values[:-1], out=rank_of[1:])
-                columns.append(rank_of)
-            else:
-                columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
+            columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
         found = np.stack(columns).astype(np.int64).tobytes()
         if len(self._classes) >= 65536:
             self._classes.clear()
@@ -440,7 +467,12 @@ class ClusterLayout:
         relabelled = (local, nodes, domains, units, spines) if one_nic_each else (
             nodes, domains, units, spines)
         flat = [] if one_nic_each else list(local)
+        ascending = all(map(_lt, key, key[1:]))
         for values in relabelled:
+            if ascending and values is not local:
+                # (never decreasing: the running count of steps up, as the numpy path)
+                flat += _accumulate(map(_ne, values[1:], values), initial=0)
+                continue
             order = {value: index for index, value in enumerate(sorted(set(values)))}
             flat += [order[value] for value in values]
         return _array("q", flat).tobytes()
@@ -485,15 +517,17 @@ class ClusterLayout:
         dst = np.asarray(dst, dtype=np.int64)
         index = np.arange(src.size, dtype=np.int64) if with_transfers else None
         gpn, nics = self.gpus_per_node, spec.nic.count_per_node
-        src_node, dst_node = src // gpn, dst // gpn
+        # (node and GPU index in one pass each: the same quotient and remainder)
+        src_node, src_local = np.divmod(src, gpn)
+        dst_node, dst_local = np.divmod(dst, gpn)
         # (one NIC per GPU: x * nics // gpus_per_node is x, and a rail's PXN relay is
         # the GPU of the same index, -(-rail * gpus_per_node // nics))
         one_nic_each = nics == spec.gpus_per_node
         if one_nic_each:
-            src_rail, dst_rail_own = src % gpn, dst % gpn
+            src_rail, dst_rail_own = src_local, dst_local
         else:
-            src_rail = (src % gpn) * nics // spec.gpus_per_node
-            dst_rail_own = (dst % gpn) * nics // spec.gpus_per_node
+            src_rail = src_local * nics // spec.gpus_per_node
+            dst_rail_own = dst_local * nics // spec.gpus_per_node
         if spec.scale_up.kind == "pcie" and spec.scale_up.domain_gpus <= 1:
             src_domain, dst_domain = src, dst
         elif self._nodes_per_domain == 1:
@@ -505,7 +539,7 @@ class ClusterLayout:
         across = moving & (src_domain != dst_domain)
         # (every transfer between domains, as a collective's counted transfers are:
         # the positions taken by all of them need no mask, those inside none)
-        all_across = bool(across.all())
+        all_across = _count(across) == across.size
         parts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (transfers, position, links)
 
         def add(mask: np.ndarray, position: int, links: np.ndarray) -> None:
@@ -513,7 +547,7 @@ class ClusterLayout:
                 parts.append((index, position, links))
             elif index is None:
                 parts.append((None, position, links[mask]))
-            elif mask.any():
+            elif _count(mask):
                 parts.append((index[mask], position, links[mask]))
 
         if not all_across:
@@ -533,32 +567,36 @@ class ClusterLayout:
             relayed = across & (src_rail != rail)
             if not one_nic_each:
                 relayed &= relay_local < gpn
-            relay = src_node * gpn + relay_local
-            relayed &= relay != src
-            if relayed.any():
+                relayed &= src_node * gpn + relay_local != src
+            # (one NIC per GPU: the relay, the GPU of index ``rail`` in the source's
+            # node, is the source itself exactly where its index is the rail: the
+            # comparison above already leaves those out)
+            if _count(relayed):
                 add(relayed, 1, self._gpu_out + src)
-                add(relayed, 2, self._gpu_in + relay)
+                add(relayed, 2, self._gpu_in + src_node * gpn + relay_local)
         add(across, 3, self._nic_out + src_node * nics + rail)
         if self._leaf_up >= 0:
             units = fabric.nodes_per_leaf
             src_leaf = (src_node // units) * nics + rail if rail_mode else src_node // units
             dst_leaf = (dst_node // units) * nics + dst_rail if rail_mode else dst_node // units
             climbs = across & (src_leaf != dst_leaf)
-            if climbs.any():
+            if _count(climbs):
                 add(climbs, 4, self._leaf_up + src_leaf)
                 if self._spine_up >= 0:
                     per_unit = nics if rail_mode else 1
                     src_group = src_leaf // per_unit // fabric.leaves_per_spine_group
                     dst_group = dst_leaf // per_unit // fabric.leaves_per_spine_group
                     crosses = climbs & (src_group != dst_group)
-                    if crosses.any():
+                    if _count(crosses):
                         add(crosses, 5, self._spine_up + src_group)
                         add(crosses, 6, self._spine_down + dst_group)
                 add(climbs, 7, self._leaf_down + dst_leaf)
         add(across, 8, self._nic_in + dst_node * nics + dst_rail)
         if not spec.nic.gpudirect_rdma:
             add(across, 9, self._host_h2d + dst)
-        elif gpn > 1:
+        elif gpn > 1 and not rail_mode:
+            # (rail-optimized: the transfer arrives on the destination's own rail,
+            # dst_rail is dst_rail_own, so nothing is relayed after the NIC)
             dst_relay_local = (dst_rail if one_nic_each
                                else -(-dst_rail * spec.gpus_per_node // nics))
             relayed = across & (dst_rail_own != dst_rail)
@@ -566,7 +604,7 @@ class ClusterLayout:
                 relayed &= dst_relay_local < gpn
             relay = dst_node * gpn + dst_relay_local
             relayed &= relay != dst
-            if relayed.any():
+            if _count(relayed):
                 add(relayed, 10, self._gpu_out + relay)
                 add(relayed, 11, self._gpu_in + dst)
         return parts

@@ -1528,44 +1528,49 @@ def _vector_layout(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...
     total = microbatches * v
     group, n, stages = p * v, 2 * total, p * v
     w = np.asarray(warmups, dtype=np.int64)[:, None]
-    k = np.arange(total, dtype=np.int64)[None, :]
+    k = np.arange(total, dtype=np.int64)
     # F_k at position k in the warm-up, else w + 2 (k - w); B_k at w + 2 k + 1, or
-    # k + T in the cool-down (the order of one_f_one_b_family_timing)
+    # k + T in the cool-down (the order of one_f_one_b_family_timing): with 0 <= w <= T
+    # the two fill every position 0 .. 2T - 1 once
     pos_f = np.where(k < w, k, 2 * k - w)
     pos_b = np.where(k < total - w, w + 2 * k + 1, k + total)
     rank = np.arange(p, dtype=np.int64)[:, None]
     chunk = (k % group) // p
-    wrap = ((k % group) >= p)[0]  # rank 0 (F) / p - 1 (B) read the previous chunk
-    back = np.maximum(k[0] - p, 0)
+    wrap = (k % group) >= p  # rank 0 (F) / p - 1 (B) read the previous chunk
+    back = np.maximum(k - p, 0)
     none = p * n
-    dep_f = np.empty((p, total), dtype=np.int64)
-    dep_f[1:] = (rank[:-1] * n) + pos_f[:-1]
-    dep_f[0] = np.where(wrap, (p - 1) * n + pos_f[p - 1, back], none)
-    far_f = np.ones((p, total), dtype=bool)
-    far_f[0] = wrap & (p > 1)
-    dep_b = np.empty((p, total), dtype=np.int64)
-    dep_b[:-1] = (rank[1:] * n) + pos_b[1:]
-    dep_b[p - 1] = np.where(wrap, pos_b[0, back], none)
-    far_b = np.ones((p, total), dtype=bool)
-    far_b[p - 1] = wrap & (p > 1)
-    rows = np.broadcast_to(rank, (p, total))
-    index = np.empty((p, n), dtype=np.int64)
-    dep = np.empty((p, n), dtype=np.int64)
-    far = np.empty((p, n), dtype=bool)
-    index[rows, pos_f] = chunk * p + rank
-    index[rows, pos_b] = stages + (v - 1 - chunk) * p + rank
-    dep[rows, pos_f] = dep_f
-    dep[rows, pos_b] = dep_b
-    far[rows, pos_f] = far_f
-    far[rows, pos_b] = far_b
+    row_start = rank * n
+    # each rank's units by virtual index, F_0 .. F_{T-1} then B_0 .. B_{T-1} (p, n):
+    # their duration index, input and whether it crosses ranks, then put in list order
+    # by one scatter of the units' numbers to their positions and a gather per array
+    # (a scatter per array and per direction cost twice as much on the long shapes)
+    unit = np.empty((p, n), dtype=np.int64)
+    unit[:, :total] = chunk * p + rank
+    unit[:, total:] = stages + (v - 1 - chunk) * p + rank
+    unit_dep = np.empty((p, n), dtype=np.int64)
+    unit_dep[1:, :total] = row_start[:-1] + pos_f[:-1]
+    unit_dep[0, :total] = np.where(wrap, (p - 1) * n + pos_f[p - 1, back], none)
+    unit_dep[:-1, total:] = row_start[1:] + pos_b[1:]
+    unit_dep[p - 1, total:] = np.where(wrap, pos_b[0, back], none)
+    unit_far = np.ones((p, n), dtype=bool)
+    unit_far[0, :total] = wrap & (p > 1)
+    unit_far[p - 1, total:] = wrap & (p > 1)
+    unit_at = np.empty(p * n, dtype=np.int64)  # the unit at each (rank, position)
+    unit_at[np.concatenate((pos_f + row_start, pos_b + row_start), axis=1)] = np.arange(
+        p * n, dtype=np.int64).reshape(p, n)
+    index = unit.reshape(-1).take(unit_at).reshape(p, n)
+    dep = unit_dep.reshape(-1).take(unit_at).reshape(p, n)
+    far = unit_far.reshape(-1).take(unit_at).reshape(p, n)
     # the walk's order (position, its forwards by rising rank, then its backwards by
     # falling rank) must read every input already computed: then the units form an
     # acyclic graph, its one solution is what the walk computes, and the rows' fixed
     # point is that solution (warm-up counts of no schedule may break it: the walk then)
     is_b = index >= stages
-    order = (np.arange(n)[None, :] * 2 + is_b) * p + np.where(is_b, p - 1 - rank, rank)
-    order = np.append(order.reshape(-1), -1)  # ("no input": before everything)
-    if not (order[dep.reshape(-1)] < order[:-1]).all():
+    order = np.empty(p * n + 1, dtype=np.int64)
+    order[:-1] = ((np.arange(n)[None, :] * 2 + is_b) * p
+                  + np.where(is_b, p - 1 - rank, rank)).reshape(-1)
+    order[-1] = -1  # ("no input": before everything)
+    if not (order.take(dep.reshape(-1)) < order[:-1]).all():
         return None
     for shared in (index, dep, far):  # (cached: every caller reads the same arrays)
         shared.flags.writeable = False

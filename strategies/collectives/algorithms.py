@@ -19,6 +19,7 @@ Sizes are nccl-tests sizes (see :mod:`strategies.ir`).
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Callable
 
 import numpy as np
@@ -123,14 +124,17 @@ def _ring_counts(geometry: GroupGeometry) -> TransferCounts:
         return found[1]
     domains = geometry.domains
     channels = geometry.local_size
-    num = len(domains)
-    src = [members[c] for members in domains for c in range(channels)]
-    dst = [domains[(d + 1) % num][c] for d in range(num) for c in range(channels)]
-    inside = np.asarray([m for members in domains if len(members) > 1 for m in members],
-                        dtype=np.int64)
+    # (members 0 .. channels - 1 of every domain, domains in order, straight into int64:
+    # channels is the smallest domain's size, so every domain has them; each one sends
+    # to the member of its channel in the next domain, the same list rotated by one
+    # domain)
+    src = np.fromiter(chain.from_iterable(members[:channels] for members in domains),
+                      dtype=np.int64, count=len(domains) * channels)
+    dst = np.concatenate((src[channels:], src[:channels]))
+    inside = np.fromiter(chain.from_iterable(members for members in domains
+                                             if len(members) > 1), dtype=np.int64)
     each = np.full(inside.size, channels, dtype=np.int64)
-    counts = TransferCounts(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
-                            inside, each, each)
+    counts = TransferCounts(src, dst, inside, each, each)
     if len(_RING_COUNTS) >= _RING_COLUMNS_MAX:
         _RING_COUNTS.clear()
     _RING_COUNTS[id(geometry)] = (geometry, counts)
