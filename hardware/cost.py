@@ -665,16 +665,13 @@ class CostModel:
                 self._reference_phases[key[:3]] = phases
             plan = self.algorithms.plan(kind, name, protocol, geometry, _REFERENCE_BYTES, phases)
             model = self.network
-            fixed = seconds_to_ns(model.base_latency_s(plan))
-            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family,
-                                                             paced=False))
-                         for ph in phases)
-            # (the pacing as the engine rounds the phases: paced minus unpaced, per phase)
-            paced = sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family))
-                        - seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family,
-                                                              paced=False))
-                        for ph in phases if model.ring_step_pacing_s(ph, protocol,
-                                                                     plan.family) > 0)
+            unpaced = [seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family,
+                                                           paced=False)) for ph in phases]
+            fixed = seconds_to_ns(model.base_latency_s(plan)) + sum(unpaced)
+            # (the pacing as the engine rounds the phases: paced minus unpaced, per phase;
+            # 0 for a phase the pacing leaves alone)
+            paced = sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family)) - ns
+                        for ph, ns in zip(phases, unpaced))
             found = _Coefficients(fixed, None, plan, phases, protocol, paced)
             self._coefficients[key] = found
         return found

@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hardware.spec import ClusterSpec
-from sim.analytic_prices import part_recomputes, plan_fields
+from sim.analytic_prices import amax_price_key, part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
                                contention_closed_form, fill_by_sums, group_price_key,
                                hop_prices, last_wait, optimizer_layers_key,
@@ -574,8 +574,9 @@ class BatchStepEvaluator:
                 # and group (AnalyticStepModel._kind_cost)
                 cost = costs.get((p, kind, comp))
                 if cost is None:
-                    cost = get((plain_key, kind, comp,
-                                amax_reduction_bytes(amax_gemms[p], comp), amax_groups[p]))
+                    cost = get(amax_price_key(plain_key, kind, comp,
+                                              amax_reduction_bytes(amax_gemms[p], comp),
+                                              amax_groups[p]))
                     if cost is None:
                         ref = self._reference_model(plan)
                         cost = ref._kind_cost(ref.pricer, p, part, kind, comp)
@@ -834,15 +835,15 @@ class BatchStepEvaluator:
         return found
 
     def _host_forms(self, plan, stage_layers, is_first, is_last, holders, comps,
-                    kind_cost, amax=None) -> dict[str, list[HostForm]]:
+                    kind_cost, amax_keys=None) -> dict[str, list[HostForm]]:
         """Each virtual stage's phase as a :class:`sim.host_lead.HostForm`, per comp
         (AnalyticStepModel._phase_form: the parts in the order the lowering issues them,
         forward embedding, layers, head, else head, layers reversed, embedding; a run of
         one kind as a power; composition is exact in any grouping, a max-plus product),
         once per stage of the same runs and ends, priced by the rank that holds the
         first such stage (its kind prices by the asking rank, :func:`kind_cost`).
-        ``amax``: per pipeline rank what its amax part's price reads (its FP8 GEMMs and
-        amax group), the part after the layers; None without one."""
+        ``amax_keys``: per pipeline rank what its amax part's price reads (its FP8 GEMMs
+        and amax group), the part after the layers; None without one."""
         forms: dict[str, list[HostForm]] = {}
         for comp in comps:
             by_shape: dict[tuple, HostForm] = {}
@@ -850,7 +851,7 @@ class BatchStepEvaluator:
             for s, layers in enumerate(stage_layers):
                 runs = self._runs(layers)
                 shape = (runs, is_first[s], is_last[s],
-                         None if amax is None else amax[holders[s]])
+                         None if amax_keys is None else amax_keys[holders[s]])
                 form = by_shape.get(shape)
                 if form is None:
                     p = holders[s]
@@ -862,7 +863,7 @@ class BatchStepEvaluator:
                                    for kind, layer, count in runs]
                     if is_last[s]:
                         head = kind_cost(p, "head", "head", comp).form()
-                    after_layers = ([] if amax is None else
+                    after_layers = ([] if amax_keys is None else
                                     [kind_cost(p, AMAX_PART, AMAX_PART, comp).form()])
                     if comp == "F":
                         parts = (ends + layer_forms + after_layers

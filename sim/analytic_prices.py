@@ -123,3 +123,14 @@ def part_recomputes(part: object, comp: str) -> bool:
     (StepLowerer.phase_ops recomputes before them); the others' prices are keyed by the
     ``part_no_recompute`` fields and no recompute mode."""
     return comp in ("B", "I") and not isinstance(part, str)
+
+
+def amax_price_key(plain_key: tuple, kind: object, comp: str, nbytes: int,
+                   group_key: object) -> tuple:
+    """The shared-price key of a stage's amax all-reduce part (strategies.lowering
+    AMAX_PART) in phase ``comp``: the ``part_no_recompute`` key of the plan, the part's
+    bytes on that pipeline rank and its amax group's :func:`hardware.cost.group_price_key`
+    -- what the closed form (sim.analytic_step) and the batch evaluator
+    (sim.analytic_batch) both price it under."""
+    return (plain_key, kind, comp, nbytes, group_key)
+

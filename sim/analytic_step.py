@@ -77,7 +77,7 @@ from hardware.cost import (ComputeTimer, CostModel, RankConditions, prices_ops_b
                            shared_sm_ns)
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.analytic_prices import SharedPrices, part_recomputes, plan_fields
+from sim.analytic_prices import SharedPrices, amax_price_key, part_recomputes, plan_fields
 from sim.breakdown import AXES_IN_ORDER, critical_rank
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
 from strategies.collectives.catalog import ALGORITHMS
@@ -891,9 +891,10 @@ class AnalyticStepModel:
                 if amax:
                     lowerer = self.lowerer
                     group = lowerer._groups(lowerer.representatives[p])["amax"]
-                    shared_key = (self._shared_key("part_no_recompute"), kind, comp,
-                                  lowerer.amax_bytes(p, comp),
-                                  group_price_key(self.pricer.cost.layout, group))
+                    shared_key = amax_price_key(
+                        self._shared_key("part_no_recompute"), kind, comp,
+                        lowerer.amax_bytes(p, comp),
+                        group_price_key(self.pricer.cost.layout, group))
                 elif part_recomputes(part, comp):
                     shared_key = (self._shared_key("part"), kind, comp,
                                   self.lowerer.recompute_of(part), self._part_groups(p))

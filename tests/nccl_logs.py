@@ -338,7 +338,13 @@ CALIBRATION_LOGS = {
 
 def is_calibration(log: Log) -> bool:
     """Whether a preset number was fitted on the log (:data:`CALIBRATION_LOGS`)."""
-    return (log.source, log.collective, log.nodes, log.gpus_per_node) in CALIBRATION_LOGS
+    return calibration_key(log) in CALIBRATION_LOGS
+
+
+def calibration_key(log: Log) -> tuple:
+    """The key :data:`CALIBRATION_LOGS` names a log by: source, collective, nodes,
+    GPUs per node."""
+    return (log.source, log.collective, log.nodes, log.gpus_per_node)
 
 
 def calibration_rows() -> list[Row]:
@@ -535,7 +541,7 @@ def print_tables(out=sys.stdout) -> None:
     print("\n== calibration logs (sizes >= 1 MiB; fitted on, in no category)", file=out)
     for key, what in CALIBRATION_LOGS.items():
         rows = [r for r in calibration
-                if (r.log.source, r.log.collective, r.log.nodes, r.log.gpus_per_node) == key]
+                if calibration_key(r.log) == key]
         print(f"  {' '.join(map(str, key)):<52} rows {len(rows):4d}  median |err| "
               f"{median_abs(r.error for r in rows):6.1%}  ({what})", file=out)
     for protocol in PACING_PROTOCOLS:

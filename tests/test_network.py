@@ -123,6 +123,7 @@ def test_ring_step_pacing_floors_every_step_of_a_ring_over_domains_of_several_gp
     # a pacing below the network hop leaves network steps at their hop latency
     low = load_cluster("dgx-h100", {"comm.ring_step_pacing_us.LL128": 3.0})
     hop = low.comm.hop_latency_s
+    assert low.nic.net_latency_s == 0  # (a net plugin's latency would add to network_s)
     network_s = hop["network"]["LL128"] + low.fabric.switch_hop_latency_s * phase.switch_hops
     assert latency_s(low, 4, 8)[0] == 27 * 3e-6 + 4 * max(network_s, 3e-6)
     # not paced: one GPU per domain, one domain, a tree, Simple (pacing 0)

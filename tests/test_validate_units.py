@@ -182,6 +182,25 @@ def test_alpha_beta_fit_recovers_known_parameters():
     assert comm_residuals(base, points)["synthetic"]["max_rel_err"] > 0.2
 
 
+def test_a_paced_ring_is_fitted_through_its_pacing():
+    """A ring over several nodes with several GPUs each takes the per-step pacing on
+    every step (hardware.network.NetworkModel.ring_step_pacing_s): its latency moves
+    with comm.ring_step_pacing_s, one count per step, not with the network hop."""
+    from validate.calibrate import _decompose
+
+    spec = load_cluster("dgx-h100")
+    probe = CommPoint("all_gather", tuple(range(32)), 64 << 20, 1.0, 4, 8, "synthetic")
+    d = _decompose(spec, probe, {}, "LL128")
+    assert (d.latency_field, d.latency_count) == ("comm.ring_step_pacing_s.LL128", 31)
+    pacing_s = spec.comm.ring_step_pacing_s["LL128"]
+    base_s = spec.comm.base_latency_s["ring"]["LL128"]
+    assert d.latency_s == pytest.approx(base_s + 31 * pacing_s, rel=1e-12)
+    # one GPU per node: not paced, fitted through the network hop as before
+    single = _decompose(spec, CommPoint("all_gather", tuple(range(4)), 64 << 20, 1.0, 4, 1,
+                                        "synthetic"), {}, "LL128")
+    assert single.latency_field == "comm.hop_latency_s.network.LL128"
+
+
 @pytest.mark.parametrize("env, expected", [
     ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
       "MASTER_PORT": "1234"}, (3, 8, 1, "n1", 1234)),

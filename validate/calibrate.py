@@ -243,7 +243,13 @@ def _decompose(spec: ClusterSpec, point: CommPoint, planners: dict,
     network_steps = sum(ph.inter_steps for ph in plan.phases)
     tier = "network" if network_steps else layout.scale_up_tier
     proto = plan.protocol
-    if network_steps:
+    paced_steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases
+                      if model.ring_step_pacing_s(ph, proto, plan.family) > 0)
+    if paced_steps:
+        # a paced ring's steps take the pacing, not their hop latency
+        # (NetworkModel.ring_step_pacing_s): its latency moves with that field
+        lat_field, count = f"comm.ring_step_pacing_s.{proto}", paced_steps
+    elif network_steps:
         lat_field, count = f"comm.hop_latency_s.network.{proto}", network_steps
     else:
         lat_field, count = f"comm.base_latency_s.{plan.family}.{proto}", 1
