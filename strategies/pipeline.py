@@ -1503,6 +1503,13 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     return _walk_us(pp, total, vpp, w_max) > _rows_us(pp, 2 * vpp - 1, 2 * total)
 
 
+def _rows_positions(pp: int, total: int, vpp: int, w_max: int) -> int:
+    """The positions of a row the numpy rows solve for a shape of ``total`` virtual
+    micro-batches: those of the shortened shape (:func:`_short_microbatches`; a cost
+    model's figure only)."""
+    return 2 * vpp * _short_microbatches(pp, total // vpp, vpp, w_max)
+
+
 def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object) -> bool:
     """Whether int64 arithmetic gives the recurrence's integers: whole-number
     durations >= 0 (Python ints) and every end below 2**62 (no end exceeds every
@@ -1666,6 +1673,39 @@ def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
     return out
 
 
+def _period_microbatches(pp: int, microbatches: int, vpp: int,
+                         warmups: Sequence[int]) -> int:
+    """The micro-batches the numpy rows solve for a shape of ``microbatches`` (at most
+    that): the fewest, in whole periods fewer (a period of ``2 pp vpp`` positions moves
+    ``pp`` micro-batches, one at one chunk: :func:`one_f_one_b_family_timing`), whose
+    all-1F-1B window still holds the walk's first possible period check (position
+    ``w_max + period + 1``) plus :data:`_PERIOD_MARGIN_POSITIONS` positions (or half a
+    period) for the ends to settle into their period; ``microbatches`` itself for
+    warm-up counts that rise with the rank (no schedule's: the rows refuse them)."""
+    if any(a < b for a, b in zip(warmups, warmups[1:])):
+        return microbatches
+    return _short_microbatches(pp, microbatches, vpp, max(warmups))
+
+
+def _short_microbatches(pp: int, microbatches: int, vpp: int, w_max: int) -> int:
+    """:func:`_period_microbatches` by the largest warm-up count ``w_max`` alone (warm-up
+    counts never rising with the rank)."""
+    period = 2 * pp * vpp if vpp > 1 else 2
+    step = pp if vpp > 1 else 1
+    need = 2 * w_max + period + 2 + max(period // 2, _PERIOD_MARGIN_POSITIONS)
+    fewest = -(-need // (2 * vpp))
+    if fewest >= microbatches:
+        return microbatches
+    return microbatches - (microbatches - fewest) // step * step
+
+
+#: Positions past the first possible period check that the shortened rows
+#: (:func:`_period_microbatches`) leave for the ends to settle into their period, at
+#: least: the benchmark's shapes settle 1-9 positions past it; a set that has not is
+#: solved again at its full length (never a different number).
+_PERIOD_MARGIN_POSITIONS = 8
+
+
 def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
                            durations: Sequence[tuple[Sequence[int], Sequence[int]]],
                            t_comm: int, rounds_max: int | None = None) -> list:
@@ -1676,9 +1716,44 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     is its own, checked set by set): each set's timing, or None for a set whose rows
     have not settled after ``rounds_max`` rounds (default ``_VECTOR_ROUNDS_PER_CHUNK *
     vpp + _VECTOR_ROUNDS_EXTRA``; or every set, when the walk's order is not a
-    topological order of the units: :func:`_vector_layout`)."""
+    topological order of the units: :func:`_vector_layout`).
+
+    The period skip of the position walk, in rows: a long shape is solved with fewer
+    micro-batches (:func:`_period_microbatches`, whole periods fewer), whose solution
+    shows the period (two consecutive positions' ends on every rank those a period
+    earlier plus one constant ``d``, past ``w_max + period``, before the first
+    cool-down: the walk's own check); the long shape's recurrence is then the short one
+    with the missing periods inserted there, so its last ends are the short ones plus
+    ``n d`` and its waits the short ones plus ``n`` times that period's (the first
+    starts are the same). A set whose short rows show no period is solved at full
+    length."""
     if rounds_max is None:
         rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
+    short = _period_microbatches(pp, microbatches, vpp, warmups)
+    if short == microbatches:
+        return _solve_rows(pp, microbatches, vpp, warmups, durations, t_comm, rounds_max)
+    out = _solve_rows(pp, short, vpp, warmups, durations, t_comm, rounds_max,
+                      microbatches)
+    again = [k for k, found in enumerate(out) if found is _NO_PERIOD]
+    if again:
+        redone = _solve_rows(pp, microbatches, vpp, warmups, [durations[k] for k in again],
+                             t_comm, rounds_max)
+        for k, found in zip(again, redone):
+            out[k] = found
+    return out
+
+
+_NO_PERIOD = object()
+
+
+def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
+                durations: Sequence[tuple[Sequence[int], Sequence[int]]], t_comm: int,
+                rounds_max: int, grow_to: int | None = None) -> list:
+    """The numpy rows of :func:`_family_timing_vectors` at ``microbatches``: each set's
+    timing (None: not settled; every set None when :func:`_vector_layout` refuses the
+    order); with ``grow_to`` (more micro-batches, whole periods more), the timing at
+    ``grow_to`` by the period found in the rows, or :data:`_NO_PERIOD` for a set whose
+    rows show none."""
     import numpy as np
 
     p, count = pp, len(durations)
@@ -1739,11 +1814,42 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     # a unit's wait for its transfer: its start past the later of its rank's previous
     # end and its input's end (zero for an input on its own rank or none)
     inputs = take(deps, mode="clip") + run_in
-    wait = (start - np.maximum(before, inputs)).sum(axis=2).tolist()
-    last = ends[:, :, -1].tolist()
+    waits = start - np.maximum(before, inputs)
+    wait = waits.sum(axis=2)
+    last = ends[:, :, -1]
     first = start[:, :, 0].tolist()
-    return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
-            if settled[k] else None for k in range(count)]
+    if grow_to is None:
+        last, wait = last.tolist(), wait.tolist()
+        return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
+                if settled[k] else None for k in range(count)]
+    # the walk's period check (one_f_one_b_family_timing) at every position i of the
+    # all-1F-1B window: ends of i - 1 and i those of a period earlier plus one d on
+    # every rank, i - period > w_max; the first such i, per set
+    period = 2 * p * vpp if vpp > 1 else 2
+    periods = (grow_to - microbatches) * vpp * 2 // period
+    w_max = max(warmups)
+    moved = ends[:, :, period:] - ends[:, :, :-period]  # column j: position j + period
+    shift = moved[:, 0]
+    even = (moved == shift[:, None]).all(axis=1)
+    pair = even[:, 1:] & even[:, :-1] & (shift[:, 1:] == shift[:, :-1])
+    # pair column j: positions j + period (i - 1) and j + period + 1 (i)
+    window = pair[:, w_max:n - w_max - period - 1]
+    found = window.any(axis=1).tolist()
+    at = (window.argmax(axis=1) + w_max + period + 1).tolist()
+    out: list = []
+    for k in range(count):
+        if not settled[k]:
+            out.append(None)
+            continue
+        if not found[k]:
+            out.append(_NO_PERIOD)
+            continue
+        i = at[k]
+        grow = waits[k, :, i - period + 1:i + 1].sum(axis=1)
+        row_last = (last[k] + periods * int(shift[k, i - period])).tolist()
+        row_wait = (wait[k] + periods * grow).tolist()
+        out.append((max(row_last), tuple(row_last), tuple(first[k]), tuple(row_wait)))
+    return out
 
 
 def _skip_periods(i: int, repeats: int, period: int, shift: int,
