@@ -1500,7 +1500,8 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     caps its cost) and the gain was small where they were few."""
     if vpp == 1:
         return False
-    return _walk_us(pp, total, vpp, w_max) > _rows_us(pp, 2 * vpp - 1, 2 * total)
+    return (_walk_us(pp, total, vpp, w_max)
+            > _rows_us(pp, 2 * vpp - 1, _rows_positions(pp, total, vpp, w_max)))
 
 
 def _rows_positions(pp: int, total: int, vpp: int, w_max: int) -> int:
@@ -1602,10 +1603,13 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
 #: settle in 1-3; interleaved ones in 2 vpp - 1, as one set does), and the positions of
 #: all sets of a batch of shapes :func:`_vector_pays` gives the rows up to which one pass
 #: for all still costs less than one per set (above it the elements, not the calls,
-#: make the time: on the GPT-3 benchmark's groups, best of 15 in-process, 9 sets of
-#: pp 8 x 96 positions 1.8x faster, 6 x 192 a tie, pp 16 at 1,700-2,300 10-25 % slower).
+#: make the time). With the rows shortened to whole periods fewer
+#: (:func:`_period_microbatches`) the GPT-3 benchmark's pp 16 x vpp 2 groups are 9 sets
+#: of 192 positions: batched, the benchmark's pipeline calls take 114 -> 101 M
+#: instructions (callgrind); 960 (the figure before the shortening, when those groups
+#: were 1,700-2,300 positions a set) left them per set.
 _BATCH_ROUNDS = 3
-_BATCH_VECTOR_POSITIONS = 960
+_BATCH_VECTOR_POSITIONS = 2048
 
 
 def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
@@ -1620,7 +1624,7 @@ def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
     where it says so)."""
     if count < 2:
         return False
-    positions = 2 * total
+    positions = _rows_positions(pp, total, vpp, w_max)
     if _vector_pays(pp, total, vpp, w_max):
         return count * positions <= _BATCH_VECTOR_POSITIONS
     if positions < pp:
