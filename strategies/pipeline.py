@@ -1765,39 +1765,44 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
     if layout is None:
         return [None] * count
     index, dep, far, n = layout
-    size = p * n + 1  # a set's units, then its "no input" (end 0)
+    # every array (rank, set, position): a rank's row of all sets is one contiguous
+    # block (2-D gathers and prefix maxima over strided rows took ~1.4x as long), then a
+    # zero block the units without an input read
     values = np.array([(*t_f, *t_b) for t_f, t_b in durations], dtype=np.int64)
-    d = values.take(index, axis=1)
+    d = values[np.arange(count)[:, None], index[:, None, :]]
     run = np.cumsum(d, axis=2)
-    # each unit's input as a flat index into all sets' (count, size) arrays
-    deps = dep[None]
+    # each unit's input as a flat index into the (p + 1, count, n) arrays (dep is one
+    # set's rank * n + position, p * n for none: the zero block's first row)
+    deps = dep // n * (count * n) + dep % n
     if count > 1:
-        deps = deps + np.arange(0, count * size, size)[:, None, None]
+        deps = deps[:, None, :] + np.arange(0, count * n, n)[None, :, None]
+    else:
+        deps = deps[:, None, :]
     # rows kept as G = E - S (E_j = S_j + G_j, G_j = max_{i <= j} (D_i - S_{i-1})): an
     # input's end is G + S at its unit, so G_j = max_{i <= j} (G[input_i] + add_i)
     # with add = S[input] + (t_comm across ranks) - S_{i-1}, one gather, one add and
     # one prefix maximum per row; G = 0 (each rank back to back from 0) is below the
     # solution, so every recomputation only rises towards it
-    run_at = np.zeros((count, size), dtype=np.int64)
-    run_at[:, :-1] = run.reshape(count, -1)
+    run_at = np.zeros((p + 1, count, n), dtype=np.int64)
+    run_at[:p] = run
     # (gathers in mode "clip": every index is in range by construction, the same values,
     # and numpy buffers an ``out`` under its default "raise" mode: ~2x the gather's time)
-    run_in = run_at.take(deps, mode="clip")  # S at each unit's input
-    offset = run_in + far * t_comm - run + d
-    rise = np.zeros(count * size, dtype=np.int64)
-    grid = rise.reshape(count, size)[:, :-1].reshape(count, p, n)
+    run_in = run_at.reshape(-1).take(deps, mode="clip")  # S at each unit's input
+    offset = run_in + far[:, None, :] * t_comm - run + d
+    rise = np.zeros((p + 1) * count * n, dtype=np.int64)
+    grid = rise.reshape(p + 1, count, n)[:p]
     acc, add, take = np.maximum.accumulate, np.add, rise.take
     if count == 1:  # (1-D rows: numpy's 2-D gathers and prefix maxima take ~0.2-0.4 us
         # more each, ~5 % of a single call's time on the benchmark shapes)
         buf = np.empty(n, dtype=np.int64)
-        rows = [(dep[r], offset[0, r], grid[0, r]) for r in range(p)]
+        rows = [(deps[r, 0], offset[r, 0], grid[r, 0]) for r in range(p)]
     else:
         buf = np.empty((count, n), dtype=np.int64)
-        rows = [(deps[:, r], offset[:, r], grid[:, r]) for r in range(p)]
+        rows = [(deps[r], offset[r], grid[r]) for r in range(p)]
     # down then up; the last row is not recomputed twice in a row (no row reads its own
     # with p > 1: nothing it reads changed in between)
     order = rows + rows[-2::-1] if p > 1 else rows
-    same = np.zeros((count, 1), dtype=bool)  # (no round yet: no set settled)
+    same = np.zeros((1, count, 1), dtype=bool)  # (no round yet: no set settled)
     for _ in range(rounds_max):
         for row_dep, row_offset, row in order:
             take(row_dep, out=buf, mode="clip")
@@ -1810,7 +1815,7 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
             break
         grid[:] = every
     else:  # (a set at its fixed point stays there: recomputing its rows changes nothing)
-        settled = same.reshape(count, -1).all(axis=1).tolist()
+        settled = same.all(axis=(0, 2)).tolist()
     ends = grid + run
     start = ends - d
     before = np.zeros_like(ends)
@@ -1819,9 +1824,9 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
     # end and its input's end (zero for an input on its own rank or none)
     inputs = take(deps, mode="clip") + run_in
     waits = start - np.maximum(before, inputs)
-    wait = waits.sum(axis=2)
-    last = ends[:, :, -1]
-    first = start[:, :, 0].tolist()
+    wait = waits.sum(axis=2).T
+    last = ends[:, :, -1].T
+    first = start[:, :, 0].T.tolist()
     if grow_to is None:
         last, wait = last.tolist(), wait.tolist()
         return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
@@ -1833,8 +1838,8 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
     periods = (grow_to - microbatches) * vpp * 2 // period
     w_max = max(warmups)
     moved = ends[:, :, period:] - ends[:, :, :-period]  # column j: position j + period
-    shift = moved[:, 0]
-    even = (moved == shift[:, None]).all(axis=1)
+    shift = moved[0]
+    even = (moved == shift).all(axis=0)
     pair = even[:, 1:] & even[:, :-1] & (shift[:, 1:] == shift[:, :-1])
     # pair column j: positions j + period (i - 1) and j + period + 1 (i)
     window = pair[:, w_max:n - w_max - period - 1]
@@ -1849,7 +1854,7 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
             out.append(_NO_PERIOD)
             continue
         i = at[k]
-        grow = waits[k, :, i - period + 1:i + 1].sum(axis=1)
+        grow = waits[:, k, i - period + 1:i + 1].sum(axis=1)
         row_last = (last[k] + periods * int(shift[k, i - period])).tolist()
         row_wait = (wait[k] + periods * grow).tolist()
         out.append((max(row_last), tuple(row_last), tuple(first[k]), tuple(row_wait)))
