@@ -220,7 +220,11 @@ class _Coefficients:
     """Fast-path prices of one algorithm × protocol on one group.
 
     Attributes:
-        fixed_ns: base and hop latencies.
+        fixed_ns: base and hop latencies of NCCL's tuning model (what the choice of
+            algorithm and protocol compares).
+        paced_ns: what the ring step pacing adds to them
+            (:meth:`hardware.network.NetworkModel.ring_step_pacing_s`): part of the
+            duration, not of the choice.
         per_byte: per phase, seconds per byte of the size: (its links' time, its
             NCCL bus bytes, its size-independent ceilings' time); None until a price
             needs them (:meth:`CostModel._per_byte`: a candidate whose latencies alone
@@ -230,11 +234,12 @@ class _Coefficients:
         protocol: the protocol the plan runs.
     """
 
-    __slots__ = ("fixed_ns", "per_byte", "plan", "phases", "protocol")
+    __slots__ = ("fixed_ns", "per_byte", "plan", "phases", "protocol", "paced_ns")
 
     def __init__(self, fixed_ns: int, per_byte: tuple | None, plan: CommPlanLike,
-                 phases: tuple, protocol: str) -> None:
+                 phases: tuple, protocol: str, paced_ns: int = 0) -> None:
         self.fixed_ns = fixed_ns
+        self.paced_ns = paced_ns
         self.per_byte = per_byte
         self.plan = plan
         self.phases = phases
@@ -493,7 +498,9 @@ class CostModel:
         ``auto`` evaluates every algorithm the catalog allows here (not those it
         keeps from ``auto``) under every protocol the size allows, and takes the
         fastest (NCCL: src/enqueue.cc, topoGetAlgoInfo); ties keep the catalog's
-        order. Nothing to move (one rank, 0 bytes) costs 0.
+        order. The choice compares NCCL's tuning model; the duration adds what it
+        leaves out, the ring step pacing (``comm.ring_step_pacing_s``), which NCCL's
+        choice does not see. Nothing to move (one rank, 0 bytes) costs 0.
 
         Raises:
             ValueError: naming the field for an unknown kind, algorithm or protocol,
@@ -559,7 +566,7 @@ class CostModel:
                     order.append((found.fixed_ns, len(order), name, proto, found))
             order.sort(key=lambda entry: entry[:2])
             best: CollectiveCost | None = None
-            best_index = -1
+            best_index, best_paced_ns = -1, 0
             for fixed_ns, index, name, proto, found in order:
                 if best is not None and (fixed_ns > best.duration_ns or (
                         fixed_ns == best.duration_ns and index > best_index)):
@@ -567,10 +574,14 @@ class CostModel:
                 duration = self._priced_ns(found, size_bytes)
                 if best is None or (duration, index) < (best.duration_ns, best_index):
                     best, best_index = CollectiveCost(name, proto, duration), index
+                    best_paced_ns = found.paced_ns
             if best is None:
                 raise ValueError(
                     f"protocol: {protocol!r} is not usable for {kind} of {size_bytes} bytes "
                     f"here; valid: auto, {', '.join(PROTOCOLS)}")
+            if best_paced_ns:
+                best = CollectiveCost(best.algorithm, best.protocol,
+                                      best.duration_ns + best_paced_ns)
             found = best
         self._choices[key] = found
         if class_key is not None:
@@ -655,9 +666,16 @@ class CostModel:
             plan = self.algorithms.plan(kind, name, protocol, geometry, _REFERENCE_BYTES, phases)
             model = self.network
             fixed = seconds_to_ns(model.base_latency_s(plan))
-            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family))
+            fixed += sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family,
+                                                             paced=False))
                          for ph in phases)
-            found = _Coefficients(fixed, None, plan, phases, protocol)
+            # (the pacing as the engine rounds the phases: paced minus unpaced, per phase)
+            paced = sum(seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family))
+                        - seconds_to_ns(model.phase_latency_s(ph, protocol, plan.family,
+                                                              paced=False))
+                        for ph in phases if model.ring_step_pacing_s(ph, protocol,
+                                                                     plan.family) > 0)
+            found = _Coefficients(fixed, None, plan, phases, protocol, paced)
             self._coefficients[key] = found
         return found
 

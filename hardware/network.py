@@ -443,7 +443,28 @@ class NetworkModel:
                 worst = max(worst, transfer.payload_bytes / cap)
         return worst
 
-    def phase_latency_s(self, phase: PhaseLike, protocol: str, family: str = "") -> float:
+    def ring_step_pacing_s(self, phase: PhaseLike, protocol: str, family: str = "") -> float:
+        """Least every step of this phase takes (0: no pacing): ``comm.ring_step_pacing_s``
+        of the protocol for a ring phase that spans several NVLink domains with more than
+        one member in a domain (it has both NVLink and network steps).
+
+        Why per step (tests/test_nccl_logs.py
+        test_the_mid_size_excess_is_per_ring_step_not_per_network_hop): every ring step
+        of NCCL's kernels ends with a barrier of the channel's threads (NCCL 2.29
+        src/device/prims_ll128.h, primitives.h: one GenericOp per step), so a rank's
+        step k+1 waits for its step k and a one-pass ring moves at its slowest rank's
+        per-step service: the rank that sends to the network, whose LL128 step waits for
+        the proxy (src/transport/net.cc sendProxyProgress: isend once the tail moved,
+        after ``__threadfence_system`` on sm_90+). A ring with one member per domain
+        (every step a network step) is not paced beyond its hop latency in the logs,
+        nor is one inside a domain. NCCL's source does not give the constant: it is
+        calibrated on measured logs (hardware/catalog/_defaults.toml)."""
+        if family != "ring" or phase.inter_steps <= 0 or phase.intra_steps <= 0:
+            return 0.0
+        return self.comm.ring_step_pacing_s.get(protocol, 0.0)
+
+    def phase_latency_s(self, phase: PhaseLike, protocol: str, family: str = "",
+                        paced: bool = True) -> float:
         """Latency of a phase: its steps times the hop latency of their tier.
 
         A ring that crosses the network pays at least the network proxy's per-step
@@ -459,18 +480,26 @@ class NetworkModel:
         applies it from 64 bytes per rank and channel (``nBytes / (nChannels x
         nRanks) >= 64``, under 1 MiB at 512 ranks); below that LL is the faster
         protocol by far, so the threshold is not modelled.
+
+        With ``paced`` (the default: what the collective costs), every step of a ring
+        phase over several NVLink domains with more than one member in a domain takes
+        at least :meth:`ring_step_pacing_s`; ``paced=False`` is NCCL's own tuning model,
+        which is what NCCL chooses the algorithm and protocol with (hardware.cost).
         """
         hop = self.comm.hop_latency_s
         switch_s = self.layout.spec.fabric.switch_hop_latency_s
         intra_hop = hop[self.layout.scale_up_tier][protocol]
         if family == "ring" and phase.inter_steps > 0:
             intra_hop = max(intra_hop, self.comm.net_step_overhead_s.get(protocol, 0.0))
-        intra = phase.intra_steps * intra_hop
         # the network plugin's reported latency on every network step, twice for Simple
         # (NCCL tuning.cc: interLat += latencyInter; "Also add the flush extra latency")
         plugin_s = self.layout.spec.nic.net_latency_s * (2 if protocol == "Simple" else 1)
-        inter = phase.inter_steps * (hop["network"][protocol] + plugin_s
-                                     + phase.switch_hops * switch_s)
+        inter_hop = hop["network"][protocol] + plugin_s + phase.switch_hops * switch_s
+        pacing_s = self.ring_step_pacing_s(phase, protocol, family) if paced else 0.0
+        if pacing_s > 0:
+            intra_hop, inter_hop = max(intra_hop, pacing_s), max(inter_hop, pacing_s)
+        intra = phase.intra_steps * intra_hop
+        inter = phase.inter_steps * inter_hop
         if protocol == "Simple" and getattr(phase, "ring_plateau", False):
             return (intra + inter) * self.comm.ring_plateau_factor
         return intra + inter

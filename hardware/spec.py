@@ -270,6 +270,13 @@ class CommTuningSpec:
             crosses the network takes, NVLink steps included: the network proxy's
             post overhead (tuning.cc getNetOverhead: 1 us on Intel CPUs, 2 us on
             AMD; x3 for Simple).
+        ring_step_pacing_s: ``{protocol: seconds}`` least every step (NVLink and
+            network alike) of a ring phase takes when the ring spans several NVLink
+            domains with more than one member in a domain: a one-pass ring is paced by
+            its slowest rank's per-step service (the rank sending to the network), a
+            cost NCCL's tuning model does not carry. Calibrated on measured logs
+            (_defaults.toml); 0 or absent: off (NCCL's step model alone). Not used to
+            choose the algorithm or protocol (NCCL does not know it).
         ring_plateau_factor: NCCL's "plateau effect of ring": how many times the
             sum of its step latencies a Simple ring all-reduce across several NVLink
             domains takes (tuning.cc: 1.4 from compute capability 8.0, 1.9 below).
@@ -313,6 +320,7 @@ class CommTuningSpec:
     p2p_channels: int = 16
     p2p_peers_per_channel: int = 8
     net_step_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    ring_step_pacing_s: Mapping[str, float] = field(default_factory=dict)
     ring_plateau_factor: float = 1.0
     tree_chunk_bytes: int = 0
     nvls_chunk_bytes: int = 0

@@ -402,35 +402,33 @@ class BatchStepEvaluator:
     def _layout_of(self, plan: ParallelPlan) -> tuple:
         """(representative rank of each pipeline rank, the groups a part's ops run on
         per pipeline rank: AnalyticStepModel._part_groups), once per rank layout."""
-        # (everything strategies.plan.RankLayout places ranks by)
-        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order)
-        found = self._layouts.get(key)
-        if found is None:
-            lowerer = StepLowerer(self.model, plan,
-                                  domain_gpus=self.cluster.scale_up.domain_gpus)
-            reps = lowerer.representatives
-            cluster_layout = self.cache.layout(self.cluster, plan.world_size)
-            groups = tuple(tuple(group_price_key(cluster_layout, lowerer._groups(reps[p])[name])
-                                 for name in ("tp", "cp", "ep"))
-                           for p in range(plan.pp))
-            found = self._layouts[key] = (reps, groups)
-        return found
+        return self._rank_groups(plan, ("tp", "cp", "ep"), self._layouts)
 
     def _amax_groups(self, plan: ParallelPlan) -> tuple:
         """Each pipeline rank's amax group (StepLowerer's ``amax``: TP x CP x DP, or TP x
         CP with ``tp_only_amax_red``) as :func:`group_price_key` names it, once per rank
         layout: what AnalyticStepModel._kind_cost keys an amax part's price by."""
-        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order,
-               plan.tp_only_amax_red)
-        found = self._amax_group_keys.get(key)
+        _, groups = self._rank_groups(plan, ("amax",), self._amax_group_keys,
+                                      plan.tp_only_amax_red)
+        return tuple(named[0] for named in groups)
+
+    def _rank_groups(self, plan: ParallelPlan, names: tuple[str, ...], table: dict,
+                     *extra) -> tuple:
+        """(representative rank of each pipeline rank, per pipeline rank the
+        :func:`group_price_key` of each of its ``names`` groups), kept in ``table`` by the
+        rank layout (everything strategies.plan.RankLayout places ranks by) and
+        ``extra`` (plan fields the groups also depend on)."""
+        key = (plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.expert_tp, plan.order, *extra)
+        found = table.get(key)
         if found is None:
             lowerer = StepLowerer(self.model, plan,
                                   domain_gpus=self.cluster.scale_up.domain_gpus)
             reps = lowerer.representatives
             cluster_layout = self.cache.layout(self.cluster, plan.world_size)
-            found = self._amax_group_keys[key] = tuple(
-                group_price_key(cluster_layout, lowerer._groups(reps[p])["amax"])
-                for p in range(plan.pp))
+            found = table[key] = (reps, tuple(
+                tuple(group_price_key(cluster_layout, lowerer._groups(reps[p])[name])
+                      for name in names)
+                for p in range(plan.pp)))
         return found
 
     def _amax_gemms(self, plan: ParallelPlan, plain_key: tuple, kinds, stages_of) -> list:

@@ -19,6 +19,12 @@ Categories (issue 12, must-show of item 4):
 * ``ring_nodes``: ring (or NCCL-default) busbw of one system and report at several
   node counts, compared point by point and by its drop from the fewest nodes.
 
+Calibration logs (:data:`CALIBRATION_LOGS`) are the ones a preset number was fitted on
+(``comm.ring_step_pacing_us.LL128``, :func:`ring_step_pacing_fit`): they are reported
+apart and are in no category, so every category holds validation logs only. Refit::
+
+    PYTHONPATH=. python tests/nccl_logs.py --fit-ring-pacing
+
 Errors are ``(simulated - measured) / measured`` of busbw.
 """
 
@@ -280,7 +286,8 @@ def median_abs(errors) -> float:
 
 @lru_cache(maxsize=None)
 def category_rows(category: str, simulate: bool = True) -> list[Row]:
-    """Rows of a category (see the module docstring); ``simulate`` as :func:`compared`."""
+    """Rows of a category (see the module docstring; calibration logs are in none);
+    ``simulate`` as :func:`compared`."""
     rows: list[Row] = []
     for log, found in compared(simulate):
         if not found or log.nodes < 2:
@@ -289,7 +296,8 @@ def category_rows(category: str, simulate: bool = True) -> list[Row]:
             rows += [r for r in found if r.size_bytes >= MiB]
         elif category == "tree" and algorithm_of(log) == "tree":
             rows += [r for r in found if r.size_bytes >= MiB]
-        elif category == "mid" and log.source not in MID_SIZE_EXCLUDED and _domains(log) > 1:
+        elif (category == "mid" and log.source not in MID_SIZE_EXCLUDED and _domains(log) > 1
+              and not is_calibration(log)):
             rows += [r for r in found if MiB <= r.size_bytes <= 256 * MiB]
     return rows
 
@@ -317,6 +325,27 @@ MID_SIZE_EXCLUDED = {
     # the 2-node sweep takes 0.9 ms from 2 to 16 MiB alike).
     "alcf_polaris_a100",
 }
+
+#: Logs a preset number is fitted on: (source, collective, nodes, GPUs per node), and
+#: what. Reported apart (:func:`calibration_rows`), in no category (validation only).
+CALIBRATION_LOGS = {
+    # comm.ring_step_pacing_us.LL128 (hardware/catalog/_defaults.toml): the 80-rank H100
+    # rings (10 x 8, NCCL 2.29.2) of xxrjun/nccl-tests-cluster, ring_step_pacing_fit
+    ("xxrjun_h100_clusters", "all_gather", 10, 8): "comm.ring_step_pacing_us.LL128",
+    ("xxrjun_h100_clusters", "reduce_scatter", 10, 8): "comm.ring_step_pacing_us.LL128",
+}
+
+
+def is_calibration(log: Log) -> bool:
+    """Whether a preset number was fitted on the log (:data:`CALIBRATION_LOGS`)."""
+    return (log.source, log.collective, log.nodes, log.gpus_per_node) in CALIBRATION_LOGS
+
+
+def calibration_rows() -> list[Row]:
+    """Rows of the calibration logs at 1 MiB or more (the validation tables leave them
+    out)."""
+    return [r for log, found in compared() if found and is_calibration(log)
+            for r in found if r.size_bytes >= MiB]
 
 
 @dataclass(frozen=True)
@@ -392,6 +421,7 @@ class RingLatency:
     stream_s: float
     latency_s: float
     inter_steps: int = 0
+    base_s: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -431,14 +461,45 @@ def ring_latency(log: Log, row: Row, protocol: str) -> RingLatency:
     network, ranks = cost.network, nodes * gpn
     plan = cost.collective_plan(log.collective, tuple(range(ranks)), row.size_bytes, "ring",
                                 protocol)
+    # NCCL's own step model (no ring step pacing: that is what this reading measures)
     latency = network.base_latency_s(plan) + sum(
-        network.phase_latency_s(ph, protocol, plan.family) for ph in plan.phases)
+        network.phase_latency_s(ph, protocol, plan.family, paced=False) for ph in plan.phases)
     stream = sum(network.phase_stream_s(plan, ph) for ph in plan.phases)
     steps = sum(ph.intra_steps + ph.inter_steps for ph in plan.phases)
     # nccl-tests: busbw = size / time x bus factor (bytes/ns = GB/s)
     measured = row.size_bytes * bus_factor(log.collective, ranks) / row.measured
     return RingLatency(log, row.size_bytes, protocol, steps, measured * 1e-9, stream, latency,
-                       sum(ph.inter_steps for ph in plan.phases))
+                       sum(ph.inter_steps for ph in plan.phases), network.base_latency_s(plan))
+
+
+#: Protocols whose ring step pacing a calibration log measures (LL: no calibration log
+#: runs LL in its latency window; Simple: no multi-node ring log runs it at sizes where
+#: latency counts; both stay 0 in the presets).
+PACING_PROTOCOLS = ("LL128",)
+
+
+def ring_step_pacing_fit(protocol: str = "LL128") -> tuple[float, int]:
+    """(``comm.ring_step_pacing_us[protocol]`` fitted, rows it was fitted on) from the
+    calibration logs (:data:`CALIBRATION_LOGS`): the median over their
+    :func:`ring_latency_rows` of that protocol of the time per ring step beyond
+    streaming and the base latency, ``(measured - streamed - base) / steps``, in us
+    rounded to 0.1. That is the value at which a ring whose every step is paced
+    (hardware/network.py ``ring_step_pacing_s``: the pacing above every hop latency)
+    reproduces the median row. Neither the streaming time nor the base latency depends
+    on the pacing, so the fit does not depend on the value stored.
+
+    Raises:
+        ValueError: ``protocol`` not in :data:`PACING_PROTOCOLS`, or no row to fit on.
+    """
+    if protocol not in PACING_PROTOCOLS:
+        raise ValueError(f"protocol: {protocol!r} has no calibration log; valid: "
+                         f"{', '.join(PACING_PROTOCOLS)}")
+    per_step = [(r.measured_s - r.stream_s - r.base_s) / r.steps * 1e6
+                for r in ring_latency_rows()
+                if is_calibration(r.log) and r.protocol == protocol]
+    if not per_step:
+        raise ValueError(f"protocol: no {protocol} ring row in the calibration logs")
+    return round(statistics.median(per_step), 1), len(per_step)
 
 
 @lru_cache(maxsize=None)
@@ -450,7 +511,7 @@ def _cost_model(preset: str, overrides: tuple, nodes: int, gpn: int) -> CostMode
 # ------------------------------------------------------------------- printing
 def print_tables(out=sys.stdout) -> None:
     """Every table: per log, per source (sizes >= 1 MiB), per category, ring series."""
-    print("\n== per log (sizes >= 1 MiB): median |busbw error|", file=out)
+    print("\n== per log (sizes >= 1 MiB): median |busbw error| (* calibration log)", file=out)
     by_source: dict[str, list[Row]] = {}
     for log, found in compared():
         if found is None:
@@ -461,13 +522,25 @@ def print_tables(out=sys.stdout) -> None:
         if big:
             plans = sorted({r.plan for r in big})
             worst = max(big, key=lambda r: abs(r.error))
-            print(f"  {log.label:<62} {median_abs(r.error for r in big):6.1%}  worst "
+            mark = "*" if is_calibration(log) else " "
+            print(f" {mark}{log.label:<62} {median_abs(r.error for r in big):6.1%}  worst "
                   f"{worst.error:+6.1%} @ {worst.size_bytes >> 20} MiB  {','.join(plans)}",
                   file=out)
-    print("\n== per source (sizes >= 1 MiB)", file=out)
+    print("\n== per source (sizes >= 1 MiB; validation logs only)", file=out)
     for source, rows in by_source.items():
+        rows = [r for r in rows if not is_calibration(r.log)]
         print(f"  {source:<42} rows {len(rows):4d}  median |err| "
               f"{median_abs(r.error for r in rows):6.1%}", file=out)
+    calibration = calibration_rows()
+    print("\n== calibration logs (sizes >= 1 MiB; fitted on, in no category)", file=out)
+    for key, what in CALIBRATION_LOGS.items():
+        rows = [r for r in calibration
+                if (r.log.source, r.log.collective, r.log.nodes, r.log.gpus_per_node) == key]
+        print(f"  {' '.join(map(str, key)):<52} rows {len(rows):4d}  median |err| "
+              f"{median_abs(r.error for r in rows):6.1%}  ({what})", file=out)
+    for protocol in PACING_PROTOCOLS:
+        fitted, count = ring_step_pacing_fit(protocol)
+        print(f"  ring_step_pacing_us.{protocol}: fitted {fitted} us on {count} rows", file=out)
     print("\n== categories", file=out)
     for category in ("sendrecv", "tree", "mid"):
         rows = category_rows(category)
@@ -480,9 +553,10 @@ def print_tables(out=sys.stdout) -> None:
             print(f"      {source:<40} rows {len(srows):4d}  median |err| "
                   f"{median_abs(r.error for r in srows):6.1%}", file=out)
     print("\n== ring latency at scale: (measured - streamed) / modelled latency (1.0: NCCL's "
-          "step model explains the time)", file=out)
+          "step model explains the time; * calibration log)", file=out)
     for r in ring_latency_rows():
-        print(f"  {r.log.label:<62} {r.size_bytes >> 20:4d} MiB {r.protocol:<6} "
+        mark = "*" if is_calibration(r.log) else " "
+        print(f" {mark}{r.log.label:<62} {r.size_bytes >> 20:4d} MiB {r.protocol:<6} "
               f"{r.steps:5d} steps  measured {r.measured_s * 1e6:7.0f} us  streamed "
               f"{r.stream_s * 1e6:6.0f}  modelled latency {r.latency_s * 1e6:6.0f}  "
               f"ratio {r.ratio:4.2f}", file=out)
@@ -497,4 +571,11 @@ def print_tables(out=sys.stdout) -> None:
 
 
 if __name__ == "__main__":
-    print_tables()
+    if "--fit-ring-pacing" in sys.argv[1:]:
+        for name in PACING_PROTOCOLS:
+            value, used = ring_step_pacing_fit(name)
+            print(f"comm.ring_step_pacing_us.{name} = {value}  (median of {used} calibration "
+                  f"rows; stored in _defaults.toml: "
+                  f"{load_cluster('dgx-h100').comm.ring_step_pacing_s.get(name, 0.0) * 1e6:g})")
+    else:
+        print_tables()

@@ -78,6 +78,21 @@ def _models():
             "gpt3-175b": load_model("gpt3-175b")}
 
 
+def _batch_equals_references(model, cluster, plans, references) -> BatchStepEvaluator:
+    """A fresh evaluator (one cache for all, as a search) gives each plan its reference's
+    step to the nanosecond, cold and again from warm prices; returned for its counts.
+    The references filled the 1F1B family's timing memo: it is emptied first, so the
+    walks pause and their timings are solved together (prime_family_timings), as in a
+    cold search."""
+    evaluator = BatchStepEvaluator(model, cluster)
+    base._FAMILY_TIMINGS.clear()
+    got = evaluator.step_ns(plans)
+    for plan, step_ns, reference in zip(plans, got, references, strict=True):
+        assert step_ns / 1e9 == reference.step_time_s, plan
+    assert evaluator.step_ns(plans) == got  # warm prices: the same integers
+    return evaluator
+
+
 @pytest.mark.parametrize("name,count,batch_at_least",
                          [("tiny", 200, 120), ("llama3-8b", 60, 30), ("gpt3-175b", 60, 20),
                           ("tiny-moe", 20, 0)])
@@ -86,15 +101,7 @@ def test_batch_step_equals_simulate_step(name, count, batch_at_least):
     cluster = load_cluster("dgx-h100")
     plans, references = _plans(model, cluster, count, seed=16)
     assert len(plans) == count
-    evaluator = BatchStepEvaluator(model, cluster)  # one cache for all, as a search
-    # the references filled the 1F1B family's timing memo: emptied, the walks pause and
-    # their timings are solved together (prime_family_timings), as in a cold search
-    base._FAMILY_TIMINGS.clear()
-    got = evaluator.step_ns(plans)
-    for plan, step_ns, reference in zip(plans, got, references, strict=True):
-        assert step_ns / 1e9 == reference.step_time_s, plan
-    # again from warm prices: the same integers
-    assert evaluator.step_ns(plans) == got
+    evaluator = _batch_equals_references(model, cluster, plans, references)
     assert evaluator.counts["batch"] + evaluator.counts["reference"] == 2 * count
     assert evaluator.counts["batch"] >= 2 * batch_at_least
     if batch_at_least:
@@ -125,12 +132,7 @@ def test_host_issue_plans_batch_equal_simulate_step():
             vary=lambda plan, kept: dataclasses.replace(plan,
                                                         host_issue=modes[kept % len(modes)]))
         assert len(plans) == count
-        evaluator = BatchStepEvaluator(model, cluster)
-        base._FAMILY_TIMINGS.clear()  # (cold, as test_batch_step_equals_simulate_step)
-        got = evaluator.step_ns(plans)
-        for plan, step_ns, reference in zip(plans, got, references, strict=True):
-            assert step_ns / 1e9 == reference.step_time_s, plan
-        assert evaluator.step_ns(plans) == got  # warm prices: the same integers
+        evaluator = _batch_equals_references(model, cluster, plans, references)
         batch = [plan for plan in plans if evaluator.covers(plan)]
         if model.moe is None:
             assert len(batch) >= count // 2, len(batch)
@@ -166,12 +168,7 @@ def test_fp8_delayed_scaling_plans_batch_equal_simulate_step():
 
         plans, references = _plans(model, cluster, count, seed, vary=vary)
         assert len(plans) == count
-        evaluator = BatchStepEvaluator(model, cluster)
-        base._FAMILY_TIMINGS.clear()  # (cold, as test_batch_step_equals_simulate_step)
-        got = evaluator.step_ns(plans)
-        for plan, step_ns, reference in zip(plans, got, references, strict=True):
-            assert step_ns / 1e9 == reference.step_time_s, plan
-        assert evaluator.step_ns(plans) == got  # warm prices: the same integers
+        evaluator = _batch_equals_references(model, cluster, plans, references)
         batch = [plan for plan in plans if evaluator.covers(plan) and reduces_amax(plan)]
         assert len(batch) >= count // 3, len(batch)
         met |= {plan.schedule for plan in batch if plan.pp > 1}

@@ -33,6 +33,7 @@ from hardware.compute import (
 from hardware.spec import GpuSpec
 from strategies import model_costs
 from strategies.ir import ComputeOp
+from tool_modules import load_tool
 
 REPO = Path(__file__).resolve().parents[1]
 H100_PEAK = 989e12
@@ -126,7 +127,7 @@ def test_fa1_paper_efficiency_is_flat_from_16k_to_64k():
     """The FA1 paper's A100 runtimes (flash-attn 0.1, Tables 18-19, up to 64k) are quadratic
     past 16k: efficiency at 32k and 64k equals 16k's within 1 % in both passes, the measured
     support for attention_efficiency staying flat above its last knot (16k)."""
-    derive = _derive_module()
+    derive = load_tool("derive_attention_efficiency")
     shape = derive.FA1_V01_A100_SHAPE
     for phase, times_ms in derive.FA1_V01_A100_MS.items():
         factor = 2.5 if phase == "bwd" else 1.0
@@ -154,15 +155,6 @@ def test_b200_cudnn_matches_fa4_pr_benchmark(causal, head_dim, seq_len, mfu_of_2
     assert eff == pytest.approx(mfu_of_2500, rel=0.12)
 
 
-def _derive_module():
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import derive_attention_efficiency as derive
-    finally:
-        sys.path.pop(0)
-    return derive
-
-
 #: cudnn-frontend ``sdpa_bf16_benchmark_results_NVIDIA_B200.csv`` (cuDNN 9.10.2), backend
 #: ``pyt_cudnn``, causal, 128 query / 8 KV heads, hdim 128, batch 1: TFLOP/s as printed.
 B200_CUDNN_9_10_PRINTED = {
@@ -186,7 +178,7 @@ def test_cudnn_frontend_flop_convention_is_the_tables():
     """benchmark_bf16_sdpa.py's TFLOP/s are ``4*b*s^2*h_q*d / 2`` (causal) per forward and 2.5x
     per backward over the median time: recomputed from the printed times (3 decimals of ms)
     within 0.2 % at every length from 2k, both files."""
-    derive = _derive_module()
+    derive = load_tool("derive_attention_efficiency")
     for path in (derive.B200_CUDNN_CSV, derive.B200_CUDNN_CSV_9_13):
         measured = derive.read_sdpa_benchmark(path)
         for phase, factor in (("fwd", 1.0), ("bwd", 2.5)):
@@ -201,7 +193,7 @@ def test_b200_kernel_bound_lengths_and_cudnn_versions_agree():
     """Kernel-bound (>= 10x the 512-token call) from 8k in both passes of the 9.10.2 run; there
     the 9.13.0 re-run (another container, a 3.5x lower backward floor) is within 5 %, so the
     rows are kernel rates, not host latency, and hold across cuDNN 9.10-9.13."""
-    derive = _derive_module()
+    derive = load_tool("derive_attention_efficiency")
     v910 = derive.read_sdpa_benchmark(derive.B200_CUDNN_CSV)
     v913 = derive.read_sdpa_benchmark(derive.B200_CUDNN_CSV_9_13)
     for phase in ("fwd", "bwd"):

@@ -2,25 +2,13 @@
 per row (issue 12). Closed forms exact; which published rows carry the op, and that the
 simulated step with it is slower than re-simulated without."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _tool():
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import fp8_trend
-    finally:
-        sys.path.pop(0)
-    return fp8_trend
+from tool_modules import load_tool
 
 
 def test_slope_per_doubling_is_the_least_squares_slope_on_log2_gpus():
-    tool = _tool()
+    tool = load_tool("fp8_trend")
     # error = 0.01 - 0.02 * log2(N / 64): exactly -2 % per doubling
     assert tool.slope_per_doubling([64, 128, 256, 512], [0.01, -0.01, -0.03, -0.05]) \
         == pytest.approx(-0.02, abs=1e-12)
@@ -28,11 +16,11 @@ def test_slope_per_doubling_is_the_least_squares_slope_on_log2_gpus():
 
 def test_slope_per_doubling_refuses_a_single_gpu_count():
     with pytest.raises(ValueError, match="gpus: \\[64\\] is not valid"):
-        _tool().slope_per_doubling([64, 64], [0.0, 0.1])
+        load_tool("fp8_trend").slope_per_doubling([64, 64], [0.0, 0.1])
 
 
 def test_series_of_names_the_weak_scaling_series():
-    tool = _tool()
+    tool = load_tool("fp8_trend")
     assert tool.series_of("nvidia_dgxc_benchmarking", "dgxc_l70b_07") == "l70b"
     assert tool.series_of("nvidia_nemo_perf", "nemo_longseq_b200_03") == "longseq_b200"
     assert tool.series_of("nvidia_nemo_perf", "nemo_longseq_03") == "longseq"
@@ -46,7 +34,7 @@ def test_amax_reductions_cover_megatron_delayed_scaling_rows_only():
     from sim.analytic_step import PricingCache
     from sim.step import simulate_step
     from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
-    tool = _tool()
+    tool = load_tool("fp8_trend")
     runs = {r.row_id: r for r in load_runs(sources=["nvidia_dgxc_benchmarking"])}
     models, recipes = load_models(), load_nemo_recipes()
 

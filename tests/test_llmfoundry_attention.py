@@ -16,17 +16,13 @@ tests pin what it finds, the evidence behind ``attention_impl = "fa1"`` for llm-
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+from strategies.model_costs import FLASH_BWD_FLOP_FACTOR
+from tool_modules import load_tool
+from validate.published_stacks import framework_defaults
 
-import llmfoundry_attention_rates as rates  # noqa: E402
-from strategies.model_costs import FLASH_BWD_FLOP_FACTOR  # noqa: E402
-from validate.published_stacks import framework_defaults  # noqa: E402
+rates = load_tool("llmfoundry_attention_rates")
 
 #: Sections of the benchmark README with at least 4 paired long-sequence rows of head dim 128.
 SECTIONS = ("A100 40GB with 1600 Gbps node-node interconnect (RoCE)",

@@ -26,20 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+from hardware.compute import resolve_attention_impl
+from sim.step import simulate_step
+from strategies.model_costs import FLASH_BWD_FLOP_FACTOR
+from tool_modules import load_tool
+from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for
 
-import longseq_attention_rates as rates  # noqa: E402
-
-from hardware.compute import resolve_attention_impl  # noqa: E402
-from sim.step import simulate_step  # noqa: E402
-from strategies.model_costs import FLASH_BWD_FLOP_FACTOR  # noqa: E402
-from validate.published import load_models, load_nemo_recipes, load_runs, scenario_for  # noqa: E402
+rates = load_tool("longseq_attention_rates")
 
 
 @pytest.fixture(scope="module")

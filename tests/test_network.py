@@ -96,6 +96,56 @@ def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
                                                                                  rel=1e-12)
 
 
+def test_ring_step_pacing_floors_every_step_of_a_ring_over_domains_of_several_gpus():
+    """``comm.ring_step_pacing_us``: every step (NVLink and network) of a ring phase that
+    spans several NVLink domains with more than one GPU in a domain takes at least the
+    pacing, exactly; a ring of one GPU per domain, a ring inside one domain, a tree and
+    a protocol whose pacing is 0 are not paced; the choice of protocol is NCCL's model's
+    (unpaced) and the duration adds the pacing of what was chosen."""
+    pacing_us = 9.0
+    paced = load_cluster("dgx-h100", {"comm.ring_step_pacing_us.LL128": pacing_us})
+    plain = load_cluster("dgx-h100", {"comm.ring_step_pacing_us.LL128": 0.0})
+    assert paced.comm.ring_step_pacing_s["LL128"] == pytest.approx(9e-6, rel=1e-15)
+
+    def latency_s(cluster, nodes, gpn, kind="all_gather", algorithm="ring", protocol="LL128"):
+        layout = ClusterLayout(cluster, nodes, gpn)
+        cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+        plan = cost.collective_plan(kind, tuple(range(nodes * gpn)), 64 << 20, algorithm,
+                                    protocol)
+        return sum(cost.network.phase_latency_s(ph, protocol, plan.family)
+                   for ph in plan.phases), plan
+
+    # 4 x 8: 31 steps, 4 of them network steps; every one at the pacing (above 1.9 / 4.0 us)
+    found, plan = latency_s(paced, 4, 8)
+    (phase,) = plan.phases
+    assert (phase.intra_steps, phase.inter_steps) == (27, 4)
+    assert found == 27 * 9e-6 + 4 * 9e-6
+    # a pacing below the network hop leaves network steps at their hop latency
+    low = load_cluster("dgx-h100", {"comm.ring_step_pacing_us.LL128": 3.0})
+    hop = low.comm.hop_latency_s
+    network_s = hop["network"]["LL128"] + low.fabric.switch_hop_latency_s * phase.switch_hops
+    assert latency_s(low, 4, 8)[0] == 27 * 3e-6 + 4 * max(network_s, 3e-6)
+    # not paced: one GPU per domain, one domain, a tree, Simple (pacing 0)
+    for nodes, gpn, kind, algorithm, protocol in ((8, 1, "all_gather", "ring", "LL128"),
+                                                  (1, 8, "all_gather", "ring", "LL128"),
+                                                  (4, 8, "all_reduce", "tree", "LL128"),
+                                                  (4, 8, "all_gather", "ring", "Simple")):
+        assert (latency_s(paced, nodes, gpn, kind, algorithm, protocol)[0]
+                == latency_s(plain, nodes, gpn, kind, algorithm, protocol)[0]), (nodes, gpn)
+    # the choice: NCCL's (unpaced) model picks; the duration is the paced plan's time
+    size = 32 << 20
+    choices = {}
+    for name, cluster in (("paced", paced), ("plain", plain)):
+        layout = ClusterLayout(cluster, 4, 8)
+        cost = CostModel(layout, ALGORITHMS, fidelity="analytic")
+        choices[name] = cost.collective("all_gather", tuple(range(32)), size)
+        plan = cost.collective_plan("all_gather", tuple(range(32)), size)
+        assert choices[name].duration_ns == cost.network.plan_time_ns(plan)
+    assert choices["paced"][:2] == choices["plain"][:2] == ("ring", "LL128")
+    assert choices["paced"].duration_ns - choices["plain"].duration_ns == pytest.approx(
+        27 * (9.0 - 1.9) * 1e3 + 4 * (9e3 - network_s * 1e9), abs=2)
+
+
 # ------------------------------------------------------ flow = analytic alone
 @pytest.mark.parametrize("preset,nodes,gpn,kind,algorithm", [
     ("dgx-h100", 1, 8, "all_reduce", "ring"),

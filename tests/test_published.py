@@ -80,11 +80,15 @@ def test_dense_models_within_todays_bounds(report):
     (MosaicML H100 below 128 GPUs -1.9 -> -3.5 %). Transformer Engine's amax all-reduce
     after every model chunk's forward and backward (FP8 te-delayed Megatron-Core rows,
     strategies.lowering StepLowerer._amax_reduction): 4.86 %, 14.82 %, -2.64 %; the
-    median and bias tighten."""
+    median and bias tighten. Every step of a data-parallel ring over several nodes of
+    several GPUs paced at comm.ring_step_pacing_us (LL128 7.7 us, fitted on nccl-tests
+    logs, tests/test_nccl_logs.py): 4.86 %, 14.62 %, -2.61 % (the FSDP rows at 128-512
+    GPUs, simulated too fast, come closer: MosaicML mpt-1b at 512 GPUs -16.7 -> -15.3 %);
+    the p90 tightens."""
     dense = _line(report, "dense models")
     assert dense["compared"] >= 350
     assert dense["median_abs_error"] <= 0.049
-    assert dense["p90_abs_error"] <= 0.149
+    assert dense["p90_abs_error"] <= 0.147
     assert abs(dense["bias"]) <= 0.027
 
 
@@ -162,10 +166,10 @@ def test_whole_set_within_todays_bounds(report):
     the MoE framework settings of validate.published_stacks as well (18.9 %); host issue
     per stack for the dense rows (18.6 %) and the gpt-oss experts' eager bias adds
     (18.4 %); the dgxc Paxml scanned-layer copies (18.2 %); every kernel at the job's
-    expected slowest GPU (17.5 %)."""
+    expected slowest GPU (17.5 %); the ring step pacing of multi-node rings (17.4 %)."""
     every = _line(report, "all")
     assert every["median_abs_error"] <= 0.075
-    assert every["p90_abs_error"] <= 0.175
+    assert every["p90_abs_error"] <= 0.1745
     assert abs(every["bias"]) <= 0.05
 
 

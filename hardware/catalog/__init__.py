@@ -208,6 +208,8 @@ SCHEMA: dict[str, Any] = {
         "p2p_peers_per_channel": _Field(int, "positive", required=False, high=1024),
         "net_step_overhead_us": _same(PROTOCOLS, _Field(float, "nonnegative", required=False,
                                                         high=1e6)),
+        "ring_step_pacing_us": _same(PROTOCOLS, _Field(float, "nonnegative", required=False,
+                                                       high=1e6)),
         "ring_plateau_factor": _Field(float, "at_least_1", required=False, high=10.0),
         "tree_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**60),
         "nvls_chunk_bytes": _Field(int, "nonnegative", required=False, high=2**40),
@@ -640,6 +642,7 @@ def _build(data: dict[str, Any], sources: Mapping[str, str]) -> ClusterSpec:
             p2p_channels=comm.get("p2p_channels", 16),
             p2p_peers_per_channel=comm.get("p2p_peers_per_channel", 8),
             net_step_overhead_s={p: v * us for p, v in comm.get("net_step_overhead_us", {}).items()},
+            ring_step_pacing_s={p: v * us for p, v in comm.get("ring_step_pacing_us", {}).items()},
             ring_plateau_factor=comm.get("ring_plateau_factor", 1.0),
             tree_chunk_bytes=comm.get("tree_chunk_bytes", 0),
             nvls_chunk_bytes=comm.get("nvls_chunk_bytes", 0),
@@ -754,6 +757,8 @@ def _spec_data(spec: ClusterSpec) -> dict[str, Any]:
                  "p2p_peers_per_channel": comm.p2p_peers_per_channel,
                  "net_step_overhead_us": {p: v * us for p, v in
                                           comm.net_step_overhead_s.items()},
+                 "ring_step_pacing_us": {p: v * us for p, v in
+                                         comm.ring_step_pacing_s.items()},
                  "ring_plateau_factor": comm.ring_plateau_factor,
                  "tree_chunk_bytes": comm.tree_chunk_bytes,
                  "nvls_chunk_bytes": comm.nvls_chunk_bytes,
