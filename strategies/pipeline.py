@@ -1452,6 +1452,9 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
 # input already computed (checked once per shape, _vector_layout), so units and
 # inputs form an acyclic graph, whose equations have one solution: the one the walk
 # computes, to the integer. (Rows are kept as G = E - S; _family_timing_vectors.)
+# Long shapes take the walk's period skip in rows: solved with whole periods fewer
+# micro-batches, the missing periods inserted where the short solution repeats
+# (_period_microbatches, _solve_rows).
 
 #: Sweep rounds (down and up) the numpy rows may take, per model chunk, before they
 #: give way to the position walk, plus a few: the benchmark's interleaved shapes settle
