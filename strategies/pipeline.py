@@ -1452,6 +1452,9 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
 # input already computed (checked once per shape, _vector_layout), so units and
 # inputs form an acyclic graph, whose equations have one solution: the one the walk
 # computes, to the integer. (Rows are kept as G = E - S; _family_timing_vectors.)
+# Long shapes take the walk's period skip in rows: solved with whole periods fewer
+# micro-batches, the missing periods inserted where the short solution repeats
+# (_period_microbatches, _solve_rows).
 
 #: Sweep rounds (down and up) the numpy rows may take, per model chunk, before they
 #: give way to the position walk, plus a few: the benchmark's interleaved shapes settle
@@ -1500,7 +1503,15 @@ def _vector_pays(pp: int, total: int, vpp: int, w_max: int) -> bool:
     caps its cost) and the gain was small where they were few."""
     if vpp == 1:
         return False
-    return _walk_us(pp, total, vpp, w_max) > _rows_us(pp, 2 * vpp - 1, 2 * total)
+    return (_walk_us(pp, total, vpp, w_max)
+            > _rows_us(pp, 2 * vpp - 1, _rows_positions(pp, total, vpp, w_max)))
+
+
+def _rows_positions(pp: int, total: int, vpp: int, w_max: int) -> int:
+    """The positions of a row the numpy rows solve for a shape of ``total`` virtual
+    micro-batches: those of the shortened shape (:func:`_short_microbatches`; a cost
+    model's figure only)."""
+    return 2 * vpp * _short_microbatches(pp, total // vpp, vpp, w_max)
 
 
 def _vector_exact(microbatches: int, t_f: Sequence, t_b: Sequence, t_comm: object) -> bool:
@@ -1595,10 +1606,13 @@ def _family_timing_vector(pp: int, microbatches: int, vpp: int, warmups: tuple[i
 #: settle in 1-3; interleaved ones in 2 vpp - 1, as one set does), and the positions of
 #: all sets of a batch of shapes :func:`_vector_pays` gives the rows up to which one pass
 #: for all still costs less than one per set (above it the elements, not the calls,
-#: make the time: on the GPT-3 benchmark's groups, best of 15 in-process, 9 sets of
-#: pp 8 x 96 positions 1.8x faster, 6 x 192 a tie, pp 16 at 1,700-2,300 10-25 % slower).
+#: make the time). With the rows shortened to whole periods fewer
+#: (:func:`_period_microbatches`) the GPT-3 benchmark's pp 16 x vpp 2 groups are 9 sets
+#: of 192 positions: batched, the benchmark's pipeline calls take 114 -> 101 M
+#: instructions (callgrind); 960 (the figure before the shortening, when those groups
+#: were 1,700-2,300 positions a set) left them per set.
 _BATCH_ROUNDS = 3
-_BATCH_VECTOR_POSITIONS = 960
+_BATCH_VECTOR_POSITIONS = 2048
 
 
 def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
@@ -1613,7 +1627,7 @@ def _batch_pays(pp: int, total: int, vpp: int, w_max: int, count: int) -> bool:
     where it says so)."""
     if count < 2:
         return False
-    positions = 2 * total
+    positions = _rows_positions(pp, total, vpp, w_max)
     if _vector_pays(pp, total, vpp, w_max):
         return count * positions <= _BATCH_VECTOR_POSITIONS
     if positions < pp:
@@ -1666,6 +1680,39 @@ def one_f_one_b_family_timings(pp: int, microbatches: int, vpp: int,
     return out
 
 
+def _period_microbatches(pp: int, microbatches: int, vpp: int,
+                         warmups: Sequence[int]) -> int:
+    """The micro-batches the numpy rows solve for a shape of ``microbatches`` (at most
+    that): the fewest, in whole periods fewer (a period of ``2 pp vpp`` positions moves
+    ``pp`` micro-batches, one at one chunk: :func:`one_f_one_b_family_timing`), whose
+    all-1F-1B window still holds the walk's first possible period check (position
+    ``w_max + period + 1``) plus :data:`_PERIOD_MARGIN_POSITIONS` positions (or half a
+    period) for the ends to settle into their period; ``microbatches`` itself for
+    warm-up counts that rise with the rank (no schedule's: the rows refuse them)."""
+    if any(a < b for a, b in zip(warmups, warmups[1:])):
+        return microbatches
+    return _short_microbatches(pp, microbatches, vpp, max(warmups))
+
+
+def _short_microbatches(pp: int, microbatches: int, vpp: int, w_max: int) -> int:
+    """:func:`_period_microbatches` by the largest warm-up count ``w_max`` alone (warm-up
+    counts never rising with the rank)."""
+    period = 2 * pp * vpp if vpp > 1 else 2
+    step = pp if vpp > 1 else 1
+    need = 2 * w_max + period + 2 + max(period // 2, _PERIOD_MARGIN_POSITIONS)
+    fewest = -(-need // (2 * vpp))
+    if fewest >= microbatches:
+        return microbatches
+    return microbatches - (microbatches - fewest) // step * step
+
+
+#: Positions past the first possible period check that the shortened rows
+#: (:func:`_period_microbatches`) leave for the ends to settle into their period, at
+#: least: the benchmark's shapes settle 1-9 positions past it; a set that has not is
+#: solved again at its full length (never a different number).
+_PERIOD_MARGIN_POSITIONS = 8
+
+
 def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
                            durations: Sequence[tuple[Sequence[int], Sequence[int]]],
                            t_comm: int, rounds_max: int | None = None) -> list:
@@ -1676,9 +1723,44 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     is its own, checked set by set): each set's timing, or None for a set whose rows
     have not settled after ``rounds_max`` rounds (default ``_VECTOR_ROUNDS_PER_CHUNK *
     vpp + _VECTOR_ROUNDS_EXTRA``; or every set, when the walk's order is not a
-    topological order of the units: :func:`_vector_layout`)."""
+    topological order of the units: :func:`_vector_layout`).
+
+    The period skip of the position walk, in rows: a long shape is solved with fewer
+    micro-batches (:func:`_period_microbatches`, whole periods fewer), whose solution
+    shows the period (two consecutive positions' ends on every rank those a period
+    earlier plus one constant ``d``, past ``w_max + period``, before the first
+    cool-down: the walk's own check); the long shape's recurrence is then the short one
+    with the missing periods inserted there, so its last ends are the short ones plus
+    ``n d`` and its waits the short ones plus ``n`` times that period's (the first
+    starts are the same). A set whose short rows show no period is solved at full
+    length."""
     if rounds_max is None:
         rounds_max = _VECTOR_ROUNDS_PER_CHUNK * vpp + _VECTOR_ROUNDS_EXTRA
+    short = _period_microbatches(pp, microbatches, vpp, warmups)
+    if short == microbatches:
+        return _solve_rows(pp, microbatches, vpp, warmups, durations, t_comm, rounds_max)
+    out = _solve_rows(pp, short, vpp, warmups, durations, t_comm, rounds_max,
+                      microbatches)
+    again = [k for k, found in enumerate(out) if found is _NO_PERIOD]
+    if again:
+        redone = _solve_rows(pp, microbatches, vpp, warmups, [durations[k] for k in again],
+                             t_comm, rounds_max)
+        for k, found in zip(again, redone):
+            out[k] = found
+    return out
+
+
+_NO_PERIOD = object()
+
+
+def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
+                durations: Sequence[tuple[Sequence[int], Sequence[int]]], t_comm: int,
+                rounds_max: int, grow_to: int | None = None) -> list:
+    """The numpy rows of :func:`_family_timing_vectors` at ``microbatches``: each set's
+    timing (None: not settled; every set None when :func:`_vector_layout` refuses the
+    order); with ``grow_to`` (more micro-batches, whole periods more), the timing at
+    ``grow_to`` by the period found in the rows, or :data:`_NO_PERIOD` for a set whose
+    rows show none."""
     import numpy as np
 
     p, count = pp, len(durations)
@@ -1686,44 +1768,57 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     if layout is None:
         return [None] * count
     index, dep, far, n = layout
-    size = p * n + 1  # a set's units, then its "no input" (end 0)
+    # every array (rank, set, position): a rank's row of all sets is one contiguous
+    # block (2-D gathers and prefix maxima over strided rows took ~1.4x as long), then a
+    # zero block the units without an input read
     values = np.array([(*t_f, *t_b) for t_f, t_b in durations], dtype=np.int64)
-    d = values.take(index, axis=1)
+    d = values[np.arange(count)[:, None], index[:, None, :]]
     run = np.cumsum(d, axis=2)
-    # each unit's input as a flat index into all sets' (count, size) arrays
-    deps = dep[None]
+    # each unit's input as a flat index into the (p + 1, count, n) arrays (dep is one
+    # set's rank * n + position, p * n for none: the zero block's first row)
+    deps = dep // n * (count * n) + dep % n
     if count > 1:
-        deps = deps + np.arange(0, count * size, size)[:, None, None]
+        deps = deps[:, None, :] + np.arange(0, count * n, n)[None, :, None]
+    else:
+        deps = deps[:, None, :]
     # rows kept as G = E - S (E_j = S_j + G_j, G_j = max_{i <= j} (D_i - S_{i-1})): an
     # input's end is G + S at its unit, so G_j = max_{i <= j} (G[input_i] + add_i)
     # with add = S[input] + (t_comm across ranks) - S_{i-1}, one gather, one add and
     # one prefix maximum per row; G = 0 (each rank back to back from 0) is below the
     # solution, so every recomputation only rises towards it
-    run_at = np.zeros((count, size), dtype=np.int64)
-    run_at[:, :-1] = run.reshape(count, -1)
+    run_at = np.zeros((p + 1, count, n), dtype=np.int64)
+    run_at[:p] = run
     # (gathers in mode "clip": every index is in range by construction, the same values,
     # and numpy buffers an ``out`` under its default "raise" mode: ~2x the gather's time)
-    run_in = run_at.take(deps, mode="clip")  # S at each unit's input
-    offset = run_in + far * t_comm - run + d
-    rise = np.zeros(count * size, dtype=np.int64)
-    grid = rise.reshape(count, size)[:, :-1].reshape(count, p, n)
+    run_in = run_at.reshape(-1).take(deps, mode="clip")  # S at each unit's input
+    offset = run_in + far[:, None, :] * t_comm - run + d
+    rise = np.zeros((p + 1) * count * n, dtype=np.int64)
+    grid = rise.reshape(p + 1, count, n)[:p]
     acc, add, take = np.maximum.accumulate, np.add, rise.take
     if count == 1:  # (1-D rows: numpy's 2-D gathers and prefix maxima take ~0.2-0.4 us
         # more each, ~5 % of a single call's time on the benchmark shapes)
         buf = np.empty(n, dtype=np.int64)
-        rows = [(dep[r], offset[0, r], grid[0, r]) for r in range(p)]
+        rows = [(deps[r, 0], offset[r, 0], grid[r, 0]) for r in range(p)]
     else:
         buf = np.empty((count, n), dtype=np.int64)
-        rows = [(deps[:, r], offset[:, r], grid[:, r]) for r in range(p)]
+        rows = [(deps[r], offset[r], grid[r]) for r in range(p)]
     # down then up; the last row is not recomputed twice in a row (no row reads its own
     # with p > 1: nothing it reads changed in between)
     order = rows + rows[-2::-1] if p > 1 else rows
-    same = np.zeros((count, 1), dtype=bool)  # (no round yet: no set settled)
-    for _ in range(rounds_max):
+    same = np.zeros((1, count, 1), dtype=bool)  # (no round yet: no set settled)
+    # the fixed point is checked (every row recomputed at once: as many elements as a
+    # round, most of a batch's time on long rows -- 0.22 of 1.1 ms a round for pp 16 x 9
+    # sets x 192 positions) from round 2 vpp - 1 on, the rounds interleaved shapes take
+    # (the constants above), and after the last; a set at its fixed point stays there,
+    # so checking later gives the same result
+    first_check = min(rounds_max, 2 * vpp - 1)
+    for done in range(1, rounds_max + 1):
         for row_dep, row_offset, row in order:
             take(row_dep, out=buf, mode="clip")
             add(buf, row_offset, out=buf)
             acc(buf, axis=-1, out=row)
+        if done < first_check:
+            continue
         every = acc(take(deps, mode="clip") + offset, axis=2)
         same = every == grid
         if same.all():
@@ -1731,7 +1826,7 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
             break
         grid[:] = every
     else:  # (a set at its fixed point stays there: recomputing its rows changes nothing)
-        settled = same.reshape(count, -1).all(axis=1).tolist()
+        settled = same.all(axis=(0, 2)).tolist()
     ends = grid + run
     start = ends - d
     before = np.zeros_like(ends)
@@ -1739,11 +1834,42 @@ def _family_timing_vectors(pp: int, microbatches: int, vpp: int, warmups: tuple[
     # a unit's wait for its transfer: its start past the later of its rank's previous
     # end and its input's end (zero for an input on its own rank or none)
     inputs = take(deps, mode="clip") + run_in
-    wait = (start - np.maximum(before, inputs)).sum(axis=2).tolist()
-    last = ends[:, :, -1].tolist()
-    first = start[:, :, 0].tolist()
-    return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
-            if settled[k] else None for k in range(count)]
+    waits = start - np.maximum(before, inputs)
+    wait = waits.sum(axis=2).T
+    last = ends[:, :, -1].T
+    first = start[:, :, 0].T.tolist()
+    if grow_to is None:
+        last, wait = last.tolist(), wait.tolist()
+        return [(max(last[k]), tuple(last[k]), tuple(first[k]), tuple(wait[k]))
+                if settled[k] else None for k in range(count)]
+    # the walk's period check (one_f_one_b_family_timing) at every position i of the
+    # all-1F-1B window: ends of i - 1 and i those of a period earlier plus one d on
+    # every rank, i - period > w_max; the first such i, per set
+    period = 2 * p * vpp if vpp > 1 else 2
+    periods = (grow_to - microbatches) * vpp * 2 // period
+    w_max = max(warmups)
+    moved = ends[:, :, period:] - ends[:, :, :-period]  # column j: position j + period
+    shift = moved[0]
+    even = (moved == shift).all(axis=0)
+    pair = even[:, 1:] & even[:, :-1] & (shift[:, 1:] == shift[:, :-1])
+    # pair column j: positions j + period (i - 1) and j + period + 1 (i)
+    window = pair[:, w_max:n - w_max - period - 1]
+    found = window.any(axis=1).tolist()
+    at = (window.argmax(axis=1) + w_max + period + 1).tolist()
+    out: list = []
+    for k in range(count):
+        if not settled[k]:
+            out.append(None)
+            continue
+        if not found[k]:
+            out.append(_NO_PERIOD)
+            continue
+        i = at[k]
+        grow = waits[:, k, i - period + 1:i + 1].sum(axis=1)
+        row_last = (last[k] + periods * int(shift[k, i - period])).tolist()
+        row_wait = (wait[k] + periods * grow).tolist()
+        out.append((max(row_last), tuple(row_last), tuple(first[k]), tuple(row_wait)))
+    return out
 
 
 def _skip_periods(i: int, repeats: int, period: int, shift: int,

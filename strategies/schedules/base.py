@@ -482,10 +482,21 @@ def _family_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: i
                     t_f: tuple, t_b: tuple, t_comm: int) -> list[int] | None:
     """Each rank's warm-up forwards when :func:`_family_timing` times these durations by
     the recurrence; None when the lists must be replayed."""
-    stages = pp * vpp
-    if (len(t_f) != stages or len(t_b) != stages
-            or not all(type(x) is int and x >= 0 for x in (*t_f, *t_b, t_comm))):
+    if not _whole_durations(pp * vpp, t_f, t_b, t_comm):
         return None
+    return _shape_warmups(schedule, pp, microbatches, vpp)
+
+
+def _whole_durations(stages: int, t_f: tuple, t_b: tuple, t_comm: int) -> bool:
+    """Whether the recurrence times these durations: one per stage, whole ns >= 0."""
+    return (len(t_f) == stages and len(t_b) == stages
+            and all(type(x) is int and x >= 0 for x in (*t_f, *t_b, t_comm)))
+
+
+def _shape_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: int
+                   ) -> list[int] | None:
+    """The shape's part of :func:`_family_warmups` (whole durations given): each rank's
+    warm-up forwards on Megatron's placement, None when the lists must be replayed."""
     if schedule.placement(pp, vpp) != interleaved_placement(pp, vpp):
         return None  # (the recurrence reads Megatron's layout: stage s on rank s % pp)
     warmups = []
@@ -538,26 +549,38 @@ def prime_family_timings(requests: Sequence[tuple]) -> list[PipelineTiming | Non
     keys: list[tuple | None] = []
     found: dict[tuple, PipelineTiming | None] = {}
     groups: dict[tuple, list[tuple]] = {}
+    # each shape's check and warm-up counts once (a plan search sends many duration
+    # sets per shape): its warm-up list, None (lists to replay) or _MISSING (refused)
+    shapes: dict[tuple, object] = {}
     for request in requests:
         key = _family_key(*request)
         keys.append(key)
         if key is None or key in found:
             continue
-        schedule, pp, microbatches, vpp, _, _, t_comm = key
+        schedule, pp, microbatches, vpp, t_f, t_b, t_comm = key
         known = _recall_timing(key)
         if known is not _MISSING:  # (a key is kept only once its shape passed check)
             found[key] = known
             continue
         found[key] = None
-        try:
-            schedule.check(pp, microbatches, vpp)
-        except ValueError:
+        shape = key[:4]
+        if shape not in shapes:
+            try:
+                schedule.check(pp, microbatches, vpp)
+            except ValueError:
+                shapes[shape] = _MISSING
+            else:
+                counts = _shape_warmups(schedule, pp, microbatches, vpp)
+                shapes[shape] = None if counts is None else tuple(counts)
+        warmups = shapes[shape]
+        if warmups is _MISSING:
             continue  # (its own call raises)
-        warmups = _family_warmups(*key)
+        if warmups is not None and not _whole_durations(pp * vpp, t_f, t_b, t_comm):
+            warmups = None
         if warmups is None:
             _remember_timing(key, None)  # (lists to replay, as _family_timing keeps it)
         else:
-            groups.setdefault((pp, microbatches, vpp, tuple(warmups), t_comm), []).append(key)
+            groups.setdefault((pp, microbatches, vpp, warmups, t_comm), []).append(key)
     for (pp, microbatches, vpp, warmups, t_comm), members in groups.items():
         try:
             timings = one_f_one_b_family_timings(pp, microbatches, vpp, warmups,
