@@ -1338,7 +1338,7 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
     wait = [0] * p
     w_max = max(warmups)
     positions = 2 * total
-    period = 2 * group if v > 1 else 2
+    period = _period_positions(p, v)
     # the all-1F-1B window and the positions a period check may look at
     steady_end = positions - w_max
     # a position's inputs are those of the position one period later once both are past
@@ -1472,13 +1472,21 @@ _VECTOR_CALL_US = 60
 _VECTOR_ROW_POSITIONS_PER_US = 60
 
 
+def _period_positions(pp: int, vpp: int) -> int:
+    """Positions of one period of a 1F1B-family schedule's steady state (all 1F-1B):
+    ``2 pp vpp`` with interleaving (it moves ``pp`` micro-batches), 2 with one chunk
+    (one micro-batch): what the position walk's period skip, its cost model and the
+    numpy rows' period check all step by."""
+    return 2 * pp * vpp if vpp > 1 else 2
+
+
 def _walk_us(pp: int, total: int, vpp: int, w_max: int) -> float:
     """The position walk's cost in microseconds (a cost model:
     :data:`_WALK_US_PER_RANK_POSITION` per rank and position it visits): the warm-up,
     two periods and the cool-down once the period skip applies (a period is
     ``2 pp vpp`` positions, 2 for one chunk: :func:`one_f_one_b_family_timing`), all
     ``2 * total`` positions at most."""
-    period = 2 * pp * vpp if vpp > 1 else 2
+    period = _period_positions(pp, vpp)
     walked = min(2 * total, 2 * w_max + 2 * period + 2)
     return _WALK_US_PER_RANK_POSITION * pp * walked
 
@@ -1697,7 +1705,7 @@ def _period_microbatches(pp: int, microbatches: int, vpp: int,
 def _short_microbatches(pp: int, microbatches: int, vpp: int, w_max: int) -> int:
     """:func:`_period_microbatches` by the largest warm-up count ``w_max`` alone (warm-up
     counts never rising with the rank)."""
-    period = 2 * pp * vpp if vpp > 1 else 2
+    period = _period_positions(pp, vpp)
     step = pp if vpp > 1 else 1
     need = 2 * w_max + period + 2 + max(period // 2, _PERIOD_MARGIN_POSITIONS)
     fewest = -(-need // (2 * vpp))
@@ -1845,7 +1853,7 @@ def _solve_rows(pp: int, microbatches: int, vpp: int, warmups: tuple[int, ...],
     # the walk's period check (one_f_one_b_family_timing) at every position i of the
     # all-1F-1B window: ends of i - 1 and i those of a period earlier plus one d on
     # every rank, i - period > w_max; the first such i, per set
-    period = 2 * p * vpp if vpp > 1 else 2
+    period = _period_positions(p, vpp)
     periods = (grow_to - microbatches) * vpp * 2 // period
     w_max = max(warmups)
     moved = ends[:, :, period:] - ends[:, :, :-period]  # column j: position j + period
