@@ -33,26 +33,57 @@ def _cpu_lock_files(tmp_path_factory) -> tuple[Path, Path]:
 def _cpu_lock(tmp_path_factory, mode: int):
     """Hold the run's CPU lock in ``mode`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) across
     pytest-xdist workers; nothing outside xdist. The gate is passed first, so a waiting
-    exclusive request keeps new shared ones out (no starvation)."""
+    exclusive one keeps new shared ones out (no starvation). Yields a :class:`CpuShare`
+    of the hold."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
+        yield CpuShare(None, None)
         return
     gate_path, lock_path = _cpu_lock_files(tmp_path_factory)
-    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+    with open(lock_path, "a") as lock:
+        _take(lock, mode, gate_path)
+        yield CpuShare(lock, gate_path)
+
+
+def _take(lock, mode: int, gate_path: Path) -> None:
+    """Lock ``lock`` in ``mode`` through the gate (one taker at a time)."""
+    with open(gate_path, "a") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, mode)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        yield
+
+
+class CpuShare:
+    """A test's hold of the run's CPU lock (:func:`_shares_the_cpu`): a shared one can be
+    traded for the whole machine while the test measures real execution (:meth:`alone`)."""
+
+    def __init__(self, lock, gate_path: Path | None):
+        self._lock, self._gate_path = lock, gate_path
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Hold the CPUs alone for the block, then share them again. The shared hold is
+        dropped before the gate is taken: two tests upgrading at once would otherwise
+        each wait for the other's shared hold (flock converts by unlock, then lock)."""
+        if self._lock is None:  # (not under xdist)
+            yield
+            return
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        _take(self._lock, fcntl.LOCK_EX, self._gate_path)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock, fcntl.LOCK_SH)
 
 
 @pytest.fixture(autouse=True)
 def _shares_the_cpu(tmp_path_factory):
     """Every test holds the CPU lock shared, so that :func:`cpu_to_itself` can wait for
-    the tests of the other workers to end."""
-    with _cpu_lock(tmp_path_factory, fcntl.LOCK_SH):
-        yield
+    the tests of the other workers to end; a test measuring real execution in its body
+    takes the CPUs alone with this fixture's :meth:`CpuShare.alone`."""
+    with _cpu_lock(tmp_path_factory, fcntl.LOCK_SH) as share:
+        yield share
 
 
 def cpu_to_itself(tmp_path_factory):
