@@ -36,6 +36,8 @@ from hardware.spec import ClusterSpec, GroupGeometry
 
 #: Largest group whose :meth:`ClusterLayout.group_class` is computed in plain Python.
 _SMALL_GROUP = 64
+#: Group classes a layout remembers before it empties its table (a bound on memory).
+_MAX_GROUP_CLASSES = 65536
 #: Nonzero entries of an array: a bool mask's any()/all() as one C call
 #: (ndarray.any and .all go through numpy's Python-level reduction wrappers, ~3 us a
 #: call on the few hundred transfers of a collective's phase)
@@ -389,11 +391,7 @@ class ClusterLayout:
         if found is not None:
             return found
         if len(key) <= _SMALL_GROUP:
-            found = self._small_group_class(key)
-            if len(self._classes) >= 65536:
-                self._classes.clear()
-            self._classes[key] = found
-            return found
+            return self._remember_class(key, self._small_group_class(key))
         ranks = np.asarray(key, dtype=np.int64)
         gpn = self.gpus_per_node
         pcie = self.spec.scale_up.kind == "pcie" and self.spec.scale_up.domain_gpus <= 1
@@ -424,10 +422,7 @@ class ClusterLayout:
                 rank_of[0] = (np.cumsum(present) - 1)[local]
             else:
                 rank_of[0] = local
-            if len(self._classes) >= 65536:
-                self._classes.clear()
-            found = self._classes[key] = rank_of.tobytes()
-            return found
+            return self._remember_class(key, rank_of.tobytes())
         nodes = ranks // gpn
         local = ranks % gpn
         domains = ranks if pcie else nodes // self._nodes_per_domain
@@ -438,8 +433,12 @@ class ClusterLayout:
         columns = [] if one_nic_each else [local]
         for values in relabelled:
             columns.append(np.unique(values, return_inverse=True)[1].reshape(-1))
-        found = np.stack(columns).astype(np.int64).tobytes()
-        if len(self._classes) >= 65536:
+        return self._remember_class(key, np.stack(columns).astype(np.int64).tobytes())
+
+    def _remember_class(self, key: tuple[int, ...], found: bytes) -> bytes:
+        """Store ``found`` as ``key``'s :meth:`group_class` (the table is bounded: emptied
+        when full) and return it."""
+        if len(self._classes) >= _MAX_GROUP_CLASSES:
             self._classes.clear()
         self._classes[key] = found
         return found
