@@ -108,7 +108,15 @@ KNOWN_GAPS: Mapping[str, str] = {
             "GiB: weights with FP8 copies, bf16 and fp32 gradients) it is still 9 GiB over, "
             "and it fits only if the scan holds no more than one layer's bf16 weights and "
             "bf16 gradients (6.7 GiB), so the saved activations are the likelier "
-            "overestimate (their dtype under the FP8 recipe is not sourced)"
+            "overestimate (their dtype under the FP8 recipe is not sourced). Two further "
+            "differences from the PyTorch model are sourced but not modelled and do not "
+            "close the gap: Transformer Engine JAX's FP8 dot keeps one FP8 kernel as its "
+            "custom_vjp residual, no cached transpose (transformer_engine/jax/dot.py "
+            "_fp8_dot_fwd_rule: XLA handles the transpose), 1 byte per gathered parameter "
+            "instead of 2 (-3.4 GiB for two layers); Paxml's GPU configs set only "
+            "FPROP_DTYPE bf16, so Praxis keeps fp32 parameters that are Adam's masters "
+            "(16 instead of 18 state bytes per parameter: -2.5 GiB); about 10 GiB over "
+            "with both"
        for row in ("dgxc_pax_01", "dgxc_pax_02", "dgxc_pax_03", "dgxc_pax_04", "dgxc_pax_05")},
 }
 
