@@ -269,3 +269,83 @@ def test_fp8_reduce_scatter_buffers_follow_the_rows_dated_userbuffers_configs():
     for row_id in ("dgxc_l405_04", "dgxc_l70b_07", "nemo2407a_03", "dgxc_gpt175_06",
                    "mb2511_20", "mb2602_06", "mb2511_12", "dgxc_n340_06"):
         assert buffers(row_id) == (), row_id
+
+
+def _row_plan_rank0(row_id):
+    """The published row's plan and its rank-0 memory (with the GPU's reserve)."""
+    run = next(r for r in published.load_runs() if r.row_id == row_id)
+    scenario = published.scenario_for(run, published.load_models(), published.load_nemo_recipes())
+    reserve = scenario.cluster.gpu.memory_reserve_bytes
+    return scenario, rank_peaks(scenario.model, scenario.plan, reserve)[0]
+
+
+def test_nemo_2407_nemotron_runs_the_launchers_bf16_distributed_adam_and_fits():
+    """NeMo 24.07's Nemotron-4 340B row (TP 8, PP 8, VP 12, DP 2, FP8, MBS 1, GBS 32) with
+    the launcher's distributed_fused_adam, bf16 state, no parameter copy. By hand, rank 0:
+    P = 12 layers x (18432 x (18432 + 2 x 8 x 192) + 18432^2 + 2 x 18432 x 73728) / 8
+    + 12 x 4 x 18432 (two LayerNorm1p weight+bias, replicated) + 256000 x 18432 / 8
+    (embedding) = 5 771 722 752 parameters; bf16 gradients 2P; Adam's bf16 moments 4P over
+    DP 2 = 2P (so equal to the gradients); weights 2P + FP8 copies 2 x 12 layers' P.
+    Activations: interleaved 1F1B warm-up on rank 0 is (8 - 1) x 2 + (12 - 1) x 8 = 102
+    chunks (Megatron get_num_warmup_microbatches), 103 held at the first backward, one
+    layer each, no dropout: per layer 512 x 18432 x 6 (two bf16 norm inputs, FP8 QKV and
+    fc1 inputs) + 4096 x 12 x 192 x 5 (bf16 Q and attention output, its FP8 copy)
+    + 4 x 4096 x 192 (bf16 K, V of one KV head) + 4096 x 9216 x 3 (bf16 fc1 output, FP8
+    fc2 input) = 220 200 960 bytes."""
+    scenario, rank0 = _row_plan_rank0("nemo2407a_10")
+    plan = scenario.plan
+    assert (plan.optimizer_moments_dtype, plan.master_weights_dtype, plan.fp8_params,
+            plan.store_param_remainders) == ("bf16", "none", False, False)
+    assert any(s.startswith("unprinted: Apex distributed Adam with bf16 state")
+               for s in scenario.settings)
+    h = 18432
+    layer = (h * (h + 2 * 8 * 192) + h * h + 2 * h * 73728) // 8 + 4 * h
+    params = 12 * layer + 256000 * h // 8
+    assert params == 5_771_722_752
+    assert rank0.gradients_bytes == 2 * params
+    assert rank0.optimizer_bytes == 4 * params / 2 == rank0.gradients_bytes
+    assert rank0.weights_bytes == 2 * params + 2 * 12 * layer
+    per_layer = 512 * h * 6 + 4096 * 12 * 192 * 5 + 4 * 4096 * 192 + 4096 * 9216 * 3
+    assert per_layer == 220_200_960
+    assert rank0.activations_bytes == 103 * per_layer
+    assert rank0.total_bytes < scenario.cluster.gpu.hbm_bytes
+
+
+def test_nemo1_launcher_adam_applies_to_its_release_and_model_only():
+    base = {"framework": "NeMo/Megatron-Core", "gpu": "H100-SXM", "dtype": "fp8",
+            "citation": "GitHub NVIDIA/NeMo docs/source/performance/performance_summary.md"}
+    hit = _settings({**base, "model": "nemotron4-340b", "framework_version": "NeMo 24.07 container"})
+    assert hit.fields["optimizer_moments_dtype"] == "bf16"
+    assert hit.fields["master_weights_dtype"] == "none"
+    for other in ({"model": "nemotron4-340b", "framework_version": "NeMo 25.02 container"},
+                  {"model": "llama3-70b", "framework_version": "NeMo 24.07 container"}):
+        assert "optimizer_moments_dtype" not in _settings({**base, **other}).fields
+
+
+def test_bridge_gpt_oss_h100_row_runs_the_presets_micro_batch_and_fits():
+    """The 25.11 H100 gpt-oss-120b row prints MBS 4 with GA 2 (flagged: GBS/(MBS*DP) = 8):
+    the preset's micro-batch 1 is used. By hand, rank 0 (PP 4: 9 layers, EP 8, no TP, bf16,
+    recompute modules layernorm and moe_act, no dropout), per token of a layer: norm inputs
+    2 x 2 x 2880, Q/attention output/K/V 2 x (2 x 64 + 2 x 8) x 64, router fp32 4 x 128,
+    per routed pair (top-4) the permuted input 2 x 2880, the gated fc1 output 2 x 2 x 2880
+    and its fp32 probability 4: 99 600 bytes; 4096 tokens; 1F1B keeps PP = 4 micro-batches
+    on rank 0."""
+    scenario, rank0 = _row_plan_rank0("mb2511_21")
+    assert scenario.plan.micro_batch == 1
+    assert scenario.plan.num_microbatches == 512 // 16
+    per_token = 2 * 2 * 2880 + 2 * (2 * 64 + 2 * 8) * 64 + 4 * 128 + 4 * (2 * 2880 + 4 * 2880 + 4)
+    assert per_token == 99_600
+    assert rank0.activations_bytes == 4 * 9 * 4096 * per_token
+    assert rank0.total_bytes < scenario.cluster.gpu.hbm_bytes
+
+
+def test_bridge_preset_micro_batch_only_replaces_a_contradicted_one():
+    row = {**BRIDGE, "model": "gpt-oss-120b", "gpu": "H100-SXM", "dtype": "bf16",
+           "micro_batch": "4"}
+    flagged = {**row, "notes": "GA printed 2 (INCONSISTENT-AS-PRINTED: GBS/(MBS*DP) = 8)"}
+    assert _settings(flagged).fields["micro_batch"] == 1
+    assert any("printed MBS 4 contradicts" in u for u in _settings(flagged).unprinted)
+    consistent = {**row, "notes": "GA printed 8 (consistent with GBS/(MBS*DP))"}
+    assert "micro_batch" not in _settings(consistent).fields
+    b200 = {**flagged, "gpu": "B200"}
+    assert "micro_batch" not in _settings(b200).fields

@@ -23,7 +23,8 @@ __all__ = ["AUTOMODEL_ACTIVATION_CHECKPOINTING", "AUTOMODEL_EXPERT_PARALLEL",
            "dgxc_recipe_of", "hsdp_shard",
            "nemo1_distributed_adam",
            "JAX_FSDP_SHARD_GPUS", "JAX_LOOP_DOUBLE_BUFFERING", "JAX_REMAT_RECIPES",
-           "MEGATRON_BRIDGE_BF16_GRAD_REDUCE",
+           "MEGATRON_BRIDGE_BF16_GRAD_REDUCE", "MEGATRON_BRIDGE_PRESET_MICRO_BATCH",
+           "NEMO1_LAUNCHER_DISTRIBUTED_ADAM",
            "MEGATRON_BRIDGE_OFFLOAD", "MEGATRON_BRIDGE_RECOMPUTE_MODULES", "StackSettings",
            "COMPOSER_FP32_REDUCE_SECTIONS", "composer_reduce_dtype",
            "framework_defaults", "framework_kind", "host_issue_of", "layer_impl_of",
@@ -182,6 +183,20 @@ DGXC_FP8_PARAMS = frozenset({"llama3.1/README_405b", "nemotron/README_340b"})
 DGXC_NEMO1_DISTRIBUTED_ADAM = {"nemotron/README_340b": "bf16"}
 
 
+#: NeMo 1 launcher configs of NeMo performance-summary rows (no dgxc recipe) that run Apex's
+#: ``distributed_fused_adam``, ``{(model, framework_version): optim.dtype}``; no FP8 primary
+#: weights (the configs set no ``fp8_params``, NeMo 1's default False). Nemotron-4 340B in
+#: the NeMo 24.07 summary: NeMo-Framework-Launcher ``launcher_scripts/conf/training/
+#: nemotron/nemotron_340b.yaml`` ran ``optim.name: distributed_fused_adam`` with ``dtype:
+#: bf16``, ``grad_sync_dtype: bf16`` (stored revision @6daee02ad897b6f8fb468a518edcdb9bda9c36c7)
+#: until the launcher's PR #448 "switch to mcore's optimizer" (later revisions, e.g.
+#: @3be81fc1, run ``mcore_distributed_optim``), which is numbered after PR #400 of
+#: 2024-08-02, i.e. after the 24.07 container; the dgxc-benchmarking recipe of the same
+#: layout for the later 24.09 container (:data:`DGXC_NEMO1_DISTRIBUTED_ADAM`) still runs
+#: ``distributed_fused_adam`` with bf16 state, at the same step time (3.16 s vs 3.18 s).
+NEMO1_LAUNCHER_DISTRIBUTED_ADAM = {("nemotron4-340b", "NeMo 24.07 container"): "bf16"}
+
+
 def nemo1_distributed_adam(optim_dtype: str, fp8_params: bool) -> dict[str, object]:
     """Plan fields for NeMo 1's Apex ``distributed_fused_adam`` over bf16 parameters
     (``megatron_amp_O2``) with optimizer-state dtype ``optim_dtype`` (``fp32``/``bf16``).
@@ -235,6 +250,23 @@ MEGATRON_BRIDGE_RECOMPUTE_MODULES = {
     ("gpt-oss-120b", "B200", "bf16"): ("layernorm", "moe_act"),
     ("gpt-oss-120b", "H100-SXM", "bf16"): ("layernorm", "moe_act"),
 }
+
+#: Micro-batches of Megatron-Bridge performance presets, ``{(model, gpu, dtype):
+#: micro_batch}``, applied only to rows whose printed GA contradicts their printed MBS
+#: (notes: "GA printed ... INCONSISTENT-AS-PRINTED"), where the printed MBS is in doubt.
+#: gpt-oss-120b on H100: ``GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1`` (and its GBS-512
+#: predecessor ``GPT_OSS_120B_H100_BF16_BASE_CONFIG``, stored revision id 26286882719) of
+#: ``scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py``
+#: @07eea52d4523a69fc8975cef34938d61ae13f9e2 replace only ``pipeline_model_parallel_size=4``
+#: and the recompute modules in ``BASE_GPT_OSS_120B_CONFIG`` (EP 8, GBS 512,
+#: ``micro_batch_size=1``); the B200/GB200 presets set ``micro_batch_size=4``. The 25.11
+#: table prints the H100 row with the B200 row's MBS 4 and GA 2 (GA 2 is GBS/(MBS*DP) at
+#: DP 64, the B200 row's; at the H100 row's DP 16 it would be 8), and the 26.02 table prints
+#: the same H100 layout with MBS 1.
+MEGATRON_BRIDGE_PRESET_MICRO_BATCH = {("gpt-oss-120b", "H100-SXM", "bf16"): 1}
+
+#: The printed-GA contradiction flag of a row's notes (validate/data/published/SOURCES.md).
+_GA_INCONSISTENT = re.compile(r"GA printed \d+ \(INCONSISTENT-AS-PRINTED")
 
 #: NeMo AutoModel's benchmark configs (``examples/benchmark/configs/*.yaml`` of
 #: NVIDIA-NeMo/Automodel, the YAMLs its performance-summary rows name): ``parallelizer:
@@ -779,6 +811,11 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
         fields["grad_reduce_dtype"] = "bf16"
         unprinted.append("bf16 gradient reduction (Megatron-Bridge performance config: "
                          "grad_reduce_in_fp32 False)")
+    preset_micro = MEGATRON_BRIDGE_PRESET_MICRO_BATCH.get(key)
+    if is_bridge and preset_micro and _GA_INCONSISTENT.search(notes_text):
+        fields["micro_batch"] = preset_micro
+        unprinted.append(f"micro-batch {preset_micro} (Megatron-Bridge performance preset; the "
+                         f"printed MBS {row.get('micro_batch')} contradicts the printed GA)")
     bridge_modules = MEGATRON_BRIDGE_RECOMPUTE_MODULES.get(key)
     if is_bridge and bridge_modules and not row.get("recompute"):
         fields.update(recompute="selective", recompute_modules=bridge_modules)
@@ -827,6 +864,11 @@ def stack_settings(row: Mapping[str, str], plan_fields: Mapping[str, object],
                              + (f"{copy} parameter copy" if copy != "none"
                                 else "no parameter copy")
                              + f"; the {dgxc} recipe's optim.dtype)")
+    launcher_adam = NEMO1_LAUNCHER_DISTRIBUTED_ADAM.get((row.get("model"), version))
+    if dgxc is None and launcher_adam and _is_nemo1(framework, version):
+        fields.update(nemo1_distributed_adam(launcher_adam, fp8_params=False))
+        unprinted.append(f"Apex distributed Adam with {launcher_adam} state, no parameter copy "
+                         "(the NeMo launcher's config of the release: optim.dtype)")
     ub_key = dgxc if dgxc in UB_FP8_REDUCE_SCATTER else (row.get("model"), version)
     if (_is_nemo1(framework, version) and row.get("dtype") == "fp8"
             and ub_key in UB_FP8_REDUCE_SCATTER and int(plan_fields.get("tp", 1)) > 1
