@@ -857,32 +857,6 @@ class BatchStepEvaluator:
         reductions and optimizer (:meth:`_regather_walk`), as :meth:`_rank_ns` returns
         them, or :meth:`_host_rank` with the CPU issuing the kernels."""
         tail, releases = timed
-        args = (p, tail, releases, hosted, stage_layers, is_first, is_last, amax,
-                kind_cost, gather_ns, reduction_ns, optimizer_cost, plan, part_key)
-        last_total, last_lead = self._regather_walk(*args, finish=False)
-        finish_total, finish_lead = self._regather_walk(*args, finish=True)
-        gathers_ns = self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
-                                           plan)
-        if hosted:
-            return (last_total, last_lead, finish_total, finish_lead, gathers_ns,
-                    optimizer_cost(p).form())
-        return last_total, finish_total, gathers_ns
-
-    def _regather_walk(self, p, tail, releases, hosted, stage_layers, is_first, is_last,
-                       amax, kind_cost, gather_ns, reduction_ns, optimizer_cost, plan,
-                       part_key, finish: bool) -> tuple[int, int]:
-        """AnalyticStepModel._walk of a ZeRO-3 rank's timed tail with its gathers
-        (``tail``: ``(stage, comp, micro-batches before the stage's last)`` per action,
-        ``releases`` as :func:`_regather_tail`), without SM contention: (its end, ns, and
-        how far ahead the CPU is then: 0 unless ``hosted``); with ``finish`` the last
-        micro-batch's B / W actions reduce their buckets as they fill and the end is the
-        optimizer's (the lead its lead-in). The gathers queue on the data-parallel stream
-        as :class:`_TailStream` issues them; each action is :meth:`_regather_action`."""
-        reduces = [finish and comp in ("B", "W") and not back for _, comp, back in tail]
-        leads = [int(is_first[s] if comp == "F" else is_last[s]) for s, comp, _ in tail]
-        # each action's layers in walk order as runs of one kind (kind, layer, n)
-        runs = [self._runs(stage_layers[s]) if comp == "F"
-                else self._runs(stage_layers[s])[::-1] for s, comp, _ in tail]
         flags = self._flags
         gathers: dict = {}
 
@@ -892,76 +866,98 @@ class BatchStepEvaluator:
                 found = gathers[flags[layer]] = gather_ns(p, layer)
             return found
 
-        stream = _TailStream(runs, reduces, leads, gather)
-        prices = (kind_cost, reduction_ns, plan, part_key, hosted, {})
+        # each action's layers in walk order as runs of one kind (kind, layer, n), and
+        # whether an edge (a backward's head, a forward's embedding) leads them
+        runs = [self._runs(stage_layers[s]) if comp == "F"
+                else self._runs(stage_layers[s])[::-1] for s, comp, _ in tail]
+        leads = [int(is_first[s] if comp == "F" else is_last[s]) for s, comp, _ in tail]
+        prices = (kind_cost, reduction_ns, optimizer_cost, gather, plan, part_key, hosted,
+                  is_first, is_last, amax, {})
+        last_total, last_lead = self._regather_walk(p, tail, releases, runs, leads, prices,
+                                                    finish=False)
+        finish_total, finish_lead = self._regather_walk(p, tail, releases, runs, leads,
+                                                        prices, finish=True)
+        gathers_ns = self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
+                                           plan)
+        if hosted:
+            return (last_total, last_lead, finish_total, finish_lead, gathers_ns,
+                    optimizer_cost(p).form())
+        return last_total, finish_total, gathers_ns
+
+    def _regather_walk(self, p, tail, releases, runs, leads, prices, finish: bool
+                       ) -> tuple[int, int]:
+        """AnalyticStepModel._walk of a ZeRO-3 rank's timed tail with its gathers
+        (``tail``: ``(stage, comp, micro-batches before the stage's last)`` per action,
+        ``releases`` as :func:`_regather_tail`; ``runs``, ``leads`` and ``prices`` as
+        :meth:`_regather_rank` gives them), without SM contention: (its end, ns, and how
+        far ahead the CPU is then: 0 unless ``hosted``); with ``finish`` the last
+        micro-batch's B / W actions reduce their buckets as they fill and the end is the
+        optimizer's (the lead its lead-in). The gathers queue on the data-parallel stream
+        as :class:`_TailStream` issues them; each action is :meth:`_regather_action`."""
+        reduces = [finish and comp in ("B", "W") and not back for _, comp, back in tail]
+        hosted = prices[6]
+        stream = _TailStream(runs, reduces, leads, prices[3])
+        reductions: dict = {}
         total = lead = 0
         for position, (s, comp, _) in enumerate(tail):
             if releases[position] > total:
                 lead += releases[position] - total  # (the CPU goes on issuing)
                 total = releases[position]
             stream.issue(position, 0)
-            after = [AMAX_PART] if amax else []
-            if comp == "F" and is_last[s]:
-                after.append("head")
-            elif comp != "F" and is_first[s]:
-                after.append("embedding")
-            total, lead = self._regather_action(p, comp, position, stream, after, total, lead,
-                                                prices)
+            total, lead = self._regather_action(p, s, comp, position, stream, total, lead,
+                                                prices, reductions)
         if releases[-1] > total:
             total = releases[-1]
         if not finish:
             return total, lead
-        optimizer, dp_free = optimizer_cost(p), stream.free_ns
+        optimizer, dp_free = prices[2](p), stream.free_ns
         if hosted:
             lead += dp_free - total if dp_free > total else 0
             return max(total, dp_free) + optimizer.form().total_at(lead), lead
         return max(total, dp_free) + optimizer.total_ns, lead
 
-    def _regather_action(self, p, comp, position, stream, after, total, lead, prices
-                         ) -> tuple[int, int]:
+    def _regather_action(self, p, stage, comp, position, stream, total, lead, prices,
+                         reductions) -> tuple[int, int]:
         """One action of :meth:`_regather_walk` (the ``position``-th of the tail, its
         gathers issued through ``stream``) from ``total`` (ns) and ``lead``: its leading
-        edge (a backward's head, a forward's embedding), then the gathers it held back,
-        its layers (each waiting for its gather), then the ``after`` parts (amax, the
-        other edge); returns (total, lead) after it. A run of identical layers takes its
-        gather waits in closed form (:func:`_gathered_end`), its reductions too
-        (:func:`_reduce_parts`: this action's gathers are on the stream before them);
-        with the CPU's lead (``hosted``), part by part. ``prices``: (kind_cost,
-        reduction_ns, plan, part_key, hosted, the walk's reductions by bucket)."""
-        kind_cost, reduction_ns, plan, part_key, hosted, reductions = prices
+        edge, then the gathers it held back, its layers (each waiting for its gather),
+        then the parts after them (amax, the other edge); returns (total, lead) after it.
+        A run of identical layers takes its gather waits in closed form
+        (:func:`_gathered_end`), its reductions too (:func:`_reduce_parts`: this
+        action's gathers are on the stream before them); with the CPU's lead
+        (``hosted``), part by part. ``reductions``: the walk's, by bucket."""
+        reduction_ns, hosted, templates = prices[1], prices[6], prices[10]
         reduce, runs = stream.reduces[position], stream.runs[position]
-        bucket = plan.grad_bucket_bytes
-
-        def row(part, kind) -> tuple:
-            """(the part's ns, or form when hosted; its gradient sums if it reduces)"""
-            if reduce:
-                return (self._host_row if hosted else self._row)(
-                    p, part, kind, comp, kind_cost, plan, part_key)
-            cost = kind_cost(p, part, kind, comp)
-            return (cost.form() if hosted else cost.total_ns), None
-
+        key = (stage, comp, reduce)
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = self._regather_template(p, stage, comp, reduce,
+                                                                runs, prices)
+        edge, rows, counts, gathers, after_ns = template
+        bucket = prices[4].grad_bucket_bytes
         pending: dict[str, float] = {}
-        if stream.leads[position]:  # the edge, then the gathers it held back
-            edge = "embedding" if comp == "F" else "head"
-            price, sums = row(edge, edge)
+        if edge is not None:  # the edge, then the gathers it held back
+            price, sums = edge
             if hosted:
                 total += price.total_at(lead)
                 lead = price.lead_after(lead)
             else:
                 total += price
             if reduce:
-                stream.free_ns = _fill_buckets(pending, sums, not runs and not after, bucket,
-                                               total, stream.free_ns, reductions,
-                                               reduction_ns, p)
+                stream.free_ns = _fill_buckets(pending, sums, not rows, bucket, total,
+                                               stream.free_ns, reductions, reduction_ns, p)
             stream.issue(position, 1)
-        # (part, kind, count, its gathers (G, g): the i-th ends at G + i g, or None)
-        parts = [(layer, kind, n, (start, stream.gather(layer))) for (kind, layer, n), start
-                 in zip(runs, stream.starts.get(position, ()))]
-        parts += [(part, part, 1, None) for part in after]
-        rows = [row(part, kind) for part, kind, _, _ in parts]
+        # each run's gathers (G, g): its i-th layer's ends at G + i g; None after them
+        starts = stream.starts.get(position, ())
+        if not hosted and not reduce:
+            for (part_ns, _), n, start, g in zip(rows, counts, starts, gathers):
+                total = _gathered_end(total, n, part_ns, start, g)
+            return total + after_ns, lead
+        waits = [*zip(starts, gathers)]
+        waits += [None] * (len(rows) - len(waits))
         if hosted:
-            last = len(parts) - 1
-            for index, ((form, sums), (_, _, n, wait)) in enumerate(zip(rows, parts)):
+            last = len(rows) - 1
+            for index, ((form, sums), n, wait) in enumerate(zip(rows, counts, waits)):
                 for i in range(1, n + 1):
                     if wait is not None and wait[0] + i * wait[1] > total:
                         lead += wait[0] + i * wait[1] - total  # (the CPU goes on issuing)
@@ -972,16 +968,41 @@ class BatchStepEvaluator:
                         stream.free_ns = _fill_buckets(
                             pending, sums, index == last and i == n, bucket, total,
                             stream.free_ns, reductions, reduction_ns, p)
-        elif reduce and parts:
+        elif rows:
             total, stream.free_ns = _reduce_parts(
-                [(part_ns, sums, n) for (part_ns, sums), (_, _, n, _) in zip(rows, parts)],
-                pending, bucket, total, stream.free_ns, reductions, reduction_ns, p,
-                [wait for _, _, _, wait in parts])
-        else:
-            for (part_ns, _), (_, _, n, wait) in zip(rows, parts):
-                total = (total + part_ns if wait is None
-                         else _gathered_end(total, n, part_ns, *wait))
+                [(part_ns, sums, n) for (part_ns, sums), n in zip(rows, counts)], pending,
+                bucket, total, stream.free_ns, reductions, reduction_ns, p, waits)
         return total, lead
+
+    def _regather_template(self, p, stage, comp, reduce, runs, prices) -> tuple:
+        """What :meth:`_regather_action` reads of an action of ``stage`` in ``comp`` on
+        rank ``p`` (that reduces, or not), once per walk pair: (its leading edge's row or
+        None, the rows of its runs then of the parts after them, their counts, each
+        run's gather (ns), the parts after the runs back to back (ns, without the host)).
+        A row is (ns, or form when hosted; gradient sums when it reduces, else None)."""
+        kind_cost, _, _, gather, plan, part_key, hosted, is_first, is_last, amax, _ = prices
+
+        def row(part, kind) -> tuple:
+            if reduce:
+                return (self._host_row if hosted else self._row)(
+                    p, part, kind, comp, kind_cost, plan, part_key)
+            cost = kind_cost(p, part, kind, comp)
+            return (cost.form() if hosted else cost.total_ns), None
+
+        forward = comp == "F"
+        edge = None
+        if is_first[stage] if forward else is_last[stage]:
+            edge = row(*("embedding", "embedding") if forward else ("head", "head"))
+        after = [AMAX_PART] if amax else []
+        if forward and is_last[stage]:
+            after.append("head")
+        elif not forward and is_first[stage]:
+            after.append("embedding")
+        rows = [row(layer, kind) for kind, layer, _ in runs]
+        rows += [row(part, part) for part in after]
+        counts = [n for _, _, n in runs] + [1] * len(after)
+        after_ns = 0 if hosted else sum(part_ns for part_ns, _ in rows[len(runs):])
+        return edge, rows, counts, [gather(layer) for _, layer, _ in runs], after_ns
 
     @staticmethod
     def _step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement, plan) -> int:
