@@ -17,7 +17,9 @@ stages, how many micro-batches run, the schedule's closed form. Here a plan look
 shared prices up by the keys :class:`sim.analytic_step.AnalyticStepModel` itself uses
 (so a price is the very value it would compute), and does the step's arithmetic from
 them: stage sums by layer kind and count, the last backward's gradient buckets as they
-fill, ZeRO's parameter gathers, the schedule's ``timing``, each rank's end -- the same
+fill, ZeRO's parameter gathers (with ZeRO-3 and a tail the schedule's timing runs
+apart, the tail's gathers queued behind its reductions: BatchStepEvaluator.
+_regather_walk), the schedule's ``timing``, each rank's end -- the same
 integer operations as :meth:`AnalyticStepModel.run`, without the lowering, the
 per-plan memo tables, the breakdown or the result object. A price no plan has asked
 for yet is computed by the plan's own :class:`AnalyticStepModel` (its lowering built
@@ -69,13 +71,26 @@ _CHUNK_PLANS = 512
 
 
 def _timed_tail(timing, p: int, hosted: bool = False) -> tuple | None:
-    """:func:`sim.analytic_step.timed_tail_entries` (no regathers: the batch path hands
-    those plans over) as ``(((stage, comp), ...), releases)``, or None (back to back)."""
+    """:func:`sim.analytic_step.timed_tail_entries` without regathers (ZeRO-3 plans
+    take :func:`_regather_tail`) as ``(((stage, comp), ...), releases)``, or None (back
+    to back)."""
     found = timed_tail_entries(timing, p, hosted, False)
     if found is None:
         return None
     row, releases = found
     return tuple((stage, comp) for stage, comp, _, _ in row), releases
+
+
+def _regather_tail(timing, p: int) -> tuple | None:
+    """Rank ``p``'s tail as a ZeRO-3 plan walks it (:func:`sim.analytic_step.
+    timed_tail_entries` with ``regathers``: every action from its first last-micro-batch
+    backward on, each gathering its layers) as ``(((stage, comp, micro-batches before
+    the stage's last), ...), releases)``, or None (back to back, without gathers)."""
+    found = timed_tail_entries(timing, p, False, True)  # (hosted reads nothing then)
+    if found is None:
+        return None
+    row, releases = found
+    return tuple((stage, comp, back) for stage, comp, back, _ in row), releases
 
 
 def _tail_and_releases(stages, split: bool, timed: tuple | None) -> tuple:
@@ -114,35 +129,42 @@ _EXACT_MAX = float(2 ** 53)
 
 
 def _reduce_parts(parts: list, pending: dict, bucket: float, total: int, dp_free: int,
-                  reductions: dict, reduction_ns, rank) -> tuple[int, int]:
+                  reductions: dict, reduction_ns, rank, waits: Sequence | None = None
+                  ) -> tuple[int, int]:
     """One backward's parts in order, ``(part_ns, sums, count)`` each (``count``
     identical parts in a row), each adding its ns and then its gradient bytes to the
     ``pending`` buckets (:func:`_fill_buckets`; the last part is the walk's final one),
     a long run of layers that only fill the dense bucket in closed form
-    (:func:`_fill_run`); returns (total, dp_free) after them."""
+    (:func:`_fill_run`); returns (total, dp_free) after them. ``waits``: per part None
+    or ``(G, g)``, the ``i``-th of its ``count`` (from 1) first waits for its parameter
+    gather, ending at ``G + i g`` (ZeRO-3, :meth:`BatchStepEvaluator._regather_walk`)."""
     final_index = len(parts) - 1
     for index, (part_ns, sums, count) in enumerate(parts):
         final = index == final_index
+        wait = None if waits is None else waits[index]
+        done = 0
         if count >= _RUN_MIN and not sums[1] and 0 < sums[0] \
                 and (count + 1) * sums[0] + pending.get("dense", 0.0) < _EXACT_MAX:
-            run = count - 1 if final else count
-            total, dp_free = _fill_run(pending, sums[0], run, part_ns, bucket, total,
-                                       dp_free, reductions, reduction_ns, rank)
-            count -= run
-        for left in range(count, 0, -1):
+            done = count - 1 if final else count
+            total, dp_free = _fill_run(pending, sums[0], done, part_ns, bucket, total,
+                                       dp_free, reductions, reduction_ns, rank, wait)
+        for i in range(done + 1, count + 1):
+            if wait is not None and wait[0] + i * wait[1] > total:
+                total = wait[0] + i * wait[1]
             total += part_ns
-            dp_free = _fill_buckets(pending, sums, final and left == 1, bucket, total,
+            dp_free = _fill_buckets(pending, sums, final and i == count, bucket, total,
                                     dp_free, reductions, reduction_ns, rank)
     return total, dp_free
 
 
 def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: float,
-              total: int, dp_free: int, reductions: dict, reduction_ns, rank
-              ) -> tuple[int, int]:
+              total: int, dp_free: int, reductions: dict, reduction_ns, rank,
+              wait: tuple[int, int] | None = None) -> tuple[int, int]:
     """``count`` identical layers (``part_ns`` each, ``dense`` whole gradient bytes to the
     dense bucket, none to the expert one), none of them the walk's final part, through
     :func:`_fill_buckets` in closed form; returns (total, dp_free) after them, with
-    ``pending`` as the walk leaves it.
+    ``pending`` as the walk leaves it. ``wait``: ``(G, g)``, layer ``i`` (from 1) starts
+    no sooner than its parameter gather's end ``G + i g``.
 
     With ``P`` bytes pending and ``g`` per layer, the first bucket is due at the first
     layer ``i1`` with ``P + i1 g >= bucket`` and every ``k`` layers after it (``k g >=
@@ -151,7 +173,16 @@ def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: flo
     time). The stream's recursion ``F_j = max(F_{j-1}, t_j) + d`` over ``J`` equal
     buckets ``K = k part_ns`` apart unrolls to ``max(F_0 + J d, t_1 + J d, t_J + d)``
     (each term ``t_i + (J - i + 1) d`` is linear in ``i``, so an end binds): the same
-    integers as the walk layer by layer."""
+    integers as the walk layer by layer. With gathers the layers' ends
+    ``e_i = max(e_{i-1}, G + i g) + c`` unroll to ``max(e_0 + i c, G + g + i c, G + i g
+    + c)`` (:func:`_gathered_end`): convex in ``i``, so the bucket totals ``t_j`` are
+    convex in ``j``, each term above too, and an end still binds (the gathers are on
+    the stream before the run's reductions: they do not move)."""
+    def end_at(i: int) -> int:  # the run's total after its i-th layer
+        if wait is None or not i:
+            return total + i * part_ns
+        return _gathered_end(total, i, part_ns, *wait)
+
     start = pending.get("dense", 0.0)
     first = 1
     if start + dense < bucket:  # least i with start + i dense >= bucket
@@ -163,7 +194,7 @@ def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: flo
     if first > count:  # no bucket due in the run
         pending["dense"] = start + count * dense
         pending["expert"] = pending.get("expert", 0.0) + 0.0
-        return total + count * part_ns, dp_free
+        return end_at(count), dp_free
     period = max(1, int(bucket // dense))
     while period > 1 and (period - 1) * dense >= bucket:
         period -= 1
@@ -177,7 +208,7 @@ def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: flo
             found = reductions[due] = reduction_ns(rank, *due)
         return found
 
-    due_at = total + first * part_ns
+    due_at = end_at(first)
     duration = duration_of(start + first * dense)
     if duration is not None:
         dp_free = (dp_free if dp_free > due_at else due_at) + duration
@@ -185,15 +216,26 @@ def _fill_run(pending: dict, dense: float, count: int, part_ns: int, bucket: flo
     if more:
         duration = duration_of(period * dense)
         if duration is not None:
-            step = period * part_ns
-            t_first = due_at + step
-            t_last = due_at + more * step
+            t_first = end_at(first + period)
+            t_last = end_at(first + more * period)
             dp_free = max(dp_free + more * duration, t_first + more * duration,
                           t_last + duration)
     left = count - first - more * period  # layers after the last due bucket
     pending["dense"] = left * dense
     pending["expert"] = pending.get("expert", 0.0) + 0.0
-    return total + count * part_ns, dp_free
+    return end_at(count), dp_free
+
+
+def _gathered_end(total: int, count: int, part_ns: int, gathered: int, gather_ns: int
+                  ) -> int:
+    """Where ``count`` >= 1 identical layers (``part_ns`` each) started at ``total`` end
+    when layer ``i`` (from 1) also waits for its parameter gather, ending at ``gathered
+    + i gather_ns``, ns: ``e_i = max(e_{i-1}, G + i g) + c`` unrolls to ``e_n = max(e_0
+    + n c, G + j g + (n - j + 1) c for j in 1..n)``, linear in ``j``: the first or the
+    last gather binds (the same integers as the walk layer by layer)."""
+    run_ns = count * part_ns
+    return max(total + run_ns, gathered + gather_ns + run_ns,
+               gathered + count * gather_ns + part_ns)
 
 
 class BatchStepEvaluator:
@@ -693,12 +735,21 @@ class BatchStepEvaluator:
         # runs it: AnalyticStepModel._timed_tail) priced once, by its first p
         by_signature: dict[tuple, tuple[int, int, int]] = {}
         rank_costs = []
-        if plan.zero == 3 and any(timing.rank_tail or ()):
-            # (the tail walked with its parameter gathers behind its reductions:
-            # AnalyticStepModel._rank_costs)
-            raise _Unsupported
+        # ZeRO-3: a timed tail is walked with its parameter gathers queued behind its
+        # reductions (AnalyticStepModel._regathers); a rank without one back to back
+        regathers = gathers and plan.zero == 3
         for p, signature in enumerate(signatures):
-            timed = _timed_tail(timing, p, hosted)
+            timed = _regather_tail(timing, p) if regathers else None
+            if timed is not None:
+                found = by_signature.get((signature, timed))
+                if found is None:
+                    found = by_signature[(signature, timed)] = self._regather_rank(
+                        p, timed, hosted, stages_of[p], stage_layers, kinds, is_first,
+                        is_last, split, kind_cost, reduction_ns, optimizer_cost, gather_ns,
+                        m, placement, plan, part_key, amax)
+                rank_costs.append(found)
+                continue
+            timed = None if regathers else _timed_tail(timing, p, hosted)
             found = by_signature.get((signature, timed))
             if found is None and hosted:
                 found = by_signature[(signature, timed)] = self._host_rank(
@@ -797,6 +848,161 @@ class BatchStepEvaluator:
         gathers_ns = (self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
                                             plan) if gathers else 0)
         return last_backward, finish, gathers_ns
+
+    def _regather_rank(self, p, timed, hosted, stages, stage_layers, kinds, is_first,
+                       is_last, split, kind_cost, reduction_ns, optimizer_cost, gather_ns, m,
+                       placement, plan, part_key, amax) -> tuple:
+        """AnalyticStepModel._rank_costs of a ZeRO-3 rank with a timed tail
+        (:func:`_regather_tail`): its tail walked with its gathers, without and with the
+        reductions and optimizer (:meth:`_regather_walk`), as :meth:`_rank_ns` returns
+        them, or :meth:`_host_rank` with the CPU issuing the kernels."""
+        tail, releases = timed
+        flags = self._flags
+        gathers: dict = {}
+
+        def gather(layer: int) -> int:
+            found = gathers.get(flags[layer])
+            if found is None:
+                found = gathers[flags[layer]] = gather_ns(p, layer)
+            return found
+
+        # each action's layers in walk order as runs of one kind (kind, layer, n), and
+        # whether an edge (a backward's head, a forward's embedding) leads them
+        runs = [self._runs(stage_layers[s]) if comp == "F"
+                else self._runs(stage_layers[s])[::-1] for s, comp, _ in tail]
+        leads = [int(is_first[s] if comp == "F" else is_last[s]) for s, comp, _ in tail]
+        prices = (kind_cost, reduction_ns, optimizer_cost, gather, plan, part_key, hosted,
+                  is_first, is_last, amax, {})
+        last_total, last_lead = self._regather_walk(p, tail, releases, runs, leads, prices,
+                                                    finish=False)
+        finish_total, finish_lead = self._regather_walk(p, tail, releases, runs, leads,
+                                                        prices, finish=True)
+        gathers_ns = self._step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement,
+                                           plan)
+        if hosted:
+            return (last_total, last_lead, finish_total, finish_lead, gathers_ns,
+                    optimizer_cost(p).form())
+        return last_total, finish_total, gathers_ns
+
+    def _regather_walk(self, p, tail, releases, runs, leads, prices, finish: bool
+                       ) -> tuple[int, int]:
+        """AnalyticStepModel._walk of a ZeRO-3 rank's timed tail with its gathers
+        (``tail``: ``(stage, comp, micro-batches before the stage's last)`` per action,
+        ``releases`` as :func:`_regather_tail`; ``runs``, ``leads`` and ``prices`` as
+        :meth:`_regather_rank` gives them), without SM contention: (its end, ns, and how
+        far ahead the CPU is then: 0 unless ``hosted``); with ``finish`` the last
+        micro-batch's B / W actions reduce their buckets as they fill and the end is the
+        optimizer's (the lead its lead-in). The gathers queue on the data-parallel stream
+        as :class:`_TailStream` issues them; each action is :meth:`_regather_action`."""
+        reduces = [finish and comp in ("B", "W") and not back for _, comp, back in tail]
+        hosted = prices[6]
+        stream = _TailStream(runs, reduces, leads, prices[3])
+        reductions: dict = {}
+        total = lead = 0
+        for position, (s, comp, _) in enumerate(tail):
+            if releases[position] > total:
+                lead += releases[position] - total  # (the CPU goes on issuing)
+                total = releases[position]
+            stream.issue(position, 0)
+            total, lead = self._regather_action(p, s, comp, position, stream, total, lead,
+                                                prices, reductions)
+        if releases[-1] > total:
+            total = releases[-1]
+        if not finish:
+            return total, lead
+        optimizer, dp_free = prices[2](p), stream.free_ns
+        if hosted:
+            lead += dp_free - total if dp_free > total else 0
+            return max(total, dp_free) + optimizer.form().total_at(lead), lead
+        return max(total, dp_free) + optimizer.total_ns, lead
+
+    def _regather_action(self, p, stage, comp, position, stream, total, lead, prices,
+                         reductions) -> tuple[int, int]:
+        """One action of :meth:`_regather_walk` (the ``position``-th of the tail, its
+        gathers issued through ``stream``) from ``total`` (ns) and ``lead``: its leading
+        edge, then the gathers it held back, its layers (each waiting for its gather),
+        then the parts after them (amax, the other edge); returns (total, lead) after it.
+        A run of identical layers takes its gather waits in closed form
+        (:func:`_gathered_end`), its reductions too (:func:`_reduce_parts`: this
+        action's gathers are on the stream before them); with the CPU's lead
+        (``hosted``), part by part. ``reductions``: the walk's, by bucket."""
+        reduction_ns, hosted, templates = prices[1], prices[6], prices[10]
+        reduce, runs = stream.reduces[position], stream.runs[position]
+        key = (stage, comp, reduce)
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = self._regather_template(p, stage, comp, reduce,
+                                                                runs, prices)
+        edge, rows, counts, gathers, after_ns = template
+        bucket = prices[4].grad_bucket_bytes
+        pending: dict[str, float] = {}
+        if edge is not None:  # the edge, then the gathers it held back
+            price, sums = edge
+            if hosted:
+                total += price.total_at(lead)
+                lead = price.lead_after(lead)
+            else:
+                total += price
+            if reduce:
+                stream.free_ns = _fill_buckets(pending, sums, not rows, bucket, total,
+                                               stream.free_ns, reductions, reduction_ns, p)
+            stream.issue(position, 1)
+        # each run's gathers (G, g): its i-th layer's ends at G + i g; None after them
+        starts = stream.starts.get(position, ())
+        if not hosted and not reduce:
+            for (part_ns, _), n, start, g in zip(rows, counts, starts, gathers):
+                total = _gathered_end(total, n, part_ns, start, g)
+            return total + after_ns, lead
+        waits = [*zip(starts, gathers)]
+        waits += [None] * (len(rows) - len(waits))
+        if hosted:
+            last = len(rows) - 1
+            for index, ((form, sums), n, wait) in enumerate(zip(rows, counts, waits)):
+                for i in range(1, n + 1):
+                    if wait is not None and wait[0] + i * wait[1] > total:
+                        lead += wait[0] + i * wait[1] - total  # (the CPU goes on issuing)
+                        total = wait[0] + i * wait[1]
+                    total += form.total_at(lead)
+                    lead = form.lead_after(lead)
+                    if reduce:
+                        stream.free_ns = _fill_buckets(
+                            pending, sums, index == last and i == n, bucket, total,
+                            stream.free_ns, reductions, reduction_ns, p)
+        elif rows:
+            total, stream.free_ns = _reduce_parts(
+                [(part_ns, sums, n) for (part_ns, sums), n in zip(rows, counts)], pending,
+                bucket, total, stream.free_ns, reductions, reduction_ns, p, waits)
+        return total, lead
+
+    def _regather_template(self, p, stage, comp, reduce, runs, prices) -> tuple:
+        """What :meth:`_regather_action` reads of an action of ``stage`` in ``comp`` on
+        rank ``p`` (that reduces, or not), once per walk pair: (its leading edge's row or
+        None, the rows of its runs then of the parts after them, their counts, each
+        run's gather (ns), the parts after the runs back to back (ns, without the host)).
+        A row is (ns, or form when hosted; gradient sums when it reduces, else None)."""
+        kind_cost, _, _, gather, plan, part_key, hosted, is_first, is_last, amax, _ = prices
+
+        def row(part, kind) -> tuple:
+            if reduce:
+                return (self._host_row if hosted else self._row)(
+                    p, part, kind, comp, kind_cost, plan, part_key)
+            cost = kind_cost(p, part, kind, comp)
+            return (cost.form() if hosted else cost.total_ns), None
+
+        forward = comp == "F"
+        edge = None
+        if is_first[stage] if forward else is_last[stage]:
+            edge = row(*("embedding", "embedding") if forward else ("head", "head"))
+        after = [AMAX_PART] if amax else []
+        if forward and is_last[stage]:
+            after.append("head")
+        elif not forward and is_first[stage]:
+            after.append("embedding")
+        rows = [row(layer, kind) for kind, layer, _ in runs]
+        rows += [row(part, part) for part in after]
+        counts = [n for _, _, n in runs] + [1] * len(after)
+        after_ns = 0 if hosted else sum(part_ns for part_ns, _ in rows[len(runs):])
+        return edge, rows, counts, [gather(layer) for _, layer, _ in runs], after_ns
 
     @staticmethod
     def _step_gathers_ns(p, stages, kinds, split, gather_ns, m, placement, plan) -> int:
@@ -1083,12 +1289,11 @@ class BatchStepEvaluator:
                                                    reductions, reduction_ns, 0)
                     continue
                 # gathers issued back to back when the first layer is reached, layer i
-                # waits for the (i + 1)-th: w <- max(w, G + g (i + 1)) + c unrolls to
-                # max(w + n c, G + g + n c + (n - 1) max(g - c, 0)) (_fill_delay_ns)
+                # waits for the i-th (from 1): in closed form (_gathered_end)
                 for part in before:
                     total += row(part, comp)[0]
                 g, c = gather(layers[0]), row(layers[0], comp)[0]
-                total = max(total + n * c, dp_free + g + n * c + (n - 1) * max(g - c, 0))
+                total = _gathered_end(total, n, c, dp_free, g)
                 dp_free += n * g
                 for part in after:
                     total += row(part, comp)[0]
@@ -1133,12 +1338,10 @@ class BatchStepEvaluator:
         forward leaves the last stage because layers wait for their gathers. Each rank's
         data-parallel stream gathers its layers back to back from the step's start, in
         stage order; a layer starts at ``max(ready, its gather's end)``. Over ``n``
-        layers of one kind (gather ``g``, forward ``c``) after gathers ending at ``G``,
-        ``w <- max(w, G + g (i + 1)) + c`` for ``i < n`` unrolls to
-        ``max(w + n c, G + g + n c + (n - 1) max(g - c, 0))`` (the latest gather that
-        binds is the first or the last): the same integers as the walk layer by
-        layer, which stages of mixed kinds still take; ``amax``: each stage's amax part
-        after its layers."""
+        layers of one kind after gathers ending at ``G`` in closed form
+        (:func:`_gathered_end`): the same integers as the walk layer by layer, which
+        stages of mixed kinds still take; ``amax``: each stage's amax part after its
+        layers."""
         holders = placement.rank_of_stage
         flags = self._flags
         gathers: dict[tuple, int] = {}
@@ -1180,8 +1383,7 @@ class BatchStepEvaluator:
             if len(kinds[stage]) == 1:
                 _, layer, n = kinds[stage][0]
                 g, c = gather(p, layer), forward(p, layer)
-                bound = gathered_from[stage] + g + n * c + (n - 1) * max(g - c, 0)
-                waiting = max(waiting + n * c, bound)
+                waiting = _gathered_end(waiting, n, c, gathered_from[stage], g)
                 free += n * c
             else:
                 done = gathered_from[stage]
@@ -1241,6 +1443,47 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
+
+
+class _TailStream:
+    """The data-parallel stream of a ZeRO-3 tail walk (BatchStepEvaluator._regather_walk):
+    AnalyticStepModel._walk's ``run_gathers`` without SM contention. Each action's
+    gathers go on the stream back to back, in issue order: once every action before it
+    that reduces is walked (the lowering's program order), and a reducing action's own
+    after its leading edge (``walked`` >= 1), whose buckets go first.
+
+    Args:
+        runs: per action, its layers in walk order as runs ``(kind, layer, count)``.
+        reduces: per action, whether it reduces gradient buckets.
+        leads: per action, 1 when an edge (head, embedding) comes before its layers.
+        gather: a layer's gather, ns.
+    """
+
+    def __init__(self, runs: Sequence, reduces: Sequence[bool], leads: Sequence[int],
+                 gather) -> None:
+        self.runs, self.reduces, self.leads, self.gather = runs, reduces, leads, gather
+        #: where the stream is free (ns): gathers and reductions both move it
+        self.free_ns = 0
+        #: per issued action, where each of its runs' gathers start (ns)
+        self.starts: dict[int, list[int]] = {}
+        self._issued = 0
+
+    def issue(self, current: int, walked: int) -> None:
+        """Issue every gather the stream reaches before part ``walked`` of action
+        ``current`` (those after a reduction not issued yet wait)."""
+        reduces, leads = self.reduces, self.leads
+        while self._issued < len(self.runs):
+            k = self._issued
+            if any(reduces[current:k]):
+                return  # behind a reduction not issued yet
+            if k >= current and reduces[k] and (walked if k == current else 0) < leads[k]:
+                return  # behind its own edge's reductions
+            if self.runs[k]:
+                starts = self.starts[k] = []
+                for _, layer, n in self.runs[k]:
+                    starts.append(self.free_ns)
+                    self.free_ns += self.gather(layer) * n
+            self._issued += 1
 
 
 class _Unsupported(Exception):

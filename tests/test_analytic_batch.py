@@ -291,3 +291,92 @@ def test_whole_rank_closed_forms_equal_simulate_step():
             assert step_ns / 1e9 == reference.step_time_s, (model.name, plan)
         checked += evaluator.counts["batch"]
     assert checked >= 60
+
+
+def test_zero3_timed_tails_batch_equal_simulate_step(monkeypatch):
+    """ZeRO-3 plans whose pipeline timing runs each rank's tail apart (ZB-H1, ZB-H2,
+    ZB-V: ``PipelineTiming.rank_tail``) walk that tail with its parameter gathers queued
+    behind its reductions (AnalyticStepModel._regathers) and take the batch path
+    (BatchStepEvaluator._regather_walk) instead of analytic_step: simulate_step's step
+    to the ns on seeded random plans of three models (one whose layers alternate kinds)
+    on 16 and 32 GPUs, with host issue, FP8 amax parts and bucket sizes that fill one,
+    several or no buckets per run; every one counted as ``batch``."""
+    import dataclasses
+
+    from sim.analytic_batch import BatchStepEvaluator as Evaluator
+
+    walked = []
+    original = Evaluator._regather_rank
+    monkeypatch.setattr(Evaluator, "_regather_rank",
+                        lambda self, *args: walked.append(args[0]) or original(self, *args))
+    cluster = load_cluster("dgx-h100")
+    dense, _ = tiny_models()
+    windowed = dataclasses.replace(dense, name="tiny-swa", sliding_window=256,
+                                   full_attention_every=2)
+    hosts = ("off", "off", "eager", "graphed", "compiled")
+    met: set = set()
+    for model, gpus, count, seed in ((dense, 16, 40, 41), (windowed, 16, 20, 42),
+                                     (dense, 32, 20, 43), (load_model("llama3-8b"), 32, 12, 44)):
+        rng = random.Random(seed)
+        plans, references = [], []
+        while len(plans) < count:
+            schedule = rng.choice(("zb-h1", "zb-h1", "zb-h2", "zb-v"))
+            fp8 = rng.random() < 0.2
+            try:
+                plan = make_plan(
+                    gpus=gpus, tp=rng.choice((1, 2)), pp=rng.choice((2, 4)),
+                    cp=rng.choice((1, 1, 2)), vpp=2 if schedule == "zb-v" else 1,
+                    schedule=schedule, micro_batch=rng.choice((1, 2)),
+                    global_batch=rng.choice((32, 64, 128)), seq_len=rng.choice((1024, 2048)),
+                    zero=3, recompute=rng.choice(("none", "selective", "full")),
+                    grad_bucket_bytes=rng.choice((1 << 18, 1 << 20, 4 << 20, 1 << 34)),
+                    host_issue=rng.choice(hosts),
+                    **(dict(dtype="fp8", fp8_recipe="te-delayed") if fp8 else {}))
+                validate_for(plan, model, cluster, gpus)
+            except ValueError:
+                continue
+            plans.append(plan)
+            references.append(simulate_step(model, cluster, plan, fidelity="analytic",
+                                            check_memory=False))
+        walked.clear()
+        evaluator = _batch_equals_references(model, cluster, plans, references)
+        assert evaluator.counts == {"batch": 2 * count, "reference": 0, "event": 0}
+        assert walked, model.name  # (ranks whose tails the timing runs apart)
+        met |= {plan.schedule for plan in plans}
+        met |= {("hosted", plan.host_issue in ("eager", "compiled")) for plan in plans}
+    assert {"zb-h1", "zb-h2", "zb-v", ("hosted", True), ("hosted", False)} <= met, met
+
+
+def test_fill_run_with_gather_waits_is_the_layer_by_layer_walk():
+    """_fill_run with ``wait`` (layer i also waits for its parameter gather, ending at
+    G + i g) and _gathered_end leave the same total, stream and pending bytes as the walk
+    layer by layer, gathers shorter and longer than a layer, ending before and after
+    the run starts."""
+    from sim.analytic_batch import _fill_buckets, _fill_run, _gathered_end
+
+    rng = random.Random(12)
+    for _ in range(3000):
+        dense = float(rng.choice((1, 7, 2 ** 20, 123_456_789)))
+        bucket = rng.choice((dense, dense * rng.choice((0.5, 2, 3.5, 40)), 40_000_000))
+        start = float(rng.randrange(0, int(bucket))) if bucket >= 1 and rng.random() < 0.7 \
+            else 0.0
+        count, part_ns = rng.randrange(0, 40), rng.randrange(0, 10_000)
+        total = rng.randrange(0, 10 ** 6)
+        gathered, gather_ns = rng.randrange(0, 2 * 10 ** 6), rng.randrange(0, 20_000)
+        scale = rng.choice((0, 1, 100, 100_000))
+
+        def reduction_ns(rank, group, size):
+            return int(size) % 997 * scale + 1
+
+        dp_free = rng.randrange(0, 2 * 10 ** 6)
+        walked, closed = {"dense": start}, {"dense": start}
+        t, f = total, dp_free
+        for i in range(1, count + 1):
+            t = max(t, gathered + i * gather_ns) + part_ns
+            f = _fill_buckets(walked, (dense, 0.0), False, bucket, t, f, {}, reduction_ns, 0)
+        got = _fill_run(closed, dense, count, part_ns, bucket, total, dp_free, {},
+                        reduction_ns, 0, (gathered, gather_ns))
+        assert got == (t, f), (dense, bucket, start, count, part_ns, gathered, gather_ns)
+        assert closed["dense"] == walked["dense"]
+        if count:
+            assert _gathered_end(total, count, part_ns, gathered, gather_ns) == t
