@@ -45,7 +45,7 @@ import simpy
 from hardware.cost import CostModel, shared_sm_ns
 from hardware.spec import ClusterSpec
 from hardware.topology import ClusterLayout
-from sim.timeline import Timeline, span_fields
+from sim.timeline import Timeline, record_op
 from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op, Program, RecvOp, SendOp
 from strategies.program_check import check_program
@@ -143,11 +143,7 @@ class Engine:
         self._present_cache: dict[tuple[int, ...], int] = {}
         self._referenced: dict[int, set[int]] = {}
         self._finished: dict[int, int] = {}
-        #: compute durations by the rank they are priced for (None: any rank the cost
-        #: model has no conditions for) and op identity (_fixed_ns)
-        self._durations: dict[int | None, dict[int, int]] = {}
-        #: span fields (sim.timeline.span_fields) by op identity
-        self._fields: dict[int, tuple] = {}
+        self._durations: dict[tuple[int, int | None], int] = {}
         self._throttled = {r for r, c in cost.ranks.items() if c.episodes}
         self._mirror_groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
         self._issued: dict[int, list[simpy.Event]] = {}
@@ -181,7 +177,9 @@ class Engine:
             streams: dict[str, list[int]] = {}
             for index, op in enumerate(ops):
                 streams.setdefault(op.stream, []).append(index)
-            if any(map(_issues_on_host, ops)):
+            if any(getattr(op, "host_launches", 0) or getattr(op, "host_calls", 0)
+                   or getattr(op, "host_modules", 0) or getattr(op, "host_sync", False)
+                   for op in ops):
                 # the rank's CPU thread issues its ops in program order (module docstring)
                 syncs = {i for i, op in enumerate(ops) if getattr(op, "host_sync", False)}
                 self._referenced[rank] = referenced | syncs
@@ -258,12 +256,8 @@ class Engine:
         complete = self._complete[rank]
         referenced = self._referenced[rank]
         issued = self._issued.get(rank)
-        env = self.env
-        fixed_ns = self._fixed_ns
-        contended = self._max_ctas is not None
-        last = len(indices) - 1
         position = 0
-        while position <= last:
+        while position < len(indices):
             index = indices[position]
             op = ops[index]
             if op.deps:
@@ -271,89 +265,88 @@ class Engine:
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
-                    yield env.all_of(pending)
+                    yield self.env.all_of(pending)
             if issued is not None and not issued[index].triggered:
                 yield issued[index]
-            begin = env.now
-            duration = fixed_ns(op, rank, begin)
+            begin = self.env.now
+            duration = self._fixed_ns(op, rank, begin)
             if duration is not None and issued is not None:
                 # the next op's issue is known only when the CPU gets there: one at a time
+                contended = self._max_ctas is not None
                 if contended:
                     self._running[rank, stream] = begin
-                yield env.timeout(duration)
+                yield self.env.timeout(duration)
                 while contended and isinstance(op, ComputeOp):
                     # communication that started meanwhile takes SMs: later
-                    late = begin + fixed_ns(op, rank, begin) - env.now
+                    late = begin + self._fixed_ns(op, rank, begin) - self.env.now
                     if late <= 0:
                         break
-                    yield env.timeout(late)
+                    yield self.env.timeout(late)
                 if contended:
                     del self._running[rank, stream]
-                self._record(rank, index, op, begin, env.now)
+                self._record(rank, index, op, begin, self.env.now)
                 self._finished[rank] += 1
             elif duration is not None:
                 # A run of ops whose durations are known in advance (compute; a
                 # collective nobody else joins, when nothing contends) that
                 # nothing else waits on in between costs one event: their spans
                 # follow from their durations.
-                end = begin + duration
-                spans = [(index, op, begin, end)]
-                while index not in referenced and position < last:
+                spans = [(index, begin, begin + duration)]
+                while index not in referenced and position + 1 < len(indices):
                     following = ops[indices[position + 1]]
                     if following.deps:
                         break
-                    duration = fixed_ns(following, rank, end)
+                    duration = self._fixed_ns(following, rank, spans[-1][2])
                     if duration is None:
                         break
                     position += 1
                     index = indices[position]
-                    spans.append((index, following, end, end + duration))
-                    end += duration
+                    spans.append((index, spans[-1][2], spans[-1][2] + duration))
+                contended = self._max_ctas is not None
                 if contended:
                     self._running[rank, stream] = begin
-                yield env.timeout(end - begin)
+                yield self.env.timeout(spans[-1][2] - begin)
                 while contended:
                     # communication that started meanwhile takes SMs: re-time the run
                     retimed, end = [], begin
-                    for member, member_op, _, _ in spans:
-                        step = fixed_ns(member_op, rank, end)
-                        retimed.append((member, member_op, end, end + step))
+                    for member, _, _ in spans:
+                        step = self._fixed_ns(ops[member], rank, end)
+                        retimed.append((member, end, end + step))
                         end += step
                     spans = retimed
-                    if end <= env.now:
+                    if end <= self.env.now:
                         break
-                    yield env.timeout(end - env.now)
+                    yield self.env.timeout(end - self.env.now)
                 if contended:
                     del self._running[rank, stream]
-                self._record_run(rank, spans)
+                for member, span_start, span_end in spans:
+                    self._record(rank, member, ops[member], span_start, span_end)
                 self._finished[rank] += len(spans)
             else:
                 started = yield from self._execute(rank, op)
-                self._record(rank, index, op, started, env.now)
+                self._record(rank, index, op, started, self.env.now)
                 self._finished[rank] += 1
             if index in referenced:
                 self._finish(rank, index)
             position += 1
 
     def _fixed_ns(self, op: Op, rank: int, start_ns: int) -> int | None:
-        """Duration of an op starting at ``start_ns`` known before it runs, or None if it
-        depends on others."""
+        """Duration of an op starting at ``start_ns`` known before it runs, or None
+        if it depends on others."""
         if isinstance(op, ComputeOp):
             if rank in self._throttled:  # the duration depends on when it starts
                 duration = self.cost.compute_ns(op, rank, start_ns)
             else:
                 # memoised per op object (a step repeats the same ops thousands of times;
                 # the program keeps them alive, so ids are stable)
-                memo = self._durations.get(rank if rank in self.cost.ranks else None)
-                if memo is None:
-                    memo = self._durations[rank if rank in self.cost.ranks else None] = {}
-                duration = memo.get(id(op))
+                key = (id(op), rank if rank in self.cost.ranks else None)
+                duration = self._durations.get(key)
                 if duration is None:
-                    duration = memo[id(op)] = self.cost.compute_ns(op, rank)
-            if self._max_ctas is not None:
-                busy = self._busy.get(rank)
-                if busy:
-                    return shared_sm_ns(start_ns, duration, self._sms, busy)
+                    duration = self.cost.compute_ns(op, rank)
+                    self._durations[key] = duration
+            busy = self._busy.get(rank) if self._max_ctas is not None else None
+            if busy:
+                return shared_sm_ns(start_ns, duration, self._sms, busy)
             return duration
         if (not self.fabric.contended and isinstance(op, CollectiveOp)
                 and self._max_ctas is None and self._members_present(op) == 1):
@@ -540,29 +533,7 @@ class Engine:
         done.succeed()
 
     def _record(self, rank: int, index: int, op: Op, start_ns: int, end_ns: int) -> None:
-        """The span of op ``index`` of ``rank`` (:func:`sim.timeline.record_op`)."""
-        self._record_run(rank, ((index, op, start_ns, end_ns),))
-
-    def _record_run(self, rank: int, spans) -> None:
-        """The spans of ``(index, op, start_ns, end_ns)`` of ``rank``, in order
-        (:meth:`sim.timeline.Timeline.record_run`; each op's span fields, which do not
-        change, found once per op: most ops recur for every micro-batch)."""
-        known = self._fields
-        rows = []
-        for index, op, start_ns, end_ns in spans:
-            fields = known.get(id(op))
-            if fields is None:
-                fields = known[id(op)] = span_fields(op)
-            rows.append((start_ns, end_ns, index, fields))
-        self.timeline.record_run(rank, rows)
-
-
-def _issues_on_host(op: Op) -> bool:
-    """Whether ``op`` carries CPU costs (module docstring: the host)."""
-    if type(op) is ComputeOp:  # (most ops: their fields read directly)
-        return bool(op.host_launches or op.host_calls or op.host_modules or op.host_sync)
-    return bool(getattr(op, "host_launches", 0) or getattr(op, "host_calls", 0)
-                or getattr(op, "host_modules", 0) or getattr(op, "host_sync", False))
+        record_op(self.timeline, rank, index, op, start_ns, end_ns)
 
 
 def _process_now(event: simpy.Event) -> None:

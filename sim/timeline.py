@@ -34,7 +34,7 @@ from strategies.ir import CollectiveOp, ComputeOp, SendOp
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["Span", "Timeline", "COLUMNS", "record_op", "span_fields"]
+__all__ = ["Span", "Timeline", "COLUMNS", "record_op"]
 
 #: Column order of :meth:`Timeline.to_dataframe` and keys of :meth:`Timeline.to_records`.
 COLUMNS = (
@@ -239,20 +239,6 @@ class Timeline:
             rank, start_ns, end_ns = span.rank, span.start_ns, span.end_ns
         self._rows.append((start_ns, rank, stream, op, end_ns, kind, category, bytes, flops, op_id,
                            axis))
-        self._sorted = False
-
-    def record_run(self, rank: int, spans: Iterable[tuple[int, int, int, tuple]]) -> None:
-        """Append spans of ``rank`` given as ``(start_ns, end_ns, op_id, fields)``, ``fields``
-        as :func:`span_fields` gives them: :meth:`record` for a run of ops at once (the
-        engine's fast path), validated alike."""
-        rows, plain_rank = self._rows, type(rank) is int
-        for start_ns, end_ns, op_id, (stream, op, kind, nbytes, flops, category, axis) in spans:
-            if plain_rank and type(start_ns) is int and type(end_ns) is int and start_ns <= end_ns:
-                rows.append((start_ns, rank, stream, op, end_ns, kind, category, nbytes, flops,
-                             op_id, axis))
-            else:  # validates (or raises) as Span does
-                self.record(rank, stream, op, kind, start_ns, end_ns, nbytes, flops, category,
-                            op_id, axis)
         self._sorted = False
 
     def __len__(self) -> int:
@@ -599,21 +585,15 @@ class Timeline:
         return write_bytes_atomic(path, data)
 
 
-def span_fields(op) -> tuple[str, str, str, int | float, float, str, str]:
-    """What the span of Program op ``op`` records besides rank, times and op id: ``(stream,
-    op name, kind, bytes, flops, category, axis)`` (compute ops: their HBM bytes and FLOPs,
-    category ``compute``, no axis; communication: its size, ``comm`` and its axis)."""
-    if isinstance(op, ComputeOp):
-        return op.stream, op.name, op.kind, op.bytes, op.flops, "compute", ""
-    kind = op.kind if isinstance(op, CollectiveOp) else (
-        "send" if isinstance(op, SendOp) else "recv")
-    return op.stream, op.name, kind, op.size_bytes, 0.0, "comm", op.axis
-
-
 def record_op(timeline: Timeline, rank: int, op_id: int, op, start_ns: int, end_ns: int) -> None:
     """Append the span of Program op ``op`` (index ``op_id`` in its rank's list) that ran
     from ``start_ns`` to ``end_ns``: what the engine records, and what a measured
     replay records for the same op, so the two meet by ``(rank, op_id)``."""
-    stream, name, kind, nbytes, flops, category, axis = span_fields(op)
-    timeline.record(rank, stream, name, kind, start_ns, end_ns, nbytes, flops, category, op_id,
-                    axis)
+    if isinstance(op, ComputeOp):
+        timeline.record(rank, op.stream, op.name, op.kind, start_ns, end_ns, op.bytes,
+                        op.flops, "compute", op_id)
+        return
+    kind = op.kind if isinstance(op, CollectiveOp) else (
+        "send" if isinstance(op, SendOp) else "recv")
+    timeline.record(rank, op.stream, op.name, kind, start_ns, end_ns, op.size_bytes, 0.0,
+                    "comm", op_id, op.axis)

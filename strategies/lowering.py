@@ -37,7 +37,9 @@ their full groups; :attr:`Program.represents` records the multiplicities.
 
 from __future__ import annotations
 
+import functools
 import re
+from types import MemberDescriptorType
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -183,7 +185,7 @@ class _RankBuilder:
     def add(self, op: Op) -> int:
         """Append an op; the next compute-stream op also waits for pending :meth:`wait`s."""
         if op.stream == COMPUTE and self._waits:
-            op = replace(op, deps=tuple(sorted(self._waits.union(op.deps))))
+            op = _copier(type(op), ("deps",))(op, tuple(sorted(self._waits.union(op.deps))))
             self._waits.clear()
         self.ops.append(op)
         index = len(self.ops) - 1
@@ -224,26 +226,42 @@ class _Template:
         tag: the tag the pass was recorded under (``<phase><stage>.mb<j>``, perhaps
             prefixed): the one part of a collective's name that changes between
             micro-batches.
-        ops: per op ``(op, deps, fields)``: ``deps`` as references (None: the op is
-            appended as it is, the same object); for a collective ``fields`` are its
-            fields but name, key and deps (rebuilt), for a compute op with deps all but
-            deps.
+        ops: per op ``(op, deps, make)``: ``deps`` as references (None: the op is
+            appended as it is, the same object); ``make`` builds its copy (:func:`_copier`)
+            from a new name, key and deps (a collective) or new deps (a compute op).
         last_on: ``(stream, reference)`` of the streams the pass ended on.
         waits: the compute stream's pending waits after the pass (:meth:`_RankBuilder.wait`),
             as references.
     """
 
     tag: str
-    ops: tuple[tuple[Op, tuple[int, ...] | None, dict | None], ...]
+    ops: tuple[tuple[Op, tuple[int, ...] | None, object], ...]
     last_on: tuple[tuple[str, int], ...]
     waits: tuple[int, ...]
 
 
-def _op_fields(op: Op, *leave_out: str) -> dict:
-    """``op``'s fields by name, without ``leave_out`` (to build a copy that differs in
-    those: faster than ``dataclasses.replace``, which reads the fields anew each time)."""
-    return {name: getattr(op, name) for name in type(op).__dataclass_fields__
-            if name not in leave_out}
+@functools.cache
+def _copier(cls: type, changed: tuple[str, ...]):
+    """A function ``make(op, *values)`` building a copy of ``op`` (a ``cls``) whose fields
+    ``changed`` take ``values`` (in that order), the others ``op``'s: ``dataclasses.replace``
+    at a third of its cost (a replayed pass rebuilds thousands of ops,
+    :meth:`StepLowerer._replay`). The op classes are frozen, slotted dataclasses without
+    ``__post_init__``: the copy's slots are set directly, one statement per field (code
+    generated once per class and fields, as ``dataclasses`` builds ``__init__``); any
+    other class is copied by ``dataclasses.replace``."""
+    names = tuple(cls.__dataclass_fields__)
+    slots = {name: getattr(cls, name, None) for name in names}
+    if hasattr(cls, "__post_init__") or not all(
+            isinstance(slot, MemberDescriptorType) for slot in slots.values()):
+        return lambda op, *values: replace(op, **dict(zip(changed, values)))
+    body = [f"    set_{name}(copy, {name})" for name in changed]
+    body += [f"    set_{name}(copy, op.{name})" for name in names if name not in changed]
+    source = (f"def make(op, {', '.join(changed)}):\n    copy = new(cls)\n"
+              + "\n".join(body) + "\n    return copy\n")
+    scope = {f"set_{name}": slot.__set__ for name, slot in slots.items()}
+    scope.update(new=object.__new__, cls=cls)
+    exec(source, scope)  # noqa: S102 (source built above from the class's own field names)
+    return scope["make"]
 
 
 def _record_template(b: _RankBuilder, base: int, entry: Sequence[int], tag: str
@@ -269,9 +287,10 @@ def _record_template(b: _RankBuilder, base: int, entry: Sequence[int], tag: str
         if isinstance(op, CollectiveOp):
             if op.name.count(tag) != 1:
                 return None
-            ops.append((op, deps, _op_fields(op, "name", "key", "deps")))
+            ops.append((op, deps, _copier(type(op), ("name", "key", "deps"))))
         elif isinstance(op, ComputeOp):
-            ops.append((op, None, None) if not deps else (op, deps, _op_fields(op, "deps")))
+            ops.append((op, None, None) if not deps
+                       else (op, deps, _copier(type(op), ("deps",))))
         else:
             return None
     last_on = tuple((stream, index - base) for stream, index in b.last_on.items()
@@ -660,17 +679,16 @@ class StepLowerer:
         recorded = template.tag
         ops = b.ops
         base = len(ops)
-        for op, deps, fields in template.ops:
+        for op, deps, make in template.ops:
             if deps is None:
                 ops.append(op)
                 continue
             deps = tuple(base + d if d >= 0 else entry[-1 - d] for d in deps)
             if isinstance(op, CollectiveOp):
                 name = op.name.replace(recorded, tag)
-                ops.append(CollectiveOp(name=name, key=self._key(b, name, op.group), deps=deps,
-                                        **fields))
+                ops.append(make(op, name, self._key(b, name, op.group), deps))
             else:
-                ops.append(ComputeOp(deps=deps, **fields))
+                ops.append(make(op, deps))
         b.replayed({stream: base + index for stream, index in template.last_on},
                    {base + d if d >= 0 else entry[-1 - d] for d in template.waits})
 
