@@ -37,7 +37,9 @@ their full groups; :attr:`Program.represents` records the multiplicities.
 
 from __future__ import annotations
 
+import functools
 import re
+from types import MemberDescriptorType
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -183,7 +185,7 @@ class _RankBuilder:
     def add(self, op: Op) -> int:
         """Append an op; the next compute-stream op also waits for pending :meth:`wait`s."""
         if op.stream == COMPUTE and self._waits:
-            op = replace(op, deps=tuple(sorted(self._waits.union(op.deps))))
+            op = _copier(type(op), ("deps",))(op, tuple(sorted(self._waits.union(op.deps))))
             self._waits.clear()
         self.ops.append(op)
         index = len(self.ops) - 1
@@ -201,6 +203,100 @@ class _RankBuilder:
     def pending_waits(self) -> tuple[int, ...]:
         """Ops the next compute-stream op would wait for (:meth:`wait`)."""
         return tuple(sorted(self._waits))
+
+    def replayed(self, last_on: dict[str, int], waits: set[int]) -> None:
+        """Ops were appended to :attr:`ops` directly (a replayed layer pass,
+        :meth:`StepLowerer._replay`): the streams they ended on and the compute stream's
+        pending waits after them."""
+        self.last_on.update(last_on)
+        self._waits = waits
+
+
+@dataclass(frozen=True)
+class _Template:
+    """The ops one layer pass (:meth:`StepLowerer._layer_forward`,
+    :meth:`StepLowerer._layer_backward`) appended to a builder, recorded to be replayed for
+    the other micro-batches of the same pass (:meth:`StepLowerer._replayed`).
+
+    Indices of ops are stored as references (:func:`_reference`): ``r >= 0`` is the op
+    ``r`` places after the pass's first, ``r < 0`` the entry op ``-1 - r`` (the ops the
+    pass found as the builder's last compute op and pending waits, in index order).
+
+    Attributes:
+        tag: the tag the pass was recorded under (``<phase><stage>.mb<j>``, perhaps
+            prefixed): the one part of a collective's name that changes between
+            micro-batches.
+        ops: per op ``(op, deps, make)``: ``deps`` as references (None: the op is
+            appended as it is, the same object); ``make`` builds its copy (:func:`_copier`)
+            from a new name, key and deps (a collective) or new deps (a compute op).
+        last_on: ``(stream, reference)`` of the streams the pass ended on.
+        waits: the compute stream's pending waits after the pass (:meth:`_RankBuilder.wait`),
+            as references.
+    """
+
+    tag: str
+    ops: tuple[tuple[Op, tuple[int, ...] | None, object], ...]
+    last_on: tuple[tuple[str, int], ...]
+    waits: tuple[int, ...]
+
+
+@functools.cache
+def _copier(cls: type, changed: tuple[str, ...]):
+    """A function ``make(op, *values)`` building a copy of ``op`` (a ``cls``) whose fields
+    ``changed`` take ``values`` (in that order), the others ``op``'s: ``dataclasses.replace``
+    at a third of its cost (a replayed pass rebuilds thousands of ops,
+    :meth:`StepLowerer._replay`). The op classes are frozen, slotted dataclasses without
+    ``__post_init__``: the copy's slots are set directly, one statement per field (code
+    generated once per class and fields, as ``dataclasses`` builds ``__init__``); any
+    other class is copied by ``dataclasses.replace``."""
+    names = tuple(cls.__dataclass_fields__)
+    slots = {name: getattr(cls, name, None) for name in names}
+    if hasattr(cls, "__post_init__") or not all(
+            isinstance(slot, MemberDescriptorType) for slot in slots.values()):
+        return lambda op, *values: replace(op, **dict(zip(changed, values)))
+    body = [f"    set_{name}(copy, {name})" for name in changed]
+    body += [f"    set_{name}(copy, op.{name})" for name in names if name not in changed]
+    source = (f"def make(op, {', '.join(changed)}):\n    copy = new(cls)\n"
+              + "\n".join(body) + "\n    return copy\n")
+    scope = {f"set_{name}": slot.__set__ for name, slot in slots.items()}
+    scope.update(new=object.__new__, cls=cls)
+    exec(source, scope)  # noqa: S102 (source built above from the class's own field names)
+    return scope["make"]
+
+
+def _record_template(b: _RankBuilder, base: int, entry: Sequence[int], tag: str
+                     ) -> _Template | None:
+    """The :class:`_Template` of the ops appended to ``b`` since index ``base``, whose
+    references to earlier ops are all to ``entry`` (ascending: the builder's last compute
+    op and pending waits at the start); None when the ops cannot be replayed by mapping
+    indices and renaming: a reference elsewhere before ``base``, deps not ascending (a
+    replay keeps their order), a pipeline transfer, or a collective whose name does not
+    hold ``tag`` exactly once."""
+    position = {index: -1 - k for k, index in enumerate(entry)}
+
+    def references(indices) -> tuple[int, ...] | None:
+        if any(i < base and i not in position for i in indices):
+            return None
+        return tuple(i - base if i >= base else position[i] for i in indices)
+
+    ops = []
+    for op in b.ops[base:]:
+        deps = references(op.deps)
+        if deps is None or any(a >= c for a, c in zip(op.deps, op.deps[1:])):
+            return None
+        if isinstance(op, CollectiveOp):
+            if op.name.count(tag) != 1:
+                return None
+            ops.append((op, deps, _copier(type(op), ("name", "key", "deps"))))
+        elif isinstance(op, ComputeOp):
+            ops.append((op, None, None) if not deps
+                       else (op, deps, _copier(type(op), ("deps",))))
+        else:
+            return None
+    last_on = tuple((stream, index - base) for stream, index in b.last_on.items()
+                    if index >= base)
+    waits = references(sorted(b._waits))
+    return None if waits is None else _Template(tag, tuple(ops), last_on, waits)
 
 
 def _is_expert_comm(op: Op) -> bool:
@@ -306,6 +402,9 @@ class StepLowerer:
         self.reduces_amax = reduces_amax(plan)
         self._amax_gemms: dict[int, int] = {}
         self._ops: dict[tuple, ComputeOp] = {}
+        #: recorded layer passes by rank, pass, tag stem and entry state (_replayed;
+        #: None: the pass is emitted every time)
+        self._templates: dict[tuple, _Template | None] = {}
         self._tag_stems: dict[str, str] = {}  # tag -> tag without ".mb<j>" (_emit_kernel)
         self._group_cache: dict[int, dict[str, tuple[int, ...]]] = {}
         self._scaled_kernels: dict[tuple[int, float], costs.Kernel] = {}
@@ -538,6 +637,61 @@ class StepLowerer:
             self._collective(b, "tp", "all_reduce", b.groups["tp"], self.act_bytes, label,
                              COMPUTE)
 
+    def _stem(self, tag: str) -> str:
+        """``tag`` without its micro-batch (``.mb<j>``), computed once per tag (a step
+        emits tens of thousands of ops under a few hundred tags)."""
+        stem = self._tag_stems.get(tag)
+        if stem is None:
+            stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
+        return stem
+
+    def _replayed(self, b: _RankBuilder, what: tuple, tag: str, emit) -> None:
+        """Append one layer pass (``what``, under ``tag``) to ``b``: ``emit()`` the first
+        time, then the recorded ops (:class:`_Template`) for the other micro-batches.
+
+        A pass depends on its micro-batch only through ``tag``, which only collectives'
+        names hold (compute ops are named by the tag's stem, :meth:`_emit_kernel`), and on
+        what came before it only through the builder's last compute op and pending waits,
+        which it references as deps (never compares): with as many of those, in the same
+        order, its ops are the recorded ones with every index mapped and the tag replaced
+        in the names (keys drawn anew, :meth:`_key`, as each member issues them in the same
+        order). A recording that cannot be replayed so (:func:`_record_template`) leaves
+        the pass emitted every time."""
+        last = b.last()
+        waits = b.pending_waits()
+        entry = tuple(sorted({*waits, last})) if last is not None else waits
+        key = (b.rank, what, self._stem(tag), len(waits),
+               None if last is None else entry.index(last), len(entry))
+        template = self._templates.get(key, False)
+        if template is False:
+            base = len(b.ops)
+            emit()
+            self._templates[key] = _record_template(b, base, entry, tag)
+        elif template is None:
+            emit()
+        else:
+            self._replay(b, template, entry, tag)
+
+    def _replay(self, b: _RankBuilder, template: _Template, entry: tuple[int, ...],
+                tag: str) -> None:
+        """Append ``template``'s ops to ``b`` for ``tag``, its entry references to
+        ``entry``."""
+        recorded = template.tag
+        ops = b.ops
+        base = len(ops)
+        for op, deps, make in template.ops:
+            if deps is None:
+                ops.append(op)
+                continue
+            deps = tuple(base + d if d >= 0 else entry[-1 - d] for d in deps)
+            if isinstance(op, CollectiveOp):
+                name = op.name.replace(recorded, tag)
+                ops.append(make(op, name, self._key(b, name, op.group), deps))
+            else:
+                ops.append(make(op, deps))
+        b.replayed({stream: base + index for stream, index in template.last_on},
+                   {base + d if d >= 0 else entry[-1 - d] for d in template.waits})
+
     def _emit_kernel(self, b: _RankBuilder, kernel: costs.Kernel, tag: str, phase: str,
                      deps: tuple[int, ...] = (), comm_sms: int = 0) -> int:
         """Append one kernel's work for ``phase`` (F, B, I or W); ``comm_sms``: SMs a
@@ -546,12 +700,8 @@ class StepLowerer:
         Compute ops are named without their micro-batch and shared between
         micro-batches (a step repeats the same kernels thousands of times).
         """
-        # (the tag without its micro-batch, once per tag: a step emits tens of
-        # thousands of kernels under a few hundred tags; the kernel's identity fixes
-        # its name, so the key need not hold the op's name)
-        stem = self._tag_stems.get(tag)
-        if stem is None:
-            stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
+        # (the kernel's identity fixes its name, so the key need not hold the op's name)
+        stem = self._stem(tag)
         key = (id(kernel), stem, phase, deps, comm_sms)
         op = self._ops.get(key)
         if op is None:
@@ -626,7 +776,14 @@ class StepLowerer:
                        modules: frozenset[str] | None = None, early_stop: bool = False) -> None:
         """The forward of ``layer``; with ``modules``, only what selective recompute of
         those modules re-runs (:func:`recomputed`); with ``early_stop``, a full recompute
-        that ends where PyTorch's checkpoint early stop ends it (:func:`early_stop_end`)."""
+        that ends where PyTorch's checkpoint early stop ends it (:func:`early_stop_end`).
+        Replayed for every micro-batch after the first (:meth:`_replayed`)."""
+        self._replayed(b, ("F", layer, modules, early_stop), tag,
+                       lambda: self._emit_layer_forward(b, layer, tag, modules, early_stop))
+
+    def _emit_layer_forward(self, b: _RankBuilder, layer: int, tag: str,
+                            modules: frozenset[str] | None, early_stop: bool) -> None:
+        """:meth:`_layer_forward`'s ops, built kernel by kernel."""
         if modules is not None and "op_sac" in modules:
             self._op_sac_recompute(b, layer, tag)
             return
@@ -1071,6 +1228,13 @@ class StepLowerer:
 
     # ---------------------------------------------------------------- backward
     def _layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
+        """The backward (``phase`` B or I) or weight pass (W) of ``layer``, replayed for
+        every micro-batch after the first (:meth:`_replayed`)."""
+        self._replayed(b, ("B", layer, phase), tag,
+                       lambda: self._emit_layer_backward(b, layer, tag, phase))
+
+    def _emit_layer_backward(self, b: _RankBuilder, layer: int, tag: str, phase: str) -> None:
+        """:meth:`_layer_backward`'s ops, built kernel by kernel."""
         for block, members in reversed(_blocks(self.kernels(layer))):
             label = f"l{layer}.{block}.{tag}"
             if block == "moe":
