@@ -84,9 +84,9 @@ from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import AMAX_PART, StepLowerer
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action
+from strategies.pipeline import Action, one_f_one_b_family_walk
 from strategies.schedules import PipelineTiming
-from strategies.schedules.base import count_actions
+from strategies.schedules.base import count_actions, family_warmups
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 
 COMPUTE_STREAM = "compute"
@@ -651,6 +651,138 @@ def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[
                 return index, holder, position
         return None
     return None
+
+
+class GatherWalker:
+    """One pipeline rank's units as a ZeRO-3 step runs them, for
+    :func:`strategies.pipeline.one_f_one_b_family_walk` (the 1F1B family): every
+    forward and backward all-gathers its layers' parameters on the data-parallel stream
+    (StepLowerer._param_gather: no dependency, so the stream runs them back to back in
+    program order) and each layer waits for its own; the route's last micro-batch's
+    backwards also reduce their gradient buckets on that stream as they fill
+    (StepLowerer._backward_action: each after the part that filled it), and the gathers
+    issued after a reduction queue behind it (one stream, in issue order). The replay's
+    schedule of that stream, without SM contention and without the CPU's cost.
+
+    A unit that reduces nothing ends at ``max(start + D, F + O)`` (:func:`gather_floor`):
+    ``F`` where the stream is free when its gathers are issued, ``D`` its parts back to
+    back and ``O`` the latest of (its ``i``-th gather's end less ``F``, plus the parts
+    from that layer on) -- the walk ``e_i = max(e_{i-1}, g_i) + c_i`` unrolled, a run of
+    identical layers binding at its first or last layer (linear in ``i``). A unit that
+    reduces is walked part by part, the gathers issued after its leading edge
+    (:meth:`AnalyticStepModel._walk`'s order).
+
+    Args:
+        plain: per (forward, chunk) ``(D, stream ns its gathers add, O or None)``.
+        reducing: per chunk, the last micro-batch's backward as parts in walk order,
+            ``(part ns, gather ns or 0, count, gradient sums or None, part)`` each.
+        last_microbatch: the micro-batch whose backwards reduce (-1: none).
+        reduction_ns: ``(group, bytes) -> ns or None`` of one bucket.
+        fill: ``(part, pending, final) -> due buckets`` for a part whose sums are None.
+        bucket_bytes: the plan's gradient bucket size.
+    """
+
+    def __init__(self, plain: Mapping[tuple[bool, int], tuple], reducing: Mapping[int, tuple],
+                 last_microbatch: int, reduction_ns, fill, bucket_bytes: float) -> None:
+        self.plain, self.reducing = plain, reducing
+        self.last_microbatch = last_microbatch
+        self.reduction_ns, self.fill, self.bucket_bytes = reduction_ns, fill, bucket_bytes
+        #: where the data-parallel stream is free (ns)
+        self.dp_free_ns = 0
+        #: units whose end a gather set, units that reduced, and the compute stream's
+        #: waits for gathers (ns)
+        self.binds = self.reduced = self.wait_ns = 0
+        self._durations: dict[tuple, int | None] = {}
+
+    def state(self) -> tuple[int, int, int, int]:
+        """(stream end, units held back by a gather, units that reduced, gather waits)."""
+        return self.dp_free_ns, self.binds, self.reduced, self.wait_ns
+
+    def advance(self, repeats: int, growth: Sequence[int]) -> None:
+        """Move the state ``repeats`` periods on, each adding ``growth`` (:meth:`state`'s
+        order): the family walk's period skip."""
+        self.dp_free_ns += repeats * growth[0]
+        self.binds += repeats * growth[1]
+        self.reduced += repeats * growth[2]
+        self.wait_ns += repeats * growth[3]
+
+    def run(self, forward: bool, chunk: int, microbatch: int, start: int) -> int:
+        """End (ns) of the rank's forward or backward of ``microbatch`` through its chunk
+        ``chunk`` started at ``start``; its gathers (and reductions) go on the stream."""
+        if not forward and microbatch == self.last_microbatch and chunk in self.reducing:
+            return self._reduce(self.reducing[chunk], start)
+        duration, gathers, offset = self.plain[(forward, chunk)]
+        end = start + duration
+        if offset is not None:
+            floor = self.dp_free_ns + offset
+            if floor > end:
+                self.binds += 1
+                self.wait_ns += floor - end
+                end = floor
+            self.dp_free_ns += gathers
+        return end
+
+    def _reduce(self, parts: Sequence[tuple], start: int) -> int:
+        """A backward that reduces its buckets as they fill, part by part."""
+        self.reduced += 1
+        total, dp_free, pending = start, self.dp_free_ns, {}
+        waits = self.wait_ns
+        final_index = len(parts) - 1
+        issued = False
+        gathered = 0
+        for index, (part_ns, gather_ns, count, sums, part) in enumerate(parts):
+            if gather_ns and not issued:
+                # (the gathers of every layer of the unit, issued at its first: after
+                # the leading edge's reductions)
+                issued, gathered = True, dp_free
+                dp_free += sum(g * n for _, g, n, _, _ in parts[index:])
+            for i in range(1, count + 1):
+                if gather_ns:
+                    gathered += gather_ns
+                    if gathered > total:
+                        waits += gathered - total
+                        total = gathered
+                total += part_ns
+                final = index == final_index and i == count
+                if sums is None:
+                    due = self.fill(part, pending, final)
+                else:
+                    due = fill_by_sums(pending, sums, self.bucket_bytes, final)
+                for bucket in due:
+                    duration = self._durations.get(bucket, _MISSING)
+                    if duration is _MISSING:
+                        duration = self._durations[bucket] = self.reduction_ns(*bucket)
+                    if duration is not None:
+                        dp_free = (dp_free if dp_free > total else total) + duration
+        self.dp_free_ns, self.wait_ns = dp_free, waits
+        return total
+
+
+#: a memo's "not looked up yet" (None is a value there)
+_MISSING = object()
+
+
+def gather_floor(parts: Sequence[tuple[int, int, int]]) -> tuple[int, int, int | None]:
+    """A unit's parts in walk order, ``(part ns, gather ns or 0, count)`` each, as
+    :class:`GatherWalker` takes a unit that reduces nothing: ``(D, G, O)``, its parts
+    back to back, its gathers back to back and the latest of its ``i``-th gathered
+    layer's gathers (the first ``i``) plus the parts from that layer on (None without a
+    gathered layer), all ns."""
+    duration = sum(part_ns * count for part_ns, _, count in parts)
+    gathers = 0
+    offset = None
+    before = 0  # compute before the current run
+    for part_ns, gather_ns, count in parts:
+        if gather_ns and count:
+            # layer i (1..count) of the run: gathers + i g, then duration - before - (i - 1) c
+            first = gathers + gather_ns + duration - before
+            last = gathers + count * gather_ns + duration - before - (count - 1) * part_ns
+            found = first if first > last else last
+            if offset is None or found > offset:
+                offset = found
+            gathers += gather_ns * count
+        before += part_ns * count
+    return duration, gathers, offset
 
 
 class AnalyticStepModel:
@@ -1686,6 +1818,9 @@ class AnalyticStepModel:
         if pp == 1 and (self.lowerer.gathers_params("F", 0)
                         or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
+        warmups = self._gather_walk_warmups()
+        if warmups is not None:
+            return self._gathered_step(warmups, t_p2p)
         # each distinct rank's actions priced first, in rank order: the first rank to
         # price a part's kind stands for it (_kind_cost), before the timing asks each
         # stage's holder
@@ -1741,6 +1876,79 @@ class AnalyticStepModel:
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
                             exact=not self.inexact)
+
+    def _gather_walk_warmups(self) -> list[int] | None:
+        """Each rank's warm-up forwards when the step is walked unit by unit with its
+        ZeRO-3 gathers (:meth:`_gathered_step`): ZeRO-3 over a data-parallel group, a
+        1F1B-family schedule the family's recurrence times (GPipe, 1F1B, interleaved;
+        :func:`strategies.schedules.base.family_warmups`), gradients reduced as they fill
+        at the last micro-batch, no SM contention, no CPU issue cost; else None (the
+        bound of :meth:`run`)."""
+        plan, lowerer = self.plan, self.lowerer
+        if (plan.zero != 3 or plan.pp < 2 or type(lowerer) is not StepLowerer
+                or not lowerer.gathers_params("F", 0) or self._hosted or lowerer.overlap
+                or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch
+                or any(pricer.max_ctas is not None
+                       for pricer in (self.pricer, *self.stage_pricers.values()))):
+            return None
+        return family_warmups(lowerer.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+
+    def _gather_walker(self, p: int) -> GatherWalker:
+        """Rank ``p``'s :class:`GatherWalker`: each of its chunks' forward and backward
+        as its parts' list schedules (:meth:`_stage_table`, in the lowering's order) with
+        each layer's gather (:meth:`_kind_gather_ns`)."""
+        lowerer, plan = self.lowerer, self.plan
+        pricer = self.stage_pricers.get(p, self.pricer)
+        plain, reducing = {}, {}
+        for chunk in range(plan.vpp):
+            stage = chunk * plan.pp + p
+            for comp in ("F", "B"):
+                rows = tuple((cost.total_ns,
+                              0 if isinstance(part, str) else self._kind_gather_ns(pricer, p,
+                                                                                   part),
+                              1, sums, part)
+                             for cost, part, sums in self._stage_table(pricer, p, stage, comp))
+                plain[(comp == "F", chunk)] = gather_floor([row[:3] for row in rows])
+                if comp == "B":
+                    reducing[chunk] = rows
+        return GatherWalker(
+            plain, reducing, plan.num_microbatches - 1,
+            lambda group, size: self._reduction_ns(pricer, p, group, size),
+            lambda part, pending, final: lowerer.fill_buckets(lowerer.part_kernels(part),
+                                                              pending, final),
+            plan.grad_bucket_bytes)
+
+    def _gathered_step(self, warmups: Sequence[int], t_p2p: int) -> AnalyticStep:
+        """The step of a ZeRO-3 1F1B-family pipeline as the replay runs it: the family's
+        recurrence (:func:`strategies.pipeline.one_f_one_b_family_walk`) with each
+        rank's units ending where its layers' gathers let them (:class:`GatherWalker`:
+        the data-parallel stream in program order, gathers behind the reductions
+        issued before them); a rank ends when its compute and its stream have, then
+        runs the optimizer."""
+        plan = self.plan
+        walkers = [self._gather_walker(p) for p in range(plan.pp)]
+        _, compute_ends, _, waits = one_f_one_b_family_walk(
+            plan.pp, plan.num_microbatches, plan.vpp, warmups, t_p2p, walkers)
+        ends, ranks = [], []
+        for p, (walker, compute_end) in enumerate(zip(walkers, compute_ends)):
+            pricer = self.stage_pricers.get(p, self.pricer)
+            optimizer = self._optimizer_cost(pricer, p)
+            dp_end = walker.dp_free_ns
+            exposed = {"dp": max(dp_end - compute_end, 0)}
+            _add(exposed, optimizer.exposed_ns)
+            finish = OpListCost(total_ns=max(compute_end, dp_end) + optimizer.total_ns,
+                                compute_ns=optimizer.compute_ns - optimizer.starved_ns,
+                                optimizer_ns=optimizer.optimizer_ns, exposed_ns=exposed)
+            ends.append(finish.total_ns)
+            ranks.append(_RankCosts(self._work_cost(pricer, p, self._counts(p)),
+                                    OpListCost(exposed_ns={}), finish))
+        step_ns = max(ends)
+        breakdown = {p: self._breakdown(rank, step_ns, waits[p], walkers[p].wait_ns)
+                     for p, rank in enumerate(ranks)}
+        pricers = [self.pricer, *self.stage_pricers.values()]
+        return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
+                            critical=critical_rank(breakdown, step_ns / 1e9),
+                            ops_priced=sum(p.ops_scheduled for p in pricers))
 
     def _host_ends(self, rank_end: Sequence[int], t_p2p: int, wait_ns: int = 0
                    ) -> tuple[list[int], list[int]]:

@@ -1898,3 +1898,152 @@ def _skip_periods(i: int, repeats: int, period: int, shift: int,
                 k = w + (off >> 1)
                 end_f[r][k + step_k] = end_f[r][k] + add
         free[r] += add
+
+
+# ------------------------------------------------------------- 1F1B family, walked units
+#
+# The recurrence above with durations that depend on when a unit starts: a rank whose
+# layers wait for their ZeRO-3 parameter gathers (sim.analytic_step.GatherWalker) ends a
+# unit at max(start + its compute, where its gathers let it), and what its data-parallel
+# stream has issued before decides the latter. Each rank's units go to its walker in
+# list order, so the walker keeps that stream's state.
+
+
+def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Sequence[int],
+                            t_comm: int, walkers: Sequence) -> tuple[
+                                int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """:func:`one_f_one_b_family_timing` (the same order and dependencies, integer
+    times) with each unit's end given by its rank's walker: ``walkers[r].run(forward,
+    chunk, microbatch, start)`` returns the end of rank ``r``'s forward (or backward)
+    of ``microbatch`` through its chunk ``chunk`` (stage ``chunk * pp + r``) started at
+    ``start``; units reach a walker in its rank's list order. Returns ``(makespan, each
+    rank's last end, each rank's first start, each rank's wait for transfers)``.
+
+    Period skip: as the plain walk's (the ends of two consecutive positions those of a
+    period earlier plus one ``d`` on every rank), and where each walker's ``state()``
+    (``(stream end, units a gather held back, units that reduced, ...)``, integers)
+    grew over the last period by a stream advance ``a_r`` equal to ``d``, or at most
+    ``d`` with no unit held back, and no unit reduced: then every term of every unit's
+    end moves by ``d`` or is dominated and falls further behind, so the next periods
+    repeat the last one shifted by ``d`` (by induction); ``walkers[r].advance(n,
+    growth)`` moves the walker's state ``n`` periods on (``n`` times the last period's
+    growth). Otherwise the walk goes on position by position (exact, slower).
+
+    Raises:
+        ValueError: for warm-up counts out of range (one line)."""
+    p, v = pp, vpp
+    total = microbatches * v
+    group = p * v
+    if len(warmups) != p or any(not 0 <= w <= total for w in warmups):
+        raise ValueError(f"warmups={tuple(warmups)!r} is invalid; valid: {p} counts "
+                         f"in 0 .. {total}")
+    c = t_comm
+    far = p > 1
+    end_f = [[0] * total for _ in range(p)]
+    end_b = [[0] * total for _ in range(p)]
+    free = [0] * p
+    wait = [0] * p
+    first_start = [None] * p
+    w_max = max(warmups)
+    positions = 2 * total
+    period = _period_positions(p, v)
+    steady_end = positions - w_max
+    check_from = w_max
+    ends: list[list[int]] = []
+    waits: list[list[int]] = []
+    states: list[list[tuple]] = []
+    last = p - 1
+    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None, walkers[r].run)
+          for r, w in enumerate(warmups)]
+    bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None,
+           walkers[r].run) for r, w in reversed(list(enumerate(warmups)))]
+    i = 0
+    while i < positions:
+        for r, w, cool, row, prev, run in fw:
+            if i < w:
+                k = i
+            elif i < cool:
+                off = i - w
+                if off & 1:
+                    continue
+                k = w + (off >> 1)
+            else:
+                continue
+            start = produced = free[r]
+            if r:
+                dep = prev[k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_f[last][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            if first_start[r] is None:
+                first_start[r] = start
+            free[r] = row[k] = run(True, (k % group) // p, (k // group) * p + k % p, start)
+        for r, w, cool, row, prev, run in bw:
+            if i < w:
+                continue
+            if i < cool:
+                off = i - w
+                if not off & 1:
+                    continue
+                k = off >> 1
+            else:
+                k = i - total
+            start = produced = free[r]
+            if r < last:
+                dep = prev[k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_b[0][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            free[r] = row[k] = run(False, v - 1 - (k % group) // p,
+                                   (k // group) * p + k % p, start)
+        if check_from <= i < steady_end:
+            ends.append(free[:])
+            waits.append(wait[:])
+            states.append([walker.state() for walker in walkers])
+            if len(ends) > period + 1 and i - period > w_max:
+                now, before = ends[-1], ends[-1 - period]
+                shift = now[0] - before[0]
+                if ([x + shift for x in before] == now
+                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
+                    growth = [tuple(a - b for a, b in zip(after, earlier))
+                              for after, earlier in zip(states[-1], states[-1 - period])]
+                    repeats = (steady_end - 1 - i) // period
+                    if repeats > 0 and all(
+                            not grown[2] and (grown[0] == shift
+                                              or (grown[0] <= shift and not grown[1]))
+                            for grown in growth):
+                        _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
+                                      free)
+                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
+                        wait = [x + repeats * g for x, g in zip(wait, grow)]
+                        for walker, grown in zip(walkers, growth):
+                            walker.advance(repeats, grown)
+                        i += repeats * period
+                        check_from = positions  # (one skip reaches the first cool-down)
+        i += 1
+    starts = tuple(0 if s is None else s for s in first_start)
+    return max(free), tuple(free), starts, tuple(wait)
