@@ -664,76 +664,44 @@ class GatherWalker:
     issued after a reduction queue behind it (one stream, in issue order). The replay's
     schedule of that stream, without SM contention and without the CPU's cost.
 
-    A unit that reduces nothing ends at ``max(start + D, F + O)`` (:func:`gather_floor`):
-    ``F`` where the stream is free when its gathers are issued, ``D`` its parts back to
-    back and ``O`` the latest of (its ``i``-th gather's end less ``F``, plus the parts
-    from that layer on) -- the walk ``e_i = max(e_{i-1}, g_i) + c_i`` unrolled, a run of
-    identical layers binding at its first or last layer (linear in ``i``). A unit that
-    reduces is walked part by part, the gathers issued after its leading edge
-    (:meth:`AnalyticStepModel._walk`'s order).
+    A unit that reduces nothing ends at ``max(start + D, S + O)`` (:func:`gather_floor`;
+    ``S`` where the stream is free when it issues its gathers): the walk
+    ``e_i = max(e_{i-1}, g_i) + c_i`` over its layers unrolled. A unit that reduces is
+    walked part by part (:meth:`reduce`), its gathers issued at its first layer, after
+    its leading edge's reductions (:meth:`AnalyticStepModel._walk`'s order).
 
     Args:
-        plain: per (forward, chunk) ``(D, stream ns its gathers add, O or None)``.
-        reducing: per chunk, the last micro-batch's backward as parts in walk order,
-            ``(part ns, gather ns or 0, count, gradient sums or None, part)`` each.
-        last_microbatch: the micro-batch whose backwards reduce (-1: none).
+        rows: per (forward, chunk) the unit's parts in walk order, ``(part ns, gather
+            ns or 0, count, gradient sums or None, part)`` each (``count`` identical
+            parts in a row).
         reduction_ns: ``(group, bytes) -> ns or None`` of one bucket.
         fill: ``(part, pending, final) -> due buckets`` for a part whose sums are None.
         bucket_bytes: the plan's gradient bucket size.
     """
 
-    def __init__(self, plain: Mapping[tuple[bool, int], tuple], reducing: Mapping[int, tuple],
-                 last_microbatch: int, reduction_ns, fill, bucket_bytes: float) -> None:
-        self.plain, self.reducing = plain, reducing
-        self.last_microbatch = last_microbatch
+    def __init__(self, rows: Mapping[tuple[bool, int], Sequence[tuple]], reduction_ns, fill,
+                 bucket_bytes: float) -> None:
+        chunks = 1 + max(chunk for _, chunk in rows)
+        #: ``plain[1][c]``, ``plain[0][c]``: forward, backward ``(D, G, O)``
+        self.plain = tuple(tuple(gather_floor([row[:3] for row in rows[(bool(f), c)]])
+                                 for c in range(chunks)) for f in (0, 1))
+        self.reducing = [rows[(False, c)] for c in range(chunks)]
         self.reduction_ns, self.fill, self.bucket_bytes = reduction_ns, fill, bucket_bytes
-        #: where the data-parallel stream is free (ns)
-        self.dp_free_ns = 0
-        #: units whose end a gather set, units that reduced, and the compute stream's
-        #: waits for gathers (ns)
-        self.binds = self.reduced = self.wait_ns = 0
         self._durations: dict[tuple, int | None] = {}
 
-    def state(self) -> tuple[int, int, int, int]:
-        """(stream end, units held back by a gather, units that reduced, gather waits)."""
-        return self.dp_free_ns, self.binds, self.reduced, self.wait_ns
-
-    def advance(self, repeats: int, growth: Sequence[int]) -> None:
-        """Move the state ``repeats`` periods on, each adding ``growth`` (:meth:`state`'s
-        order): the family walk's period skip."""
-        self.dp_free_ns += repeats * growth[0]
-        self.binds += repeats * growth[1]
-        self.reduced += repeats * growth[2]
-        self.wait_ns += repeats * growth[3]
-
-    def run(self, forward: bool, chunk: int, microbatch: int, start: int) -> int:
-        """End (ns) of the rank's forward or backward of ``microbatch`` through its chunk
-        ``chunk`` started at ``start``; its gathers (and reductions) go on the stream."""
-        if not forward and microbatch == self.last_microbatch and chunk in self.reducing:
-            return self._reduce(self.reducing[chunk], start)
-        duration, gathers, offset = self.plain[(forward, chunk)]
-        end = start + duration
-        if offset is not None:
-            floor = self.dp_free_ns + offset
-            if floor > end:
-                self.binds += 1
-                self.wait_ns += floor - end
-                end = floor
-            self.dp_free_ns += gathers
-        return end
-
-    def _reduce(self, parts: Sequence[tuple], start: int) -> int:
-        """A backward that reduces its buckets as they fill, part by part."""
-        self.reduced += 1
-        total, dp_free, pending = start, self.dp_free_ns, {}
-        waits = self.wait_ns
+    def reduce(self, chunk: int, start: int, stream_ns: int) -> tuple[int, int, int]:
+        """The backward of the last micro-batch through chunk ``chunk``, started at
+        ``start`` with the stream free at ``stream_ns``, its buckets reduced as they
+        fill: (its end, where the stream is free after it, its waits for gathers)."""
+        parts = self.reducing[chunk]
+        total, dp_free, pending = start, stream_ns, {}
+        waits = gathered = 0
         final_index = len(parts) - 1
         issued = False
-        gathered = 0
         for index, (part_ns, gather_ns, count, sums, part) in enumerate(parts):
             if gather_ns and not issued:
-                # (the gathers of every layer of the unit, issued at its first: after
-                # the leading edge's reductions)
+                # (every layer's gather, issued at the first layer: after the leading
+                # edge's reductions)
                 issued, gathered = True, dp_free
                 dp_free += sum(g * n for _, g, n, _, _ in parts[index:])
             for i in range(1, count + 1):
@@ -754,8 +722,7 @@ class GatherWalker:
                         duration = self._durations[bucket] = self.reduction_ns(*bucket)
                     if duration is not None:
                         dp_free = (dp_free if dp_free > total else total) + duration
-        self.dp_free_ns, self.wait_ns = dp_free, waits
-        return total
+        return total, dp_free, waits
 
 
 #: a memo's "not looked up yet" (None is a value there)
@@ -1899,21 +1866,17 @@ class AnalyticStepModel:
         each layer's gather (:meth:`_kind_gather_ns`)."""
         lowerer, plan = self.lowerer, self.plan
         pricer = self.stage_pricers.get(p, self.pricer)
-        plain, reducing = {}, {}
+        rows = {}
         for chunk in range(plan.vpp):
             stage = chunk * plan.pp + p
             for comp in ("F", "B"):
-                rows = tuple((cost.total_ns,
-                              0 if isinstance(part, str) else self._kind_gather_ns(pricer, p,
-                                                                                   part),
-                              1, sums, part)
-                             for cost, part, sums in self._stage_table(pricer, p, stage, comp))
-                plain[(comp == "F", chunk)] = gather_floor([row[:3] for row in rows])
-                if comp == "B":
-                    reducing[chunk] = rows
+                rows[(comp == "F", chunk)] = tuple(
+                    (cost.total_ns,
+                     0 if isinstance(part, str) else self._kind_gather_ns(pricer, p, part),
+                     1, sums, part)
+                    for cost, part, sums in self._stage_table(pricer, p, stage, comp))
         return GatherWalker(
-            plain, reducing, plan.num_microbatches - 1,
-            lambda group, size: self._reduction_ns(pricer, p, group, size),
+            rows, lambda group, size: self._reduction_ns(pricer, p, group, size),
             lambda part, pending, final: lowerer.fill_buckets(lowerer.part_kernels(part),
                                                               pending, final),
             plan.grad_bucket_bytes)
@@ -1926,24 +1889,32 @@ class AnalyticStepModel:
         issued before them); a rank ends when its compute and its stream have, then
         runs the optimizer."""
         plan = self.plan
+        # each distinct rank's actions priced first, in rank order, as run() does: the
+        # first rank to price a part's kind stands for it (_kind_cost)
+        per_step: dict[tuple, OpListCost] = {}
+        signatures = [self._signature(p) for p in range(plan.pp)]
+        for p, signature in enumerate(signatures):
+            if signature not in per_step:
+                per_step[signature] = self._work_cost(self.stage_pricers.get(p, self.pricer),
+                                                      p, self._counts(p))
         walkers = [self._gather_walker(p) for p in range(plan.pp)]
-        _, compute_ends, _, waits = one_f_one_b_family_walk(
-            plan.pp, plan.num_microbatches, plan.vpp, warmups, t_p2p, walkers)
+        walk = one_f_one_b_family_walk(plan.pp, plan.num_microbatches, plan.vpp, warmups,
+                                       t_p2p, walkers)
         ends, ranks = [], []
-        for p, (walker, compute_end) in enumerate(zip(walkers, compute_ends)):
+        for p, (compute_end, dp_end) in enumerate(zip(walk.rank_end, walk.stream_end)):
             pricer = self.stage_pricers.get(p, self.pricer)
             optimizer = self._optimizer_cost(pricer, p)
-            dp_end = walker.dp_free_ns
             exposed = {"dp": max(dp_end - compute_end, 0)}
             _add(exposed, optimizer.exposed_ns)
             finish = OpListCost(total_ns=max(compute_end, dp_end) + optimizer.total_ns,
                                 compute_ns=optimizer.compute_ns - optimizer.starved_ns,
                                 optimizer_ns=optimizer.optimizer_ns, exposed_ns=exposed)
             ends.append(finish.total_ns)
-            ranks.append(_RankCosts(self._work_cost(pricer, p, self._counts(p)),
-                                    OpListCost(exposed_ns={}), finish))
+            ranks.append(_RankCosts(per_step[signatures[p]], OpListCost(exposed_ns={}),
+                                    finish))
         step_ns = max(ends)
-        breakdown = {p: self._breakdown(rank, step_ns, waits[p], walkers[p].wait_ns)
+        breakdown = {p: self._breakdown(rank, step_ns, walk.rank_comm_wait[p],
+                                        walk.gather_wait[p])
                      for p, rank in enumerate(ranks)}
         pricers = [self.pricer, *self.stage_pricers.values()]
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,

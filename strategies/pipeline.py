@@ -1904,30 +1904,39 @@ def _skip_periods(i: int, repeats: int, period: int, shift: int,
 #
 # The recurrence above with durations that depend on when a unit starts: a rank whose
 # layers wait for their ZeRO-3 parameter gathers (sim.analytic_step.GatherWalker) ends a
-# unit at max(start + its compute, where its gathers let it), and what its data-parallel
-# stream has issued before decides the latter. Each rank's units go to its walker in
-# list order, so the walker keeps that stream's state.
+# unit at max(start + its compute, where its gathers let it), and where its
+# data-parallel stream stands when the unit issues its gathers decides the latter.
+
+
+class FamilyWalk(NamedTuple):
+    """:func:`one_f_one_b_family_walk`'s result (integer times)."""
+
+    makespan: int
+    rank_end: tuple[int, ...]    # each rank's last compute end
+    rank_comm_wait: tuple[int, ...]  # each rank's wait for transfers
+    stream_end: tuple[int, ...]  # where each rank's data-parallel stream ends
+    gather_wait: tuple[int, ...]  # each rank's compute waits for its gathers
 
 
 def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Sequence[int],
-                            t_comm: int, walkers: Sequence) -> tuple[
-                                int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """:func:`one_f_one_b_family_timing` (the same order and dependencies, integer
-    times) with each unit's end given by its rank's walker: ``walkers[r].run(forward,
-    chunk, microbatch, start)`` returns the end of rank ``r``'s forward (or backward)
-    of ``microbatch`` through its chunk ``chunk`` (stage ``chunk * pp + r``) started at
-    ``start``; units reach a walker in its rank's list order. Returns ``(makespan, each
-    rank's last end, each rank's first start, each rank's wait for transfers)``.
+                            t_comm: int, walkers: Sequence) -> FamilyWalk:
+    """:func:`one_f_one_b_family_timing`'s order and dependencies (integer times) with
+    each unit's end set by its rank's data-parallel stream: ``walkers[r].plain[f][c]``
+    is ``(D, G, O)`` for rank ``r``'s forward (``f`` 1) or backward (0) through its
+    chunk ``c`` (stage ``c * pp + r``): it ends at ``max(start + D, S + O)`` (``O``
+    None: at ``start + D``) with ``S`` where the stream is free when it issues its
+    gathers, which then move the stream ``G`` on; the backwards of the last
+    micro-batch (which reduce gradients) are ``walkers[r].reduce(c, start, S)`` ->
+    ``(end, S after it, its waits for gathers)``. Units reach a rank's walker in its
+    list order.
 
     Period skip: as the plain walk's (the ends of two consecutive positions those of a
-    period earlier plus one ``d`` on every rank), and where each walker's ``state()``
-    (``(stream end, units a gather held back, units that reduced, ...)``, integers)
-    grew over the last period by a stream advance ``a_r`` equal to ``d``, or at most
-    ``d`` with no unit held back, and no unit reduced: then every term of every unit's
-    end moves by ``d`` or is dominated and falls further behind, so the next periods
-    repeat the last one shifted by ``d`` (by induction); ``walkers[r].advance(n,
-    growth)`` moves the walker's state ``n`` periods on (``n`` times the last period's
-    growth). Otherwise the walk goes on position by position (exact, slower).
+    period earlier plus one ``d`` on every rank) where, over that period, every rank's
+    stream moved ``d``, or at most ``d`` with no unit's end set by its gathers, and no
+    unit reduced: then every term of every unit's end moves by ``d`` or stays dominated
+    (falling further behind), so the next periods repeat the last one shifted by ``d``
+    (by induction; the stream moves by its gathers alone, one period's each period).
+    Otherwise the walk goes on position by position (exact, slower).
 
     Raises:
         ValueError: for warm-up counts out of range (one line)."""
@@ -1943,7 +1952,10 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     end_b = [[0] * total for _ in range(p)]
     free = [0] * p
     wait = [0] * p
-    first_start = [None] * p
+    stream = [0] * p   # each rank's data-parallel stream end
+    held = [0] * p     # units whose end a gather set
+    waited = [0] * p   # compute waits for gathers
+    reduced = 0
     w_max = max(warmups)
     positions = 2 * total
     period = _period_positions(p, v)
@@ -1951,15 +1963,17 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     check_from = w_max
     ends: list[list[int]] = []
     waits: list[list[int]] = []
-    states: list[list[tuple]] = []
+    states: list[tuple] = []
     last = p - 1
-    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None, walkers[r].run)
-          for r, w in enumerate(warmups)]
+    last_from = total - group  # virtual indices of the last round (its last micro-batch)
+    last_mb = microbatches - 1
+    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None,
+           walkers[r].plain[1]) for r, w in enumerate(warmups)]
     bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None,
-           walkers[r].run) for r, w in reversed(list(enumerate(warmups)))]
+           walkers[r].plain[0]) for r, w in reversed(list(enumerate(warmups)))]
     i = 0
     while i < positions:
-        for r, w, cool, row, prev, run in fw:
+        for r, w, cool, row, prev, plain in fw:
             if i < w:
                 k = i
             elif i < cool:
@@ -1987,10 +2001,17 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
                     start = dep
             if start > produced:
                 wait[r] += start - produced
-            if first_start[r] is None:
-                first_start[r] = start
-            free[r] = row[k] = run(True, (k % group) // p, (k // group) * p + k % p, start)
-        for r, w, cool, row, prev, run in bw:
+            duration, gathers, offset = plain[(k % group) // p]
+            end = start + duration
+            if offset is not None:
+                floor = stream[r] + offset
+                if floor > end:
+                    held[r] += 1
+                    waited[r] += floor - end
+                    end = floor
+                stream[r] += gathers
+            free[r] = row[k] = end
+        for r, w, cool, row, prev, plain in bw:
             if i < w:
                 continue
             if i < cool:
@@ -2018,32 +2039,48 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
                     start = dep
             if start > produced:
                 wait[r] += start - produced
-            free[r] = row[k] = run(False, v - 1 - (k % group) // p,
-                                   (k // group) * p + k % p, start)
+            chunk = v - 1 - (k % group) // p
+            if k >= last_from and (k // group) * p + k % p == last_mb:
+                reduced += 1
+                end, stream[r], extra = walkers[r].reduce(chunk, start, stream[r])
+                waited[r] += extra
+            else:
+                duration, gathers, offset = plain[chunk]
+                end = start + duration
+                if offset is not None:
+                    floor = stream[r] + offset
+                    if floor > end:
+                        held[r] += 1
+                        waited[r] += floor - end
+                        end = floor
+                    stream[r] += gathers
+            free[r] = row[k] = end
         if check_from <= i < steady_end:
             ends.append(free[:])
             waits.append(wait[:])
-            states.append([walker.state() for walker in walkers])
+            states.append((stream[:], held[:], waited[:], reduced))
             if len(ends) > period + 1 and i - period > w_max:
                 now, before = ends[-1], ends[-1 - period]
                 shift = now[0] - before[0]
-                if ([x + shift for x in before] == now
+                repeats = (steady_end - 1 - i) // period
+                if (repeats > 0 and now[last] - before[last] == shift
+                        and [x + shift for x in before] == now
                         and [x + shift for x in ends[-2 - period]] == ends[-2]):
-                    growth = [tuple(a - b for a, b in zip(after, earlier))
-                              for after, earlier in zip(states[-1], states[-1 - period])]
-                    repeats = (steady_end - 1 - i) // period
-                    if repeats > 0 and all(
-                            not grown[2] and (grown[0] == shift
-                                              or (grown[0] <= shift and not grown[1]))
-                            for grown in growth):
+                    (s_now, h_now, w_now, red_now) = states[-1]
+                    (s_then, h_then, w_then, red_then) = states[-1 - period]
+                    if red_now == red_then and all(
+                            a - b == shift or (a - b <= shift and h == g)
+                            for a, b, h, g in zip(s_now, s_then, h_now, h_then)):
                         _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
                                       free)
                         grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
                         wait = [x + repeats * g for x, g in zip(wait, grow)]
-                        for walker, grown in zip(walkers, growth):
-                            walker.advance(repeats, grown)
+                        stream = [x + repeats * (a - b)
+                                  for x, a, b in zip(stream, s_now, s_then)]
+                        held = [x + repeats * (a - b) for x, a, b in zip(held, h_now, h_then)]
+                        waited = [x + repeats * (a - b)
+                                  for x, a, b in zip(waited, w_now, w_then)]
                         i += repeats * period
                         check_from = positions  # (one skip reaches the first cool-down)
         i += 1
-    starts = tuple(0 if s is None else s for s in first_start)
-    return max(free), tuple(free), starts, tuple(wait)
+    return FamilyWalk(max(free), tuple(free), tuple(wait), tuple(stream), tuple(waited))
