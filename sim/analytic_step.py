@@ -36,8 +36,13 @@ same ops without an event loop, in three parts:
    family's recurrence at rank 0 to rank 1's.
 
 ZeRO-3's parameter gathers depend on nothing, so the data-parallel stream runs
-them ahead of use: the first layer of the step waits for its gather, and a rank
-whose gathers outlast its compute ends no sooner than all of them.
+them ahead of use, in program order behind the reductions issued before them. The
+1F1B family (GPipe, 1F1B, interleaved) walks every unit with them
+(:class:`GatherWalker`, :func:`strategies.pipeline.one_f_one_b_family_walk`: the
+replay's integers where hops share one price); other schedules walk the tail the
+timing runs apart with its gathers and bound the rest: the first layer of the step
+waits for its gather, and a rank whose gathers outlast its compute ends no sooner
+than all of them.
 
 Where the event fidelity must agree: without pipeline parallelism the step is
 one rank's list schedule (with ZeRO-3, of all its actions in order), so the two
@@ -683,11 +688,18 @@ class GatherWalker:
                  bucket_bytes: float) -> None:
         chunks = 1 + max(chunk for _, chunk in rows)
         #: ``plain[1][c]``, ``plain[0][c]``: forward, backward ``(D, G, O)``
-        self.plain = tuple(tuple(gather_floor([row[:3] for row in rows[(bool(f), c)]])
-                                 for c in range(chunks)) for f in (0, 1))
+        self.plain = tuple(tuple(self._plain(rows[(bool(f), c)]) for c in range(chunks))
+                           for f in (0, 1))
         self.reducing = [rows[(False, c)] for c in range(chunks)]
         self.reduction_ns, self.fill, self.bucket_bytes = reduction_ns, fill, bucket_bytes
         self._durations: dict[tuple, int | None] = {}
+
+    @staticmethod
+    def _plain(rows: Sequence[tuple]) -> tuple[int, int, int]:
+        """:func:`gather_floor` of a unit's rows, a unit without a gathered layer's offset
+        ``-(D + 1)`` (the stream, never negative, then never sets its end)."""
+        duration, gathers, offset = gather_floor([row[:3] for row in rows])
+        return duration, gathers, -(duration + 1) if offset is None else offset
 
     def reduce(self, chunk: int, start: int, stream_ns: int) -> tuple[int, int, int]:
         """The backward of the last micro-batch through chunk ``chunk``, started at

@@ -1923,8 +1923,8 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     """:func:`one_f_one_b_family_timing`'s order and dependencies (integer times) with
     each unit's end set by its rank's data-parallel stream: ``walkers[r].plain[f][c]``
     is ``(D, G, O)`` for rank ``r``'s forward (``f`` 1) or backward (0) through its
-    chunk ``c`` (stage ``c * pp + r``): it ends at ``max(start + D, S + O)`` (``O``
-    None: at ``start + D``) with ``S`` where the stream is free when it issues its
+    chunk ``c`` (stage ``c * pp + r``): it ends at ``max(start + D, S + O)`` (without a
+    gathered layer ``G`` is 0 and ``O`` below any end: ``-(D + 1)``) with ``S`` where the stream is free when it issues its
     gathers, which then move the stream ``G`` on; the backwards of the last
     micro-batch (which reduce gradients) are ``walkers[r].reduce(c, start, S)`` ->
     ``(end, S after it, its waits for gathers)``. Units reach a rank's walker in its
@@ -2003,13 +2003,12 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
                 wait[r] += start - produced
             duration, gathers, offset = plain[(k % group) // p]
             end = start + duration
-            if offset is not None:
-                floor = stream[r] + offset
-                if floor > end:
-                    held[r] += 1
-                    waited[r] += floor - end
-                    end = floor
-                stream[r] += gathers
+            floor = stream[r] + offset  # (no gathered layer: an offset below any end)
+            if floor > end:
+                held[r] += 1
+                waited[r] += floor - end
+                end = floor
+            stream[r] += gathers
             free[r] = row[k] = end
         for r, w, cool, row, prev, plain in bw:
             if i < w:
@@ -2047,13 +2046,12 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
             else:
                 duration, gathers, offset = plain[chunk]
                 end = start + duration
-                if offset is not None:
-                    floor = stream[r] + offset
-                    if floor > end:
-                        held[r] += 1
-                        waited[r] += floor - end
-                        end = floor
-                    stream[r] += gathers
+                floor = stream[r] + offset
+                if floor > end:
+                    held[r] += 1
+                    waited[r] += floor - end
+                    end = floor
+                stream[r] += gathers
             free[r] = row[k] = end
         if check_from <= i < steady_end:
             ends.append(free[:])
