@@ -809,17 +809,10 @@ class BatchStepEvaluator:
         parts in the lowering's order, a run of identical layers as one row: the same
         integers, :func:`sim.analytic_step.gather_floor`), walked by
         :func:`strategies.pipeline.one_f_one_b_family_walk`."""
-        pp, flags = plan.pp, self._flags
+        pp = plan.pp
         walkers = []
         for p in range(pp):
-            gathers: dict = {}
-
-            def gather(layer: int) -> int:
-                found = gathers.get(flags[layer])
-                if found is None:
-                    found = gathers[flags[layer]] = gather_ns(p, layer)
-                return found
-
+            gather = _by_kind(gather_ns, p, self._flags)
             rows = {}
             for chunk in range(plan.vpp):
                 stage = chunk * pp + p  # (Megatron's placement: family_warmups)
@@ -920,14 +913,7 @@ class BatchStepEvaluator:
         reductions and optimizer (:meth:`_regather_walk`), as :meth:`_rank_ns` returns
         them, or :meth:`_host_rank` with the CPU issuing the kernels."""
         tail, releases = timed
-        flags = self._flags
-        gathers: dict = {}
-
-        def gather(layer: int) -> int:
-            found = gathers.get(flags[layer])
-            if found is None:
-                found = gathers[flags[layer]] = gather_ns(p, layer)
-            return found
+        gather = _by_kind(gather_ns, p, self._flags)
 
         # each action's layers in walk order as runs of one kind (kind, layer, n), and
         # whether an edge (a backward's head, a forward's embedding) leads them
@@ -1506,6 +1492,20 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
+
+
+def _by_kind(price, p: int, flags: Sequence) -> object:
+    """``layer -> price(p, layer)`` asked once per layer kind (``flags[layer]``): a
+    layer's gather on rank ``p`` reads only its kind."""
+    found: dict = {}
+
+    def of(layer: int) -> int:
+        value = found.get(flags[layer])
+        if value is None:
+            value = found[flags[layer]] = price(p, layer)
+        return value
+
+    return of
 
 
 class _TailStream:
