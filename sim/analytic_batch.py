@@ -51,7 +51,8 @@ from typing import Sequence
 from hardware.spec import ClusterSpec
 from sim.analytic_prices import amax_price_key, part_recomputes, plan_fields
 from sim.analytic_step import (AnalyticStepModel, OpPricer, PricingCache, analytic_step,
-                               contention_closed_form, fill_by_sums, group_price_key,
+                               GatherWalker, contention_closed_form, fill_by_sums,
+                               group_price_key,
                                hop_prices, last_wait, optimizer_layers_key,
                                plan_contention, timed_tail_entries)
 from sim.host_lead import LEVEL, HostForm, repeated_blocks, settle_rank_ends
@@ -60,7 +61,9 @@ from strategies.lowering import (AMAX_PART, StepLowerer, amax_reduction_bytes,
 from strategies.model_spec import ModelSpec
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 from strategies.schedules import get_schedule
-from strategies.schedules.base import known_family_timing, prime_family_timings
+from strategies.pipeline import one_f_one_b_family_walk
+from strategies.schedules.base import (family_warmups, known_family_timing,
+                                       prime_family_timings)
 
 __all__ = ["BatchStepEvaluator"]
 
@@ -711,6 +714,14 @@ class BatchStepEvaluator:
             size = int(pp_message_bytes(model, plan))
             t_p2p = cost_model.p2p_ns(reps[0], reps[1], size)
             hops = hop_prices(schedule, placement, reps, size, cost_model.p2p_ns, t_p2p)
+        if gathers and plan.zero == 3 and not hosted:
+            warmups = family_warmups(schedule, pp, m, vpp)
+            if warmups is not None:
+                # (ZeRO-3 on the 1F1B family: its units walked with their gathers,
+                # AnalyticStepModel._gathered_step; no timing to ask for)
+                return self._gathered_step_ns(plan, warmups, t_p2p, stage_layers, is_first,
+                                              is_last, kind_cost, gather_ns, reduction_ns,
+                                              optimizer_ns, part_key, amax)
         durations_b = list(phases["B"])
         if split:
             durations_b = [max(b, w) for b, w in zip(durations_b, phases["W"])]
@@ -790,6 +801,51 @@ class BatchStepEvaluator:
                 step = end
         return step
 
+    def _gathered_step_ns(self, plan, warmups, t_p2p, stage_layers, is_first, is_last,
+                          kind_cost, gather_ns, reduction_ns, optimizer_ns, part_key,
+                          amax) -> int:
+        """AnalyticStepModel._gathered_step's step (ns): each rank's
+        :class:`sim.analytic_step.GatherWalker` from this plan's prices (its chunks'
+        parts in the lowering's order, a run of identical layers as one row: the same
+        integers, :func:`sim.analytic_step.gather_floor`), walked by
+        :func:`strategies.pipeline.one_f_one_b_family_walk`."""
+        pp = plan.pp
+        walkers = []
+        for p in range(pp):
+            gather = _by_kind(gather_ns, p, self._flags)
+            rows = {}
+            for chunk in range(plan.vpp):
+                stage = chunk * pp + p  # (Megatron's placement: family_warmups)
+                runs = self._runs(stage_layers[stage])
+                for comp in ("F", "B"):
+                    forward = comp == "F"
+                    parts = [(part, part, 1) for part in (
+                        ("embedding",) if forward and is_first[stage]
+                        else ("head",) if not forward and is_last[stage] else ())]
+                    parts += [(layer, kind, n) for kind, layer, n in
+                              (runs if forward else runs[::-1])]
+                    parts += [(AMAX_PART, AMAX_PART, 1)] if amax else []
+                    parts += [(part, part, 1) for part in (
+                        ("head",) if forward and is_last[stage]
+                        else ("embedding",) if not forward and is_first[stage] else ())]
+                    found = []
+                    for part, kind, n in parts:
+                        # (a backward's gradient sums: whole numbers, else analytic_step)
+                        part_ns, sums = ((kind_cost(p, part, kind, comp).total_ns, None)
+                                         if forward else
+                                         self._row(p, part, kind, comp, kind_cost, plan,
+                                                   part_key))
+                        found.append((part_ns, 0 if isinstance(part, str) else gather(part),
+                                      n, sums, part))
+                    rows[(forward, chunk)] = tuple(found)
+            walkers.append(GatherWalker(rows,
+                                        lambda group, size, p=p: reduction_ns(p, group, size),
+                                        None, plan.grad_bucket_bytes))
+        walk = one_f_one_b_family_walk(pp, plan.num_microbatches, plan.vpp, warmups, t_p2p,
+                                       walkers)
+        return max(max(end, stream) + optimizer_ns(p)
+                   for p, (end, stream) in enumerate(zip(walk.rank_end, walk.stream_end)))
+
     def _rank_ns(self, p, stages, stage_layers, kinds, is_first, is_last, split, phases,
                  kind_cost, reduction_ns, optimizer_ns, gather_ns, gathers, bucket, m,
                  placement, plan, part_key, timed=None, amax=False) -> tuple[int, int, int]:
@@ -857,14 +913,7 @@ class BatchStepEvaluator:
         reductions and optimizer (:meth:`_regather_walk`), as :meth:`_rank_ns` returns
         them, or :meth:`_host_rank` with the CPU issuing the kernels."""
         tail, releases = timed
-        flags = self._flags
-        gathers: dict = {}
-
-        def gather(layer: int) -> int:
-            found = gathers.get(flags[layer])
-            if found is None:
-                found = gathers[flags[layer]] = gather_ns(p, layer)
-            return found
+        gather = _by_kind(gather_ns, p, self._flags)
 
         # each action's layers in walk order as runs of one kind (kind, layer, n), and
         # whether an edge (a backward's head, a forward's embedding) leads them
@@ -1443,6 +1492,20 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
+
+
+def _by_kind(price, p: int, flags: Sequence) -> object:
+    """``layer -> price(p, layer)`` asked once per layer kind (``flags[layer]``): a
+    layer's gather on rank ``p`` reads only its kind."""
+    found: dict = {}
+
+    def of(layer: int) -> int:
+        value = found.get(flags[layer])
+        if value is None:
+            value = found[flags[layer]] = price(p, layer)
+        return value
+
+    return of
 
 
 class _TailStream:

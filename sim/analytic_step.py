@@ -36,8 +36,13 @@ same ops without an event loop, in three parts:
    family's recurrence at rank 0 to rank 1's.
 
 ZeRO-3's parameter gathers depend on nothing, so the data-parallel stream runs
-them ahead of use: the first layer of the step waits for its gather, and a rank
-whose gathers outlast its compute ends no sooner than all of them.
+them ahead of use, in program order behind the reductions issued before them. The
+1F1B family (GPipe, 1F1B, interleaved) walks every unit with them
+(:class:`GatherWalker`, :func:`strategies.pipeline.one_f_one_b_family_walk`: the
+replay's integers where hops share one price); other schedules walk the tail the
+timing runs apart with its gathers and bound the rest: the first layer of the step
+waits for its gather, and a rank whose gathers outlast its compute ends no sooner
+than all of them.
 
 Where the event fidelity must agree: without pipeline parallelism the step is
 one rank's list schedule (with ZeRO-3, of all its actions in order), so the two
@@ -84,9 +89,9 @@ from strategies.collectives.catalog import ALGORITHMS
 from strategies.ir import CollectiveOp, ComputeOp, Op
 from strategies.lowering import AMAX_PART, StepLowerer
 from strategies.model_spec import ModelSpec
-from strategies.pipeline import Action
+from strategies.pipeline import Action, one_f_one_b_family_walk
 from strategies.schedules import PipelineTiming
-from strategies.schedules.base import count_actions
+from strategies.schedules.base import count_actions, family_warmups
 from strategies.plan import HOST_FREE_MODES, ParallelPlan
 
 COMPUTE_STREAM = "compute"
@@ -651,6 +656,112 @@ def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[
                 return index, holder, position
         return None
     return None
+
+
+class GatherWalker:
+    """One pipeline rank's units as a ZeRO-3 step runs them, for
+    :func:`strategies.pipeline.one_f_one_b_family_walk` (the 1F1B family): every
+    forward and backward all-gathers its layers' parameters on the data-parallel stream
+    (StepLowerer._param_gather: no dependency, so the stream runs them back to back in
+    program order) and each layer waits for its own; the route's last micro-batch's
+    backwards also reduce their gradient buckets on that stream as they fill
+    (StepLowerer._backward_action: each after the part that filled it), and the gathers
+    issued after a reduction queue behind it (one stream, in issue order). The replay's
+    schedule of that stream, without SM contention and without the CPU's cost.
+
+    A unit that reduces nothing ends at ``max(start + D, S + O)`` (:func:`gather_floor`;
+    ``S`` where the stream is free when it issues its gathers): the walk
+    ``e_i = max(e_{i-1}, g_i) + c_i`` over its layers unrolled. A unit that reduces is
+    walked part by part (:meth:`reduce`), its gathers issued at its first layer, after
+    its leading edge's reductions (:meth:`AnalyticStepModel._walk`'s order).
+
+    Args:
+        rows: per (forward, chunk) the unit's parts in walk order, ``(part ns, gather
+            ns or 0, count, gradient sums or None, part)`` each (``count`` identical
+            parts in a row).
+        reduction_ns: ``(group, bytes) -> ns or None`` of one bucket.
+        fill: ``(part, pending, final) -> due buckets`` for a part whose sums are None.
+        bucket_bytes: the plan's gradient bucket size.
+    """
+
+    def __init__(self, rows: Mapping[tuple[bool, int], Sequence[tuple]], reduction_ns, fill,
+                 bucket_bytes: float) -> None:
+        chunks = 1 + max(chunk for _, chunk in rows)
+        #: ``plain[1][c]``, ``plain[0][c]``: forward, backward ``(D, G, O)``
+        self.plain = tuple(tuple(self._plain(rows[(bool(f), c)]) for c in range(chunks))
+                           for f in (0, 1))
+        self.reducing = [rows[(False, c)] for c in range(chunks)]
+        self.reduction_ns, self.fill, self.bucket_bytes = reduction_ns, fill, bucket_bytes
+        self._durations: dict[tuple, int | None] = {}
+
+    @staticmethod
+    def _plain(rows: Sequence[tuple]) -> tuple[int, int, int]:
+        """:func:`gather_floor` of a unit's rows, a unit without a gathered layer's offset
+        ``-(D + 1)`` (the stream, never negative, then never sets its end)."""
+        duration, gathers, offset = gather_floor([row[:3] for row in rows])
+        return duration, gathers, -(duration + 1) if offset is None else offset
+
+    def reduce(self, chunk: int, start: int, stream_ns: int) -> tuple[int, int, int]:
+        """The backward of the last micro-batch through chunk ``chunk``, started at
+        ``start`` with the stream free at ``stream_ns``, its buckets reduced as they
+        fill: (its end, where the stream is free after it, its waits for gathers)."""
+        parts = self.reducing[chunk]
+        total, dp_free, pending = start, stream_ns, {}
+        waits = gathered = 0
+        final_index = len(parts) - 1
+        issued = False
+        for index, (part_ns, gather_ns, count, sums, part) in enumerate(parts):
+            if gather_ns and not issued:
+                # (every layer's gather, issued at the first layer: after the leading
+                # edge's reductions)
+                issued, gathered = True, dp_free
+                dp_free += sum(g * n for _, g, n, _, _ in parts[index:])
+            for i in range(1, count + 1):
+                if gather_ns:
+                    gathered += gather_ns
+                    if gathered > total:
+                        waits += gathered - total
+                        total = gathered
+                total += part_ns
+                final = index == final_index and i == count
+                if sums is None:
+                    due = self.fill(part, pending, final)
+                else:
+                    due = fill_by_sums(pending, sums, self.bucket_bytes, final)
+                for bucket in due:
+                    duration = self._durations.get(bucket, _MISSING)
+                    if duration is _MISSING:
+                        duration = self._durations[bucket] = self.reduction_ns(*bucket)
+                    if duration is not None:
+                        dp_free = (dp_free if dp_free > total else total) + duration
+        return total, dp_free, waits
+
+
+#: a memo's "not looked up yet" (None is a value there)
+_MISSING = object()
+
+
+def gather_floor(parts: Sequence[tuple[int, int, int]]) -> tuple[int, int, int | None]:
+    """A unit's parts in walk order, ``(part ns, gather ns or 0, count)`` each, as
+    :class:`GatherWalker` takes a unit that reduces nothing: ``(D, G, O)``, its parts
+    back to back, its gathers back to back and the latest of its ``i``-th gathered
+    layer's gathers (the first ``i``) plus the parts from that layer on (None without a
+    gathered layer), all ns."""
+    duration = sum(part_ns * count for part_ns, _, count in parts)
+    gathers = 0
+    offset = None
+    before = 0  # compute before the current run
+    for part_ns, gather_ns, count in parts:
+        if gather_ns and count:
+            # layer i (1..count) of the run: gathers + i g, then duration - before - (i - 1) c
+            first = gathers + gather_ns + duration - before
+            last = gathers + count * gather_ns + duration - before - (count - 1) * part_ns
+            found = first if first > last else last
+            if offset is None or found > offset:
+                offset = found
+            gathers += gather_ns * count
+        before += part_ns * count
+    return duration, gathers, offset
 
 
 class AnalyticStepModel:
@@ -1686,6 +1797,9 @@ class AnalyticStepModel:
         if pp == 1 and (self.lowerer.gathers_params("F", 0)
                         or plan.grad_reduce_every_microbatch):
             return self._whole_rank_step()
+        warmups = self._gather_walk_warmups()
+        if warmups is not None:
+            return self._gathered_step(warmups, t_p2p)
         # each distinct rank's actions priced first, in rank order: the first rank to
         # price a part's kind stands for it (_kind_cost), before the timing asks each
         # stage's holder
@@ -1741,6 +1855,83 @@ class AnalyticStepModel:
         return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
                             critical=critical, ops_priced=sum(p.ops_scheduled for p in pricers),
                             exact=not self.inexact)
+
+    def _gather_walk_warmups(self) -> list[int] | None:
+        """Each rank's warm-up forwards when the step is walked unit by unit with its
+        ZeRO-3 gathers (:meth:`_gathered_step`): ZeRO-3 over a data-parallel group, a
+        1F1B-family schedule the family's recurrence times (GPipe, 1F1B, interleaved;
+        :func:`strategies.schedules.base.family_warmups`), gradients reduced as they fill
+        at the last micro-batch, no SM contention, no CPU issue cost; else None (the
+        bound of :meth:`run`)."""
+        plan, lowerer = self.plan, self.lowerer
+        if (plan.zero != 3 or plan.pp < 2 or type(lowerer) is not StepLowerer
+                or not lowerer.gathers_params("F", 0) or self._hosted or lowerer.overlap
+                or not plan.overlap_grad_reduce or plan.grad_reduce_every_microbatch
+                or any(pricer.max_ctas is not None
+                       for pricer in (self.pricer, *self.stage_pricers.values()))):
+            return None
+        return family_warmups(lowerer.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+
+    def _gather_walker(self, p: int) -> GatherWalker:
+        """Rank ``p``'s :class:`GatherWalker`: each of its chunks' forward and backward
+        as its parts' list schedules (:meth:`_stage_table`, in the lowering's order) with
+        each layer's gather (:meth:`_kind_gather_ns`)."""
+        lowerer, plan = self.lowerer, self.plan
+        pricer = self.stage_pricers.get(p, self.pricer)
+        rows = {}
+        for chunk in range(plan.vpp):
+            stage = chunk * plan.pp + p
+            for comp in ("F", "B"):
+                rows[(comp == "F", chunk)] = tuple(
+                    (cost.total_ns,
+                     0 if isinstance(part, str) else self._kind_gather_ns(pricer, p, part),
+                     1, sums, part)
+                    for cost, part, sums in self._stage_table(pricer, p, stage, comp))
+        return GatherWalker(
+            rows, lambda group, size: self._reduction_ns(pricer, p, group, size),
+            lambda part, pending, final: lowerer.fill_buckets(lowerer.part_kernels(part),
+                                                              pending, final),
+            plan.grad_bucket_bytes)
+
+    def _gathered_step(self, warmups: Sequence[int], t_p2p: int) -> AnalyticStep:
+        """The step of a ZeRO-3 1F1B-family pipeline as the replay runs it: the family's
+        recurrence (:func:`strategies.pipeline.one_f_one_b_family_walk`) with each
+        rank's units ending where its layers' gathers let them (:class:`GatherWalker`:
+        the data-parallel stream in program order, gathers behind the reductions
+        issued before them); a rank ends when its compute and its stream have, then
+        runs the optimizer."""
+        plan = self.plan
+        # each distinct rank's actions priced first, in rank order, as run() does: the
+        # first rank to price a part's kind stands for it (_kind_cost)
+        per_step: dict[tuple, OpListCost] = {}
+        signatures = [self._signature(p) for p in range(plan.pp)]
+        for p, signature in enumerate(signatures):
+            if signature not in per_step:
+                per_step[signature] = self._work_cost(self.stage_pricers.get(p, self.pricer),
+                                                      p, self._counts(p))
+        walkers = [self._gather_walker(p) for p in range(plan.pp)]
+        walk = one_f_one_b_family_walk(plan.pp, plan.num_microbatches, plan.vpp, warmups,
+                                       t_p2p, walkers)
+        ends, ranks = [], []
+        for p, (compute_end, dp_end) in enumerate(zip(walk.rank_end, walk.stream_end)):
+            pricer = self.stage_pricers.get(p, self.pricer)
+            optimizer = self._optimizer_cost(pricer, p)
+            exposed = {"dp": max(dp_end - compute_end, 0)}
+            _add(exposed, optimizer.exposed_ns)
+            finish = OpListCost(total_ns=max(compute_end, dp_end) + optimizer.total_ns,
+                                compute_ns=optimizer.compute_ns - optimizer.starved_ns,
+                                optimizer_ns=optimizer.optimizer_ns, exposed_ns=exposed)
+            ends.append(finish.total_ns)
+            ranks.append(_RankCosts(per_step[signatures[p]], OpListCost(exposed_ns={}),
+                                    finish))
+        step_ns = max(ends)
+        breakdown = {p: self._breakdown(rank, step_ns, walk.rank_comm_wait[p],
+                                        walk.gather_wait[p])
+                     for p, rank in enumerate(ranks)}
+        pricers = [self.pricer, *self.stage_pricers.values()]
+        return AnalyticStep(step_ns=step_ns, rank_end_ns=ends, breakdown_s=breakdown,
+                            critical=critical_rank(breakdown, step_ns / 1e9),
+                            ops_priced=sum(p.ops_scheduled for p in pricers))
 
     def _host_ends(self, rank_end: Sequence[int], t_p2p: int, wait_ns: int = 0
                    ) -> tuple[list[int], list[int]]:

@@ -1323,122 +1323,27 @@ def _family_timing_scalar(pp: int, microbatches: int, vpp: int, warmups: Sequenc
                           t_f: Sequence[int], t_b: Sequence[int], t_comm: int
                           ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """:func:`one_f_one_b_family_timing` (arguments already checked) walking positions
-    in order with the exact period skip (any real durations)."""
+    in order with the exact period skip (any real durations): the units of
+    :func:`one_f_one_b_family_walk` with no gathers (each ends at ``start + D``; the
+    offset ``-(D + 1)`` never binds, the stream stays at 0)."""
     p, v = pp, vpp
-    total = microbatches * v
-    group = p * v
-    c = t_comm
-    far = p > 1
-    # durations by rank and chunk; chunk of virtual k: (k % group) // p
-    fdur = [[t_f[ch * p + r] for ch in range(v)] for r in range(p)]
-    bdur = [[t_b[(v - 1 - ch) * p + r] for ch in range(v)] for r in range(p)]
-    end_f = [[0] * total for _ in range(p)]
-    end_b = [[0] * total for _ in range(p)]
-    free = [0] * p
-    wait = [0] * p
-    w_max = max(warmups)
-    positions = 2 * total
-    period = _period_positions(p, v)
-    # the all-1F-1B window and the positions a period check may look at
-    steady_end = positions - w_max
-    # a position's inputs are those of the position one period later once both are past
-    # w_max (the first 1F-1B forward of a rank may read a warm-up forward one position
-    # old, not two): ends are kept from w_max and compared from w_max + 1 + period on
-    check_from = w_max
-    ends: list[list[int]] = []  # free and wait after each position from check_from
-    waits: list[list[int]] = []
-    last = p - 1
-    one = v == 1
-    # per rank (forwards by rising rank, backwards by falling): its warm-up count, the
-    # first cool-down position, its ends, its input rank's ends and its durations
-    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None, fdur[r])
-          for r, w in enumerate(warmups)]
-    bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None, bdur[r])
-          for r, w in reversed(list(enumerate(warmups)))]
-    i = 0
-    while i < positions:
-        # which action each rank runs at position i: (is forward, virtual index)
-        # forwards first, by rising rank
-        for r, w, cool, row, prev, durs in fw:
-            if i < w:
-                k = i
-            elif i < cool:
-                off = i - w
-                if off & 1:
-                    continue
-                k = w + (off >> 1)
-            else:
-                continue
-            start = produced = free[r]
-            if r:
-                dep = prev[k]
-                if dep > produced:
-                    produced = dep
-                dep += c
-                if dep > start:
-                    start = dep
-            elif k % group >= p:
-                dep = end_f[last][k - p]
-                if dep > produced:
-                    produced = dep
-                if far:
-                    dep += c
-                if dep > start:
-                    start = dep
-            if start > produced:
-                wait[r] += start - produced
-            free[r] = row[k] = start + (durs[0] if one else durs[(k % group) // p])
-        for r, w, cool, row, prev, durs in bw:
-            if i < w:
-                continue
-            if i < cool:
-                off = i - w
-                if not off & 1:
-                    continue
-                k = off >> 1
-            else:
-                k = i - total
-            start = produced = free[r]
-            if r < last:
-                dep = prev[k]
-                if dep > produced:
-                    produced = dep
-                dep += c
-                if dep > start:
-                    start = dep
-            elif k % group >= p:
-                dep = end_b[0][k - p]
-                if dep > produced:
-                    produced = dep
-                if far:
-                    dep += c
-                if dep > start:
-                    start = dep
-            if start > produced:
-                wait[r] += start - produced
-            free[r] = row[k] = start + (durs[0] if one else durs[(k % group) // p])
-        if check_from <= i < steady_end:
-            ends.append(free[:])
-            waits.append(wait[:])
-            if len(ends) > period + 1 and i - period > w_max:
-                now, before = ends[-1], ends[-1 - period]
-                shift = now[0] - before[0]
-                # (rank p - 1 first: a cheap filter before the whole comparison)
-                if (now[last] - before[last] == shift
-                        and [x + shift for x in before] == now
-                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
-                    repeats = (steady_end - 1 - i) // period
-                    if repeats > 0:
-                        _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
-                                      free)
-                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
-                        wait = [x + repeats * g for x, g in zip(wait, grow)]
-                        i += repeats * period
-                    check_from = positions  # (one skip reaches the first cool-down)
-        i += 1
-    # (every rank's first action is F_0 of chunk 0; its end is never skipped)
-    first_start = [end_f[r][0] - fdur[r][0] for r in range(p)] if total else [0] * p
-    return max(free), tuple(free), tuple(first_start), tuple(wait)
+    walkers = [_Durations(tuple(tuple((d, 0, -(d + 1)) for d in row) for row in (
+        [t_b[ch * p + r] for ch in range(v)],
+        [t_f[ch * p + r] for ch in range(v)]))) for r in range(p)]
+    walk = one_f_one_b_family_walk(p, microbatches, v, warmups, t_comm, walkers,
+                                   reducing=False)
+    # (every rank's first action is F_0 of chunk 0: it starts where its end less its
+    # duration says)
+    first_start = (tuple(walk.first_end[r] - t_f[r] for r in range(p))
+                   if microbatches * v else (0,) * p)
+    return walk.makespan, walk.rank_end, first_start, walk.rank_comm_wait
+
+
+class _Durations(NamedTuple):
+    """A rank's units for :func:`one_f_one_b_family_walk` without gathers: ``plain``
+    (backward, forward rows by chunk of ``(duration, 0, -(duration + 1))``)."""
+
+    plain: tuple
 
 
 # Numpy form of the same recurrence. Rank r's units, in its list order j = 0 .. 2T - 1,
@@ -1898,3 +1803,192 @@ def _skip_periods(i: int, repeats: int, period: int, shift: int,
                 k = w + (off >> 1)
                 end_f[r][k + step_k] = end_f[r][k] + add
         free[r] += add
+
+
+# ------------------------------------------------------------- 1F1B family, walked units
+#
+# The recurrence above with durations that depend on when a unit starts: a rank whose
+# layers wait for their ZeRO-3 parameter gathers (sim.analytic_step.GatherWalker) ends a
+# unit at max(start + its compute, where its gathers let it), and where its
+# data-parallel stream stands when the unit issues its gathers decides the latter.
+
+
+class FamilyWalk(NamedTuple):
+    """:func:`one_f_one_b_family_walk`'s result (integer times)."""
+
+    makespan: int
+    rank_end: tuple[int, ...]    # each rank's last compute end
+    rank_comm_wait: tuple[int, ...]  # each rank's wait for transfers
+    stream_end: tuple[int, ...]  # where each rank's data-parallel stream ends
+    gather_wait: tuple[int, ...]  # each rank's compute waits for its gathers
+    first_end: tuple[int, ...]  # the end of each rank's first forward (0: none)
+
+
+def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Sequence[int],
+                            t_comm: int, walkers: Sequence, reducing: bool = True
+                            ) -> FamilyWalk:
+    """:func:`one_f_one_b_family_timing`'s order and dependencies (integer times) with
+    each unit's end set by its rank's data-parallel stream: ``walkers[r].plain[f][c]``
+    is ``(D, G, O)`` for rank ``r``'s forward (``f`` 1) or backward (0) through its
+    chunk ``c`` (stage ``c * pp + r``): it ends at ``max(start + D, S + O)`` (without a
+    gathered layer ``G`` is 0 and ``O`` below any end: ``-(D + 1)``) with ``S`` where the stream is free when it issues its
+    gathers, which then move the stream ``G`` on; the backwards of the last
+    micro-batch (which reduce gradients) are ``walkers[r].reduce(c, start, S)`` ->
+    ``(end, S after it, its waits for gathers)``. Units reach a rank's walker in its
+    list order. ``reducing`` False: no unit reduces (every backward is plain).
+
+    Period skip: as the plain walk's (the ends of two consecutive positions those of a
+    period earlier plus one ``d`` on every rank) where, over that period, every rank's
+    stream moved ``d``, or at most ``d`` with no unit's end set by its gathers, and no
+    unit reduced: then every term of every unit's end moves by ``d`` or stays dominated
+    (falling further behind), so the next periods repeat the last one shifted by ``d``
+    (by induction; the stream moves by its gathers alone, one period's each period).
+    Otherwise the walk goes on position by position (exact, slower).
+
+    Raises:
+        ValueError: for warm-up counts out of range (one line)."""
+    p, v = pp, vpp
+    total = microbatches * v
+    group = p * v
+    if len(warmups) != p or any(not 0 <= w <= total for w in warmups):
+        raise ValueError(f"warmups={tuple(warmups)!r} is invalid; valid: {p} counts "
+                         f"in 0 .. {total}")
+    c = t_comm
+    far = p > 1
+    end_f = [[0] * total for _ in range(p)]
+    end_b = [[0] * total for _ in range(p)]
+    free = [0] * p
+    wait = [0] * p
+    stream = [0] * p   # each rank's data-parallel stream end
+    held = [0] * p     # units whose end a gather set
+    waited = [0] * p   # compute waits for gathers
+    reduced = 0
+    w_max = max(warmups)
+    positions = 2 * total
+    period = _period_positions(p, v)
+    steady_end = positions - w_max
+    check_from = w_max
+    ends: list[list[int]] = []
+    waits: list[list[int]] = []
+    states: list[tuple] = []
+    last = p - 1
+    # virtual indices of the last round (its last micro-batch); none when not reducing
+    last_from = total - group if reducing else total
+    last_mb = microbatches - 1
+    fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None,
+           walkers[r].plain[1]) for r, w in enumerate(warmups)]
+    bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None,
+           walkers[r].plain[0]) for r, w in reversed(list(enumerate(warmups)))]
+    i = 0
+    while i < positions:
+        for r, w, cool, row, prev, plain in fw:
+            if i < w:
+                k = i
+            elif i < cool:
+                off = i - w
+                if off & 1:
+                    continue
+                k = w + (off >> 1)
+            else:
+                continue
+            start = produced = free[r]
+            if r:
+                dep = prev[k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_f[last][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            duration, gathers, offset = plain[(k % group) // p]
+            end = start + duration
+            floor = stream[r] + offset  # (no gathered layer: an offset below any end)
+            if floor > end:
+                held[r] += 1
+                waited[r] += floor - end
+                end = floor
+            stream[r] += gathers
+            free[r] = row[k] = end
+        for r, w, cool, row, prev, plain in bw:
+            if i < w:
+                continue
+            if i < cool:
+                off = i - w
+                if not off & 1:
+                    continue
+                k = off >> 1
+            else:
+                k = i - total
+            start = produced = free[r]
+            if r < last:
+                dep = prev[k]
+                if dep > produced:
+                    produced = dep
+                dep += c
+                if dep > start:
+                    start = dep
+            elif k % group >= p:
+                dep = end_b[0][k - p]
+                if dep > produced:
+                    produced = dep
+                if far:
+                    dep += c
+                if dep > start:
+                    start = dep
+            if start > produced:
+                wait[r] += start - produced
+            chunk = v - 1 - (k % group) // p
+            if k >= last_from and (k // group) * p + k % p == last_mb:
+                reduced += 1
+                end, stream[r], extra = walkers[r].reduce(chunk, start, stream[r])
+                waited[r] += extra
+            else:
+                duration, gathers, offset = plain[chunk]
+                end = start + duration
+                floor = stream[r] + offset
+                if floor > end:
+                    held[r] += 1
+                    waited[r] += floor - end
+                    end = floor
+                stream[r] += gathers
+            free[r] = row[k] = end
+        if check_from <= i < steady_end:
+            ends.append(free[:])
+            waits.append(wait[:])
+            states.append((stream[:], held[:], waited[:], reduced))
+            if len(ends) > period + 1 and i - period > w_max:
+                now, before = ends[-1], ends[-1 - period]
+                shift = now[0] - before[0]
+                repeats = (steady_end - 1 - i) // period
+                if (repeats > 0 and now[last] - before[last] == shift
+                        and [x + shift for x in before] == now
+                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
+                    (s_now, h_now, w_now, red_now) = states[-1]
+                    (s_then, h_then, w_then, red_then) = states[-1 - period]
+                    if red_now == red_then and all(
+                            a - b == shift or (a - b <= shift and h == g)
+                            for a, b, h, g in zip(s_now, s_then, h_now, h_then)):
+                        _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
+                                      free)
+                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
+                        wait = [x + repeats * g for x, g in zip(wait, grow)]
+                        stream = [x + repeats * (a - b)
+                                  for x, a, b in zip(stream, s_now, s_then)]
+                        held = [x + repeats * (a - b) for x, a, b in zip(held, h_now, h_then)]
+                        waited = [x + repeats * (a - b)
+                                  for x, a, b in zip(waited, w_now, w_then)]
+                        i += repeats * period
+                        check_from = positions  # (one skip reaches the first cool-down)
+        i += 1
+    # (every rank's first action is F_0 of chunk 0; its end is never skipped)
+    return FamilyWalk(max(free), tuple(free), tuple(wait), tuple(stream), tuple(waited),
+                      tuple(row[0] if total else 0 for row in end_f))

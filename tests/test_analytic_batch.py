@@ -293,6 +293,36 @@ def test_whole_rank_closed_forms_equal_simulate_step():
     assert checked >= 60
 
 
+def _zero3_plans(model, cluster, gpus: int, count: int, seed: int, schedules, vpp_of,
+                 hosts=None) -> tuple[list, list]:
+    """``count`` seeded random ZeRO-3 plans on ``gpus`` GPUs (a schedule of
+    ``schedules``, its ``vpp_of(rng, schedule)``, FP8 amax parts, CP, recompute, bucket
+    sizes that fill one, several or no buckets per layer, a ``hosts`` issue mode when
+    given) and their simulate_step results at analytic fidelity."""
+    rng = random.Random(seed)
+    plans, references = [], []
+    while len(plans) < count:
+        schedule = rng.choice(schedules)
+        fp8 = rng.random() < 0.2
+        try:
+            plan = make_plan(
+                gpus=gpus, tp=rng.choice((1, 2)), pp=rng.choice((2, 4)),
+                cp=rng.choice((1, 1, 2)), vpp=vpp_of(rng, schedule),
+                schedule=schedule, micro_batch=rng.choice((1, 2)),
+                global_batch=rng.choice((32, 64, 128)), seq_len=rng.choice((1024, 2048)),
+                zero=3, recompute=rng.choice(("none", "selective", "full")),
+                grad_bucket_bytes=rng.choice((1 << 18, 1 << 20, 4 << 20, 1 << 34)),
+                **({"host_issue": rng.choice(hosts)} if hosts else {}),
+                **(dict(dtype="fp8", fp8_recipe="te-delayed") if fp8 else {}))
+            validate_for(plan, model, cluster, gpus)
+        except ValueError:
+            continue
+        plans.append(plan)
+        references.append(simulate_step(model, cluster, plan, fidelity="analytic",
+                                        check_memory=False))
+    return plans, references
+
+
 def test_zero3_timed_tails_batch_equal_simulate_step(monkeypatch):
     """ZeRO-3 plans whose pipeline timing runs each rank's tail apart (ZB-H1, ZB-H2,
     ZB-V: ``PipelineTiming.rank_tail``) walk that tail with its parameter gathers queued
@@ -317,27 +347,9 @@ def test_zero3_timed_tails_batch_equal_simulate_step(monkeypatch):
     met: set = set()
     for model, gpus, count, seed in ((dense, 16, 40, 41), (windowed, 16, 20, 42),
                                      (dense, 32, 20, 43), (load_model("llama3-8b"), 32, 12, 44)):
-        rng = random.Random(seed)
-        plans, references = [], []
-        while len(plans) < count:
-            schedule = rng.choice(("zb-h1", "zb-h1", "zb-h2", "zb-v"))
-            fp8 = rng.random() < 0.2
-            try:
-                plan = make_plan(
-                    gpus=gpus, tp=rng.choice((1, 2)), pp=rng.choice((2, 4)),
-                    cp=rng.choice((1, 1, 2)), vpp=2 if schedule == "zb-v" else 1,
-                    schedule=schedule, micro_batch=rng.choice((1, 2)),
-                    global_batch=rng.choice((32, 64, 128)), seq_len=rng.choice((1024, 2048)),
-                    zero=3, recompute=rng.choice(("none", "selective", "full")),
-                    grad_bucket_bytes=rng.choice((1 << 18, 1 << 20, 4 << 20, 1 << 34)),
-                    host_issue=rng.choice(hosts),
-                    **(dict(dtype="fp8", fp8_recipe="te-delayed") if fp8 else {}))
-                validate_for(plan, model, cluster, gpus)
-            except ValueError:
-                continue
-            plans.append(plan)
-            references.append(simulate_step(model, cluster, plan, fidelity="analytic",
-                                            check_memory=False))
+        plans, references = _zero3_plans(
+            model, cluster, gpus, count, seed, ("zb-h1", "zb-h1", "zb-h2", "zb-v"),
+            lambda rng, schedule: 2 if schedule == "zb-v" else 1, hosts)
         walked.clear()
         evaluator = _batch_equals_references(model, cluster, plans, references)
         assert evaluator.counts == {"batch": 2 * count, "reference": 0, "event": 0}
@@ -380,3 +392,37 @@ def test_fill_run_with_gather_waits_is_the_layer_by_layer_walk():
         assert closed["dense"] == walked["dense"]
         if count:
             assert _gathered_end(total, count, part_ns, gathered, gather_ns) == t
+
+
+def test_zero3_one_f_one_b_family_batch_equals_simulate_step(monkeypatch):
+    """ZeRO-3 plans of the 1F1B family (1F1B, interleaved, GPipe) walk their units with
+    their gathers (AnalyticStepModel._gathered_step; BatchStepEvaluator.
+    _gathered_step_ns from shared prices): simulate_step's step to the ns on seeded
+    random plans of three models (one whose layers alternate kinds) on 16 and 32 GPUs,
+    with FP8 amax parts, CP and bucket sizes that fill one, several or no buckets per
+    layer; every plan without the CPU's cost counted as ``batch`` and walked."""
+    import dataclasses
+
+    from sim.analytic_batch import BatchStepEvaluator as Evaluator
+
+    walked = []
+    original = Evaluator._gathered_step_ns
+    monkeypatch.setattr(Evaluator, "_gathered_step_ns",
+                        lambda self, plan, *args: walked.append(plan)
+                        or original(self, plan, *args))
+    cluster = load_cluster("dgx-h100")
+    dense, _ = tiny_models()
+    windowed = dataclasses.replace(dense, name="tiny-swa", sliding_window=256,
+                                   full_attention_every=2)
+    met: set = set()
+    for model, gpus, count, seed in ((dense, 16, 30, 51), (windowed, 16, 15, 52),
+                                     (dense, 32, 15, 53), (load_model("llama3-8b"), 32, 10, 54)):
+        plans, references = _zero3_plans(
+            model, cluster, gpus, count, seed, ("1f1b", "interleaved", "interleaved", "gpipe"),
+            lambda rng, schedule: rng.choice((2, 4)) if schedule == "interleaved" else 1)
+        walked.clear()
+        evaluator = _batch_equals_references(model, cluster, plans, references)
+        assert evaluator.counts == {"batch": 2 * count, "reference": 0, "event": 0}
+        assert len(walked) == 2 * count, model.name
+        met |= {plan.schedule for plan in plans}
+    assert {"1f1b", "interleaved", "gpipe"} <= met, met

@@ -508,6 +508,22 @@ def _shape_warmups(schedule: OneFOneBFamily, pp: int, microbatches: int, vpp: in
     return warmups
 
 
+def family_warmups(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int
+                   ) -> list[int] | None:
+    """Each rank's warm-up forwards where ``schedule`` is a 1F1B-family schedule timed by
+    the family's recurrence (its own ``timing`` not overridden, Megatron's placement,
+    a warm-up order): what :func:`strategies.pipeline.one_f_one_b_family_walk` walks;
+    None otherwise (or for a shape :meth:`PipelineSchedule.check` rejects)."""
+    if (not isinstance(schedule, OneFOneBFamily)
+            or type(schedule).timing is not OneFOneBFamily.timing):
+        return None
+    try:
+        schedule.check(pp, microbatches, vpp)
+    except ValueError:
+        return None
+    return _shape_warmups(schedule, pp, microbatches, vpp)
+
+
 def _family_key(schedule: PipelineSchedule, pp: int, microbatches: int, vpp: int,
                 t_f: Sequence[int], t_b: Sequence[int], t_comm: object) -> tuple | None:
     """The memo key of a :meth:`OneFOneBFamily.timing` call without overlapped pairs, or
