@@ -62,7 +62,10 @@ def test_ring_all_reduce_equals_closed_form_to_the_nanosecond():
        n=st.integers(min_value=2, max_value=8))
 def test_ring_all_reduce_closed_form_any_size(size, n):
     """For any size the engine is the closed form plus base latency, up to the
-    rounding of each of its 5 terms to whole ns (one per term, documented)."""
+    rounding of each of its 5 terms to whole ns (one per term, documented). The closed
+    form here is evaluated in floats too: at ~1e6 ns its own rounding is ~1e-9 ns, so it
+    may sit that far above the engine's whole ns (size 1,166,420,808 on 8 GPUs:
+    5,607,406.000000001 against 5,607,406)."""
     cluster = load_cluster("dgx-h100")
     size -= size % n
     alpha = cluster.comm.hop_latency_s["nvlink"]["Simple"]
@@ -73,7 +76,7 @@ def test_ring_all_reduce_closed_form_any_size(size, n):
     plan = CostModel(layout, ALGORITHMS).collective_plan("all_reduce", range(n), size, "ring",
                                                          "Simple")
     actual = NetworkModel(layout, cluster.comm).plan_time_ns(plan)
-    assert 0 <= actual - expected_ns <= 5
+    assert -1e-6 <= actual - expected_ns <= 5
 
 
 def test_two_node_ring_is_bounded_by_nvlink_or_the_nics():
