@@ -41,7 +41,7 @@ import functools
 import re
 from types import MemberDescriptorType
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hardware.units import ELEMENT_BYTES
 from strategies import model_costs as costs
@@ -235,16 +235,17 @@ class _Template:
     """
 
     tag: str
-    ops: tuple[tuple[Op, tuple[int, ...] | None, object], ...]
+    ops: tuple[tuple[Op, tuple[int, ...] | None, Callable[..., Op]], ...]
     last_on: tuple[tuple[str, int], ...]
     waits: tuple[int, ...]
 
 
 @functools.cache
-def _copier(cls: type, changed: tuple[str, ...]):
+def _copier(cls: type, changed: tuple[str, ...]) -> Callable[..., Op]:
     """A function ``make(op, *values)`` building a copy of ``op`` (a ``cls``) whose fields
     ``changed`` take ``values`` (in that order), the others ``op``'s: ``dataclasses.replace``
-    at a third of its cost (a replayed pass rebuilds thousands of ops,
+    without its per-call field walk and keyword handling (a replayed pass rebuilds
+    thousands of ops,
     :meth:`StepLowerer._replay`). The op classes are frozen, slotted dataclasses without
     ``__post_init__``: the copy's slots are set directly, one statement per field (code
     generated once per class and fields, as ``dataclasses`` builds ``__init__``); any
@@ -645,7 +646,8 @@ class StepLowerer:
             stem = self._tag_stems[tag] = _MICROBATCH.sub('', tag)
         return stem
 
-    def _replayed(self, b: _RankBuilder, what: tuple, tag: str, emit) -> None:
+    def _replayed(self, b: _RankBuilder, what: tuple, tag: str,
+                  emit: Callable[[], None]) -> None:
         """Append one layer pass (``what``, under ``tag``) to ``b``: ``emit()`` the first
         time, then the recorded ops (:class:`_Template`) for the other micro-batches.
 
@@ -743,7 +745,7 @@ class StepLowerer:
             # that computes and copies the splits (dispatch_preprocess_host)
             launches, calls = dispatch_preprocess_host(self.plan.host_issue, self.plan.ep,
                                                        self.plan.moe_dispatcher)
-            op = ComputeOp(name=f"moe.sync.{_MICROBATCH.sub('', tag)}", kind="memcpy",
+            op = ComputeOp(name=f"moe.sync.{self._stem(tag)}", kind="memcpy",
                            bytes=8.0 * self.model.moe.num_experts, stream=COMPUTE, phase="F",
                            host_launches=launches, host_calls=calls, host_sync=True)
             self._ops[("host_sync", tag)] = op

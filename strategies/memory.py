@@ -132,8 +132,9 @@ __all__ = [
 
 #: bf16 weights (ZeRO paper: fp16 parameters, 2 bytes).
 WEIGHT_BYTES_PER_PARAM = 2
-#: Transformer Engine's cached FP8 weight and its transpose, per linear-layer parameter of
-#: the transformer layers, in fp8 plans (module docstring).
+#: Transformer Engine's cached FP8 weight and its transpose, in fp8 plans (module
+#: docstring): counted on every parameter of the transformer layers, norm weights included
+#: (they are not cast; < 0.1 % of a layer's parameters in the catalog's models).
 FP8_WEIGHT_COPY_BYTES_PER_PARAM = 2
 #: bf16 gradients (ZeRO paper: fp16 gradients, 2 bytes).
 GRAD_BYTES_PER_PARAM = 2
@@ -168,7 +169,8 @@ class MemoryOptions:
     Attributes:
         store_param_remainders: ``plan.store_param_remainders`` (optimizer 10 instead of
             12 bytes per parameter with ``plan.zero >= 1`` and 16-bit weights).
-        fp8_weight_cache_bytes_per_param: bytes per linear-layer parameter of the FP8
+        fp8_weight_cache_bytes_per_param: bytes per transformer-layer parameter (norm
+            weights included, as :data:`FP8_WEIGHT_COPY_BYTES_PER_PARAM`) of the FP8
             weight copies held through the step in fp8 plans (the recipe's
             :attr:`strategies.model_costs.Fp8Recipe.weight_copy_bytes_per_param`).
         fp8_linear_inputs: fp8 plans save FP8 copies of the linear layers' inputs

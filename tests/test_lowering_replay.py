@@ -43,9 +43,24 @@ def test_replayed_passes_build_the_same_program(name, gpus, fields, monkeypatch)
         assert replayed.ops_by_rank[rank] == ops, rank
 
 
-def test_a_pass_that_cannot_be_renamed_is_built_every_time():
-    """A collective whose name does not hold the pass's tag once leaves the pass
-    unrecorded (None), so it is emitted kernel by kernel for every micro-batch."""
+def test_a_pass_without_a_recording_is_built_every_time(monkeypatch):
+    """A pass :func:`_record_template` refuses (None) is emitted kernel by kernel for every
+    micro-batch: never replayed, the same Program."""
+    import strategies.lowering as lowering
+
+    model, plan = load_model("llama3-8b"), make_plan(gpus=16, tp=2, pp=2, vpp=2, global_batch=32)
+    expected = StepLowerer(model, plan, domain_gpus=8).lower().program
+    monkeypatch.setattr(lowering, "_record_template", lambda *args: None)
+    replays = []
+    monkeypatch.setattr(StepLowerer, "_replay", lambda self, *args: replays.append(args))
+    refused = StepLowerer(model, plan, domain_gpus=8).lower().program
+    assert replays == []
+    assert refused.ops_by_rank == expected.ops_by_rank
+
+
+def test_passes_that_cannot_be_renamed_are_not_recorded():
+    """A collective whose name does not hold the pass's tag once, or a dependency before
+    the pass that is not one of its entry ops, leaves the pass unrecorded (None)."""
     from strategies.ir import CollectiveOp
     from strategies.lowering import _RankBuilder, _record_template
 

@@ -188,10 +188,13 @@ DGXC_NEMO1_DISTRIBUTED_ADAM = {"nemotron/README_340b": "bf16"}
 #: weights (the configs set no ``fp8_params``, NeMo 1's default False). Nemotron-4 340B in
 #: the NeMo 24.07 summary: NeMo-Framework-Launcher ``launcher_scripts/conf/training/
 #: nemotron/nemotron_340b.yaml`` ran ``optim.name: distributed_fused_adam`` with ``dtype:
-#: bf16``, ``grad_sync_dtype: bf16`` (stored revision @6daee02ad897b6f8fb468a518edcdb9bda9c36c7)
-#: until the launcher's PR #448 "switch to mcore's optimizer" (later revisions, e.g.
-#: @3be81fc1, run ``mcore_distributed_optim``), which is numbered after PR #400 of
-#: 2024-08-02, i.e. after the 24.07 container; the dgxc-benchmarking recipe of the same
+#: bf16``, ``grad_sync_dtype: bf16`` (stored revision @6daee02ad897b6f8fb468a518edcdb9bda9c36c7:
+#: the launcher's production config, PP 12, VP 8, ``fp8: False``, not the summary row's
+#: TP 8 PP 8 VP 12 FP8 layout; its optimizer section is what the release ran) until the
+#: launcher's PR #448 "switch to mcore's optimizer" (later revisions, e.g. @3be81fc1, run
+#: ``mcore_distributed_optim``). That PR is numbered after PR #400 of 2024-08-02, so it most
+#: likely landed after the 24.07 container (dated by PR numbering only, no merge date
+#: stored); the dgxc-benchmarking recipe of the same
 #: layout for the later 24.09 container (:data:`DGXC_NEMO1_DISTRIBUTED_ADAM`) still runs
 #: ``distributed_fused_adam`` with bf16 state, at the same step time (3.16 s vs 3.18 s).
 NEMO1_LAUNCHER_DISTRIBUTED_ADAM = {("nemotron4-340b", "NeMo 24.07 container"): "bf16"}
