@@ -658,6 +658,12 @@ def last_wait(placement, p: int, row: Sequence[Action], rows: Sequence[Sequence[
     return None
 
 
+#: The stream offset of a unit that gathers nothing (:meth:`GatherWalker._plain`): far
+#: below any stream position (ns) a step reaches, so ``stream + offset`` never exceeds the
+#: unit's end.
+_NEVER_BINDS = -(1 << 62)
+
+
 class GatherWalker:
     """One pipeline rank's units as a ZeRO-3 step runs them, for
     :func:`strategies.pipeline.one_f_one_b_family_walk` (the 1F1B family): every
@@ -696,10 +702,12 @@ class GatherWalker:
 
     @staticmethod
     def _plain(rows: Sequence[tuple]) -> tuple[int, int, int]:
-        """:func:`gather_floor` of a unit's rows, a unit without a gathered layer's offset
-        ``-(D + 1)`` (the stream, never negative, then never sets its end)."""
+        """:func:`gather_floor` of a unit's rows; a unit without a gathered layer gets
+        :data:`_NEVER_BINDS` as its offset: wherever earlier reductions left the stream,
+        its floor stays below the unit's end (an offset of ``-(D + 1)`` did only while the
+        stream stood at 0: after a reduction it could hold an embedding-only unit)."""
         duration, gathers, offset = gather_floor([row[:3] for row in rows])
-        return duration, gathers, -(duration + 1) if offset is None else offset
+        return duration, gathers, _NEVER_BINDS if offset is None else offset
 
     def reduce(self, chunk: int, start: int, stream_ns: int) -> tuple[int, int, int]:
         """The backward of the last micro-batch through chunk ``chunk``, started at

@@ -1911,7 +1911,7 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
                 wait[r] += start - produced
             duration, gathers, offset = plain[(k % group) // p]
             end = start + duration
-            floor = stream[r] + offset  # (no gathered layer: an offset below any end)
+            floor = stream[r] + offset  # (no gathered layer: an offset that never binds)
             if floor > end:
                 held[r] += 1
                 waited[r] += floor - end
