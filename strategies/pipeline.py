@@ -1824,6 +1824,17 @@ class FamilyWalk(NamedTuple):
     first_end: tuple[int, ...]  # the end of each rank's first forward (0: none)
 
 
+def _streams_repeat(now: tuple, then: tuple, shift: int) -> bool:
+    """Whether the streams' state a period apart (``(stream, held, waited, reduced)`` of
+    :func:`one_f_one_b_family_walk`) lets the period repeat: no unit reduced in between,
+    and every rank's stream moved ``shift``, or at most ``shift`` with no unit's end set
+    by its gathers meanwhile."""
+    (s_now, h_now, _, red_now), (s_then, h_then, _, red_then) = now, then
+    return red_now == red_then and all(
+        a - b == shift or (a - b <= shift and h == g)
+        for a, b, h, g in zip(s_now, s_then, h_now, h_then))
+
+
 def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Sequence[int],
                             t_comm: int, walkers: Sequence, reducing: bool = True
                             ) -> FamilyWalk:
@@ -1875,6 +1886,10 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     # virtual indices of the last round (its last micro-batch); none when not reducing
     last_from = total - group if reducing else total
     last_mb = microbatches - 1
+    # the streams' state matters to the period skip only where a unit gathers or
+    # reduces; without (the plain family timing) it stays at zero and is not tracked
+    tracked = reducing or any(unit[1] for walker in walkers for rows in walker.plain
+                              for unit in rows)
     fw = [(r, w, positions - w, end_f[r], end_f[r - 1] if r else None,
            walkers[r].plain[1]) for r, w in enumerate(warmups)]
     bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None,
@@ -1964,30 +1979,30 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
         if check_from <= i < steady_end:
             ends.append(free[:])
             waits.append(wait[:])
-            states.append((stream[:], held[:], waited[:], reduced))
+            if tracked:
+                states.append((stream[:], held[:], waited[:], reduced))
             if len(ends) > period + 1 and i - period > w_max:
                 now, before = ends[-1], ends[-1 - period]
                 shift = now[0] - before[0]
                 repeats = (steady_end - 1 - i) // period
                 if (repeats > 0 and now[last] - before[last] == shift
                         and [x + shift for x in before] == now
-                        and [x + shift for x in ends[-2 - period]] == ends[-2]):
-                    (s_now, h_now, w_now, red_now) = states[-1]
-                    (s_then, h_then, w_then, red_then) = states[-1 - period]
-                    if red_now == red_then and all(
-                            a - b == shift or (a - b <= shift and h == g)
-                            for a, b, h, g in zip(s_now, s_then, h_now, h_then)):
-                        _skip_periods(i, repeats, period, shift, warmups, end_f, end_b,
-                                      free)
-                        grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
-                        wait = [x + repeats * g for x, g in zip(wait, grow)]
+                        and [x + shift for x in ends[-2 - period]] == ends[-2]
+                        and (not tracked or _streams_repeat(states[-1], states[-1 - period],
+                                                            shift))):
+                    _skip_periods(i, repeats, period, shift, warmups, end_f, end_b, free)
+                    grow = [a - b for a, b in zip(waits[-1], waits[-1 - period])]
+                    wait = [x + repeats * g for x, g in zip(wait, grow)]
+                    if tracked:
+                        (s_now, h_now, w_now, _), (s_then, h_then, w_then, _) = (
+                            states[-1], states[-1 - period])
                         stream = [x + repeats * (a - b)
                                   for x, a, b in zip(stream, s_now, s_then)]
                         held = [x + repeats * (a - b) for x, a, b in zip(held, h_now, h_then)]
                         waited = [x + repeats * (a - b)
                                   for x, a, b in zip(waited, w_now, w_then)]
-                        i += repeats * period
-                        check_from = positions  # (one skip reaches the first cool-down)
+                    i += repeats * period
+                    check_from = positions  # (one skip reaches the first cool-down)
         i += 1
     # (every rank's first action is F_0 of chunk 0; its end is never skipped)
     return FamilyWalk(max(free), tuple(free), tuple(wait), tuple(stream), tuple(waited),
