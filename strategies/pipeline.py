@@ -1842,7 +1842,9 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     each unit's end set by its rank's data-parallel stream: ``walkers[r].plain[f][c]``
     is ``(D, G, O)`` for rank ``r``'s forward (``f`` 1) or backward (0) through its
     chunk ``c`` (stage ``c * pp + r``): it ends at ``max(start + D, S + O)`` (without a
-    gathered layer ``G`` is 0 and ``O`` below any end: ``-(D + 1)``) with ``S`` where the stream is free when it issues its
+    gathered layer ``G`` is 0 and ``O`` an offset that never binds: ``-(D + 1)`` while
+    the stream stays at 0, as in the plain timing, else far below any end, as
+    :class:`sim.analytic_step.GatherWalker` gives) with ``S`` where the stream is free when it issues its
     gathers, which then move the stream ``G`` on; the backwards of the last
     micro-batch (which reduce gradients) are ``walkers[r].reduce(c, start, S)`` ->
     ``(end, S after it, its waits for gathers)``. Units reach a rank's walker in its
@@ -1895,6 +1897,8 @@ def one_f_one_b_family_walk(pp: int, microbatches: int, vpp: int, warmups: Seque
     bw = [(r, w, positions - w, end_b[r], end_b[r + 1] if r < last else None,
            walkers[r].plain[0]) for r, w in reversed(list(enumerate(warmups)))]
     i = 0
+    # (the forward and backward units below mirror each other, inlined: this is the
+    # planner's per-plan hot loop, where a call per unit would cost more than the unit)
     while i < positions:
         for r, w, cool, row, prev, plain in fw:
             if i < w:
