@@ -819,15 +819,12 @@ class BatchStepEvaluator:
                 runs = self._runs(stage_layers[stage])
                 for comp in ("F", "B"):
                     forward = comp == "F"
-                    parts = [(part, part, 1) for part in (
-                        ("embedding",) if forward and is_first[stage]
-                        else ("head",) if not forward and is_last[stage] else ())]
+                    lead, tail = _edge_parts(forward, is_first[stage], is_last[stage])
+                    parts = [(part, part, 1) for part in lead]
                     parts += [(layer, kind, n) for kind, layer, n in
                               (runs if forward else runs[::-1])]
                     parts += [(AMAX_PART, AMAX_PART, 1)] if amax else []
-                    parts += [(part, part, 1) for part in (
-                        ("head",) if forward and is_last[stage]
-                        else ("embedding",) if not forward and is_first[stage] else ())]
+                    parts += [(part, part, 1) for part in tail]
                     found = []
                     for part, kind, n in parts:
                         # (a backward's gradient sums: whole numbers, else analytic_step)
@@ -1038,15 +1035,9 @@ class BatchStepEvaluator:
             cost = kind_cost(p, part, kind, comp)
             return (cost.form() if hosted else cost.total_ns), None
 
-        forward = comp == "F"
-        edge = None
-        if is_first[stage] if forward else is_last[stage]:
-            edge = row(*("embedding", "embedding") if forward else ("head", "head"))
-        after = [AMAX_PART] if amax else []
-        if forward and is_last[stage]:
-            after.append("head")
-        elif not forward and is_first[stage]:
-            after.append("embedding")
+        lead, tail = _edge_parts(comp == "F", is_first[stage], is_last[stage])
+        edge = row(lead[0], lead[0]) if lead else None
+        after = ([AMAX_PART] if amax else []) + list(tail)
         rows = [row(layer, kind) for kind, layer, _ in runs]
         rows += [row(part, part) for part in after]
         counts = [n for _, _, n in runs] + [1] * len(after)
@@ -1492,6 +1483,18 @@ def _reduce_parts_hosted(parts: list, pending: dict, bucket: float, total: int, 
                                     dp_free, reductions, reduction_ns, rank)
             count -= 1
     return total, lead, dp_free
+
+
+def _edge_parts(forward: bool, first_stage: bool, last_stage: bool
+                ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the parts a unit runs before its layers, after them and any amax part): a forward
+    starts with the embedding on the first stage and ends with the head on the last; a
+    backward runs them the other way round (the lowering's part order)."""
+    lead = (("embedding",) if forward and first_stage
+            else ("head",) if not forward and last_stage else ())
+    tail = (("head",) if forward and last_stage
+            else ("embedding",) if not forward and first_stage else ())
+    return lead, tail
 
 
 def _by_kind(price, p: int, flags: Sequence) -> object:
